@@ -1,0 +1,28 @@
+"""The ``secfed`` command: one click group, one module per subcommand."""
+
+from __future__ import annotations
+
+import click
+
+from secfed import __version__
+from secfed.cli.data_inspect import inspect_command
+from secfed.cli.data_synth import synth_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="secfed")
+def cli() -> None:
+    """Privacy-hardened federated learning for person re-identification."""
+
+
+@cli.group()
+def data() -> None:
+    """Make synthetic ReID domains and inspect datasets on disk."""
+
+
+data.add_command(synth_command, "synth")
+data.add_command(inspect_command, "inspect")
+
+
+def main() -> None:
+    cli(prog_name="secfed")

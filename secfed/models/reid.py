@@ -1,0 +1,102 @@
+"""The IDE ReID model of FedReIDBench: a torchvision ResNet backbone, a neck, a per-client classifier.
+
+    image ─► backbone (ResNet conv stages + global average pool) ─► neck (Linear→512, BN, Dropout 0.5)
+          ─► classifier (Linear 512→#ids, private to each client)
+
+The neck output is the ReID feature used for retrieval. Which of these tensors travel to the server
+is decided in one place only: :mod:`secfed.models.sharing`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torchvision
+from torch import nn
+
+Backbone = Literal["resnet18", "resnet34", "resnet50"]
+BACKBONES: tuple[str, ...] = ("resnet18", "resnet34", "resnet50")
+_WEIGHTS = {
+    "resnet18": torchvision.models.ResNet18_Weights.IMAGENET1K_V1,
+    "resnet34": torchvision.models.ResNet34_Weights.IMAGENET1K_V1,
+    "resnet50": torchvision.models.ResNet50_Weights.IMAGENET1K_V1,
+}
+
+
+class PretrainedWeightsUnavailable(RuntimeError):
+    """ImageNet weights were asked for but could not be had (no cached file and no download)."""
+
+
+def _imagenet_state_dict(name: str) -> dict[str, torch.Tensor]:
+    weights = _WEIGHTS[name]
+    try:
+        return weights.get_state_dict(progress=False, check_hash=True)
+    except Exception as exc:  # URLError, HTTPError, hash mismatch, disk errors: all mean "not available"
+        hub = torch.hub.get_dir()
+        raise PretrainedWeightsUnavailable(
+            f"ImageNet weights for {name} are not cached and could not be downloaded ({exc}). "
+            f"Put {weights.url.rsplit('/', 1)[-1]} into {hub}/checkpoints/ (from {weights.url}), "
+            "or train without --pretrained."
+        ) from exc
+
+
+class Neck(nn.Sequential):
+    """FedReIDBench's bottleneck: Linear(in, 512) + BatchNorm1d + Dropout(0.5). Its output is the feature."""
+
+    def __init__(self, in_features: int, dim: int = 512, dropout: float = 0.5) -> None:
+        linear = nn.Linear(in_features, dim)
+        nn.init.kaiming_normal_(linear.weight, a=0, mode="fan_out")
+        nn.init.zeros_(linear.bias)
+        bn = nn.BatchNorm1d(dim)
+        nn.init.normal_(bn.weight, 1.0, 0.02)
+        nn.init.zeros_(bn.bias)
+        super().__init__(linear, bn, nn.Dropout(dropout))
+
+
+def make_classifier(dim: int, num_classes: int) -> nn.Linear:
+    """A fresh identity classifier (FedReIDBench init: N(0, 0.001), zero bias)."""
+    classifier = nn.Linear(dim, num_classes)
+    nn.init.normal_(classifier.weight, std=0.001)
+    nn.init.zeros_(classifier.bias)
+    return classifier
+
+
+class ReIDModel(nn.Module):
+    """Backbone + neck + identity classifier.
+
+    ``forward`` returns classifier logits (training); :meth:`embed` returns the neck feature
+    (evaluation, and anything that needs the shared representation).
+    """
+
+    def __init__(
+        self,
+        backbone: str = "resnet18",
+        num_classes: int = 1,
+        pretrained: bool = False,
+        neck_dim: int = 512,
+        dropout: float = 0.5,
+    ) -> None:
+        super().__init__()
+        if backbone not in BACKBONES:
+            raise ValueError(f"unknown backbone {backbone!r}; choose one of {', '.join(BACKBONES)}")
+        resnet = getattr(torchvision.models, backbone)(weights=None)
+        if pretrained:
+            resnet.load_state_dict(_imagenet_state_dict(backbone))
+        feat_dim = resnet.fc.in_features
+        resnet.fc = nn.Identity()
+        self.backbone_name = backbone
+        self.backbone = resnet
+        self.neck = Neck(feat_dim, neck_dim, dropout)
+        self.classifier = make_classifier(neck_dim, num_classes)
+
+    @property
+    def feature_dim(self) -> int:
+        return self.classifier.in_features
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        return self.neck(self.backbone(images))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.embed(images))
+
