@@ -7,6 +7,8 @@ import click
 from secfed import __version__
 from secfed.cli.data_inspect import inspect_command
 from secfed.cli.data_synth import synth_command
+from secfed.cli.evaluate import evaluate_command
+from secfed.cli.train import train_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,6 +22,8 @@ def data() -> None:
     """Make synthetic ReID domains and inspect datasets on disk."""
 
 
+cli.add_command(train_command)
+cli.add_command(evaluate_command)
 data.add_command(synth_command, "synth")
 data.add_command(inspect_command, "inspect")
 

@@ -1,0 +1,38 @@
+# Two commands a newcomer needs:  `make run`  (set up, then train on the embedded default)
+#                                 `make test` (set up, then run the test suite)
+# Both create the virtualenv in .venv on first use.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+# torch and torchvision must come from one build. Some machines configure pip (find-links) with a
+# local CPU-only torch wheel that PyPI's torchvision cannot be imported beside; where pip has
+# find-links configured, install the pair from the package index alone.
+PIP_FIND_LINKS_CONFIGURED := $(strip $(PIP_FIND_LINKS)$(shell $(PYTHON) -m pip config list 2>/dev/null | grep -i 'find-links'))
+PIP_ENV := $(if $(PIP_FIND_LINKS_CONFIGURED),env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null,)
+
+.PHONY: setup run test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP_ENV) $(BIN)/python -m pip install --upgrade pip
+	$(PIP_ENV) $(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -c "import torch, torchvision; print('torch', torch.__version__, '/ torchvision', torchvision.__version__)"
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(BIN)/secfed train
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python bench/bench_eval.py
+	$(BIN)/python bench/bench_runtime.py
+	$(BIN)/python bench/bench_secagg.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

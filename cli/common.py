@@ -1,0 +1,43 @@
+"""What every subcommand shares: consoles, JSON mode, and turning library errors into CLI errors."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import click
+from rich.console import Console
+
+from secfed.config import ConfigError
+from secfed.data.errors import DataError
+from secfed.federation.checkpoint import CheckpointError
+from secfed.models.reid import PretrainedWeightsUnavailable
+
+
+def human_console(json_mode: bool) -> Console:
+    """Tables and messages: stdout normally, stderr when stdout is reserved for one JSON object."""
+    return Console(stderr=json_mode)
+
+
+def emit_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+@contextlib.contextmanager
+def cli_errors() -> Iterator[None]:
+    """Library errors → click errors that name the flag or path, exit code 2 (usage) or 1."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    except (DataError, CheckpointError, PretrainedWeightsUnavailable) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def set_threads(threads: int | None) -> None:
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)

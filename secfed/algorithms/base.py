@@ -1,0 +1,105 @@
+"""What every federated ReID method is made of: a client rule and a server rule.
+
+A method answers four questions — which tensors it shares (:mod:`secfed.models.sharing`), how a
+client trains locally, what aggregation weight a client's update carries, and how the server turns
+the aggregate into new global weights. FedPav and FedAvg answer them with the plain supervised rule
+below; later methods (KD, CDW, FedReID, DFH) override one answer each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from secfed.data.augment import TrainAugment, epoch_batches
+from secfed.federation.messages import Aggregate
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Learning rates of one round (already decayed for the round) and the local budget."""
+
+    lr_backbone: float
+    lr_new: float
+    epochs: int
+    batch_size: int
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+
+
+def step_lr(base: float, round_index: int, step: int, gamma: float) -> float:
+    """Step decay over global rounds: base · gamma^⌊round/step⌋.
+
+    FedReIDBench's reference code rebuilds its scheduler inside every round, so its "step size 40"
+    never fires; here the schedule is a function of the global round and really decays.
+    """
+    return base * gamma ** (round_index // step)
+
+
+@dataclass
+class TrainStats:
+    loss: float  # mean cross-entropy over the examples seen
+    accuracy: float  # training accuracy of the identity classifier
+    examples: int
+    steps: int
+
+
+def make_optimizer(model: nn.Module, schedule: Schedule) -> torch.optim.SGD:
+    """SGD with FedReIDBench's two learning rates: backbone vs. layers trained from scratch."""
+    backbone = [p for n, p in model.named_parameters() if n.startswith("backbone.") and p.requires_grad]
+    new = [p for n, p in model.named_parameters() if not n.startswith("backbone.") and p.requires_grad]
+    return torch.optim.SGD(
+        [{"params": backbone, "lr": schedule.lr_backbone}, {"params": new, "lr": schedule.lr_new}],
+        momentum=schedule.momentum,
+        weight_decay=schedule.weight_decay,
+        nesterov=False,
+    )
+
+
+def train_supervised(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    schedule: Schedule,
+    generator: torch.Generator,
+) -> TrainStats:
+    """E local epochs of identity classification (cross-entropy) over in-memory uint8 images.
+
+    ``generator`` drives shuffling and augmentation; dropout uses torch's global RNG, which the
+    caller seeds per (run, round, client) before calling.
+    """
+    model.train()
+    augment = TrainAugment()  # FedReIDBench's default: pad + random crop + horizontal flip
+    optimizer = make_optimizer(model, schedule)
+    total_loss = torch.zeros((), dtype=torch.float64)
+    correct = torch.zeros((), dtype=torch.int64)
+    examples = steps = 0
+    for _ in range(schedule.epochs):
+        for index in epoch_batches(len(images), schedule.batch_size, generator):
+            inputs = augment(images[index], generator)
+            targets = labels[index]
+            logits = model(inputs)
+            loss = F.cross_entropy(logits, targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total_loss += loss.detach() * len(index)
+            correct += (logits.detach().argmax(1) == targets).sum()
+            examples += len(index)
+            steps += 1
+    if steps == 0:
+        raise ValueError(
+            f"a client has {len(images)} training images, fewer than one batch of {schedule.batch_size}; "
+            "lower --batch-size"
+        )
+    return TrainStats(float(total_loss) / examples, int(correct) / examples, examples, steps)
+
+
+def weighted_mean_step(global_weights: torch.Tensor, aggregate: Aggregate) -> torch.Tensor:
+    """w ← w + Σ weight_k·Δ_k / Σ weight_k (FedAvg's n_k/n weighting when weight_k ∝ n_k)."""
+    if aggregate.weight <= 0:
+        raise ValueError(f"round {aggregate.round}: aggregate carries no weight (no client contributed)")
+    return global_weights + aggregate.total / aggregate.weight

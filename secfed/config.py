@@ -1,0 +1,169 @@
+"""Typed run configuration: one dataclass per section, loaded from defaults, a TOML file, then flags.
+
+The resolved configuration is written to every run directory (``config.json``) and is all a
+``--resume`` needs. Every invalid setting raises :class:`ConfigError` naming the flag to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+Scenario = Literal["by-dataset", "by-camera", "by-identity"]
+Algorithm = Literal["fedpav", "fedavg"]
+BnStats = Literal["shared", "local"]
+
+
+class ConfigError(ValueError):
+    """An invalid setting. ``flag`` is the command-line flag (or TOML key) that has to change."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        self.flag = flag
+        super().__init__(f"{flag}: {message}")
+
+
+@dataclass
+class DataConfig:
+    """Where images come from and how they are split among clients."""
+
+    root: str | None = None  # None: the embedded synthetic default, generated (once) into the cache
+    datasets: list[str] = field(default_factory=list)  # NAME or NAME:FORMAT folders under root; [] = all
+    scenario: Scenario = "by-dataset"
+    num_clients: int = 0  # by-identity: how many clients; by-camera: ignored (one per camera)
+    seed: int = 0  # the data's own seed (synthetic default, seeded splits): fixed while the run seed varies
+    synth_domains: int = 4  # the synthetic default: number of domains
+    synth_scale: float = 1.0  # the synthetic default: size multiplier of every domain
+    height: int = 64  # model input; FedReIDBench uses 256 x 128
+    width: int = 32
+
+
+@dataclass
+class ModelConfig:
+    backbone: str = "resnet18"
+    pretrained: bool = False
+    neck_dim: int = 512
+    dropout: float = 0.5
+    bn_stats: BnStats = "shared"  # BatchNorm running statistics: averaged with the weights, or kept per client
+
+
+@dataclass
+class TrainConfig:
+    """Local training and the round schedule (FedReIDBench appendix A.1 unless noted)."""
+
+    algorithm: Algorithm = "fedpav"
+    rounds: int = 12
+    local_epochs: int = 1
+    batch_size: int = 32
+    clients_per_round: int = 0  # K; 0 = every client every round
+    lr_new: float = 0.05  # layers trained from scratch: neck, classifier (and the backbone when not pretrained)
+    lr_backbone: float | None = None  # None: 0.005 for a pretrained backbone, else lr_new
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_step: int = 40  # rounds between learning-rate decays (the schedule runs over rounds, not per round)
+    lr_gamma: float = 0.1
+    local_baseline: bool = True  # also train each client alone with the same budget (seed paper's baseline)
+    eval_every: int = 0  # evaluate every N rounds; 0 = only after the last round
+
+    def resolved_backbone_lr(self, pretrained: bool) -> float:
+        if self.lr_backbone is not None:
+            return self.lr_backbone
+        return 0.005 if pretrained else self.lr_new
+
+
+@dataclass
+class SecAggConfig:
+    enabled: bool = True
+    dropout_rate: float = 0.0  # simulate clients vanishing mid-round, at a seeded phase
+    graph: Literal["auto", "complete", "harary"] = "auto"
+    authenticated: bool = False
+    clip: float = 8.0  # per-coordinate range [-clip, clip] of what a client uploads, before quantisation
+
+
+@dataclass
+class PrivacyConfig:
+    dp_beta: float = 0.0
+    dp_beta_mode: Literal["single", "double"] = "single"
+    clip: float | None = None
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    delta: float | None = None
+    sampling: Literal["fixed", "poisson"] = "fixed"
+    sample_rate: float | None = None
+    distributed: bool = False
+    dp_sgd: bool = False
+    dp_sgd_noise_multiplier: float | None = None
+    dp_sgd_clip: float = 1.0
+    dp_sgd_target_epsilon: float | None = None
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    out_dir: str = "runs"
+    name: str | None = None  # run directory name; None: derived from time and settings
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    secagg: SecAggConfig = field(default_factory=SecAggConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+_SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "secagg": SecAggConfig, "privacy": PrivacyConfig}
+
+
+def from_dict(raw: dict[str, Any], source: str = "config") -> RunConfig:
+    """Build a RunConfig from nested dicts (a TOML file or a saved config.json). Unknown keys are errors."""
+    cfg = RunConfig()
+    for key, value in raw.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: [{key}]", "must be a table")
+            section = getattr(cfg, key)
+            names = {f.name for f in fields(section)}
+            for sub, subval in value.items():
+                if sub not in names:
+                    raise ConfigError(f"{source}: {key}.{sub}", f"unknown key; known: {', '.join(sorted(names))}")
+                setattr(section, sub, subval)
+        elif key in {"seed", "out_dir", "name"}:
+            setattr(cfg, key, value)
+        else:
+            raise ConfigError(f"{source}: {key}", "unknown key")
+    return cfg
+
+
+def load_toml(path: Path) -> RunConfig:
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError("--config", f"{path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from None
+    return from_dict(raw, source=str(path))
+
+
+def override(cfg: RunConfig, dotted: dict[str, Any]) -> RunConfig:
+    """Apply ``{"train.rounds": 5, "seed": 1}``-style overrides (what the CLI's flags produce)."""
+    for key, value in dotted.items():
+        target: Any = cfg
+        *path, last = key.split(".")
+        for part in path:
+            target = getattr(target, part)
+        if not hasattr(target, last):
+            raise KeyError(key)
+        setattr(target, last, value)
+    return cfg

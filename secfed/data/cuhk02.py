@@ -1,0 +1,41 @@
+"""CUHK02 (Li & Wang, CVPR 2013): the public set FedReIDBench distils knowledge on, used unlabeled.
+
+Layout (torchreid's)::
+
+    ROOT/Dataset/P1..P5/cam1|cam2/PPP_N.png     (the file name starts with the id within its pair)
+
+Five camera pairs, 1,816 ids, 7,264 images. Everything is returned as ``train``; query and gallery
+are empty. Ids restart in every pair, so ``(pair, id)`` is relabelled to one running id (pair by
+pair, ids in order) and the ten cameras are numbered ``2 * pair + camera`` (0..9). Distillation
+ignores the labels, but they stay truthful for anyone who wants them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+from secfed.data.errors import DataError
+from secfed.data.listing import find_base, list_images, require_dir
+from secfed.data.types import ReidDataset, Sample
+
+PAIRS = ("P1", "P2", "P3", "P4", "P5")
+LAYOUT = "ROOT/Dataset/{P1..P5}/{cam1,cam2}/PID_N.png"
+_NAME = re.compile(r"^(\d+)_")
+
+
+def load_cuhk02(root: Path) -> ReidDataset:
+    base = find_base(root, PAIRS, ("Dataset",), LAYOUT)
+    skipped: Counter[str] = Counter()
+    found: list[tuple[int, int, int, Path]] = []  # (pair, id within pair, camera, path)
+    for pair_index, pair in enumerate(PAIRS):
+        for cam_index, cam in enumerate(("cam1", "cam2")):
+            for path in list_images(require_dir(base / pair / cam, LAYOUT), skipped):
+                match = _NAME.match(path.name)
+                if match is None:
+                    raise DataError(path, "file name does not start with the person id (e.g. 001_1.png)")
+                found.append((pair_index, int(match[1]), 2 * pair_index + cam_index, path))
+    label = {key: n for n, key in enumerate(sorted({(pair, pid) for pair, pid, _, _ in found}))}
+    train = [Sample(path, label[pair, pid], camid) for pair, pid, camid, path in found]
+    return ReidDataset("cuhk02", train, [], [], dict(skipped))

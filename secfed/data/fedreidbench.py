@@ -1,0 +1,66 @@
+"""FedReIDBench's preprocessed folders (``data_preprocess`` of github.com/cap-ntu/FedReID).
+
+That script turns each of the nine sets into an ImageFolder tree, one folder per person::
+
+    ROOT/pytorch/train_all/<PID>/<image>     train (``train`` + ``val``; ``train`` if absent)
+    ROOT/pytorch/query/<PID>/<image>
+    ROOT/pytorch/gallery/<PID>/<image>
+
+Large sets keep their original names (``0002_c1s1_000451_03.jpg``, 1-based camera); small sets are
+renamed ``cam_<0-based camera>_<pid>_<index>.<ext>``. Loading this format reproduces the paper's
+exact splits. Folder ``-1`` holds junk images: left out, counted in ``skipped["junk"]``. PID 0 is a
+real person in the small sets, so it is not treated as a distractor here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+from secfed.data.errors import DataError
+from secfed.data.listing import find_base, list_images, list_subdirs
+from secfed.data.types import ReidDataset, Sample
+
+LAYOUT = "ROOT/pytorch/{train_all,query,gallery}/<PID>/<image> (FedReIDBench data_preprocess output)"
+
+_ORIGINAL_NAME = re.compile(r"^(?:-1|\d+)_c(\d+)")  # camera is 1-based
+_SMALL_SET_NAME = re.compile(r"^cam_(\d+)_")  # camera is already 0-based
+
+
+def _camera(path: Path) -> int:
+    if match := _ORIGINAL_NAME.match(path.name):
+        return int(match[1]) - 1
+    if match := _SMALL_SET_NAME.match(path.name):
+        return int(match[1])
+    raise DataError(path, "cannot read the camera from the name (expected PID_cCAM... or cam_CAM_...)")
+
+
+def _read_id_folders(folder: Path, skipped: Counter[str]) -> list[Sample]:
+    samples = []
+    for person in list_subdirs(folder, skipped):
+        try:
+            pid = int(person.name)
+        except ValueError:
+            raise DataError(person, "folder name is not a person id (an integer)") from None
+        images = list_images(person, skipped)
+        if pid == -1:
+            skipped["junk"] += len(images)
+            continue
+        if pid < 0:
+            raise DataError(person, "negative person id (only -1, junk, is allowed)")
+        samples.extend(Sample(path, pid, _camera(path)) for path in images)
+    return samples
+
+
+def load_fedreidbench(root: Path) -> ReidDataset:
+    """One dataset as FedReIDBench's ``data_preprocess`` left it (``root`` or ``root/pytorch``)."""
+    base = find_base(root, ("query", "gallery"), ("pytorch",), LAYOUT)
+    train_dir = base / "train_all" if (base / "train_all").is_dir() else base / "train"
+    if not train_dir.is_dir():
+        raise DataError(base / "train_all", f"missing folder (nor is there train/); expected layout: {LAYOUT}")
+    skipped: Counter[str] = Counter()
+    train = _read_id_folders(train_dir, skipped)
+    query = _read_id_folders(base / "query", skipped)
+    gallery = _read_id_folders(base / "gallery", skipped)
+    return ReidDataset("fedreidbench", train, query, gallery, dict(skipped))

@@ -1,0 +1,107 @@
+"""Decoding a dataset's images once, into one uint8 tensor held in memory for training.
+
+ReID images are small (Market-1501: 128×64), so a client's whole shard fits in memory at the
+model's input size, and decoding + resizing once beats doing it every epoch. Decoding is
+torchvision's (libjpeg-turbo, libpng, libwebp, giflib); BMP (VIPeR, 3DPeS), which torchvision does
+not read, goes through Pillow. A file that cannot be read or decoded raises a DataError naming it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2 import functional as TF
+
+from secfed.data.errors import DataError
+from secfed.data.types import Sample
+
+_BMP_MAGIC = b"BM"
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC: the last 8 bytes of a whole PNG
+_PNG_TAIL = 1024  # a few writers append bytes after IEND; look for it near the end, not only at it
+_CPP_LOCATION = re.compile(r"^[^,]*, \S+\.cpp:\d+, ")  # "decode_jpeg, /…/decode_jpeg.cpp:167, " prefix
+
+
+def read_image(path: Path | str) -> torch.Tensor:
+    """One image file → uint8 (3, H, W) RGB (grayscale and palette images are expanded)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(path, f"cannot read image: {err.strerror or err}") from None
+    if not data:
+        raise DataError(path, "empty image file")
+    if data.startswith(_BMP_MAGIC):
+        return _decode_with_pillow(path)
+    # libpng decodes a PNG cut inside its final IEND chunk without complaint; such a file is
+    # still truncated, so it is refused like any other.
+    if data.startswith(_PNG_MAGIC) and _PNG_END not in data[-_PNG_TAIL:]:
+        raise DataError(path, "truncated PNG (no IEND chunk at the end)")
+    try:
+        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    except RuntimeError as err:
+        raise DataError(path, f"corrupt or unsupported image: {_CPP_LOCATION.sub('', str(err))}") from None
+
+
+def _decode_with_pillow(path: Path) -> torch.Tensor:
+    try:
+        with Image.open(path) as image:
+            rgb = np.asarray(image.convert("RGB"))  # raises on a truncated file (LOAD_TRUNCATED_IMAGES is off)
+    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        raise DataError(path, f"corrupt image: {err}") from None
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1).contiguous()
+
+
+def load_images(
+    samples: Sequence[Sample] | Sequence[Path], height: int, width: int, *, threads: int = 2
+) -> torch.Tensor:
+    """Decode and resize every image to (height, width): uint8 (N, 3, height, width), in input order.
+
+    Resizing is bilinear with antialiasing, done once per batch of same-sized images (ReID sets
+    are mostly one size, so this is a few large calls). ``threads`` decode in parallel; the
+    decoders release the GIL. The first unreadable image raises a DataError naming its path.
+    """
+    if height < 1 or width < 1:
+        raise ValueError(f"image size must be positive, got {height}x{width}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    paths = [s.path if isinstance(s, Sample) else Path(s) for s in samples]
+    out = torch.empty((len(paths), 3, height, width), dtype=torch.uint8)
+    # Contiguous chunks, a few per thread: big enough to batch the resize, small enough to balance.
+    step = max(1, min(256, -(-len(paths) // (threads * 4))))
+    chunks = [range(i, min(i + step, len(paths))) for i in range(0, len(paths), step)]
+
+    def decode_chunk(chunk: range) -> None:
+        by_size: dict[tuple[int, int], list[tuple[int, torch.Tensor]]] = defaultdict(list)
+        for i in chunk:
+            image = read_image(paths[i])
+            by_size[image.shape[1], image.shape[2]].append((i, image))
+        for (h, w), items in by_size.items():
+            batch = torch.stack([image for _, image in items])
+            if (h, w) != (height, width):
+                batch = TF.resize(batch, [height, width], antialias=True)
+            for (i, _), image in zip(items, batch):
+                out[i] = image  # a plain copy per row; index_put on uint8 measured 5-10x slower
+
+    if threads == 1:
+        for chunk in chunks:
+            decode_chunk(chunk)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            futures = [pool.submit(decode_chunk, chunk) for chunk in chunks]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    return out

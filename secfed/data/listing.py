@@ -1,0 +1,76 @@
+"""Finding a dataset's folders and image files on disk, with errors that name what is missing.
+
+Loaders only list files (fast, no decoding); whether an image is readable is checked when it is
+decoded (:mod:`secfed.data.images`). Anything a loader leaves out is counted by reason in a
+``Counter`` that becomes :attr:`ReidDataset.skipped`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+from secfed.data.errors import DataError
+
+# What the standard ReID sets ship. Anything else in an image folder (Thumbs.db, .DS_Store, readme
+# files, sub-folders) is counted as skipped["not_image"], never silently dropped.
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp"})
+
+
+def require_dir(path: Path, layout: str) -> Path:
+    """``path`` if it is a folder, else a DataError saying what was expected there."""
+    if not path.is_dir():
+        what = "not a folder" if path.exists() else "missing folder"
+        raise DataError(path, f"{what}; expected layout: {layout}")
+    return path
+
+
+def find_base(root: Path, markers: tuple[str, ...], wrappers: tuple[str, ...], layout: str) -> Path:
+    """The folder under which all ``markers`` exist: ``root`` itself or ``root/<wrapper>``.
+
+    Datasets unpack into a wrapper folder (``market1501/Market-1501-v15.09.15/...``); both the
+    outer and the inner folder are accepted, as torchreid does. Only the named wrappers are tried.
+    """
+    require_dir(root, layout)
+    for base in (root, *(root / w for w in wrappers)):
+        if all((base / m).is_dir() for m in markers):
+            return base
+    # Name the missing folder where the user evidently put the data: inside a wrapper if one exists.
+    where = next((root / w for w in wrappers if (root / w).is_dir()), root)
+    missing = next(m for m in markers if not (where / m).is_dir())
+    tried = ", ".join(f"{w}/" for w in wrappers)
+    extra = f" (also looked inside {tried})" if wrappers else ""
+    raise DataError(where / missing, f"missing folder{extra}; expected layout: {layout}")
+
+
+def list_images(folder: Path, skipped: Counter[str]) -> list[Path]:
+    """Image files directly inside ``folder``, sorted by name; other entries counted as ``not_image``.
+
+    A link to an image that is not there is an error, not a skip: the image was meant to be used.
+    """
+    images: list[Path] = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            is_image = os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES
+            if is_image and entry.is_file():
+                images.append(Path(entry.path))
+            elif is_image and entry.is_symlink() and not os.path.exists(entry.path):
+                raise DataError(Path(entry.path), f"broken symbolic link (to {os.readlink(entry.path)})")
+            else:
+                skipped["not_image"] += 1
+    images.sort(key=lambda p: p.name)
+    return images
+
+
+def list_subdirs(folder: Path, skipped: Counter[str]) -> list[Path]:
+    """Sub-folders of ``folder``, sorted by name; loose files there are counted as ``not_image``."""
+    dirs: list[Path] = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir():
+                dirs.append(Path(entry.path))
+            else:
+                skipped["not_image"] += 1
+    dirs.sort(key=lambda p: p.name)
+    return dirs

@@ -1,0 +1,207 @@
+"""End-of-run tables: retrieval accuracy per domain, and a run summary with the communication cost.
+
+Both return :class:`rich.table.Table` objects; the CLI prints them, tests render them to text.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from secfed.evaluation.communication import communication_cost, format_bytes
+from secfed.evaluation.metrics import RetrievalScores
+
+Scores = RetrievalScores | Mapping[str, float]
+
+BEATS_LOCAL_STYLE = "bold green"
+
+
+@dataclass(frozen=True)
+class DomainResult:
+    """One domain's row. Rates are fractions in [0, 1]; ``None`` means not measured in this run."""
+
+    domain: str
+    rank1: float | None = None  # the federated (aggregated) model
+    rank5: float | None = None
+    rank10: float | None = None
+    mAP: float | None = None
+    local_rank1: float | None = None  # the domain's data trained alone: the baseline federation must beat
+    local_mAP: float | None = None
+    local_model_rank1: float | None = None  # the client's model after local training, before aggregation
+    raw_pixels_rank1: float | None = None  # retrieval on raw pixels: the floor any model should clear
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.domain, str) or not self.domain:
+            raise ValueError(f"domain must be a non-empty string, got {self.domain!r}")
+        for f in fields(self)[1:]:
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{self.domain}: {f.name} must be a rate in [0, 1], got {value!r}")
+            object.__setattr__(self, f.name, float(value))
+
+    @classmethod
+    def from_scores(
+        cls,
+        domain: str,
+        federated: Scores | None = None,
+        *,
+        local: Scores | None = None,
+        local_model: Scores | None = None,
+        raw_pixels: Scores | None = None,
+    ) -> DomainResult:
+        """A row from whole score sets (:class:`RetrievalScores` or their ``to_dict()``)."""
+        return cls(
+            domain=domain,
+            rank1=_pick(federated, "rank1", domain, "federated"),
+            rank5=_pick(federated, "rank5", domain, "federated"),
+            rank10=_pick(federated, "rank10", domain, "federated"),
+            mAP=_pick(federated, "mAP", domain, "federated"),
+            local_rank1=_pick(local, "rank1", domain, "local"),
+            local_mAP=_pick(local, "mAP", domain, "local"),
+            local_model_rank1=_pick(local_model, "rank1", domain, "local_model"),
+            raw_pixels_rank1=_pick(raw_pixels, "rank1", domain, "raw_pixels"),
+        )
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> DomainResult:
+        """A row from a dict: either this class's field names (flat), or ``domain`` plus any of
+        ``federated``, ``local``, ``local_model``, ``raw_pixels`` holding score dicts (nested)."""
+        nested = {"federated", "local", "local_model", "raw_pixels"}
+        flat = {f.name for f in fields(cls)}
+        keys = set(row)
+        allowed = ({"domain"} | nested) if keys & nested else flat
+        if unknown := sorted(keys - allowed):
+            raise ValueError(
+                f"result row {row.get('domain', '?')!r}: unknown keys {unknown}; "
+                f"use {sorted(flat)} or domain + {sorted(nested)}"
+            )
+        if "domain" not in row:
+            raise ValueError(f"result row without a 'domain': {dict(row)!r}")
+        if keys & nested:
+            return cls.from_scores(
+                row["domain"],
+                row.get("federated"),
+                local=row.get("local"),
+                local_model=row.get("local_model"),
+                raw_pixels=row.get("raw_pixels"),
+            )
+        return cls(**row)
+
+
+# (field, header, the local-only field it is compared with)
+_COLUMNS: tuple[tuple[str, str, str | None], ...] = (
+    ("rank1", "Federated\nRank-1", "local_rank1"),
+    ("rank5", "Federated\nRank-5", None),
+    ("rank10", "Federated\nRank-10", None),
+    ("mAP", "Federated\nmAP", "local_mAP"),
+    ("local_rank1", "Local-only\nRank-1", None),
+    ("local_mAP", "Local-only\nmAP", None),
+    ("local_model_rank1", "Before aggr.\nRank-1", None),
+    ("raw_pixels_rank1", "Raw pixels\nRank-1", None),
+)
+
+
+def results_table(
+    domains: Sequence[DomainResult | Mapping[str, Any]], title: str = "Retrieval accuracy per domain"
+) -> Table:
+    """One row per domain; columns nobody measured are left out.
+
+    Federated Rank-1 and mAP are bold green where they beat training on that domain alone.
+    """
+    rows = [d if isinstance(d, DomainResult) else DomainResult.from_dict(d) for d in domains]
+    shown = [c for c in _COLUMNS if any(getattr(r, c[0]) is not None for r in rows)]
+    table = Table(title=title)
+    table.add_column("Domain", style="bold")
+    for _, header, _ in shown:
+        table.add_column(header, justify="right")
+    if any(baseline and any(_beats(r, name, baseline) for r in rows) for name, _, baseline in shown):
+        table.caption = f"[{BEATS_LOCAL_STYLE}]bold green[/]: federated beats local-only training"
+    for row in rows:
+        cells = [escape(row.domain)]  # a name like "cam[1]" is text, not rich markup
+        for name, _, baseline in shown:
+            value = getattr(row, name)
+            text = "–" if value is None else f"{100 * value:.1f}%"
+            cells.append(f"[{BEATS_LOCAL_STYLE}]{text}[/]" if baseline and _beats(row, name, baseline) else text)
+        table.add_row(*cells)
+    return table
+
+
+# Known summary keys, in display order: key → label. Other keys follow as given.
+_SUMMARY_LABELS = {
+    "rounds": "Rounds",
+    "wall_time_s": "Wall time",
+    "shared_bytes": "Shared model size",
+    "communication_bytes": "Communication (rounds × 2 × model)",
+    "bytes_up": "Bytes up (measured)",
+    "bytes_down": "Bytes down (measured)",
+}
+_BYTE_KEYS = {"shared_bytes", "communication_bytes", "bytes_up", "bytes_down"}
+
+
+def summary_table(summary: Mapping[str, Any], title: str = "Run summary") -> Table:
+    """Rounds, wall time, communication cost (MM'20 §3.5) and measured traffic, then any other entries.
+
+    ``communication_bytes`` is computed from ``rounds`` and ``shared_bytes`` when not given.
+    """
+    summary = dict(summary)
+    if "communication_bytes" not in summary and {"rounds", "shared_bytes"} <= summary.keys():
+        summary["communication_bytes"] = communication_cost(summary["rounds"], summary["shared_bytes"])
+    table = Table(title=title, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    known = [k for k in _SUMMARY_LABELS if k in summary]
+    for key in known + [k for k in summary if k not in _SUMMARY_LABELS]:
+        table.add_row(escape(_SUMMARY_LABELS.get(key, key)), escape(_summary_cell(key, summary[key])))
+    return table
+
+
+def _summary_cell(key: str, value: Any) -> str:
+    if key in _BYTE_KEYS:
+        try:
+            return format_bytes(value)
+        except ValueError:
+            raise ValueError(
+                f"summary {key!r} must be a non-negative integer byte count, got {value!r}"
+            ) from None
+    if key == "wall_time_s":
+        return _format_duration(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _format_duration(seconds: Any) -> str:
+    number = isinstance(seconds, numbers.Real) and not isinstance(seconds, bool)
+    if not number or not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"summary 'wall_time_s' must be a non-negative number of seconds, got {seconds!r}")
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s"
+
+
+def _beats(row: DomainResult, name: str, baseline: str) -> bool:
+    value, reference = getattr(row, name), getattr(row, baseline)
+    return value is not None and reference is not None and value > reference
+
+
+def _pick(scores: Scores | None, key: str, domain: str, which: str) -> float | None:
+    if scores is None:
+        return None
+    if isinstance(scores, RetrievalScores):
+        return getattr(scores, key)
+    if not isinstance(scores, Mapping):
+        raise ValueError(
+            f"{domain}: {which} scores must be RetrievalScores or a dict, got {type(scores).__name__}"
+        )
+    return scores.get(key)

@@ -1,0 +1,109 @@
+"""Run directories: atomic files, one checkpoint per round, resume.
+
+A checkpoint is a ``torch.save`` of tensors and plain data only, read back with
+``torch.load(weights_only=True)`` — no pickle of arbitrary objects, so a checkpoint from elsewhere
+cannot run code. Files are written to a temporary name, fsynced and renamed, so a crash leaves
+either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "secfed-checkpoint"
+VERSION = 1
+CHECKPOINT_DIR = "checkpoints"
+_NAME = re.compile(r"round-(\d{4,})\.pt$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint or run directory is missing, unreadable or of another format. Names the path."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def checkpoint_path(run_dir: Path, round_count: int) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR / f"round-{round_count:04d}.pt"
+
+
+def save_checkpoint(run_dir: Path, round_count: int, state: dict[str, Any], keep: int = 1) -> Path:
+    """Write the state after ``round_count`` completed rounds; keep the newest ``keep`` checkpoints."""
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT, "version": VERSION, "rounds_done": round_count, **state}, buffer)
+    path = checkpoint_path(run_dir, round_count)
+    atomic_write_bytes(path, buffer.getvalue())
+    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise CheckpointError(f"{run_dir}: no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}")
+    return found[-1]
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint") from None
+    except Exception as exc:  # truncated file, foreign pickle, wrong format: all "not a checkpoint"
+        raise CheckpointError(f"{path}: not a readable secfed checkpoint ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a secfed checkpoint")
+    if state.get("version") != VERSION:
+        raise CheckpointError(f"{path}: checkpoint version {state.get('version')}, this secfed reads {VERSION}")
+    return state
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    """Rewrite a JSON-lines file in one atomic step (used on resume to drop lines past the checkpoint)."""
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())

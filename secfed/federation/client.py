@@ -1,0 +1,57 @@
+"""A federated client: private images, a model whose local tensors never leave, and one upload per round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from secfed.algorithms.base import Schedule, TrainStats
+from secfed.federation.messages import Broadcast, Upload
+from secfed.models.reid import ReIDModel
+from secfed.models.sharing import SharedLayout, load_shared
+
+
+class LayoutMismatch(ValueError):
+    """A broadcast was built for another model layout than this client's."""
+
+
+@dataclass
+class Client:
+    """One site. ``model`` persists across rounds and carries the site's local tensors
+    (its classifier, and its BatchNorm statistics when those stay local)."""
+
+    id: int
+    name: str
+    images: torch.Tensor  # uint8 (N, 3, H, W) at the model's input size, held in memory
+    labels: torch.Tensor  # int64 labels for this site's classifier
+    model: ReIDModel
+    layout: SharedLayout
+    algorithm: type
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.images)
+
+    def receive(self, broadcast: Broadcast) -> None:
+        if broadcast.layout_id != self.layout.fingerprint():
+            raise LayoutMismatch(
+                f"client {self.name}: broadcast layout {broadcast.layout_id} != own {self.layout.fingerprint()}"
+            )
+        load_shared(self.model, self.layout, broadcast.weights)
+
+    def train(self, schedule: Schedule, seed: int, model: ReIDModel | None = None) -> TrainStats:
+        """The method's client rule on this site's data, every random draw (order, augmentation,
+        dropout) from ``seed``. ``model`` defaults to the federated model; the local-training
+        baseline passes its own, which is trained the same way and never aggregated."""
+        torch.manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)
+        model = self.model if model is None else model
+        return self.algorithm.client_rule(model, self.images, self.labels, schedule, generator)
+
+    def upload(self, broadcast: Broadcast, weight_scale: float) -> Upload:
+        """Δ of the shared tensors since the broadcast, and the aggregation weight n_k·scale."""
+        update = self.layout.flatten(self.model.state_dict()) - broadcast.weights
+        weight = self.algorithm.aggregation_weight(self.num_examples) * weight_scale
+        return Upload(self.id, broadcast.round, update, weight, broadcast.model_hash)
+

@@ -1,0 +1,207 @@
+"""CMC/mAP: hand-computed cases, agreement with a per-query implementation, input errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from secfed.evaluation.metrics import RetrievalScores, cmc_map, cmc_map_from_distances, cosine_distances
+
+# Gallery (index: pid, camera). pid 0 is a distractor.
+G_PIDS = np.array([1, 1, 2, 0, 2, 3])
+G_CAMS = np.array([0, 1, 0, 2, 1, 1])
+# Queries (pid, camera) and their distances to the six gallery images.
+Q_PIDS = np.array([1, 2, 3, 1])
+Q_CAMS = np.array([0, 2, 1, 2])
+DISTMAT = np.array(
+    [
+        # q0 (1, cam 0): ranking g0 g3 g2 g4 g1 g5; g0 is junk (same id, same camera) and drops out,
+        # leaving g3 g2 g4 g1 g5: the only true match g1 is 4th. AP = 1/4.
+        [0.1, 0.5, 0.3, 0.2, 0.4, 0.6],
+        # q1 (2, cam 2): two ties. g1/g2 at 0.2 and g4/g5 at 0.5 keep gallery order:
+        # g3 g1 g2 g0 g4 g5. True matches g2 (3rd) and g4 (5th). AP = (1/3 + 2/5) / 2 = 11/30.
+        [0.4, 0.2, 0.2, 0.1, 0.5, 0.5],
+        # q2 (3, cam 1): the only pid-3 image, g5, is from camera 1 too: no valid match, skipped.
+        [0.3, 0.3, 0.3, 0.3, 0.3, 0.0],
+        # q3 (1, cam 2): g0 g3 g1 g5 g4 g2; true matches g0 (1st) and g1 (3rd). AP = (1 + 2/3) / 2 = 5/6.
+        [0.1, 0.3, 0.9, 0.2, 0.8, 0.7],
+    ]
+)
+# First true match at ranks 4, 3 and 1 for the three valid queries.
+EXPECTED_CMC = np.array([1 / 3, 1 / 3, 2 / 3] + [1.0] * 47)
+EXPECTED_MAP = (1 / 4 + 11 / 30 + 5 / 6) / 3  # = 29/60
+
+
+def reference(distmat, q_pids, g_pids, q_cams, g_cams, max_rank=50):
+    """Straightforward per-query protocol: stable sort, drop junk, cumulate matches."""
+    cmcs, aps = [], []
+    for i, row in enumerate(distmat):
+        order = sorted(range(len(row)), key=lambda j: (row[j], j))
+        kept = [j for j in order if not (g_pids[j] == q_pids[i] and g_cams[j] == q_cams[i])]
+        hits = [g_pids[j] == q_pids[i] for j in kept]
+        if not any(hits):
+            continue
+        first = hits.index(True)
+        cmcs.append([1.0 if k >= first else 0.0 for k in range(max_rank)])
+        found, precisions = 0, []
+        for position, hit in enumerate(hits, start=1):
+            if hit:
+                found += 1
+                precisions.append(found / position)
+        aps.append(sum(precisions) / len(precisions))
+    return np.mean(cmcs, axis=0), float(np.mean(aps)), len(aps)
+
+
+def test_hand_computed_case() -> None:
+    scores = cmc_map_from_distances(DISTMAT, Q_PIDS, G_PIDS, Q_CAMS, G_CAMS)
+    assert scores.rank1 == pytest.approx(1 / 3)
+    assert scores.rank5 == 1.0 and scores.rank10 == 1.0
+    np.testing.assert_allclose(scores.cmc, EXPECTED_CMC, rtol=0, atol=1e-15)
+    assert scores.mAP == pytest.approx(EXPECTED_MAP, abs=1e-15)
+    assert scores.num_valid_queries == 3
+    assert scores.num_skipped_queries == 1
+    assert scores.rank(3) == pytest.approx(2 / 3)
+
+
+def test_hand_computed_case_per_query_blocks_and_tensor_labels() -> None:
+    scores = cmc_map_from_distances(
+        torch.tensor(DISTMAT, dtype=torch.float32),
+        torch.tensor(Q_PIDS),
+        torch.tensor(G_PIDS),
+        torch.tensor(Q_CAMS),
+        torch.tensor(G_CAMS),
+        chunk_size=1,
+    )
+    np.testing.assert_allclose(scores.cmc, EXPECTED_CMC, rtol=0, atol=1e-7)
+    assert scores.mAP == pytest.approx(EXPECTED_MAP, abs=1e-12)
+
+
+def test_junk_removal_is_what_makes_rank1_miss() -> None:
+    # Give q0's junk image g0 another camera: it becomes a true match ranked first.
+    g_cams = G_CAMS.copy()
+    g_cams[0] = 5
+    scores = cmc_map_from_distances(DISTMAT[:1], Q_PIDS[:1], G_PIDS, Q_CAMS[:1], g_cams)
+    assert scores.rank1 == 1.0
+    assert scores.mAP == pytest.approx((1 + 2 / 5) / 2)  # matches g0 (1st) and g1 (5th of 6)
+
+
+def test_distractors_are_ordinary_non_matches() -> None:
+    # q3's ranking with the distractor g3 moved to the top: its matches slide down one place.
+    row = DISTMAT[3:4].copy()
+    row[0, 3] = 0.0
+    scores = cmc_map_from_distances(row, Q_PIDS[3:], G_PIDS, Q_CAMS[3:], G_CAMS)
+    assert scores.rank1 == 0.0
+    assert scores.mAP == pytest.approx((1 / 2 + 2 / 3) / 2)
+
+
+def test_all_distances_tied_follow_gallery_order() -> None:
+    # A collapsed model (every feature equal): the ranking is the gallery order.
+    scores = cmc_map_from_distances(np.full((1, 6), 0.5), [1], G_PIDS, [2], G_CAMS)
+    assert scores.rank1 == 1.0  # g0 first
+    assert scores.mAP == pytest.approx((1 + 2 / 2) / 2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("chunk_size", [None, 1, 7])
+def test_agrees_with_per_query_reference_on_random_data(seed: int, chunk_size: int | None) -> None:
+    rng = np.random.default_rng(seed)
+    nq, ng = 40, 90
+    q_pids = rng.integers(1, 12, nq)  # ids 10 and 11 are rare in the gallery: some queries are skipped
+    g_pids = np.concatenate([rng.integers(0, 10, ng - 10), np.full(10, 0)])
+    q_cams, g_cams = rng.integers(0, 3, nq), rng.integers(0, 3, ng)
+    distmat = rng.integers(0, 8, (nq, ng)) / 8.0  # eight distinct values: ties everywhere
+    expected_cmc, expected_map, expected_valid = reference(distmat, q_pids, g_pids, q_cams, g_cams)
+    assert 0 < expected_valid < nq  # the data exercises skipping
+
+    scores = cmc_map_from_distances(distmat, q_pids, g_pids, q_cams, g_cams, chunk_size=chunk_size)
+    np.testing.assert_array_equal(scores.cmc, expected_cmc)
+    assert abs(scores.mAP - expected_map) <= 1e-12
+    assert scores.num_valid_queries == expected_valid
+    assert scores.num_skipped_queries == nq - expected_valid
+
+
+def test_features_path_matches_reference_on_cosine_distances() -> None:
+    rng = np.random.default_rng(7)
+    centres = rng.standard_normal((6, 16))
+    q_pids, g_pids = rng.integers(1, 6, 30), rng.integers(0, 6, 120)
+    qf = (centres[q_pids] + rng.standard_normal((30, 16))).astype(np.float32)
+    gf = (centres[g_pids] + rng.standard_normal((120, 16))).astype(np.float32)
+    q_cams, g_cams = rng.integers(0, 4, 30), rng.integers(0, 4, 120)
+
+    distances = cosine_distances(qf, gf)
+    unit_q = qf / np.linalg.norm(qf, axis=1, keepdims=True)
+    unit_g = gf / np.linalg.norm(gf, axis=1, keepdims=True)
+    np.testing.assert_allclose(distances, 1 - unit_q @ unit_g.T, atol=1e-6)
+
+    scores = cmc_map(torch.from_numpy(qf), gf, q_pids, g_pids, q_cams, g_cams, chunk_size=8)
+    expected_cmc, expected_map, expected_valid = reference(distances, q_pids, g_pids, q_cams, g_cams)
+    np.testing.assert_array_equal(scores.cmc, expected_cmc)
+    assert abs(scores.mAP - expected_map) <= 1e-12
+    assert scores.num_valid_queries == expected_valid
+    assert 0.3 < scores.mAP < 1.0  # identity structure is visible, not trivial
+
+    # Cosine distance ignores feature scale (a power of two keeps the normalised features bit-equal).
+    rescaled = cmc_map(4.0 * qf, gf.astype(np.float64), q_pids, g_pids, q_cams, g_cams)
+    assert rescaled.cmc.tolist() == scores.cmc.tolist()
+    assert rescaled.mAP == pytest.approx(scores.mAP, abs=1e-12)
+
+
+def test_scores_object() -> None:
+    scores = cmc_map_from_distances(DISTMAT, Q_PIDS, G_PIDS, Q_CAMS, G_CAMS, max_rank=12)
+    assert len(scores.cmc) == 12
+    assert scores.to_dict() == {
+        "rank1": scores.rank1,
+        "rank5": 1.0,
+        "rank10": 1.0,
+        "mAP": scores.mAP,
+        "num_valid_queries": 3,
+        "num_skipped_queries": 1,
+    }
+    assert scores.to_dict(include_cmc=True)["cmc"] == scores.cmc.tolist()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        scores.rank1 = 1.0  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        scores.cmc[0] = 1.0
+    with pytest.raises(ValueError, match="max_rank"):
+        scores.rank(13)
+    assert isinstance(scores, RetrievalScores)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gallery_camids": G_CAMS[:5]}, "gallery_camids must be 1-D with 6 entries"),
+        ({"query_pids": Q_PIDS.astype(float)}, "query_pids must be integers"),
+        ({"distmat": DISTMAT[0]}, "distmat must be a non-empty 2-D"),
+        ({"distmat": np.where(DISTMAT > 0.8, np.nan, DISTMAT)}, "distmat contains NaN"),
+        ({"max_rank": 5}, "max_rank must be an integer ≥ 10"),
+        ({"chunk_size": 0}, "chunk_size must be a positive integer"),
+        ({"query_pids": np.array([7, 7, 7, 7])}, "none of the 4 queries has a true match"),
+    ],
+)
+def test_bad_inputs_to_distances_name_the_argument(kwargs: dict, message: str) -> None:
+    args = {
+        "distmat": DISTMAT,
+        "query_pids": Q_PIDS,
+        "gallery_pids": G_PIDS,
+        "query_camids": Q_CAMS,
+        "gallery_camids": G_CAMS,
+    } | kwargs
+    with pytest.raises(ValueError, match=message):
+        cmc_map_from_distances(**args)
+
+
+def test_bad_features_name_the_argument() -> None:
+    qf, gf = np.ones((4, 8), np.float32), np.ones((6, 8), np.float32)
+    labels = (Q_PIDS, G_PIDS, Q_CAMS, G_CAMS)
+    with pytest.raises(ValueError, match="query_features contain NaN"):
+        cmc_map(np.full((4, 8), np.nan, np.float32), gf, *labels)
+    with pytest.raises(ValueError, match="dimension 8 but gallery_features have 5"):
+        cmc_map(qf, gf[:, :5], *labels)
+    with pytest.raises(ValueError, match="gallery_features must be floating point"):
+        cmc_map(qf, np.ones((6, 8), np.int64), *labels)
+    with pytest.raises(ValueError, match="query_features must be a non-empty 2-D"):
+        cmc_map(qf[0], gf, *labels)

@@ -1,0 +1,73 @@
+"""Aggregation arithmetic: the plain channel, FedPav's weighted mean, cohort selection, the LR schedule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from secfed.algorithms.base import step_lr, weighted_mean_step
+from secfed.federation.channel import PlainChannel
+from secfed.federation.messages import Aggregate, Broadcast, Upload
+from secfed.federation.server import Server, select_clients
+from secfed.models.reid import ReIDModel
+from secfed.models.sharing import model_hash, shared_layout
+
+
+def _broadcast(weights: torch.Tensor) -> Broadcast:
+    return Broadcast(round=0, weights=weights, layout_id="x", model_hash=model_hash(weights), weight_scale=0.1)
+
+
+def test_plain_channel_sums_weighted_updates_of_survivors() -> None:
+    w = torch.zeros(3)
+    uploads = [
+        Upload(0, 0, torch.tensor([1.0, 2.0, 3.0]), 0.5, b""),
+        Upload(1, 0, torch.tensor([-1.0, 0.0, 1.0]), 0.25, b""),
+        Upload(2, 0, torch.tensor([100.0, 100.0, 100.0]), 0.25, b""),
+    ]
+    agg = PlainChannel().aggregate(_broadcast(w), uploads, dropouts={2: "upload"})
+    assert torch.allclose(agg.total, torch.tensor([0.25, 1.0, 1.75]))
+    assert agg.weight == pytest.approx(0.75)
+    assert agg.contributors == (0, 1)
+    assert agg.bytes_up == 2 * (3 * 4 + 8)
+    assert agg.bytes_down == 3 * (3 * 4 + 64)
+
+
+def test_weighted_mean_is_fedpav_nk_over_n() -> None:
+    # two clients with 30 and 10 images: w' = w + (30·Δ1 + 10·Δ2) / 40
+    w = torch.tensor([1.0, 1.0])
+    d1, d2 = torch.tensor([0.4, 0.0]), torch.tensor([0.0, -0.8])
+    agg = Aggregate(0, total=30 * d1 + 10 * d2, weight=40.0, contributors=(0, 1), bytes_up=0, bytes_down=0)
+    assert torch.allclose(weighted_mean_step(w, agg), torch.tensor([1.3, 0.8]))
+
+
+def test_server_keeps_weights_when_nobody_contributed() -> None:
+    model = ReIDModel("resnet18", 3)
+    layout = shared_layout(model, False, "shared")
+    weights = layout.flatten(model.state_dict())
+    server = Server(layout, weights.clone(), weighted_mean_step, weight_scale=1.0)
+    server.apply(Aggregate(0, torch.zeros_like(weights), 0.0, (), 0, 0))
+    assert torch.equal(server.weights, weights)
+    b = server.broadcast(4)
+    assert b.round == 4 and b.layout_id == layout.fingerprint() and b.model_hash == model_hash(weights)
+
+
+def test_fixed_selection_is_seeded_k_of_n() -> None:
+    a = select_clients(10, 3, run_seed=1, clients_per_round=4)
+    assert a == select_clients(10, 3, run_seed=1, clients_per_round=4)
+    assert len(set(a)) == 4 and a == sorted(a) and all(0 <= k < 10 for k in a)
+    rounds = [tuple(select_clients(10, t, 1, clients_per_round=4)) for t in range(20)]
+    assert len(set(rounds)) > 10  # a different cohort most rounds
+    assert select_clients(5, 0, 1) == [0, 1, 2, 3, 4]
+
+
+def test_poisson_selection_rate() -> None:
+    sizes = [len(select_clients(100, t, 2, sampling="poisson", sample_rate=0.3)) for t in range(200)]
+    mean = sum(sizes) / len(sizes)
+    assert 28 < mean < 32 and len(set(sizes)) > 5
+
+
+def test_step_schedule_decays_across_rounds() -> None:
+    assert step_lr(0.05, 0, 40, 0.1) == 0.05
+    assert step_lr(0.05, 39, 40, 0.1) == 0.05
+    assert step_lr(0.05, 40, 40, 0.1) == pytest.approx(0.005)
+    assert step_lr(0.05, 85, 40, 0.1) == pytest.approx(0.0005)

@@ -1,0 +1,86 @@
+"""Run directories: checkpoints are atomic, and a resumed run ends bit-identical to an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from secfed.config import RunConfig
+from secfed.federation import checkpoint as ckpt
+from secfed.federation.runtime import run
+
+
+class Crash(Exception):
+    pass
+
+
+def _without_timing(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in history]
+
+
+def test_resume_ends_bit_identical(tiny_config: RunConfig, tmp_path: Path) -> None:
+    tiny_config.train.rounds = 3
+    tiny_config.train.eval_every = 1
+    full = run(tiny_config, tmp_path / "full")
+
+    def crash_after_two(round_number: int) -> None:
+        if round_number == 2:
+            raise Crash
+
+    with pytest.raises(Crash):
+        run(tiny_config, tmp_path / "cut", on_round_end=crash_after_two)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "cut")] == ["round-0002.pt"]
+    # a line for a round the checkpoint does not hold must not survive the resume
+    ckpt.append_jsonl(tmp_path / "cut" / "metrics.jsonl", {"round": 3, "partial": True})
+
+    resumed = run(tiny_config, tmp_path / "cut", resume=True)
+
+    assert torch.equal(full.federation.server.weights, resumed.federation.server.weights)
+    for a, b in zip(full.federation.clients, resumed.federation.clients):
+        for key, value in a.model.state_dict().items():
+            assert torch.equal(value, b.model.state_dict()[key]), (a.name, key)
+    for k, model in full.federation.baselines.items():
+        for key, value in model.state_dict().items():
+            assert torch.equal(value, resumed.federation.baselines[k].state_dict()[key]), key
+    lines = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in lines] == [1, 2, 3]
+    full_lines = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert _without_timing(lines) == _without_timing(full_lines)
+    assert resumed.summary["domains"] == full.summary["domains"]
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "file.bin"
+    ckpt.atomic_write_bytes(target, b"old")
+
+    def broken_replace(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.atomic_write_bytes(target, b"new")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["file.bin"]  # no temporary left behind
+
+
+def test_checkpoint_rejects_foreign_files(tmp_path: Path) -> None:
+    bad = tmp_path / "x.pt"
+    torch.save({"format": "something-else"}, bad)
+    with pytest.raises(ckpt.CheckpointError, match="not a secfed checkpoint"):
+        ckpt.load_checkpoint(bad)
+    bad.write_bytes(b"\x80\x04garbage")
+    with pytest.raises(ckpt.CheckpointError, match="x.pt"):
+        ckpt.load_checkpoint(bad)
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint"):
+        ckpt.latest_checkpoint(tmp_path)
+
+
+def test_only_newest_checkpoints_are_kept(tmp_path: Path) -> None:
+    for r in range(1, 5):
+        ckpt.save_checkpoint(tmp_path, r, {"x": torch.tensor([r])}, keep=2)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["round-0003.pt", "round-0004.pt"]
+    assert ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path))["rounds_done"] == 4
