@@ -14,6 +14,7 @@ from secfed.config import ConfigError
 from secfed.data.errors import DataError
 from secfed.federation.checkpoint import CheckpointError
 from secfed.models.reid import PretrainedWeightsUnavailable
+from secfed.protocols import ProtocolError
 
 
 def human_console(json_mode: bool) -> Console:
@@ -34,6 +35,8 @@ def cli_errors() -> Iterator[None]:
         raise click.UsageError(str(exc)) from None
     except (DataError, CheckpointError, PretrainedWeightsUnavailable) as exc:
         raise click.ClickException(str(exc)) from None
+    except ProtocolError as exc:  # e.g. a model-inconsistency attack detected under --authenticated
+        raise click.ClickException(f"secure aggregation aborted: {type(exc).__name__}: {exc}") from None
 
 
 def set_threads(threads: int | None) -> None:

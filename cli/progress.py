@@ -43,6 +43,8 @@ class RichReporter:
             f"{cfg.model.backbone} {cfg.data.height}×{cfg.data.width} · shared {fed.layout.size:,} values · "
             f"channel {fed.channel.name}"
         )
+        for line in fed.privacy.plan.statements:
+            self.console.print(f"[yellow]privacy:[/] {line}")
         self._rounds = self.progress.add_task("rounds", total=cfg.train.rounds, completed=start_round, info="")
         self._clients = self.progress.add_task("clients", total=1, info="")
 
@@ -59,4 +61,6 @@ class RichReporter:
             info += f" · mean rank-1 {100 * sum(r1) / len(r1):.1f}%"
         if record.get("dropped"):
             info += f" · {len(record['dropped'])} dropped"
+        if "privacy" in record:
+            info += f" · ε {record['privacy']['epsilon']:.3g}"
         self.progress.update(self._rounds, advance=1, info=info)

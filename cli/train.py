@@ -43,6 +43,21 @@ FLAG_KEYS: dict[str, str] = {
     "secagg_graph": "secagg.graph",
     "authenticated": "secagg.authenticated",
     "secagg_clip": "secagg.clip",
+    "aggregation": "train.aggregation",
+    "dp_beta": "privacy.dp_beta",
+    "dp_beta_mode": "privacy.dp_beta_mode",
+    "clip": "privacy.clip",
+    "noise_multiplier": "privacy.noise_multiplier",
+    "target_epsilon": "privacy.target_epsilon",
+    "delta": "privacy.delta",
+    "sampling": "privacy.sampling",
+    "sample_rate": "privacy.sample_rate",
+    "dp_distributed": "privacy.distributed",
+    "dp_sgd": "privacy.dp_sgd",
+    "dp_sgd_noise_multiplier": "privacy.dp_sgd_noise_multiplier",
+    "dp_sgd_clip": "privacy.dp_sgd_clip",
+    "dp_sgd_target_epsilon": "privacy.dp_sgd_target_epsilon",
+    "dp_sgd_delta": "privacy.dp_sgd_delta",
     "seed": "seed",
     "out": "out_dir",
     "name": "name",
@@ -136,6 +151,25 @@ def resolve_config(ctx: click.Context, params: dict[str, Any]) -> tuple[RunConfi
 @click.option("--authenticated", is_flag=True, help="Signed transcript and model-consistency check.")
 @click.option("--secagg-clip", type=float, default=8.0, show_default=True,
               help="Per-coordinate range of uploads before quantisation.")
+@click.option("--aggregation", type=click.Choice(["weighted", "unweighted"]), default="weighted", show_default=True,
+              help="n_k-weighted mean (FedPav) or plain mean (needed for client-level DP).")
+@click.option("--dp-beta", type=float, default=0.0, show_default=True,
+              help="β white noise on the aggregated weights (Wu & Gong 2021, Eq. 14). Not DP without --clip.")
+@click.option("--dp-beta-mode", type=click.Choice(["single", "double"]), default="single", show_default=True,
+              help="double: also noise what each client receives (Eq. 15).")
+@click.option("--clip", type=float, help="L2 bound of each client's whole shared update.")
+@click.option("--noise-multiplier", type=float, help="Client-level DP-FedAvg noise multiplier z (needs --clip).")
+@click.option("--target-epsilon", type=float, help="Derive z for this ε at --delta over all rounds.")
+@click.option("--delta", type=float, help="δ of client-level DP (default min(1e-5, N^-1.1)).")
+@click.option("--sampling", type=click.Choice(["fixed", "poisson"]), default="fixed", show_default=True,
+              help="Client selection: K of N, or Poisson with --sample-rate (amplifies ε).")
+@click.option("--sample-rate", type=float, help="Poisson client-sampling rate q.")
+@click.option("--dp-distributed", is_flag=True, help="Clients add Skellam noise shares inside secure aggregation.")
+@click.option("--dp-sgd", is_flag=True, help="Example-level DP-SGD inside every client (Opacus).")
+@click.option("--dp-sgd-noise-multiplier", type=float, help="DP-SGD noise multiplier.")
+@click.option("--dp-sgd-clip", type=float, default=1.0, show_default=True, help="DP-SGD per-example gradient norm.")
+@click.option("--dp-sgd-target-epsilon", type=float, help="Calibrate each client's DP-SGD noise to this ε.")
+@click.option("--dp-sgd-delta", type=float, help="δ of DP-SGD (default min(1e-5, n_k^-1.1)).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Parent folder of run directories.")
@@ -159,6 +193,10 @@ def train_command(ctx: click.Context, **params: Any) -> None:
     summary = result.summary
     console.print(results_table([DomainResult.from_dict(_row(d)) for d in summary["domains"]]))
     console.print(summary_table(_summary_view(summary)))
+    for line in summary["privacy"]["statements"]:
+        console.print(f"[yellow]privacy:[/] {line}")
+    for who, dp in summary["privacy"].get("dp_sgd", {}).items():
+        console.print(f"DP-SGD {who}: (ε = {dp['epsilon']:.3g}, δ = {dp['delta']:.2g}), z = {dp['noise_multiplier']:.3g}")
     console.print(f"run directory: {run_dir}")
     if params["json_output"]:
         emit_json(summary)
@@ -183,5 +221,14 @@ def _summary_view(summary: dict[str, Any]) -> dict[str, Any]:
         "bytes_down": comm["measured_down_bytes"],
         "algorithm": summary["algorithm"],
         "channel": summary["channel"],
+        "privacy": _privacy_cell(summary["privacy"]),
     }
+
+
+def _privacy_cell(privacy: dict[str, Any]) -> str:
+    if "epsilon" in privacy:
+        return f"(ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:.2g}) client-level, {privacy['mechanism']}"
+    if privacy["mechanism"] == "beta":
+        return "β noise, no formal guarantee"
+    return "no client-level DP" + (" (example-level DP-SGD per client, below)" if "dp_sgd" in privacy else "")
 

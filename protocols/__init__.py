@@ -1,0 +1,83 @@
+"""secfed.protocols — dropout-robust secure aggregation (SecAgg / SecAgg+), numpy + cryptography only.
+
+The front door::
+
+    from secfed import protocols as sp
+
+    q = sp.Quantizer.for_cohort(n_clients=10, clip=1.0)          # finest scale that cannot overflow
+    out = sp.simulate(updates, quantizer=q, rng=rng, dropouts={3: "masked_input"})
+    out.total                                                     # Σ of the survivors' updates
+
+For a real deployment drive the state machines yourself — :class:`SecAggClient` and
+:class:`SecAggServer` take and return typed messages; :func:`encode` / :func:`decode` move them
+as bytes over whatever transport you have. This package never imports torch.
+"""
+
+from . import errors
+from .errors import (
+    Aborted,
+    BelowThreshold,
+    BothSharesRequested,
+    ConfigMismatch,
+    DecryptionFailed,
+    InconsistentShares,
+    InconsistentView,
+    MalformedMessage,
+    ModelMismatch,
+    OverflowRefused,
+    ProtocolError,
+    ReplayedMessage,
+    SignatureInvalid,
+    UnknownClient,
+    WrongPhase,
+    WrongRound,
+    WrongSender,
+)
+from .quantize import Quantizer, ring_bits
+from .secagg.client import ClientState, SecAggClient
+from .secagg.graph import GraphParams, NeighbourGraph, choose_params
+from .secagg.keys import model_digest
+from .secagg.messages import decode, encode, encoded_size
+from .secagg.server import AggregateResult, SecAggServer
+from .secagg.session import Phase, SessionConfig, new_session_id
+from .simulate import SimulationResult, random_dropouts, simulate
+
+__all__ = [
+    "Aborted",
+    "AggregateResult",
+    "BelowThreshold",
+    "BothSharesRequested",
+    "ClientState",
+    "ConfigMismatch",
+    "DecryptionFailed",
+    "GraphParams",
+    "InconsistentShares",
+    "InconsistentView",
+    "MalformedMessage",
+    "ModelMismatch",
+    "NeighbourGraph",
+    "OverflowRefused",
+    "Phase",
+    "ProtocolError",
+    "Quantizer",
+    "ReplayedMessage",
+    "SecAggClient",
+    "SecAggServer",
+    "SessionConfig",
+    "SignatureInvalid",
+    "SimulationResult",
+    "UnknownClient",
+    "WrongPhase",
+    "WrongRound",
+    "WrongSender",
+    "choose_params",
+    "decode",
+    "encode",
+    "encoded_size",
+    "errors",
+    "model_digest",
+    "new_session_id",
+    "random_dropouts",
+    "ring_bits",
+    "simulate",
+]

@@ -60,6 +60,7 @@ class TrainConfig:
     """Local training and the round schedule (FedReIDBench appendix A.1 unless noted)."""
 
     algorithm: Algorithm = "fedpav"
+    aggregation: Literal["weighted", "unweighted"] = "weighted"  # n_k/n (FedPav) or a plain mean; DP needs unweighted
     rounds: int = 12
     local_epochs: int = 1
     batch_size: int = 32
@@ -103,6 +104,7 @@ class PrivacyConfig:
     dp_sgd_noise_multiplier: float | None = None
     dp_sgd_clip: float = 1.0
     dp_sgd_target_epsilon: float | None = None
+    dp_sgd_delta: float | None = None
 
 
 @dataclass

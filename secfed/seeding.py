@@ -8,8 +8,12 @@ what makes ``--resume`` bit-identical and lets clients be trained in any order.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 def derive_seed(run_seed: int, purpose: str, *indices: int) -> int:
@@ -21,3 +25,12 @@ def derive_seed(run_seed: int, purpose: str, *indices: int) -> int:
 def numpy_rng(run_seed: int, purpose: str, *indices: int) -> np.random.Generator:
     """A numpy Generator seeded by :func:`derive_seed` (for training-side randomness, never crypto)."""
     return np.random.default_rng(derive_seed(run_seed, purpose, *indices))
+
+
+def torch_generator(run_seed: int, purpose: str, *indices: int) -> torch.Generator:
+    """A CPU torch Generator seeded by :func:`derive_seed` (training-side randomness, never crypto)."""
+    import torch  # here, not at the top: this module is imported where torch must not be required
+
+    generator = torch.Generator()
+    generator.manual_seed(derive_seed(run_seed, purpose, *indices))
+    return generator

@@ -8,14 +8,18 @@ below; later methods (KD, CDW, FedReID, DFH) override one answer each.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from secfed.data.augment import TrainAugment, epoch_batches
 from secfed.federation.messages import Aggregate
+from secfed.privacy.dpsgd import ClientDpSgd, make_private, poisson_schedule
+from secfed.privacy.sampling import poisson_batches
 
 
 @dataclass(frozen=True)
@@ -65,37 +69,62 @@ def train_supervised(
     labels: torch.Tensor,
     schedule: Schedule,
     generator: torch.Generator,
+    dp: ClientDpSgd | None = None,
 ) -> TrainStats:
     """E local epochs of identity classification (cross-entropy) over in-memory uint8 images.
 
-    ``generator`` drives shuffling and augmentation; dropout uses torch's global RNG, which the
-    caller seeds per (run, round, client) before calling.
+    ``generator`` drives shuffling, augmentation (and DP-SGD noise); dropout uses torch's global
+    RNG, which the caller seeds per (run, round, client) before calling. With ``dp``, training is
+    example-level DP-SGD (Opacus): Poisson batches, per-example clipping and noise, accounted in
+    ``dp.accountant``.
     """
     model.train()
     augment = TrainAugment()  # FedReIDBench's default: pad + random crop + horizontal flip
     optimizer = make_optimizer(model, schedule)
+    forward: Callable[[torch.Tensor], torch.Tensor] = model
+    if dp is None:
+        batches = _shuffled_batches(len(images), schedule, generator)
+    else:
+        rate, steps_per_epoch = poisson_schedule(len(images), schedule.batch_size)
+        private = make_private(
+            model, optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
+            sample_rate=rate, expected_batch_size=schedule.batch_size, accountant=dp.accountant, generator=generator,
+        )
+        forward, optimizer = private.module, private.optimizer
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        batches = _poisson_batches(len(images), rate, steps_per_epoch * schedule.epochs, rng)
+
     total_loss = torch.zeros((), dtype=torch.float64)
     correct = torch.zeros((), dtype=torch.int64)
     examples = steps = 0
-    for _ in range(schedule.epochs):
-        for index in epoch_batches(len(images), schedule.batch_size, generator):
-            inputs = augment(images[index], generator)
-            targets = labels[index]
-            logits = model(inputs)
-            loss = F.cross_entropy(logits, targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total_loss += loss.detach() * len(index)
-            correct += (logits.detach().argmax(1) == targets).sum()
-            examples += len(index)
+    for index in batches:
+        if len(index) == 0:  # an empty Poisson batch still takes its (noise-only, accounted) step
+            private.empty_step()
             steps += 1
-    if steps == 0:
-        raise ValueError(
-            f"a client has {len(images)} training images, fewer than one batch of {schedule.batch_size}; "
-            "lower --batch-size"
-        )
-    return TrainStats(float(total_loss) / examples, int(correct) / examples, examples, steps)
+            continue
+        inputs = augment(images[index], generator)
+        targets = labels[index]
+        optimizer.zero_grad(set_to_none=True)  # before the forward: DP-SGD's per-example grads must be clear
+        logits = forward(inputs)
+        loss = F.cross_entropy(logits, targets)
+        loss.backward()
+        optimizer.step()
+        total_loss += loss.detach() * len(index)
+        correct += (logits.detach().argmax(1) == targets).sum()
+        examples += len(index)
+        steps += 1
+    optimizer.zero_grad(set_to_none=True)  # also drops DP-SGD's per-example gradients
+    return TrainStats(float(total_loss) / max(examples, 1), int(correct) / max(examples, 1), examples, steps)
+
+
+def _poisson_batches(n: int, rate: float, steps: int, rng: np.random.Generator) -> Iterator[torch.Tensor]:
+    for batch in poisson_batches(n, rate, steps, rng):
+        yield torch.from_numpy(batch)
+
+
+def _shuffled_batches(n: int, schedule: Schedule, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    for _ in range(schedule.epochs):
+        yield from epoch_batches(n, schedule.batch_size, generator)
 
 
 def weighted_mean_step(global_weights: torch.Tensor, aggregate: Aggregate) -> torch.Tensor:

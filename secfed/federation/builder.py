@@ -23,10 +23,16 @@ from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
 from secfed.data.synth import SynthManifest, cached
 from secfed.data.types import ReidDataset, Sample
 from secfed.federation.channel import Channel, PlainChannel
+from secfed.federation.secure_channel import RING_BITS, SecureChannel
 from secfed.federation.client import Client
 from secfed.federation.server import Server
 from secfed.models.reid import ReIDModel, make_classifier
 from secfed.models.sharing import SharedLayout, shared_layout
+from secfed.privacy.accountant import SampledGaussianAccountant
+from secfed.privacy.dpsgd import ClientDpSgd, dp_compatible
+from secfed.privacy.policy import DpSgdPlan, PrivacyPlan
+from secfed.privacy.policy import resolve as resolve_privacy
+from secfed.privacy.round import RoundPrivacy
 from secfed.seeding import derive_seed
 
 SYNTH_IMAGE_SIZE = (128, 64)  # the synthetic default is written at this size, then resized to the input
@@ -62,7 +68,9 @@ class Federation:
     server: Server
     channel: Channel
     domains: list[EvalDomain]
+    privacy: RoundPrivacy
     baselines: dict[int, ReIDModel] = field(default_factory=dict)  # local-training baseline per client
+    dp_sgd: dict[str, ClientDpSgd] = field(default_factory=dict)  # "fed/<id>", "local/<id>" → DP-SGD state
     data_info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -190,14 +198,27 @@ def build(
     h, w = cfg.data.height, cfg.data.width
 
     # One initial model for everyone: the server's w^0. Each client adds its own classifier
-    # (FedPav) or shares one over the union of identities (FedAvg).
+    # (FedPav) or shares one over the union of identities (FedAvg). DP-SGD swaps BatchNorm for
+    # GroupNorm in every model (Opacus' rule), so it happens here, once, before anything is copied.
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     num_global = shards[0].num_global_classes
     initial = build_model(cfg, num_global)
+    if cfg.privacy.dp_sgd:
+        initial = dp_compatible(initial)
     layout = shared_layout(initial, algorithm.shares_classifier, cfg.model.bn_stats)
+    plan = resolve_privacy(
+        cfg.privacy, num_clients=len(shards), clients_per_round=cfg.train.clients_per_round,
+        rounds=cfg.train.rounds, aggregation=cfg.train.aggregation, secagg=cfg.secagg.enabled,
+        bn_stats=cfg.model.bn_stats, model_dim=layout.size, ring_bits=RING_BITS,
+    )
+    channel = make_channel(cfg, layout, plan, num_clients=len(shards))
+    if cfg.secagg.enabled and plan.skellam is None:
+        plan = plan.for_quantised_channel(scale=channel.scale, dim=layout.size)
+    privacy = RoundPrivacy.from_plan(plan, layout.trainable_mask(), cfg.seed)
 
     clients: list[Client] = []
     baselines: dict[int, ReIDModel] = {}
+    dp_sgd: dict[str, ClientDpSgd] = {}
     for k, shard in enumerate(shards):
         model = copy.deepcopy(initial)
         if not algorithm.uses_global_labels:
@@ -211,6 +232,9 @@ def build(
         ))
         if cfg.train.local_baseline:
             baselines[k] = copy.deepcopy(model)
+        if plan.dp_sgd is not None:
+            for role in ("fed", "local") if cfg.train.local_baseline else ("fed",):
+                dp_sgd[f"{role}/{k}"] = client_dp_sgd(plan.dp_sgd, cfg, len(shard))
 
     if cfg.train.clients_per_round > len(clients):
         raise ConfigError("--clients-per-round", f"{cfg.train.clients_per_round} > the {len(clients)} clients")
@@ -219,12 +243,32 @@ def build(
         layout=layout,
         weights=layout.flatten(initial.state_dict()),
         server_rule=algorithm.server_rule,
+        aggregation_weight=algorithm.aggregation_weight,
         weight_scale=1.0 / total_examples,
+        enrolled={k: len(shard) for k, shard in enumerate(shards)},
+        weighted=cfg.train.aggregation == "weighted",
+        privacy=privacy,
     )
     domains = [_eval_domain(d, ids, h, w) for d, ids in evaluated if d.query and d.gallery]
     info["clients"] = [{"id": k, "name": s.name, "images": len(s), "classes": s.num_classes}
                        for k, s in enumerate(shards)]
-    return Federation(cfg, algorithm, layout, clients, server, PlainChannel(), domains, baselines, info)
+    info["privacy"] = plan.to_dict()
+    return Federation(cfg, algorithm, layout, clients, server, channel, domains, privacy, baselines, dp_sgd, info)
+
+
+def client_dp_sgd(dp: DpSgdPlan, cfg: RunConfig, num_examples: int) -> ClientDpSgd:
+    """A client's DP-SGD state: its noise multiplier (fixed or calibrated to its size) and accountant."""
+    t = cfg.train
+    z = dp.noise_multiplier_for(num_examples=num_examples, batch_size=t.batch_size, local_epochs=t.local_epochs,
+                                rounds=t.rounds)
+    return ClientDpSgd(z, dp.max_grad_norm, dp.delta_for(num_examples), SampledGaussianAccountant())
+
+
+def make_channel(cfg: RunConfig, layout: SharedLayout, plan: PrivacyPlan, num_clients: int) -> Channel:
+    """Plain sums, or secure aggregation (with the plan's distributed noise when it has one)."""
+    if not cfg.secagg.enabled:
+        return PlainChannel()
+    return SecureChannel.for_run(cfg, layout.size, num_clients, plan.skellam)
 
 
 def validate(cfg: RunConfig) -> None:
@@ -244,3 +288,13 @@ def validate(cfg: RunConfig) -> None:
                           "(each evaluated domain must belong to exactly one client)")
     if not 0.0 <= cfg.secagg.dropout_rate < 1.0:
         raise ConfigError("--dropout-rate", f"must be in [0, 1), got {cfg.secagg.dropout_rate}")
+    if cfg.secagg.authenticated and not cfg.secagg.enabled:
+        raise ConfigError("--authenticated", "is a mode of secure aggregation; drop --no-secagg")
+    if cfg.secagg.authenticated and cfg.privacy.dp_beta_mode == "double":
+        raise ConfigError("--dp-beta-mode", "double gives every client a differently noised model, which the "
+                          "--authenticated model-consistency check rejects (as it must); use single")
+    if cfg.secagg.graph == "harary" and not cfg.secagg.enabled:
+        raise ConfigError("--secagg-graph", "chooses the secure-aggregation graph; drop --no-secagg")
+    if not cfg.secagg.clip >= 1:
+        raise ConfigError("--secagg-clip", f"must be at least 1 (aggregation weights in (0, 1] travel in the same "
+                          f"clipped vector), got {cfg.secagg.clip}")

@@ -9,7 +9,9 @@ import torch
 from secfed.algorithms.base import Schedule, TrainStats
 from secfed.federation.messages import Broadcast, Upload
 from secfed.models.reid import ReIDModel
-from secfed.models.sharing import SharedLayout, load_shared
+from secfed.models.sharing import SharedLayout, load_shared, model_hash
+from secfed.privacy.dpsgd import ClientDpSgd
+from secfed.privacy.round import RoundPrivacy
 
 
 class LayoutMismatch(ValueError):
@@ -40,18 +42,21 @@ class Client:
             )
         load_shared(self.model, self.layout, broadcast.weights)
 
-    def train(self, schedule: Schedule, seed: int, model: ReIDModel | None = None) -> TrainStats:
+    def train(
+        self, schedule: Schedule, seed: int, model: ReIDModel | None = None, dp: ClientDpSgd | None = None
+    ) -> TrainStats:
         """The method's client rule on this site's data, every random draw (order, augmentation,
-        dropout) from ``seed``. ``model`` defaults to the federated model; the local-training
-        baseline passes its own, which is trained the same way and never aggregated."""
+        dropout, DP-SGD noise) from ``seed``. ``model`` defaults to the federated model; the
+        local-training baseline passes its own, trained the same way and never aggregated."""
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
         model = self.model if model is None else model
-        return self.algorithm.client_rule(model, self.images, self.labels, schedule, generator)
+        return self.algorithm.client_rule(model, self.images, self.labels, schedule, generator, dp)
 
-    def upload(self, broadcast: Broadcast, weight_scale: float) -> Upload:
-        """Δ of the shared tensors since the broadcast, and the aggregation weight n_k·scale."""
-        update = self.layout.flatten(self.model.state_dict()) - broadcast.weights
-        weight = self.algorithm.aggregation_weight(self.num_examples) * weight_scale
-        return Upload(self.id, broadcast.round, update, weight, broadcast.model_hash)
+    def upload(self, broadcast: Broadcast, privacy: RoundPrivacy, weight: float) -> Upload:
+        """Δ of the shared tensors since the broadcast, after the privacy step (clipping), with its
+        aggregation weight (:meth:`Server.weight_of`, a public function of the enrolment). The model
+        hash is computed here, from what this client received, not taken from the server."""
+        update = privacy.client_update(self.layout.flatten(self.model.state_dict()) - broadcast.weights)
+        return Upload(self.id, broadcast.round, update, weight, model_hash(broadcast.weights))
 

@@ -19,7 +19,6 @@ class Broadcast:
     round: int
     weights: torch.Tensor  # flat float32 shared weights, in SharedLayout order
     layout_id: str  # SharedLayout.fingerprint(): a client refuses weights of another layout
-    model_hash: bytes  # SHA-256 of ``weights``; clients prove (under authenticated secagg) they trained on it
     weight_scale: float  # public normaliser: a client's aggregation weight is n_k · weight_scale
 
 
@@ -31,7 +30,7 @@ class Upload:
     round: int
     update: torch.Tensor  # flat float32 Δ = w_k − w_global, after the client's privacy step
     weight: float  # aggregation weight; the channel sends weight·update and weight, masked together
-    model_hash: bytes  # the Broadcast.model_hash this update was trained from
+    model_hash: bytes  # SHA-256 of the weights this client received (authenticated secagg compares them)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -112,30 +112,33 @@ def run(
     for t in range(start, cfg.train.rounds):
         round_number = t + 1
         t0 = time.perf_counter()
-        cohort = select_clients(len(fed.clients), t, cfg.seed, clients_per_round=cfg.train.clients_per_round)
+        fixed = select_clients(len(fed.clients), t, cfg.seed, cfg.train.clients_per_round)
+        cohort = fed.privacy.cohort(t, len(fed.clients), fixed)
         reporter.round_started(round_number, [fed.clients[k].name for k in cohort])
         broadcast = fed.server.broadcast(t)
         schedule = schedule_for(cfg, t)
 
-        # Local training on every selected client, then one upload each.
+        # Local training on every selected client, then one upload each (after the privacy step).
         uploads, client_stats = [], {}
         for k in cohort:
             client = fed.clients[k]
-            client.receive(broadcast)
-            stats = client.train(schedule, derive_seed(cfg.seed, "train", t, k))
-            uploads.append(client.upload(broadcast, fed.server.weight_scale))
+            received = replace(broadcast, weights=fed.privacy.received(broadcast.weights, t, k))
+            client.receive(received)
+            stats = client.train(schedule, derive_seed(cfg.seed, "train", t, k), dp=fed.dp_sgd.get(f"fed/{k}"))
+            uploads.append(client.upload(received, fed.privacy, fed.server.weight_of(k)))
             client_stats[client.name] = {"loss": stats.loss, "accuracy": stats.accuracy, "examples": stats.examples}
             reporter.client_done(round_number, client.name)
         # The local-training baseline: every client alone, same rule, same seeds, never aggregated.
         baseline_stats = {}
         for k, model in fed.baselines.items():
-            stats = fed.clients[k].train(schedule, derive_seed(cfg.seed, "train", t, k), model=model)
+            stats = fed.clients[k].train(schedule, derive_seed(cfg.seed, "train", t, k), model, fed.dp_sgd.get(f"local/{k}"))
             baseline_stats[fed.clients[k].name] = {"loss": stats.loss, "accuracy": stats.accuracy}
         t_train = time.perf_counter()
 
         dropouts = dropout_schedule(cfg, t, cohort, fed.channel.phases)
         aggregate = fed.channel.aggregate(broadcast, uploads, dropouts)
         fed.server.apply(aggregate)
+        privacy = fed.privacy.account(len(aggregate.contributors))
         t_agg = time.perf_counter()
 
         record: dict[str, Any] = {
@@ -152,6 +155,10 @@ def run(
         }
         if baseline_stats:
             record["local_baseline"] = baseline_stats
+        if privacy is not None:
+            record["privacy"] = privacy
+        if fed.dp_sgd:
+            record["dp_sgd_epsilon"] = {key: state.epsilon() for key, state in sorted(fed.dp_sgd.items())}
         if _eval_due(cfg, round_number):
             record["eval"] = evaluate_global(fed)
         if round_number == cfg.train.rounds:
@@ -181,6 +188,8 @@ def snapshot(fed: Federation, history: list[dict[str, Any]], wall: float) -> dic
         "global": fed.server.weights,
         "clients": {str(c.id): local_state(c.model, fed.layout) for c in fed.clients},
         "baselines": {str(k): m.state_dict() for k, m in fed.baselines.items()},
+        "privacy": json.dumps(fed.privacy.state_dict()),
+        "dp_sgd": {key: json.dumps(state.accountant.state_dict()) for key, state in fed.dp_sgd.items()},
         "history": json.dumps(history),
         "wall_seconds": wall,
     }
@@ -195,6 +204,9 @@ def restore(fed: Federation, state: dict[str, Any]) -> tuple[list[dict[str, Any]
         client.model.load_state_dict(state["clients"][str(client.id)], strict=False)
     for k, model in fed.baselines.items():
         model.load_state_dict(state["baselines"][str(k)])
+    fed.privacy.load_state_dict(json.loads(state["privacy"]))
+    for key, dp in fed.dp_sgd.items():
+        dp.accountant.load_state_dict(json.loads(state["dp_sgd"][key]))
     return json.loads(state["history"]), int(state["rounds_done"]), float(state["wall_seconds"])
 
 
@@ -225,8 +237,29 @@ def summarize(fed: Federation, history: list[dict[str, Any]], run_dir: Path, wal
             "measured_up_bytes": sum(r["bytes_up"] for r in history),
             "measured_down_bytes": sum(r["bytes_down"] for r in history),
         },
+        "privacy": privacy_summary(fed, history),
     }
 
+
+def privacy_summary(fed: Federation, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the run can honestly say about privacy: the plan's statements, and ε where one is claimed."""
+    plan = fed.privacy.plan
+    out: dict[str, Any] = {"mechanism": plan.mechanism, "statements": list(plan.statements),
+                           "claims_epsilon": plan.claims_epsilon}
+    if fed.privacy.ledger is not None:
+        out.update(fed.privacy.ledger.metrics())
+        out["noise_multiplier"] = plan.noise_multiplier
+        out["adjacency"] = plan.adjacency
+    if fed.dp_sgd:
+        out["dp_sgd"] = {_dp_sgd_label(fed, key): {"epsilon": s.epsilon(), "delta": s.delta,
+                                                   "noise_multiplier": s.noise_multiplier}
+                         for key, s in sorted(fed.dp_sgd.items())}
+    return out
+
+
+def _dp_sgd_label(fed: Federation, key: str) -> str:
+    role, client = key.split("/")
+    return f"{fed.clients[int(client)].name} ({'federated' if role == 'fed' else 'local-only'})"
 
 
 def open_run(path: Path, reporter: Reporter | None = None) -> tuple[Federation, dict[str, Any], Path]:

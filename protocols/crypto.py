@@ -1,0 +1,120 @@
+"""Small typed crypto primitives behind the protocol, all from ``cryptography``.
+
+* :func:`transcript` — the one unambiguous encoding of everything that gets hashed, signed,
+  derived from or authenticated: a domain label plus length-prefixed parts. Session id, round and
+  party ids are always among the parts, so nothing from one session, round or pair of parties
+  is valid in another.
+* X25519 agreement + HKDF-SHA256 (:func:`agree`), Ed25519 signatures (:func:`sign`/:func:`verify`),
+  AES-256-GCM sealing (:func:`seal`/:func:`open_sealed`), SHA-256 commitments (:func:`commit`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from .errors import DecryptionFailed, SignatureInvalid
+
+DOMAIN = b"secfed/secagg/v1/"
+PUBLIC_KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+DIGEST_BYTES = 32
+NONCE_BYTES = 12
+TAG_BYTES = 16
+SEAL_OVERHEAD = NONCE_BYTES + TAG_BYTES
+
+Part = bytes | int
+
+
+def transcript(label: str, *parts: Part) -> bytes:
+    """Encode ``label`` and ``parts`` injectively: ints as 8-byte little-endian, bytes length-prefixed.
+
+    Injectivity is what makes binding work: two different (label, parts) tuples never produce the
+    same bytes, so a signature, key or tag made for one context is useless in any other.
+    """
+    out = [DOMAIN, label.encode("ascii"), b"\x00"]
+    for part in parts:
+        if isinstance(part, int):
+            if not 0 <= part < 1 << 64:
+                raise ValueError(f"transcript integer {part} is outside [0, 2^64)")
+            out.append(b"i" + part.to_bytes(8, "little"))
+        else:
+            out.append(b"b" + len(part).to_bytes(4, "little") + bytes(part))
+    return b"".join(out)
+
+
+def hkdf(secret: bytes, info: bytes, length: int) -> bytes:
+    """HKDF-SHA256 (RFC 5869) with an all-zero salt; ``info`` carries the binding."""
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(secret)
+
+
+def x25519_keypair() -> tuple[X25519PrivateKey, bytes]:
+    """A fresh X25519 key pair from the OS; the public key as its 32 raw bytes."""
+    private = X25519PrivateKey.generate()
+    return private, public_bytes(private)
+
+
+def x25519_from_seed(seed: bytes, info: bytes) -> X25519PrivateKey:
+    """The X25519 key a 16-byte seed stands for.
+
+    The protocol secret-shares this seed rather than the 32-byte key so one Shamir block
+    suffices; the seed carries 128 bits, the security level of X25519 itself.
+    """
+    return X25519PrivateKey.from_private_bytes(hkdf(seed, info, 32))
+
+
+def public_bytes(private: X25519PrivateKey) -> bytes:
+    return private.public_key().public_bytes_raw()
+
+
+def agree(private: X25519PrivateKey, peer_public: bytes, info: bytes, length: int) -> bytes:
+    """X25519 with ``peer_public``, then HKDF-SHA256 bound to ``info`` (session, round, both ids).
+
+    Raises :class:`DecryptionFailed` for a peer key that yields the all-zero shared secret
+    (a low-order point): such a key would make the derived key predictable.
+    """
+    try:
+        shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as exc:  # cryptography refuses all-zero shared secrets
+        raise DecryptionFailed(f"peer public key is degenerate: {exc}") from None
+    return hkdf(shared, info, length)
+
+
+def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
+    """AES-256-GCM with a random 96-bit nonce; returns ``nonce || ciphertext || tag``."""
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce + AESGCM(key).encrypt(nonce, plaintext, aad)
+
+
+def open_sealed(key: bytes, sealed: bytes, aad: bytes) -> bytes:
+    """Inverse of :func:`seal`; a tampered ciphertext, wrong key or wrong ``aad`` raises DecryptionFailed."""
+    if len(sealed) < SEAL_OVERHEAD:
+        raise DecryptionFailed(f"sealed box of {len(sealed)} bytes is shorter than nonce + tag")
+    try:
+        return AESGCM(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], aad)
+    except InvalidTag:
+        raise DecryptionFailed("sealed box does not authenticate (tampered, or wrong key/binding)") from None
+
+
+def sign(identity: Ed25519PrivateKey, payload: bytes) -> bytes:
+    return identity.sign(payload)
+
+
+def verify(identity_public: bytes, signature: bytes, payload: bytes, *, who: str) -> None:
+    """Verify an Ed25519 signature; raise :class:`SignatureInvalid` naming ``who`` signed it."""
+    try:
+        Ed25519PublicKey.from_public_bytes(identity_public).verify(signature, payload)
+    except (InvalidSignature, ValueError):
+        raise SignatureInvalid(f"signature of {who} does not verify") from None
+
+
+def commit(payload: bytes) -> bytes:
+    """SHA-256 commitment; the committed secrets are 128-bit random, so hiding holds."""
+    return hashlib.sha256(payload).digest()

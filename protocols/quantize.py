@@ -1,0 +1,128 @@
+"""Floats ↔ ring: clipping, fixed-point scale and stochastic rounding into Z_{2^b}.
+
+A client value x becomes the integer round_stoch(clip(x, −c, c)·s), stored mod 2^b as uint32.
+Stochastic rounding, ⌊v + U[0,1)⌋, gives ⌊v⌋ or ⌊v⌋+1 with mean v, so every integer lies in
+[−M, M], M = ⌈c·s⌉.
+A sum of n such integers lies in [−nM, nM] and is recovered from its residue mod 2^b (read as a
+signed b-bit number) exactly when nM ≤ 2^(b−1) − 1: that is the bit width :func:`ring_bits`
+returns, and a configuration needing more than 32 bits is refused (:class:`OverflowRefused`)
+before anything is masked.
+
+Rounding randomness is not cryptographic: the caller passes a ``numpy.random.Generator`` seeded
+from its run seed, which makes the aggregate reproducible bit for bit (the masks cancel exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import OverflowRefused
+
+MAX_RING_BITS = 32
+_CHUNK = 1 << 20  # elements per step: bounds the float64 temporaries to a few MiB
+
+
+def ring_bits(n_clients: int, max_abs: int) -> int:
+    """Smallest b such that any sum of ``n_clients`` integers in [−max_abs, max_abs] survives mod 2^b.
+
+    Integrators adding their own integers (e.g. discrete noise with a tail bound) call this with
+    their per-client bound. Raises :class:`OverflowRefused` when b would exceed 32.
+    """
+    if n_clients < 1:
+        raise ValueError(f"n_clients must be >= 1, got {n_clients}")
+    if max_abs < 0:
+        raise ValueError(f"max_abs must be >= 0, got {max_abs}")
+    bits = max(1, (n_clients * max_abs).bit_length() + 1)  # n·M ≤ 2^(b−1) − 1
+    if bits > MAX_RING_BITS:
+        raise OverflowRefused(
+            f"a sum of {n_clients} values of magnitude up to {max_abs} needs {bits} bits; "
+            f"the ring has at most {MAX_RING_BITS} (lower the scale or the clip, or split the cohort)"
+        )
+    return bits
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """Maps float vectors into Z_{2^bits} and ring sums of up to ``n_clients`` vectors back.
+
+    ``clip``: values are clipped to [−clip, clip]. ``scale``: ring units per 1.0. The bit width is
+    derived (:attr:`bits`); constructing a quantizer whose sum could wrap raises OverflowRefused.
+    Use :meth:`for_cohort` to get the finest scale that fits.
+    """
+
+    clip: float
+    scale: float
+    n_clients: int
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"clip must be a positive finite number, got {self.clip}")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"scale must be a positive finite number, got {self.scale}")
+        ring_bits(self.n_clients, self.max_abs)  # refuses an overflowing configuration now
+
+    @classmethod
+    def for_cohort(cls, n_clients: int, clip: float, *, bits: int = MAX_RING_BITS) -> Quantizer:
+        """The quantizer with the largest scale whose sum over ``n_clients`` fits ``bits`` bits."""
+        if not 1 <= bits <= MAX_RING_BITS:
+            raise ValueError(f"bits must be in [1, {MAX_RING_BITS}], got {bits}")
+        if not (math.isfinite(clip) and clip > 0):
+            raise ValueError(f"clip must be a positive finite number, got {clip}")
+        if n_clients < 1:
+            raise ValueError(f"n_clients must be >= 1, got {n_clients}")
+        max_abs = ((1 << (bits - 1)) - 1) // n_clients
+        if max_abs < 1:
+            raise OverflowRefused(f"{n_clients} clients cannot share a {bits}-bit ring")
+        scale = max_abs / clip
+        while math.ceil(clip * scale) > max_abs:  # float rounding may push clip·scale just past
+            scale = math.nextafter(scale, 0.0)
+        return cls(clip=clip, scale=scale, n_clients=n_clients)
+
+    @property
+    def max_abs(self) -> int:
+        """Largest magnitude of one quantized value: ⌈clip·scale⌉."""
+        return math.ceil(self.clip * self.scale)
+
+    @property
+    def bits(self) -> int:
+        return ring_bits(self.n_clients, self.max_abs)
+
+    def to_ring(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Clip, scale and stochastically round a 1-D float vector; returns uint32 values mod 2^bits."""
+        x = np.asarray(x)
+        if x.ndim != 1 or not np.issubdtype(x.dtype, np.floating):
+            raise TypeError(f"to_ring takes a 1-D float vector, got shape {x.shape} dtype {x.dtype}")
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError("to_ring needs a numpy.random.Generator (seed it from the run seed)")
+        low = (1 << self.bits) - 1
+        out = np.empty(x.size, dtype=np.uint32)
+        # float64 work buffers, preallocated: clip·scale reaches 2^31 / n, beyond float32's 24-bit
+        # mantissa, and the fractional part decides the rounding.
+        value, noise = np.empty(min(_CHUNK, x.size)), np.empty(min(_CHUNK, x.size))
+        for start in range(0, x.size, _CHUNK):
+            part = x[start : start + _CHUNK]
+            m = part.size
+            v, u = value[:m], noise[:m]
+            np.clip(part, -self.clip, self.clip, out=v)
+            if not np.isfinite(v).all():
+                bad = start + int(np.flatnonzero(~np.isfinite(v))[0])
+                raise ValueError(f"to_ring input has a non-finite value at index {bad}: {x[bad]}")
+            v *= self.scale
+            # ⌊v + U[0,1)⌋ is ⌊v⌋ + 1 with probability frac(v), else ⌊v⌋: stochastic rounding.
+            v += rng.random(out=u)
+            np.floor(v, out=v)
+            out[start : start + m] = v.astype(np.int64) & low
+        return out
+
+    def from_ring(self, total: np.ndarray) -> np.ndarray:
+        """Decode a ring sum of at most ``n_clients`` quantized vectors to float64."""
+        total = np.asarray(total)
+        if total.ndim != 1 or total.dtype != np.uint32:
+            raise TypeError(f"from_ring takes a 1-D uint32 ring vector, got {total.shape} {total.dtype}")
+        bits = self.bits
+        signed = total.astype(np.int64) & ((1 << bits) - 1)
+        signed[signed >= 1 << (bits - 1)] -= 1 << bits
+        return signed / self.scale

@@ -1,0 +1,255 @@
+"""Who masks with whom: the random Harary graph of SecAgg+ (Bell et al., CCS 2020), and (k, t).
+
+Clients sit on a ring in a random order (a hash of the session id, round and client id decides
+it); each is joined to the k/2 nearest clients on either side. Every client secret-shares its
+seeds t-of-k among its k neighbours and masks its input only with them. The complete graph
+(k = n − 1) is plain SecAgg (Bonawitz et al., CCS 2017).
+
+:func:`choose_params` picks the smallest even k, and for it the largest t, that meet two targets
+computed from exact binomial and hypergeometric tails plus union bounds (no asymptotics), with
+dropouts independent at rate δ and c = ⌊γn⌋ corrupted clients placed anywhere (the ring order
+is random and independent of who is corrupt or drops):
+
+* security (default 2^-40): P[some honest client has ≥ t corrupt neighbours]      (S1)
+                           + P[the honest surviving clients split into ≥ 2 parts] (S2)
+  S1 ≤ (n − c)·P[Hypergeom(n−1, c, k) ≥ t]. On the ring, the honest survivors split only if two
+  disjoint runs of ≥ k/2 consecutive positions are all corrupt-or-dropped, so
+  S2 ≤ C(n, 2)·Σ_j P[Hypergeom(n, c, k) = j]·δ^(k−j)   (the 2·(k/2) positions of the two runs).
+* correctness (default 2^-20): P[some client keeps fewer than t surviving neighbours]
+  ≤ n·P[Binomial(k, 1−δ) < t]; in authenticated mode also P[Binomial(n, 1−δ) < q], q the
+  signature quorum ⌊(n + c)/2⌋ + 1.
+
+For the chosen k, every t from the smallest secure one to the largest correct one meets both
+targets; t is the midpoint, leaving margin on both sides (more colluders than assumed, more
+dropouts than expected). When no sparse graph meets both, the complete graph is used: it has
+S2 = 0 and S1 = 0 for any t > c; t is the midpoint of [c + 1, largest correct t], or c + 1 if
+no t meets the correctness target (the achieved figures are reported in :class:`GraphParams`,
+never hidden).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from ..crypto import transcript
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    """Neighbour-graph parameters of one cohort and the failure figures they achieve.
+
+    ``degree`` (k): neighbours per client; ``n_clients − 1`` is the complete graph (plain SecAgg).
+    ``threshold`` (t): shares needed to reconstruct a client's seed; up to t − 1 colluding
+    neighbours learn nothing. ``corrupt_bound`` (c): colluding clients the figures assume.
+    ``security_failure`` / ``correctness_failure``: the upper bounds above, at ``dropout_rate``.
+    """
+
+    n_clients: int
+    degree: int
+    threshold: int
+    corrupt_bound: int = 0
+    dropout_rate: float = 0.0
+    authenticated: bool = False
+    security_failure: float = 0.0
+    correctness_failure: float = 0.0
+
+    def __post_init__(self) -> None:
+        n, k, t = self.n_clients, self.degree, self.threshold
+        if n < 2:
+            raise ValueError(f"secure aggregation needs at least 2 clients, got {n}")
+        if not 2 <= k <= n - 1 or (k != n - 1 and k % 2):
+            raise ValueError(f"degree must be even and in [2, n−1], or n−1 (complete); got k={k}, n={n}")
+        if not 1 <= t <= k:
+            raise ValueError(f"threshold must be in [1, degree={k}], got {t}")
+        if not 0 <= self.corrupt_bound < n:
+            raise ValueError(f"corrupt_bound must be in [0, n), got {self.corrupt_bound}")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
+
+    @property
+    def complete(self) -> bool:
+        return self.degree == self.n_clients - 1
+
+    @property
+    def signature_quorum(self) -> int:
+        """Consistency-check signatures required in authenticated mode: ⌊(n + c)/2⌋ + 1.
+
+        Honest clients sign one survivor set per round, so two different sets cannot both gather
+        this many signatures: the server cannot show different clients different survivors.
+        """
+        return (self.n_clients + self.corrupt_bound) // 2 + 1
+
+    @classmethod
+    def explicit(
+        cls,
+        n_clients: int,
+        degree: int,
+        threshold: int,
+        *,
+        corrupt_bound: int = 0,
+        dropout_rate: float = 0.0,
+        authenticated: bool = False,
+    ) -> GraphParams:
+        """Parameters chosen by hand, with their failure figures computed."""
+        probe = cls(n_clients, degree, threshold, corrupt_bound, dropout_rate, authenticated)
+        return cls(
+            n_clients, degree, threshold, corrupt_bound, dropout_rate, authenticated,
+            security_failure=_security_failure(probe),
+            correctness_failure=_correctness_failure(probe),
+        )
+
+
+def choose_params(
+    n_clients: int,
+    *,
+    dropout_rate: float = 0.1,
+    corrupt_fraction: float = 0.2,
+    security_bits: int = 40,
+    correctness_bits: int = 20,
+    authenticated: bool = False,
+    complete: bool = False,
+) -> GraphParams:
+    """(k, t) for a cohort of ``n_clients`` per Bell et al.: smallest even k meeting both targets.
+
+    ``dropout_rate``: probability each client vanishes before the round ends. ``corrupt_fraction``:
+    fraction of clients that may collude with the server. ``complete=True`` forces plain SecAgg.
+    Raises ValueError when no threshold can be secure (c ≥ n − 1).
+    """
+    n = n_clients
+    if n < 2:
+        raise ValueError(f"secure aggregation needs at least 2 clients, got {n}")
+    if not 0.0 <= corrupt_fraction < 1.0:
+        raise ValueError(f"corrupt_fraction must be in [0, 1), got {corrupt_fraction}")
+    c = math.floor(corrupt_fraction * n)
+    if c >= n - 1:
+        raise ValueError(f"{c} corrupt clients of {n}: no threshold keeps an honest client's input secret")
+    security_target = 2.0**-security_bits
+    base = dict(corrupt_bound=c, dropout_rate=dropout_rate, authenticated=authenticated)
+    quorum_miss = _quorum_failure(GraphParams(n, n - 1, 1, **base))
+    # The abort bound gets what the quorum leaves of the target, and at least half of it.
+    target = 2.0**-correctness_bits
+    abort_budget = max(target - quorum_miss, target / 2)
+    if not complete:
+        for k in range(2, n - 1, 2):
+            split = _split_bound(n, k, c, dropout_rate)
+            if split >= security_target:
+                continue
+            exposure = _exposure_tails(n, k, c)
+            aborts = _abort_tails(n, k, dropout_rate)
+            secure = [t for t in range(1, k + 1) if exposure[t] <= security_target - split]
+            correct = [t for t in range(1, k + 1) if aborts[t] <= abort_budget]
+            if secure and correct and secure[0] <= correct[-1]:
+                return GraphParams.explicit(n, k, (secure[0] + correct[-1]) // 2, **base)
+    k = n - 1
+    aborts = _abort_tails(n, k, dropout_rate)
+    correct = [t for t in range(c + 1, k + 1) if aborts[t] <= abort_budget]
+    return GraphParams.explicit(n, k, (c + 1 + correct[-1]) // 2 if correct else c + 1, **base)
+
+
+@dataclass(frozen=True)
+class NeighbourGraph:
+    """The neighbour lists of one session: ``of(i)`` is client i's sorted neighbours."""
+
+    params: GraphParams
+    session_id: bytes
+    round: int
+
+    @cached_property
+    def _lists(self) -> tuple[tuple[int, ...], ...]:
+        n, k = self.params.n_clients, self.params.degree
+        if self.params.complete:
+            return tuple(tuple(j for j in range(n) if j != i) for i in range(n))
+        # Ring order from a hash: public, unbiased, identical for every party of the session.
+        order = sorted(
+            range(n),
+            key=lambda i: hashlib.sha256(transcript("ring-order", self.session_id, self.round, i)).digest(),
+        )
+        position = {client: p for p, client in enumerate(order)}
+        half = k // 2
+        return tuple(
+            tuple(sorted(order[(position[i] + off) % n] for off in range(-half, half + 1) if off))
+            for i in range(n)
+        )
+
+    @cached_property
+    def _index(self) -> tuple[dict[int, int], ...]:
+        return tuple({holder: pos + 1 for pos, holder in enumerate(nbrs)} for nbrs in self._lists)
+
+    def of(self, client: int) -> tuple[int, ...]:
+        return self._lists[client]
+
+    def share_index(self, owner: int, holder: int) -> int:
+        """1-based Shamir index of ``holder``'s share of ``owner``'s seeds (its place in owner's list)."""
+        return self._index[owner][holder]
+
+    def are_neighbours(self, a: int, b: int) -> bool:
+        return b in self._index[a]
+
+
+# ---- exact tails -------------------------------------------------------------------------------
+
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def _hypergeom_pmf(j: int, population: int, successes: int, draws: int) -> float:
+    if j < max(0, draws - (population - successes)) or j > min(draws, successes):
+        return 0.0
+    return math.exp(
+        _log_comb(successes, j) + _log_comb(population - successes, draws - j) - _log_comb(population, draws)
+    )
+
+
+def _binom_pmf(j: int, trials: int, p: float) -> float:
+    if p <= 0.0:
+        return 1.0 if j == 0 else 0.0
+    if p >= 1.0:
+        return 1.0 if j == trials else 0.0
+    return math.exp(_log_comb(trials, j) + j * math.log(p) + (trials - j) * math.log1p(-p))
+
+
+def _exposure_tails(n: int, k: int, c: int) -> list[float]:
+    """S1 for every t (index t, 0..k+1): P[some honest client has ≥ t corrupt of its k neighbours]."""
+    pmf = [_hypergeom_pmf(j, n - 1, c, k) for j in range(k + 1)]
+    tails = [0.0] * (k + 2)
+    for t in range(k, -1, -1):
+        tails[t] = tails[t + 1] + pmf[t]
+    return [min(1.0, (n - c) * tail) for tail in tails]
+
+
+def _abort_tails(n: int, k: int, dropout: float) -> list[float]:
+    """For every t (index t, 0..k): P[some client keeps fewer than t of its k neighbours]."""
+    out, below = [], 0.0
+    for t in range(k + 1):
+        out.append(min(1.0, n * below))
+        below += _binom_pmf(t, k, 1.0 - dropout)
+    return out
+
+
+def _split_bound(n: int, k: int, c: int, dropout: float) -> float:
+    """S2: P[honest survivors disconnected] ≤ C(n,2)·P[k given positions all corrupt or dropped]."""
+    if k >= n - 1:
+        return 0.0
+    all_gone = sum(_hypergeom_pmf(j, n, c, k) * dropout ** (k - j) for j in range(0, min(k, c) + 1))
+    return min(1.0, math.comb(n, 2) * all_gone)
+
+
+def _quorum_failure(p: GraphParams) -> float:
+    """Authenticated mode: P[fewer than the signature quorum survive]."""
+    if not p.authenticated:
+        return 0.0
+    return sum(_binom_pmf(j, p.n_clients, 1.0 - p.dropout_rate) for j in range(p.signature_quorum))
+
+
+def _security_failure(p: GraphParams) -> float:
+    exposure = _exposure_tails(p.n_clients, p.degree, p.corrupt_bound)[p.threshold]
+    return min(1.0, exposure + _split_bound(p.n_clients, p.degree, p.corrupt_bound, p.dropout_rate))
+
+
+def _correctness_failure(p: GraphParams) -> float:
+    aborts = _abort_tails(p.n_clients, p.degree, p.dropout_rate)[p.threshold]
+    return min(1.0, aborts + _quorum_failure(p))

@@ -1,0 +1,388 @@
+"""The server side of SecAgg / SecAgg+ as an explicit state machine with no transport inside.
+
+The embedding feeds every client message to :meth:`SecAggServer.receive` and, when a phase's
+deadline passes, calls :meth:`SecAggServer.close_phase`, which returns the messages to send for
+the next phase (client id → message). After the unmask phase closes, :attr:`result` holds the
+sum of the surviving clients' ring vectors.
+
+``receive`` validates a message completely before it changes anything, so a rejected message
+(typed error) leaves the server as it was; a client that misbehaves simply ends up dropped.
+``close_phase`` aborts the round with :class:`BelowThreshold` as soon as some client needed later
+keeps fewer than t neighbours (or, authenticated, the survivors fall below the signature quorum).
+
+What the server holds at any time: public keys, sealed shares it cannot open, the running sum
+of masked vectors (never an individual one: each is added on arrival), and at the end the seeds
+it needs — self-mask seeds of survivors, key seeds of clients that dropped after sharing keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import shamir
+from ..crypto import public_bytes, verify
+from ..errors import (
+    Aborted,
+    BelowThreshold,
+    ConfigMismatch,
+    InconsistentShares,
+    MalformedMessage,
+    ProtocolError,
+    ReplayedMessage,
+    UnknownClient,
+    WrongPhase,
+    WrongRound,
+    WrongSender,
+)
+from ..prg import MaskStream, apply_masks
+from .keys import (
+    advertise_payload,
+    consistency_payload,
+    mask_private_key,
+    pairwise_mask_key,
+    pairwise_sign,
+    self_mask_commitment,
+    self_mask_key,
+)
+from .messages import (
+    SERVER,
+    AdvertiseKeys,
+    ConsistencySignature,
+    EncryptedShares,
+    KeyRoster,
+    MaskedInput,
+    Message,
+    RosterEntry,
+    SealedShare,
+    ShareDelivery,
+    ShareKind,
+    SurvivorList,
+    UnmaskRequest,
+    UnmaskResponse,
+)
+from .session import Phase, SessionConfig
+
+SEALED_SHARE_BYTES = 12 + 44 + 16  # nonce + (owner, holder, index, two 16-byte shares) + tag
+
+_EXPECTS = {
+    Phase.ADVERTISE_KEYS: AdvertiseKeys,
+    Phase.SHARE_KEYS: EncryptedShares,
+    Phase.MASKED_INPUT: MaskedInput,
+    Phase.CONSISTENCY_CHECK: ConsistencySignature,
+    Phase.UNMASK: UnmaskResponse,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class AggregateResult:
+    """``total``: Σ of the survivors' ring vectors mod 2^ring_bits (uint32).
+
+    ``survivors``: clients whose inputs are in ``total``. ``dropped``: the rest of the cohort.
+    """
+
+    total: np.ndarray
+    survivors: tuple[int, ...]
+    dropped: tuple[int, ...]
+
+
+class SecAggServer:
+    """The aggregation server of the session described by ``config``."""
+
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        self._phase: Phase | None = Phase.ADVERTISE_KEYS  # None once finished
+        self._aborted = False
+        self._adverts: dict[int, AdvertiseKeys] = {}
+        self._sealed: dict[int, dict[int, bytes]] = {}  # sender → recipient → sealed share
+        self._acc = np.zeros(config.dimension, dtype=np.uint32)
+        self._masked: set[int] = set()
+        self._signatures: dict[int, bytes] = {}
+        self._responses: dict[int, UnmaskResponse] = {}
+        self._u1: frozenset[int] = frozenset()
+        self._u2: frozenset[int] = frozenset()
+        self._u3: tuple[int, ...] = ()
+        self._dropped: tuple[int, ...] = ()  # shared keys, sent no masked input
+        self._survivor_set: frozenset[int] = frozenset()
+        self._dropped_set: frozenset[int] = frozenset()
+        self._askable: frozenset[int] = frozenset()  # who gets the unmask request
+        self._result: AggregateResult | None = None
+
+    @property
+    def phase(self) -> Phase | None:
+        """The phase whose messages are being collected (None when finished)."""
+        return self._phase
+
+    @property
+    def result(self) -> AggregateResult:
+        if self._result is None:
+            raise WrongPhase("the aggregate exists only after the unmask phase is closed")
+        return self._result
+
+    # ---- receiving -----------------------------------------------------------------------------
+
+    def receive(self, message: Message) -> None:
+        """Validate and record one client message of the current phase (typed error if refused)."""
+        if self._aborted:
+            raise Aborted("the server aborted this round")
+        c = self.config
+        if (message.session_id, message.round) != (c.session_id, c.round):
+            raise WrongRound(
+                f"message for session {message.session_id.hex()} round {message.round}; "
+                f"server runs session {c.session_id.hex()} round {c.round}"
+            )
+        if message.recipient != SERVER:
+            raise WrongSender(f"message addressed to client {message.recipient} reached the server")
+        if not 0 <= message.sender < c.n_clients:
+            raise UnknownClient(f"message from {message.sender}, outside the cohort of {c.n_clients}")
+        expected = _EXPECTS.get(self._phase) if self._phase is not None else None
+        if expected is None or not isinstance(message, expected):
+            where = self._phase.name.lower() if self._phase is not None else "finished"
+            raise WrongPhase(f"{type(message).__name__} from client {message.sender} in phase {where}")
+        {
+            AdvertiseKeys: self._on_advertise,
+            EncryptedShares: self._on_shares,
+            MaskedInput: self._on_masked,
+            ConsistencySignature: self._on_signature,
+            UnmaskResponse: self._on_response,
+        }[expected](message)
+
+    def _once(self, sender: int, seen, what: str) -> None:
+        if sender in seen:
+            raise ReplayedMessage(f"second {what} from client {sender}")
+
+    def _member(self, sender: int, group, what: str) -> None:
+        if sender not in group:
+            raise WrongSender(f"client {sender} {what}")
+
+    def _on_advertise(self, m: AdvertiseKeys) -> None:
+        self._once(m.sender, self._adverts, "key advertisement")
+        c = self.config
+        if m.config_digest != c.digest:
+            raise ConfigMismatch(f"client {m.sender} runs this session with different parameters")
+        if c.authenticated:
+            payload = advertise_payload(
+                c, m.sender, m.enc_public, m.mask_public, m.self_mask_commitment, m.model_hash
+            )
+            verify(c.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s keys")
+        self._adverts[m.sender] = m
+
+    def _on_shares(self, m: EncryptedShares) -> None:
+        self._member(m.sender, self._u1, "did not advertise keys, so it cannot share them")
+        self._once(m.sender, self._sealed, "share message")
+        expected = [v for v in self.config.graph.of(m.sender) if v in self._u1]
+        got = [s.peer for s in m.shares]
+        if got != expected:
+            # Every neighbour that advertised must get a share, or masks would not cancel.
+            raise MalformedMessage(f"client {m.sender} sealed shares for {got}; its advertised neighbours are {expected}")
+        for s in m.shares:
+            if len(s.ciphertext) != SEALED_SHARE_BYTES:
+                raise MalformedMessage(
+                    f"client {m.sender}'s sealed share for {s.peer} has {len(s.ciphertext)} bytes, "
+                    f"expected {SEALED_SHARE_BYTES}"
+                )
+        self._sealed[m.sender] = {s.peer: s.ciphertext for s in m.shares}
+
+    def _on_masked(self, m: MaskedInput) -> None:
+        self._member(m.sender, self._u2, "did not share keys, so its masked input cannot be unmasked")
+        self._once(m.sender, self._masked, "masked input")
+        c = self.config
+        if m.vector.shape != (c.dimension,):
+            raise MalformedMessage(f"client {m.sender}'s masked input has {m.vector.size} entries, expected {c.dimension}")
+        if m.vector.dtype.kind != "u" or m.vector.dtype.itemsize != 4:
+            raise MalformedMessage(f"client {m.sender}'s masked input is {m.vector.dtype}, not uint32")
+        if c.ring_bits < 32 and int(m.vector.max()) >> c.ring_bits:
+            raise MalformedMessage(f"client {m.sender}'s masked input has values outside Z_2^{c.ring_bits}")
+        np.add(self._acc, m.vector, out=self._acc)  # wraps mod 2^32; reduced mod 2^b at the end
+        self._masked.add(m.sender)
+
+    def _on_signature(self, m: ConsistencySignature) -> None:
+        self._member(m.sender, self._askable, "is not a survivor, so it has no survivor set to sign")
+        self._once(m.sender, self._signatures, "consistency signature")
+        payload = consistency_payload(self.config, self._u3)
+        verify(self.config.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s consistency check")
+        self._signatures[m.sender] = m.signature
+
+    def _on_response(self, m: UnmaskResponse) -> None:
+        self._member(m.sender, self._askable, "was not asked to unmask")
+        self._once(m.sender, self._responses, "unmask response")
+        c = self.config
+        if self_mask_commitment(c, m.sender, m.self_mask_seed) != self._adverts[m.sender].self_mask_commitment:
+            raise InconsistentShares(f"client {m.sender}'s own self-mask seed does not match its commitment")
+        survivors = self._survivor_set
+        for s in m.shares:
+            if s.owner not in survivors and s.owner not in self._dropped_set:
+                raise UnknownClient(f"client {m.sender} revealed a share of {s.owner}, which nobody asked about")
+            if not c.graph.are_neighbours(m.sender, s.owner):
+                raise UnknownClient(f"client {m.sender} revealed a share of {s.owner}, not its neighbour")
+            wanted = ShareKind.SELF_MASK if s.owner in survivors else ShareKind.MASK_KEY
+            if s.kind is not wanted:
+                raise MalformedMessage(
+                    f"client {m.sender} revealed a {s.kind.name} share of {s.owner}; "
+                    f"the request asked for its {wanted.name} share"
+                )
+        self._responses[m.sender] = m
+
+    # ---- closing phases ------------------------------------------------------------------------
+
+    def close_phase(self) -> dict[int, Message]:
+        """End the current phase; return the next phase's messages (client id → message).
+
+        After the unmask phase this computes :attr:`result` and returns ``{}``. Raises
+        :class:`BelowThreshold` (and aborts the round) when too few clients remain.
+        """
+        if self._aborted:
+            raise Aborted("the server aborted this round")
+        if self._phase is None:
+            raise WrongPhase("the round is finished")
+        closer = {
+            Phase.ADVERTISE_KEYS: self._close_advertise,
+            Phase.SHARE_KEYS: self._close_share_keys,
+            Phase.MASKED_INPUT: self._close_masked_input,
+            Phase.CONSISTENCY_CHECK: self._close_consistency,
+            Phase.UNMASK: self._close_unmask,
+        }[self._phase]
+        try:
+            return closer()
+        except ProtocolError:
+            self._aborted = True
+            self._acc = np.zeros(0, dtype=np.uint32)
+            raise
+
+    def _require_neighbours(self, clients, alive, when: str, purpose: str) -> None:
+        t = self.config.params.threshold
+        for u in sorted(clients):
+            left = sum(1 for v in self.config.graph.of(u) if v in alive)
+            if left < t:
+                raise BelowThreshold(
+                    f"after {when}, client {u} has {left} of its {len(self.config.graph.of(u))} neighbours left; "
+                    f"{t} are needed to {purpose}. Round aborted"
+                )
+
+    def _require_quorum(self, count: int, when: str) -> None:
+        if self.config.authenticated and count < self.config.params.signature_quorum:
+            raise BelowThreshold(
+                f"after {when}, {count} clients remain; authenticated mode needs "
+                f"{self.config.params.signature_quorum} to sign the survivor set. Round aborted"
+            )
+
+    def _envelope(self, recipient: int) -> dict:
+        c = self.config
+        return dict(session_id=c.session_id, round=c.round, sender=SERVER, recipient=recipient)
+
+    def _close_advertise(self) -> dict[int, Message]:
+        u1 = frozenset(self._adverts)
+        if not u1:
+            raise BelowThreshold("no client advertised keys. Round aborted")
+        self._require_neighbours(u1, u1, "advertise keys", "hold its secret shares")
+        self._require_quorum(len(u1), "advertise keys")
+        self._u1 = u1
+        self._phase = Phase.SHARE_KEYS
+        out: dict[int, Message] = {}
+        for u in sorted(u1):
+            entries = tuple(
+                RosterEntry(
+                    client=v, enc_public=a.enc_public, mask_public=a.mask_public,
+                    self_mask_commitment=a.self_mask_commitment, model_hash=a.model_hash,
+                    config_digest=a.config_digest, signature=a.signature,
+                )
+                for v in self.config.graph.of(u) if v in u1
+                for a in (self._adverts[v],)
+            )
+            out[u] = KeyRoster(**self._envelope(u), entries=entries)
+        return out
+
+    def _close_share_keys(self) -> dict[int, Message]:
+        u2 = frozenset(self._sealed)
+        self._require_neighbours(u2, u2, "share keys", "hold its secret shares")
+        self._require_quorum(len(u2), "share keys")
+        self._u2 = u2
+        self._phase = Phase.MASKED_INPUT
+        return {
+            u: ShareDelivery(
+                **self._envelope(u),
+                shares=tuple(SealedShare(v, self._sealed[v][u]) for v in self.config.graph.of(u) if v in u2),
+            )
+            for u in sorted(u2)
+        }
+
+    def _close_masked_input(self) -> dict[int, Message]:
+        u3 = frozenset(self._masked)
+        dropped = self._u2 - u3
+        if not u3:
+            raise BelowThreshold("no client sent a masked input. Round aborted")
+        graph = self.config.graph
+        self._require_neighbours(u3, u3, "masked input", "rebuild its self-mask seed")
+        # A dropped client's key seed is needed only if some survivor masked with it.
+        needed = {v for v in dropped if any(w in u3 for w in graph.of(v))}
+        self._require_neighbours(needed, u3, "masked input", "rebuild the key of this dropped client")
+        self._require_quorum(len(u3), "masked input")
+        self._u3, self._dropped = tuple(sorted(u3)), tuple(sorted(dropped))
+        self._survivor_set, self._dropped_set = u3, frozenset(dropped)
+        self._askable = u3
+        self._sealed = {}
+        if self.config.authenticated:
+            self._phase = Phase.CONSISTENCY_CHECK
+            return {u: SurvivorList(**self._envelope(u), survivors=self._u3) for u in self._u3}
+        self._phase = Phase.UNMASK
+        return self._unmask_requests(())
+
+    def _close_consistency(self) -> dict[int, Message]:
+        signers = frozenset(self._signatures)
+        self._require_quorum(len(signers), "the consistency check")
+        self._askable = signers
+        self._phase = Phase.UNMASK
+        return self._unmask_requests(tuple(sorted(self._signatures.items())))
+
+    def _unmask_requests(self, signatures: tuple[tuple[int, bytes], ...]) -> dict[int, Message]:
+        return {
+            u: UnmaskRequest(**self._envelope(u), survivors=self._u3, dropped=self._dropped, signatures=signatures)
+            for u in sorted(self._askable)
+        }
+
+    def _close_unmask(self) -> dict[int, Message]:
+        c, graph, t = self.config, self.config.graph, self.config.params.threshold
+        responders = self._responses
+        revealed: dict[tuple[int, ShareKind], list[shamir.Share]] = {}
+        for holder, response in sorted(responders.items()):
+            for s in response.shares:
+                share = shamir.Share(graph.share_index(s.owner, holder), s.value)
+                revealed.setdefault((s.owner, s.kind), []).append(share)
+        streams: list[MaskStream] = []
+        for u in self._u3:
+            if u in responders:
+                seed = responders[u].self_mask_seed  # checked against the commitment on arrival
+            else:
+                commitment = self._adverts[u].self_mask_commitment
+                seed = shamir.recover(
+                    revealed.get((u, ShareKind.SELF_MASK), []), t,
+                    lambda s, u=u, commitment=commitment: self_mask_commitment(c, u, s) == commitment,
+                    what=f"self-mask seed of client {u} (it left before unmasking)",
+                )
+            streams.append(MaskStream(self_mask_key(c, u, seed), -1))
+        survivors = self._survivor_set
+        for v in self._dropped:
+            partners = [w for w in graph.of(v) if w in survivors]
+            if not partners:
+                continue
+            mask_public = self._adverts[v].mask_public
+            seed = shamir.recover(
+                revealed.get((v, ShareKind.MASK_KEY), []), t,
+                lambda s, v=v, pk=mask_public: public_bytes(mask_private_key(c, v, s)) == pk,
+                what=f"key seed of dropped client {v}",
+            )
+            private = mask_private_key(c, v, seed)
+            for w in partners:
+                key = pairwise_mask_key(c, w, v, private, self._adverts[w].mask_public)
+                streams.append(MaskStream(key, -pairwise_sign(w, v)))
+        acc = self._acc
+        apply_masks(acc, streams, bits=c.ring_bits)
+        self._result = AggregateResult(
+            total=acc,
+            survivors=self._u3,
+            dropped=tuple(i for i in range(c.n_clients) if i not in survivors),
+        )
+        self._phase = None
+        self._responses = {}
+        return {}

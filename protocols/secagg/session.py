@@ -1,0 +1,113 @@
+"""The public description of one aggregation that every party must agree on, and the phases.
+
+A :class:`SessionConfig` travels to the clients with the global model. Its :attr:`digest`
+is bound into every key derivation, ciphertext, commitment and signature, and each client
+checks its neighbours advertised the same digest — so two parties that disagree on any
+parameter (dimension, ring, graph, identities) fail loudly instead of producing garbage.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from ..crypto import PUBLIC_KEY_BYTES, transcript
+from .graph import GraphParams, NeighbourGraph
+
+SESSION_ID_BYTES = 16
+MAX_DIMENSION = (1 << 32) - 1
+
+
+class Phase(enum.IntEnum):
+    """Protocol phases, in order. A dropout schedule names the phase whose message a client never sends."""
+
+    ADVERTISE_KEYS = 0
+    SHARE_KEYS = 1
+    MASKED_INPUT = 2
+    CONSISTENCY_CHECK = 3  # authenticated mode only
+    UNMASK = 4
+
+    @classmethod
+    def parse(cls, value: Phase | str | int) -> Phase:
+        """Accept a Phase, its name in any case (``"masked_input"``), or its number."""
+        if isinstance(value, Phase):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.strip().upper().replace("-", "_")]
+            except KeyError:
+                names = ", ".join(p.name.lower() for p in cls)
+                raise ValueError(f"unknown phase {value!r}; expected one of {names}") from None
+        return cls(value)
+
+
+def new_session_id() -> bytes:
+    """A fresh random session id (derive one from the run seed instead for reproducible graphs)."""
+    return os.urandom(SESSION_ID_BYTES)
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Everything public about one aggregation.
+
+    ``session_id`` (16 bytes) and ``round`` must never repeat for the same cohort keys.
+    ``dimension``: length of every ring vector. ``ring_bits``: the ring is Z_{2^ring_bits}.
+    ``authenticated``: Bonawitz's malicious-server variant; ``identity_keys[i]`` is then client
+    i's Ed25519 public key (raw 32 bytes) from the PKI the deployment trusts.
+    """
+
+    session_id: bytes
+    round: int
+    params: GraphParams
+    dimension: int
+    ring_bits: int = 32
+    authenticated: bool = False
+    identity_keys: tuple[bytes, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if len(self.session_id) != SESSION_ID_BYTES:
+            raise ValueError(f"session_id must be {SESSION_ID_BYTES} bytes, got {len(self.session_id)}")
+        if not 0 <= self.round < 1 << 64:
+            raise ValueError(f"round must be in [0, 2^64), got {self.round}")
+        if not 1 <= self.dimension <= MAX_DIMENSION:
+            raise ValueError(f"dimension must be in [1, {MAX_DIMENSION}], got {self.dimension}")
+        if not 1 <= self.ring_bits <= 32:
+            raise ValueError(f"ring_bits must be in [1, 32], got {self.ring_bits}")
+        if self.authenticated:
+            if len(self.identity_keys) != self.n_clients:
+                raise ValueError(
+                    f"authenticated mode needs one identity key per client: "
+                    f"{len(self.identity_keys)} keys for {self.n_clients} clients"
+                )
+            for i, key in enumerate(self.identity_keys):
+                if len(key) != PUBLIC_KEY_BYTES:
+                    raise ValueError(f"identity key of client {i} must be 32 raw bytes, got {len(key)}")
+        elif self.identity_keys:
+            raise ValueError("identity_keys are only used in authenticated mode")
+
+    @property
+    def n_clients(self) -> int:
+        return self.params.n_clients
+
+    @cached_property
+    def digest(self) -> bytes:
+        """SHA-256 over every field that changes what the parties compute."""
+        p = self.params
+        return hashlib.sha256(
+            transcript(
+                "session-config",
+                self.session_id, self.round, p.n_clients, p.degree, p.threshold, p.corrupt_bound,
+                self.dimension, self.ring_bits, int(self.authenticated), *self.identity_keys,
+            )
+        ).digest()
+
+    @cached_property
+    def graph(self) -> NeighbourGraph:
+        return NeighbourGraph(self.params, self.session_id, self.round)
+
+    def binding(self, label: str, *parts: bytes | int) -> bytes:
+        """:func:`transcript` of ``label`` bound to this session: id, round and config digest first."""
+        return transcript(label, self.session_id, self.round, self.digest, *parts)

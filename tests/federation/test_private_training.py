@@ -1,0 +1,119 @@
+"""Privacy settings inside real (tiny) runs: honest statements, ε per round, resume, every mechanism."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from secfed.config import ConfigError, RunConfig
+from secfed.federation.runtime import run
+from secfed.privacy.ledger import PrivacyLedger
+from secfed.privacy.policy import resolve
+from secfed.privacy.round import RoundPrivacy
+
+
+class Crash(Exception):
+    pass
+
+
+def _dp_fedavg(cfg: RunConfig) -> RunConfig:
+    cfg.train.aggregation = "unweighted"
+    cfg.model.bn_stats = "local"
+    cfg.privacy.clip = 1.0
+    cfg.privacy.noise_multiplier = 1.2
+    return cfg
+
+
+def test_beta_alone_claims_no_epsilon(tiny_config: RunConfig, tmp_path: Path) -> None:
+    tiny_config.train.rounds = 1
+    tiny_config.privacy.dp_beta = 0.0005
+    result = run(tiny_config, tmp_path / "beta")
+    privacy = result.summary["privacy"]
+    assert privacy["mechanism"] == "beta" and not privacy["claims_epsilon"] and "epsilon" not in privacy
+    assert any("not differential privacy" in s for s in privacy["statements"])
+    line = json.loads((tmp_path / "beta" / "metrics.jsonl").read_text().splitlines()[0])
+    assert "privacy" not in line
+
+
+def test_dp_fedavg_accounts_every_round_and_resume_continues(tiny_config: RunConfig, tmp_path: Path) -> None:
+    cfg = _dp_fedavg(tiny_config)
+    cfg.train.rounds = 3
+    cfg.train.local_baseline = False
+
+    def crash(round_number: int) -> None:
+        if round_number == 2:
+            raise Crash
+
+    with pytest.raises(Crash):
+        run(cfg, tmp_path / "dp", on_round_end=crash)
+    result = run(cfg, tmp_path / "dp", resume=True)
+    lines = [json.loads(x) for x in (tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()]
+    eps = [r["privacy"]["epsilon"] for r in lines]
+    assert eps[0] < eps[1] < eps[2]
+    assert [r["privacy"]["accounted_rounds"] for r in lines] == [1, 2, 3]
+    # the resumed accountant ends where three uninterrupted steps end
+    plan = result.federation.privacy.plan
+    fresh = PrivacyLedger("gaussian", plan.delta, noise_multiplier=plan.noise_multiplier,
+                          sample_rate=plan.accounting_sample_rate)
+    for _ in range(3):
+        fresh.record_round(3)
+    assert result.summary["privacy"]["epsilon"] == pytest.approx(fresh.epsilon(), rel=1e-12)
+    assert result.summary["privacy"]["claims_epsilon"]
+
+
+def test_dp_refuses_data_dependent_weights(tiny_config: RunConfig, tmp_path: Path) -> None:
+    cfg = _dp_fedavg(tiny_config)
+    cfg.train.aggregation = "weighted"
+    with pytest.raises(ConfigError) as err:
+        run(cfg, tmp_path / "x")
+    assert err.value.flag == "--aggregation"
+
+
+def test_distributed_noise_under_secure_aggregation(tiny_config: RunConfig, tmp_path: Path) -> None:
+    cfg = _dp_fedavg(tiny_config)
+    cfg.train.rounds = 1
+    cfg.train.local_baseline = False
+    cfg.secagg.enabled = True
+    cfg.privacy.distributed = True
+    result = run(cfg, tmp_path / "dist")
+    privacy = result.summary["privacy"]
+    assert privacy["mechanism"] == "skellam" and privacy["epsilon"] > 0
+    assert result.summary["channel"] == "secagg"
+    assert any("server never sees a noise-free sum" in s for s in privacy["statements"])
+
+
+def test_dp_sgd_trains_and_accounts_each_client(tiny_config: RunConfig, tmp_path: Path) -> None:
+    cfg = tiny_config
+    cfg.train.rounds = 1
+    cfg.train.local_baseline = False
+    cfg.privacy.dp_sgd = True
+    cfg.privacy.dp_sgd_noise_multiplier = 1.0
+    result = run(cfg, tmp_path / "dpsgd")
+    per_client = result.summary["privacy"]["dp_sgd"]
+    assert len(per_client) == 3 and all(v["epsilon"] > 0 for v in per_client.values())
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in result.federation.clients[0].model.modules())
+
+
+def test_double_beta_recovers_the_mean_of_client_weights() -> None:
+    """Eq. 15: clients start from θ + n_i; Eq. 14 averages their weights ω_i = θ + n_i + Δ_i."""
+    from secfed.config import PrivacyConfig
+
+    d = 50
+    mask = torch.ones(d, dtype=torch.bool)
+    plan = resolve(PrivacyConfig(dp_beta=0.1, dp_beta_mode="double"), num_clients=3, clients_per_round=0,
+                   rounds=1, aggregation="weighted", secagg=False, bn_stats="local")
+    privacy = RoundPrivacy.from_plan(plan, mask, run_seed=4)
+    theta = torch.randn(d)
+    deltas = {k: torch.randn(d) * 0.01 for k in range(3)}
+    weights = {0: 0.2, 1: 0.3, 2: 0.5}
+    omegas = {k: privacy.received(theta, 7, k) + deltas[k] for k in range(3)}
+    assert not torch.equal(omegas[0] - deltas[0], omegas[1] - deltas[1])  # each client got its own noise
+    rule = theta + sum(weights[k] * deltas[k] for k in range(3)) / 1.0
+    out = privacy.server_update(rule, 7, weights, weight_sum=1.0)
+    expected_mean = sum(weights[k] * omegas[k] for k in range(3))
+    eq14_noise = out - expected_mean
+    assert eq14_noise.std().item() == pytest.approx(0.1, rel=0.35)  # Eq. 14 noise on top, nothing else
+    assert abs(eq14_noise.mean().item()) < 0.1

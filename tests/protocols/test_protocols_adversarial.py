@@ -1,0 +1,351 @@
+"""A misbehaving server, client or network: every tamper, replay and over-reaching request is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from secfed.protocols import (
+    Aborted,
+    BelowThreshold,
+    BothSharesRequested,
+    ClientState,
+    ConfigMismatch,
+    DecryptionFailed,
+    InconsistentShares,
+    InconsistentView,
+    MalformedMessage,
+    ModelMismatch,
+    ProtocolError,
+    ReplayedMessage,
+    SessionConfig,
+    SignatureInvalid,
+    SecAggClient,
+    UnknownClient,
+    WrongPhase,
+    WrongRound,
+    WrongSender,
+    decode,
+    encode,
+    simulate,
+)
+from secfed.protocols.secagg.messages import RevealedShare, SealedShare
+
+replace = dataclasses.replace
+
+
+def flip(data: bytes, at: int = -1) -> bytes:
+    out = bytearray(data)
+    out[at] ^= 0x01
+    return bytes(out)
+
+
+def run_to_unmask(r, **skips):
+    rosters = r.advertise(skip=skips.get("advertise", ()))
+    deliveries = r.share_keys(rosters, skip=skips.get("share", ()))
+    return r.masked_input(deliveries, skip=skips.get("masked", ()))
+
+
+# ---- ciphertexts and shares -------------------------------------------------------------------
+
+
+def test_tampered_sealed_share_is_detected_and_the_client_aborts(make_round):
+    r = make_round(4, threshold=2)
+    deliveries = r.share_keys(r.advertise())
+    d = deliveries[0]
+    bad = replace(d, shares=(replace(d.shares[0], ciphertext=flip(d.shares[0].ciphertext)),) + d.shares[1:])
+    with pytest.raises(DecryptionFailed, match="does not authenticate"):
+        r.clients[0].receive_shares(bad)
+    assert r.clients[0].state is ClientState.ABORTED
+    with pytest.raises(Aborted):
+        r.clients[0].receive_shares(d)
+
+
+def test_share_redirected_to_another_recipient_does_not_open(make_round):
+    r = make_round(4, threshold=2)
+    deliveries = r.share_keys(r.advertise())
+    # Server forwards 2's share for client 1 to client 0 as if 2 had sealed it for 0.
+    share_2_for_1 = next(s for s in deliveries[1].shares if s.peer == 2)
+    d = deliveries[0]
+    forged = replace(d, shares=tuple(share_2_for_1 if s.peer == 2 else s for s in d.shares))
+    with pytest.raises(DecryptionFailed):
+        r.clients[0].receive_shares(forged)
+
+
+def test_bad_revealed_share_is_routed_around_when_spares_exist(make_round):
+    r = make_round(5, threshold=2)
+    requests = run_to_unmask(r, masked=(4,))  # client 4's key seed must be rebuilt
+    for i, request in requests.items():
+        response = r.clients[i].unmask(r.wire(request))
+        if i == 0:
+            response = replace(response, shares=tuple(
+                replace(s, value=bytes(16)) if s.owner == 4 else s for s in response.shares))
+        r.server.receive(response)
+    r.server.close_phase()
+    assert np.array_equal(r.server.result.total, r.expected_sum(range(4)))
+
+
+def test_bad_revealed_share_with_no_spare_raises_inconsistent_shares(make_round):
+    r = make_round(5, threshold=3)
+    requests = run_to_unmask(r, masked=(4,))
+    for i, request in requests.items():
+        if i == 3:
+            continue  # 3 leaves: exactly t = 3 holders (0, 1, 2) remain for client 4's key seed
+        response = r.clients[i].unmask(r.wire(request))
+        if i == 1:
+            response = replace(response, shares=tuple(
+                RevealedShare(s.owner, s.kind, flip(s.value)) if s.owner == 4 else s for s in response.shares))
+        r.server.receive(response)
+    with pytest.raises(InconsistentShares, match="key seed of dropped client 4"):
+        r.server.close_phase()
+    with pytest.raises(Aborted):
+        r.server.close_phase()
+
+
+def test_wrong_own_seed_is_rejected_and_rebuilt_from_neighbours(make_round):
+    r = make_round(5, threshold=3)
+    requests = run_to_unmask(r)
+    for i, request in requests.items():
+        response = r.clients[i].unmask(r.wire(request))
+        if i == 2:
+            with pytest.raises(InconsistentShares, match="own self-mask seed"):
+                r.server.receive(replace(response, self_mask_seed=flip(response.self_mask_seed)))
+            continue  # the server treats 2 as not answering
+        r.server.receive(response)
+    r.server.close_phase()
+    assert np.array_equal(r.server.result.total, r.expected_sum(range(5)))
+
+
+# ---- unmask requests that ask too much -------------------------------------------------------
+
+
+@pytest.fixture
+def at_unmask(make_round):
+    r = make_round(6, threshold=3)
+    requests = run_to_unmask(r, masked=(5,))
+    return r, requests
+
+
+def test_request_for_both_shares_of_a_neighbour_is_refused(at_unmask):
+    r, requests = at_unmask
+    req = requests[0]
+    with pytest.raises(BothSharesRequested, match=r"\[1\]"):
+        r.clients[0].unmask(replace(req, dropped=tuple(sorted(req.dropped + (1,)))))
+    assert r.clients[0].state is ClientState.ABORTED
+
+
+def test_request_naming_the_client_itself_as_dropped_is_refused(at_unmask):
+    r, requests = at_unmask
+    req = requests[0]
+    with pytest.raises(BothSharesRequested, match="this client"):
+        r.clients[0].unmask(replace(req, survivors=tuple(v for v in req.survivors if v), dropped=(0, 5)))
+
+
+def test_request_omitting_the_client_from_survivors_is_refused(at_unmask):
+    r, requests = at_unmask
+    with pytest.raises(InconsistentView, match="omits client 0"):
+        r.clients[0].unmask(replace(requests[0], survivors=(1, 2, 3, 4)))
+
+
+@pytest.mark.parametrize("field, ids", [("dropped", (5, 77)), ("survivors", (0, 1, 2, 3, 4, 99))])
+def test_request_naming_clients_outside_the_cohort_is_refused(at_unmask, field, ids):
+    r, requests = at_unmask
+    with pytest.raises(UnknownClient, match="outside the cohort"):
+        r.clients[0].unmask(replace(requests[0], **{field: ids}))
+
+
+def test_request_naming_a_neighbour_that_never_shared_keys_is_refused(make_round):
+    r = make_round(6, threshold=3)
+    requests = run_to_unmask(r, share=(4,))
+    with pytest.raises(UnknownClient, match="never shared keys"):
+        r.clients[0].unmask(replace(requests[0], dropped=(4,)))
+
+
+def test_request_leaving_fewer_than_t_surviving_neighbours_is_refused(at_unmask):
+    r, requests = at_unmask
+    with pytest.raises(BelowThreshold, match="2 of its neighbours survive; threshold is 3"):
+        r.clients[0].unmask(replace(requests[0], survivors=(0, 1, 2), dropped=(3, 4, 5)))
+
+
+# ---- envelopes: replay, round, sender, phase -------------------------------------------------
+
+
+def test_replays_and_misaddressed_messages_are_rejected_without_aborting(make_round):
+    r = make_round(4, threshold=2)
+    adverts = [c.advertise_keys() for c in r.clients]
+    r.server.receive(adverts[0])
+    with pytest.raises(ReplayedMessage, match="second key advertisement from client 0"):
+        r.server.receive(adverts[0])
+    with pytest.raises(WrongRound, match="round 6"):
+        r.server.receive(replace(adverts[1], round=6))
+    with pytest.raises(WrongRound):
+        r.server.receive(replace(adverts[1], session_id=bytes(15) + b"\x01"))
+    with pytest.raises(WrongSender, match="addressed to client 2"):
+        r.server.receive(replace(adverts[1], recipient=2))
+    with pytest.raises(UnknownClient, match="outside the cohort"):
+        r.server.receive(replace(adverts[1], sender=9))
+    for a in adverts[1:]:
+        r.server.receive(a)
+    rosters = r.server.close_phase()
+    client = r.clients[1]
+    with pytest.raises(WrongSender, match="reached client 1"):
+        client.share_keys(rosters[2])
+    with pytest.raises(WrongSender, match="only the server"):
+        client.share_keys(replace(rosters[1], sender=3))
+    with pytest.raises(WrongRound):
+        client.share_keys(replace(rosters[1], round=8))
+    reply = client.share_keys(rosters[1])  # the genuine message still works
+    with pytest.raises(ReplayedMessage, match="already handled a KeyRoster"):
+        client.share_keys(rosters[1])
+    assert client.state is ClientState.AWAIT_SHARES and reply.sender == 1
+
+
+def test_messages_out_of_phase_are_rejected(make_round):
+    r = make_round(4, threshold=2)
+    rosters = r.advertise()
+    with pytest.raises(WrongPhase, match="comes later"):
+        r.clients[0].unmask(_fake_request(r, 0))
+    with pytest.raises(WrongPhase, match="MaskedInput from client 0 in phase share_keys"):
+        r.server.receive(_fake_masked(r, 0))
+    with pytest.raises(WrongPhase, match="not await_input"):
+        r.clients[0].mask(r.inputs[0])
+    for i in (0, 1, 2):
+        r.server.receive(r.clients[i].share_keys(rosters[i]))
+    r.server.close_phase()
+    with pytest.raises(WrongSender, match="client 3 did not share keys"):
+        r.server.receive(_fake_masked(r, 3))
+
+
+def _fake_request(r, recipient):
+    from secfed.protocols.secagg.messages import SERVER, UnmaskRequest
+
+    c = r.config
+    return UnmaskRequest(session_id=c.session_id, round=c.round, sender=SERVER, recipient=recipient,
+                         survivors=(0, 1, 2, 3), dropped=(), signatures=())
+
+
+def _fake_masked(r, sender):
+    from secfed.protocols.secagg.messages import SERVER, MaskedInput
+
+    c = r.config
+    return MaskedInput(session_id=c.session_id, round=c.round, sender=sender, recipient=SERVER,
+                       vector=np.zeros(c.dimension, np.uint32))
+
+
+def test_server_refuses_incomplete_share_sets_and_wrong_sizes(make_round):
+    r = make_round(4, threshold=2)
+    rosters = r.advertise()
+    msg = r.clients[0].share_keys(rosters[0])
+    with pytest.raises(MalformedMessage, match="advertised neighbours are"):
+        r.server.receive(replace(msg, shares=msg.shares[1:]))  # would leave a mask uncancelled
+    with pytest.raises(MalformedMessage, match="bytes, expected"):
+        r.server.receive(replace(msg, shares=(SealedShare(msg.shares[0].peer, b"x" * 10),) + msg.shares[1:]))
+    r.server.receive(msg)
+    with pytest.raises(ReplayedMessage):
+        r.server.receive(msg)
+
+
+def test_masked_input_of_wrong_length_is_rejected(make_round):
+    r = make_round(3, threshold=1)
+    deliveries = r.share_keys(r.advertise())
+    r.clients[0].receive_shares(deliveries[0])
+    good = r.clients[0].mask(r.inputs[0])
+    with pytest.raises(MalformedMessage, match="entries, expected 8"):
+        r.server.receive(replace(good, vector=good.vector[:5]))
+    r.clients[1].receive_shares(deliveries[1])
+    with pytest.raises(ValueError, match="shape"):
+        r.clients[1].mask(np.zeros(3, np.uint32))
+    with pytest.raises(TypeError, match="quantize floats first"):
+        r.clients[1].mask(np.zeros(8))
+    assert r.clients[1].state is ClientState.AWAIT_INPUT  # bad local input does not abort
+
+
+# ---- model and configuration consistency -----------------------------------------------------
+
+
+def test_model_mismatch_is_refused_before_any_share_is_sent():
+    inputs = [np.zeros(4, np.uint32)] * 4
+    hashes = [b"a" * 32, b"a" * 32, b"b" * 32, b"a" * 32]
+    with pytest.raises(ModelMismatch, match="trained on model"):
+        simulate(inputs, model_hashes=hashes)
+
+
+def test_config_mismatch_is_refused_by_the_server(make_round):
+    r = make_round(4, threshold=2)
+    other = SessionConfig(r.config.session_id, r.config.round, r.config.params, dimension=9)
+    stray = SecAggClient(other, 1).advertise_keys()
+    with pytest.raises(ConfigMismatch, match="client 1"):
+        r.server.receive(stray)
+
+
+# ---- authenticated mode (malicious server) ---------------------------------------------------
+
+
+def test_server_cannot_swap_advertised_keys(make_round):
+    r = make_round(4, threshold=2, authenticated=True)
+    rosters = r.advertise()
+    entries = rosters[0].entries
+    swapped = (replace(entries[0], enc_public=entries[1].enc_public), *entries[1:])
+    with pytest.raises(SignatureInvalid, match="client 1's keys"):
+        r.clients[0].share_keys(replace(rosters[0], entries=swapped))
+
+
+def test_unsigned_advertisement_is_refused_by_the_server(make_round):
+    r = make_round(4, threshold=2, authenticated=True)
+    advert = r.clients[0].advertise_keys()
+    with pytest.raises(SignatureInvalid):
+        r.server.receive(replace(advert, signature=bytes(64)))
+
+
+def test_equivocating_survivor_sets_cannot_reach_a_quorum(make_round):
+    """The server shows {0..4} to clients 0, 1 and {0..3} to 2, 3: no view gathers 3 = ⌊5/2⌋ + 1 signatures."""
+    from secfed.protocols.secagg.messages import SERVER, UnmaskRequest
+
+    r = make_round(5, threshold=2, authenticated=True)
+    lists = run_to_unmask(r)
+    shown = {0: (0, 1, 2, 3, 4), 1: (0, 1, 2, 3, 4), 2: (0, 1, 2, 3), 3: (0, 1, 2, 3)}
+    sigs = {i: r.clients[i].consistency_check(replace(lists[i], survivors=v)).signature for i, v in shown.items()}
+    c = r.config
+    full = UnmaskRequest(session_id=c.session_id, round=c.round, sender=SERVER, recipient=2,
+                         survivors=(0, 1, 2, 3, 4), dropped=(), signatures=((0, sigs[0]), (1, sigs[1])))
+    with pytest.raises(InconsistentView, match="differs from the one this client signed"):
+        r.clients[2].unmask(full)  # 2 signed the other view
+    short = replace(full, recipient=3, survivors=(0, 1, 2, 3), dropped=(4,), signatures=((2, sigs[2]), (3, sigs[3])))
+    with pytest.raises(BelowThreshold, match="2 clients signed the survivor set; authenticated mode needs 3"):
+        r.clients[3].unmask(short)
+    forged = replace(full, recipient=0, signatures=((0, sigs[0]), (1, sigs[1]), (3, sigs[0])))
+    with pytest.raises(SignatureInvalid, match="client 3's consistency check"):
+        r.clients[0].unmask(forged)
+    for i in (0, 2, 3):
+        assert r.clients[i].state is ClientState.ABORTED  # nothing was revealed
+
+
+def test_consistency_check_only_exists_in_authenticated_mode(make_round):
+    r = make_round(3, threshold=1)
+    lists = run_to_unmask(r)
+    from secfed.protocols.secagg.messages import SurvivorList
+
+    with pytest.raises(WrongPhase, match="only in authenticated mode"):
+        r.clients[0].consistency_check(SurvivorList(**{k: getattr(lists[0], k) for k in ("session_id", "round", "sender", "recipient")}, survivors=(0, 1, 2)))
+
+
+# ---- any bit flip on the wire ----------------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_bit_flip_in_a_share_delivery_is_detected(make_round, data):
+    """Every field of a ShareDelivery is checked somewhere: magic/version/lengths by the decoder,
+    session/round/sender/recipient by the envelope checks, peer ids by the roster, ciphertexts
+    by AES-GCM. No single flipped bit gets through."""
+    r = make_round(3, threshold=1)  # a fresh round per example: a detected tamper aborts the client
+    delivery = r.share_keys(r.advertise())[0]
+    wire = bytearray(encode(delivery))
+    bit = data.draw(st.integers(0, 8 * len(wire) - 1))
+    wire[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(ProtocolError):
+        r.clients[0].receive_shares(decode(bytes(wire)))

@@ -1,0 +1,93 @@
+"""Known-answer and tamper tests for the crypto primitives (secfed.protocols.crypto)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from secfed.protocols.crypto import agree, hkdf, open_sealed, public_bytes, seal, sign, transcript, verify
+from secfed.protocols.errors import DecryptionFailed, SignatureInvalid
+
+# RFC 7748 §6.1: Alice's private key, Bob's public key and their shared secret.
+ALICE = bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
+BOB_PUBLIC = bytes.fromhex("de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f")
+SHARED = bytes.fromhex("4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742")
+
+
+def reference_hkdf(ikm: bytes, info: bytes, length: int) -> bytes:
+    """RFC 5869 written out with hmac, independent of `cryptography`."""
+    prk = hmac.new(bytes(32), ikm, hashlib.sha256).digest()
+    okm, block, counter = b"", b"", 1
+    while len(okm) < length:
+        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        okm += block
+        counter += 1
+    return okm[:length]
+
+
+def test_hkdf_matches_rfc5869_test_case_3():
+    okm = hkdf(bytes([0x0B]) * 22, b"", 42)
+    assert okm.hex() == (
+        "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8"
+    )
+
+
+def test_agree_is_x25519_then_hkdf_bound_to_info():
+    info = transcript("pairwise-mask", b"session", 3, 1, 2)
+    key = agree(X25519PrivateKey.from_private_bytes(ALICE), BOB_PUBLIC, info, 16)
+    assert key == reference_hkdf(SHARED, info, 16)
+    other = agree(X25519PrivateKey.from_private_bytes(ALICE), BOB_PUBLIC, transcript("pairwise-mask", b"session", 4, 1, 2), 16)
+    assert other != key  # another round derives another key
+
+
+def test_agree_is_symmetric():
+    a, b = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+    info = transcript("x", 1)
+    assert agree(a, public_bytes(b), info, 32) == agree(b, public_bytes(a), info, 32)
+
+
+def test_agree_refuses_a_low_order_public_key():
+    with pytest.raises(DecryptionFailed, match="degenerate"):
+        agree(X25519PrivateKey.generate(), bytes(32), b"info", 16)
+
+
+def test_transcript_is_injective_on_part_boundaries():
+    assert transcript("l", b"ab", b"c") != transcript("l", b"a", b"bc")
+    assert transcript("l", 1) != transcript("l", b"\x01" + bytes(7))
+    assert transcript("l1", b"") != transcript("l", b"1")
+    assert transcript("label", 5).startswith(b"secfed/secagg/v1/label\x00")
+    with pytest.raises(ValueError, match="outside"):
+        transcript("l", -1)
+
+
+def test_seal_roundtrip_and_every_tamper_is_detected():
+    key, aad = bytes(range(32)), b"context"
+    sealed = seal(key, b"secret share", aad)
+    assert open_sealed(key, sealed, aad) == b"secret share"
+    assert seal(key, b"secret share", aad) != sealed  # fresh nonce each time
+    for i in range(len(sealed)):
+        flipped = bytearray(sealed)
+        flipped[i] ^= 0x01
+        with pytest.raises(DecryptionFailed):
+            open_sealed(key, bytes(flipped), aad)
+    with pytest.raises(DecryptionFailed):
+        open_sealed(key, sealed, b"other context")
+    with pytest.raises(DecryptionFailed):
+        open_sealed(bytes(32), sealed, aad)
+    with pytest.raises(DecryptionFailed, match="shorter"):
+        open_sealed(key, sealed[:20], aad)
+
+
+def test_signature_binds_payload_and_signer():
+    alice, mallory = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    alice_public = alice.public_key().public_bytes_raw()
+    signature = sign(alice, b"payload")
+    verify(alice_public, signature, b"payload", who="alice")
+    with pytest.raises(SignatureInvalid, match="alice"):
+        verify(alice_public, signature, b"payload!", who="alice")
+    with pytest.raises(SignatureInvalid):
+        verify(alice_public, sign(mallory, b"payload"), b"payload", who="alice")

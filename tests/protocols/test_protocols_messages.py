@@ -1,0 +1,183 @@
+"""Wire format: round trips, exact sizes, and fuzzed / truncated / corrupted bytes → MalformedMessage only."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from secfed.protocols import MalformedMessage, decode, encode, encoded_size
+from secfed.protocols.secagg.messages import (
+    HEADER_BYTES,
+    SERVER,
+    AdvertiseKeys,
+    ConsistencySignature,
+    EncryptedShares,
+    KeyRoster,
+    MaskedInput,
+    RevealedShare,
+    RosterEntry,
+    SealedShare,
+    ShareDelivery,
+    ShareKind,
+    SurvivorList,
+    UnmaskRequest,
+    UnmaskResponse,
+)
+
+ids = st.integers(0, 2**32 - 2)
+b32 = st.binary(min_size=32, max_size=32)
+sig = st.sampled_from([b"", bytes(64)]) | st.binary(min_size=64, max_size=64)
+sorted_ids = st.lists(ids, max_size=6, unique=True).map(lambda v: tuple(sorted(v)))
+envelope = st.fixed_dictionaries(
+    dict(session_id=st.binary(min_size=16, max_size=16), round=st.integers(0, 2**64 - 1), sender=ids | st.just(SERVER),
+         recipient=ids | st.just(SERVER))
+)
+
+
+@st.composite
+def messages(draw):
+    env = draw(envelope)
+    kind = draw(st.integers(0, 8))
+    if kind == 0:
+        return AdvertiseKeys(**env, enc_public=draw(b32), mask_public=draw(b32), self_mask_commitment=draw(b32),
+                             model_hash=draw(b32), config_digest=draw(b32), signature=draw(sig))
+    if kind == 1:
+        clients = draw(sorted_ids)
+        return KeyRoster(**env, entries=tuple(
+            RosterEntry(c, draw(b32), draw(b32), draw(b32), draw(b32), draw(b32), draw(sig)) for c in clients))
+    if kind in (2, 3):
+        peers = draw(sorted_ids)
+        shares = tuple(SealedShare(p, draw(st.binary(max_size=100))) for p in peers)
+        return (EncryptedShares if kind == 2 else ShareDelivery)(**env, shares=shares)
+    if kind == 4:
+        vec = np.array(draw(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=20)), dtype=np.uint32)
+        return MaskedInput(**env, vector=vec)
+    if kind == 5:
+        return SurvivorList(**env, survivors=draw(sorted_ids))
+    if kind == 6:
+        return ConsistencySignature(**env, signature=draw(st.binary(min_size=64, max_size=64)))
+    if kind == 7:
+        signers = draw(sorted_ids)
+        return UnmaskRequest(**env, survivors=draw(sorted_ids), dropped=draw(sorted_ids),
+                             signatures=tuple((s, draw(st.binary(min_size=64, max_size=64))) for s in signers))
+    owners = draw(sorted_ids)
+    return UnmaskResponse(**env, self_mask_seed=draw(st.binary(min_size=16, max_size=16)), shares=tuple(
+        RevealedShare(o, draw(st.sampled_from(list(ShareKind))), draw(st.binary(min_size=16, max_size=16))) for o in owners))
+
+
+def same(a, b) -> bool:
+    if isinstance(a, MaskedInput):
+        return isinstance(b, MaskedInput) and a.__dict__.keys() == b.__dict__.keys() and all(
+            np.array_equal(v, b.__dict__[k]) if k == "vector" else v == b.__dict__[k] for k, v in a.__dict__.items())
+    return a == b
+
+
+@settings(max_examples=150, deadline=None)
+@given(messages())
+def test_roundtrip_and_exact_size(message):
+    data = encode(message)
+    assert len(data) == encoded_size(message)
+    assert same(decode(data), message)
+    assert same(decode(bytearray(data)), message)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages(), st.data())
+def test_every_truncation_and_extension_is_refused(message, data):
+    wire = encode(message)
+    cut = data.draw(st.integers(0, len(wire) - 1))
+    with pytest.raises(MalformedMessage):
+        decode(wire[:cut])
+    with pytest.raises(MalformedMessage):
+        decode(wire + data.draw(st.binary(min_size=1, max_size=8)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_arbitrary_bytes_raise_only_malformed(blob):
+    try:
+        decode(blob)
+    except MalformedMessage:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages(), st.data())
+def test_corrupted_bytes_decode_or_raise_malformed(message, data):
+    wire = bytearray(encode(message))
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(wire) - 1))
+        wire[i] ^= data.draw(st.integers(1, 255))
+    try:
+        decode(bytes(wire))
+    except MalformedMessage:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages(), st.binary(min_size=HEADER_BYTES, max_size=HEADER_BYTES))
+def test_fuzzed_headers_on_valid_bodies(message, header):
+    try:
+        decode(header + encode(message)[HEADER_BYTES:])
+    except MalformedMessage:
+        pass
+
+
+def _header(message, **changes) -> bytes:
+    wire = bytearray(encode(message))
+    fields = dict(zip(["magic", "version", "type", "flags"], struct.unpack_from("<4sBBH", wire)))
+    fields.update(changes)
+    struct.pack_into("<4sBBH", wire, 0, fields["magic"], fields["version"], fields["type"], fields["flags"])
+    return bytes(wire)
+
+
+def test_header_checks_say_what_is_wrong():
+    m = SurvivorList(session_id=bytes(16), round=1, sender=SERVER, recipient=3, survivors=(1, 2))
+    with pytest.raises(MalformedMessage, match="magic"):
+        decode(_header(m, magic=b"JUNK"))
+    with pytest.raises(MalformedMessage, match="version 2"):
+        decode(_header(m, version=2))
+    with pytest.raises(MalformedMessage, match="unknown message type 99"):
+        decode(_header(m, type=99))
+    with pytest.raises(MalformedMessage, match="flags"):
+        decode(_header(m, flags=1))
+    with pytest.raises(MalformedMessage, match="shorter than"):
+        decode(b"SAGG")
+    with pytest.raises(MalformedMessage, match="body bytes"):
+        decode(encode(m)[:-1])
+
+
+def test_structural_rules_are_enforced_both_ways():
+    env = dict(session_id=bytes(16), round=0, sender=SERVER, recipient=0)
+    unsorted = SurvivorList(**env, survivors=(3, 1))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        encode(unsorted)
+    wire = bytearray(encode(SurvivorList(**env, survivors=(1, 3))))
+    struct.pack_into("<II", wire, HEADER_BYTES + 4, 3, 3)  # duplicate ids
+    with pytest.raises(MalformedMessage, match="strictly increasing"):
+        decode(bytes(wire))
+    bad_sig = ConsistencySignature(**env, signature=b"short")
+    with pytest.raises(ValueError, match="signature"):
+        encode(bad_sig)
+    with pytest.raises(ValueError, match="session_id must be 16 bytes"):
+        encode(SurvivorList(**{**env, "session_id": bytes(15)}, survivors=()))
+    with pytest.raises(ValueError, match="cannot encode SURVIVOR_LIST"):
+        encode(SurvivorList(**env, survivors=(2**32,)))
+    with pytest.raises(TypeError, match="not a protocol message"):
+        encode("hello")
+    huge = bytearray(encode(SurvivorList(**env, survivors=())))
+    struct.pack_into("<I", huge, HEADER_BYTES, 2**30)  # a count that cannot fit
+    with pytest.raises(MalformedMessage, match="cannot fit"):
+        decode(bytes(huge))
+
+
+def test_masked_vector_decodes_without_copy():
+    vec = np.arange(1000, dtype=np.uint32)
+    wire = encode(MaskedInput(session_id=bytes(16), round=0, sender=1, recipient=SERVER, vector=vec))
+    got = decode(wire).vector
+    assert np.array_equal(got, vec) and not got.flags.writeable and got.base is not None
+    assert len(wire) == HEADER_BYTES + 4 + 4 * vec.size
