@@ -98,21 +98,30 @@ class DomainResult:
 
 # (field, header, the local-only field it is compared with)
 _COLUMNS: tuple[tuple[str, str, str | None], ...] = (
-    ("rank1", "Federated\nRank-1", "local_rank1"),
-    ("rank5", "Federated\nRank-5", None),
-    ("rank10", "Federated\nRank-10", None),
-    ("mAP", "Federated\nmAP", "local_mAP"),
-    ("local_rank1", "Local-only\nRank-1", None),
-    ("local_mAP", "Local-only\nmAP", None),
-    ("local_model_rank1", "Before aggr.\nRank-1", None),
-    ("raw_pixels_rank1", "Raw pixels\nRank-1", None),
+    ("rank1", "Fed\nR-1", "local_rank1"),
+    ("rank5", "Fed\nR-5", None),
+    ("rank10", "Fed\nR-10", None),
+    ("mAP", "Fed\nmAP", "local_mAP"),
+    ("local_rank1", "Local\nR-1", None),
+    ("local_mAP", "Local\nmAP", None),
+    ("local_model_rank1", "Pre-agg\nR-1", None),
+    ("raw_pixels_rank1", "Pixels\nR-1", None),
 )
+
+
+# What each column family means, said once under the table (only for the columns shown).
+_LEGEND = {
+    "rank1": "Fed: the federated model.",
+    "local_rank1": "Local: the domain's data trained alone, same budget.",
+    "local_model_rank1": "Pre-agg: the client's model after its last local training, before aggregation.",
+    "raw_pixels_rank1": "Pixels: raw-pixel nearest neighbours.",
+}
 
 
 def results_table(
     domains: Sequence[DomainResult | Mapping[str, Any]], title: str = "Retrieval accuracy per domain"
 ) -> Table:
-    """One row per domain; columns nobody measured are left out.
+    """One row per domain; columns nobody measured are left out. Rates in percent, 1 decimal.
 
     Federated Rank-1 and mAP are bold green where they beat training on that domain alone.
     """
@@ -122,13 +131,14 @@ def results_table(
     table.add_column("Domain", style="bold")
     for _, header, _ in shown:
         table.add_column(header, justify="right")
+    table.caption = " ".join(["Rates in %."] + [_LEGEND[name] for name, _, _ in shown if name in _LEGEND])
     if any(baseline and any(_beats(r, name, baseline) for r in rows) for name, _, baseline in shown):
-        table.caption = f"[{BEATS_LOCAL_STYLE}]bold green[/]: federated beats local-only training"
+        table.caption += f" [{BEATS_LOCAL_STYLE}]Bold green[/]: federated beats local-only training."
     for row in rows:
         cells = [escape(row.domain)]  # a name like "cam[1]" is text, not rich markup
         for name, _, baseline in shown:
             value = getattr(row, name)
-            text = "–" if value is None else f"{100 * value:.1f}%"
+            text = "–" if value is None else f"{100 * value:.1f}"
             cells.append(f"[{BEATS_LOCAL_STYLE}]{text}[/]" if baseline and _beats(row, name, baseline) else text)
         table.add_row(*cells)
     return table

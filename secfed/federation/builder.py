@@ -275,7 +275,7 @@ def validate(cfg: RunConfig) -> None:
     """Checks that span settings; each names the flag to change."""
     t, d, m = cfg.train, cfg.data, cfg.model
     positive = {"--rounds": t.rounds, "--local-epochs": t.local_epochs, "--batch-size": t.batch_size,
-                "--lr-step": t.lr_step, "--height": d.height, "--width": d.width}
+                "--lr-step": t.resolved_lr_step, "--height": d.height, "--width": d.width}
     for flag, value in positive.items():
         if value < 1:
             raise ConfigError(flag, f"must be at least 1, got {value}")

@@ -57,11 +57,10 @@ class RunResult:
 
 
 def schedule_for(cfg: RunConfig, round_index: int) -> Schedule:
-    t = cfg.train
-    decay = lambda base: step_lr(base, round_index, t.lr_step, t.lr_gamma)  # noqa: E731
+    t, pretrained = cfg.train, cfg.model.pretrained
     return Schedule(
-        lr_backbone=decay(t.resolved_backbone_lr(cfg.model.pretrained)),
-        lr_new=decay(t.lr_new),
+        lr_backbone=step_lr(t.resolved_backbone_lr(pretrained), round_index, t.resolved_lr_step, t.lr_gamma),
+        lr_new=step_lr(t.resolved_lr_new(pretrained), round_index, t.resolved_lr_step, t.lr_gamma),
         epochs=t.local_epochs,
         batch_size=t.batch_size,
         momentum=t.momentum,
@@ -214,9 +213,12 @@ def summarize(fed: Federation, history: list[dict[str, Any]], run_dir: Path, wal
     """The run's results: what the CLI prints and ``--json`` emits."""
     cfg = fed.config
     final = history[-1]["final"]
+    images = {c["id"]: c["images"] for c in fed.data_info["clients"]}
+    clients_of = {d.name: d.client_ids for d in fed.domains}
     domains = []
     for name, parts in final.items():
-        row: dict[str, Any] = {"name": name, **parts["federated"]}
+        row: dict[str, Any] = {"name": name, "train_images": sum(images[k] for k in clients_of[name]),
+                               **parts["federated"]}
         for prefix, key in (("local_", "local"), ("local_model_", "local_model"), ("raw_pixels_", "raw_pixels")):
             if parts[key] is not None:
                 row[prefix + "rank1"] = parts[key]["rank1"]

@@ -77,3 +77,17 @@ def test_step_schedule_decays_across_rounds() -> None:
     assert step_lr(0.05, 39, 40, 0.1) == 0.05
     assert step_lr(0.05, 40, 40, 0.1) == pytest.approx(0.005)
     assert step_lr(0.05, 85, 40, 0.1) == pytest.approx(0.0005)
+
+
+def test_round_schedule_defaults_and_pretrained_rates() -> None:
+    from secfed.config import RunConfig
+    from secfed.federation.runtime import schedule_for
+
+    cfg = RunConfig()  # 16 rounds from scratch: every layer at 0.02, one decay at round index 12
+    assert (schedule_for(cfg, 0).lr_new, schedule_for(cfg, 0).lr_backbone) == (0.02, 0.02)
+    assert schedule_for(cfg, 11).lr_new == 0.02
+    assert schedule_for(cfg, 12).lr_new == pytest.approx(0.002)
+    cfg.model.pretrained = True  # FedReIDBench's rates for an ImageNet backbone
+    cfg.train.lr_step = 40
+    assert (schedule_for(cfg, 0).lr_new, schedule_for(cfg, 0).lr_backbone) == (0.05, 0.005)
+    assert schedule_for(cfg, 45).lr_backbone == pytest.approx(0.0005)

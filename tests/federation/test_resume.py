@@ -67,6 +67,7 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pyt
     assert [p.name for p in tmp_path.iterdir()] == ["file.bin"]  # no temporary left behind
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch's note on the foreign file itself
 def test_checkpoint_rejects_foreign_files(tmp_path: Path) -> None:
     bad = tmp_path / "x.pt"
     torch.save({"format": "something-else"}, bad)
