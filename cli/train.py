@@ -148,7 +148,8 @@ def resolve_config(ctx: click.Context, params: dict[str, Any]) -> tuple[RunConfi
 @click.option("--secagg/--no-secagg", default=True, show_default=True, help="Secure aggregation of uploads.")
 @click.option("--dropout-rate", type=float, default=0.0, show_default=True,
               help="Probability that a selected client vanishes mid-round.")
-@click.option("--secagg-graph", type=click.Choice(["auto", "complete", "harary"]), default="auto", show_default=True)
+@click.option("--secagg-graph", type=click.Choice(["auto", "complete"]), default="auto", show_default=True,
+              help="auto: SecAgg+ sparse graph where it meets the targets (else complete); complete: plain SecAgg.")
 @click.option("--authenticated", is_flag=True, help="Signed transcript and model-consistency check.")
 @click.option("--secagg-clip", type=float, default=8.0, show_default=True,
               help="Per-coordinate range of uploads before quantisation.")

@@ -100,7 +100,7 @@ class TrainConfig:
 class SecAggConfig:
     enabled: bool = True
     dropout_rate: float = 0.0  # simulate clients vanishing mid-round, at a seeded phase
-    graph: Literal["auto", "complete", "harary"] = "auto"
+    graph: Literal["auto", "complete"] = "auto"  # auto: SecAgg+ (Bell et al.) where a sparse graph qualifies
     authenticated: bool = False
     clip: float = 8.0  # per-coordinate range [-clip, clip] of what a client uploads, before quantisation
 

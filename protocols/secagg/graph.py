@@ -60,7 +60,7 @@ class GraphParams:
         n, k, t = self.n_clients, self.degree, self.threshold
         if n < 2:
             raise ValueError(f"secure aggregation needs at least 2 clients, got {n}")
-        if not 2 <= k <= n - 1 or (k != n - 1 and k % 2):
+        if k != n - 1 and (not 2 <= k < n - 1 or k % 2):
             raise ValueError(f"degree must be even and in [2, n−1], or n−1 (complete); got k={k}, n={n}")
         if not 1 <= t <= k:
             raise ValueError(f"threshold must be in [1, degree={k}], got {t}")

@@ -293,8 +293,6 @@ def validate(cfg: RunConfig) -> None:
     if cfg.secagg.authenticated and cfg.privacy.dp_beta_mode == "double":
         raise ConfigError("--dp-beta-mode", "double gives every client a differently noised model, which the "
                           "--authenticated model-consistency check rejects (as it must); use single")
-    if cfg.secagg.graph == "harary" and not cfg.secagg.enabled:
-        raise ConfigError("--secagg-graph", "chooses the secure-aggregation graph; drop --no-secagg")
     if not cfg.secagg.clip >= 1:
         raise ConfigError("--secagg-clip", f"must be at least 1 (aggregation weights in (0, 1] travel in the same "
                           f"clipped vector), got {cfg.secagg.clip}")

@@ -24,6 +24,7 @@ def broadcast_bytes(broadcast: Broadcast) -> int:
 class Channel(Protocol):
     name: str
     phases: tuple[str, ...]  # where a client can vanish; a dropout schedule draws from these
+    needs_model_hash: bool  # uploads must carry the hash of the model they were trained from
 
     def aggregate(
         self, broadcast: Broadcast, uploads: Sequence[Upload], dropouts: Mapping[int, str]
@@ -37,24 +38,25 @@ class Channel(Protocol):
 
 
 class PlainChannel:
-    """Uploads are summed in the clear, in client-id order, accumulating in float64."""
+    """Uploads are summed in the clear, in client-id order (a fixed order: reproducible sums)."""
 
     name = "plain"
     phases = ("upload",)  # one step: a client that vanishes never uploads
+    needs_model_hash = False
 
     def aggregate(
         self, broadcast: Broadcast, uploads: Sequence[Upload], dropouts: Mapping[int, str]
     ) -> Aggregate:
         arrived = sorted((u for u in uploads if u.client_id not in dropouts), key=lambda u: u.client_id)
-        total = torch.zeros(broadcast.weights.numel(), dtype=torch.float64)
+        total = torch.zeros(broadcast.weights.numel(), dtype=torch.float32)
         weight = 0.0
         for upload in arrived:
-            total.add_(upload.update.to(torch.float64), alpha=upload.weight)
+            total.add_(upload.update, alpha=upload.weight)
             weight += upload.weight
         per_upload = broadcast.weights.numel() * 4 + 8  # float32 update + float64 weight
         return Aggregate(
             round=broadcast.round,
-            total=total.to(torch.float32),
+            total=total,
             weight=weight,
             contributors=tuple(u.client_id for u in arrived),
             bytes_up=per_upload * len(arrived),

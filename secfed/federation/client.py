@@ -31,10 +31,6 @@ class Client:
     layout: SharedLayout
     algorithm: type
 
-    @property
-    def num_examples(self) -> int:
-        return len(self.images)
-
     def receive(self, broadcast: Broadcast) -> None:
         if broadcast.layout_id != self.layout.fingerprint():
             raise LayoutMismatch(
@@ -53,10 +49,12 @@ class Client:
         model = self.model if model is None else model
         return self.algorithm.client_rule(model, self.images, self.labels, schedule, generator, dp)
 
-    def upload(self, broadcast: Broadcast, privacy: RoundPrivacy, weight: float) -> Upload:
+    def upload(self, broadcast: Broadcast, privacy: RoundPrivacy, weight: float, *, with_hash: bool) -> Upload:
         """Δ of the shared tensors since the broadcast, after the privacy step (clipping), with its
-        aggregation weight (:meth:`Server.weight_of`, a public function of the enrolment). The model
-        hash is computed here, from what this client received, not taken from the server."""
+        aggregation weight (:meth:`Server.weight_of`, a public function of the enrolment). With
+        ``with_hash`` (authenticated secure aggregation) the client hashes the weights it received
+        itself, rather than trusting the server's word for which model it trained on."""
         update = privacy.client_update(self.layout.flatten(self.model.state_dict()) - broadcast.weights)
-        return Upload(self.id, broadcast.round, update, weight, model_hash(broadcast.weights))
+        digest = model_hash(broadcast.weights) if with_hash else None
+        return Upload(self.id, broadcast.round, update, weight, digest)
 

@@ -30,7 +30,7 @@ class Upload:
     round: int
     update: torch.Tensor  # flat float32 Δ = w_k − w_global, after the client's privacy step
     weight: float  # aggregation weight; the channel sends weight·update and weight, masked together
-    model_hash: bytes  # SHA-256 of the weights this client received (authenticated secagg compares them)
+    model_hash: bytes | None  # SHA-256 of the weights it received (authenticated secagg compares them), else None
 
 
 @dataclass(frozen=True)

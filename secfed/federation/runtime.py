@@ -124,7 +124,8 @@ def run(
             received = replace(broadcast, weights=fed.privacy.received(broadcast.weights, t, k))
             client.receive(received)
             stats = client.train(schedule, derive_seed(cfg.seed, "train", t, k), dp=fed.dp_sgd.get(f"fed/{k}"))
-            uploads.append(client.upload(received, fed.privacy, fed.server.weight_of(k)))
+            uploads.append(client.upload(received, fed.privacy, fed.server.weight_of(k),
+                                         with_hash=fed.channel.needs_model_hash))
             client_stats[client.name] = {"loss": stats.loss, "accuracy": stats.accuracy, "examples": stats.examples}
             reporter.client_done(round_number, client.name)
         # The local-training baseline: every client alone, same rule, same seeds, never aggregated.

@@ -40,7 +40,7 @@ class SecureChannel:
     quantizer: protocols.Quantizer  # float path; its scale is fixed for the run (accounting needs it)
     skellam: SkellamParams | None
     authenticated: bool
-    graph: str  # "auto", "complete" or "harary"
+    graph: str  # "auto" (SecAgg+ where a sparse graph meets the targets) or "complete" (SecAgg)
     design_dropout: float
     name: str = "secagg"
 
@@ -59,6 +59,10 @@ class SecureChannel:
         )
 
     @property
+    def needs_model_hash(self) -> bool:
+        return self.authenticated
+
+    @property
     def scale(self) -> float:
         return self.quantizer.scale
 
@@ -74,8 +78,6 @@ class SecureChannel:
             derive_seed(self.run_seed, "secagg/session-2", round_index).to_bytes(8, "little")
 
     def params(self, n: int) -> protocols.GraphParams:
-        if self.graph == "harary" and n <= 3:
-            raise ValueError(f"a Harary graph needs more than 3 clients in the cohort, got {n}")
         return protocols.choose_params(
             n, dropout_rate=self.design_dropout, authenticated=self.authenticated, complete=self.graph == "complete"
         )

@@ -97,3 +97,16 @@ def test_authenticated_quorum_and_validation():
         choose_params(1)
     with pytest.raises(ValueError, match="no threshold"):
         choose_params(3, corrupt_fraction=0.9)
+
+
+def test_two_clients_use_the_complete_graph_and_a_lone_survivor_is_never_unmasked():
+    import numpy as np
+
+    from secfed.protocols import BelowThreshold, simulate
+
+    params = choose_params(2)
+    assert (params.degree, params.threshold) == (1, 1)
+    inputs = [np.arange(4, dtype=np.uint32), np.full(4, 7, dtype=np.uint32)]
+    assert simulate(inputs).total.tolist() == [7, 8, 9, 10]
+    with pytest.raises(BelowThreshold):  # the "sum" of one client would be its input
+        simulate(inputs, dropouts={0: "masked_input"})
