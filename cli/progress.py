@@ -61,6 +61,11 @@ class RichReporter:
             info += f" · mean rank-1 {100 * sum(r1) / len(r1):.1f}%"
         if record.get("dropped"):
             info += f" · {len(record['dropped'])} dropped"
+        if record.get("secagg_clipped"):
+            self.console.print(
+                f"[yellow]round {record['round']}: {record['secagg_clipped']:,} uploaded values exceeded "
+                "--secagg-clip and were clipped before secure aggregation; raise --secagg-clip[/]"
+            )
         if "privacy" in record:
             info += f" · ε {record['privacy']['epsilon']:.3g}"
         self.progress.update(self._rounds, advance=1, info=info)

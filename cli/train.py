@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -59,11 +60,12 @@ FLAG_KEYS: dict[str, str] = {
     "dp_sgd_target_epsilon": "privacy.dp_sgd_target_epsilon",
     "dp_sgd_delta": "privacy.dp_sgd_delta",
     "seed": "seed",
+    "device": "device",
     "out": "out_dir",
     "name": "name",
 }
 # Flags that do not change what is trained, so they may accompany --resume.
-RESUME_COMPATIBLE = {"resume", "json_output", "threads"}
+RESUME_COMPATIBLE = {"resume", "json_output", "threads", "device"}
 
 
 def _typed(params: dict[str, Any], ctx: click.Context) -> dict[str, Any]:
@@ -98,9 +100,10 @@ def resolve_config(ctx: click.Context, params: dict[str, Any]) -> tuple[RunConfi
         if not config_file.is_file():
             raise click.BadParameter(f"{run_dir} has no config.json; is it a secfed run directory?",
                                      param_hint="--resume")
-        import json
-
-        return from_dict(json.loads(config_file.read_text()), source=str(config_file)), run_dir, True
+        cfg = from_dict(json.loads(config_file.read_text()), source=str(config_file))
+        if ctx.get_parameter_source("device") == ParameterSource.COMMANDLINE:
+            cfg.device = params["device"]  # where to continue is not part of what is trained
+        return cfg, run_dir, True
     cfg = load_toml(params["config"]) if params["config"] is not None else RunConfig()
     override(cfg, _typed(params, ctx))
     name = cfg.name or f"{cfg.train.algorithm}-{cfg.data.scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -173,6 +176,8 @@ def resolve_config(ctx: click.Context, params: dict[str, Any]) -> tuple[RunConfi
 @click.option("--dp-sgd-target-epsilon", type=float, help="Calibrate each client's DP-SGD noise to this ε.")
 @click.option("--dp-sgd-delta", type=float, help="δ of DP-SGD (default min(1e-5, n_k^-1.1)).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="auto", show_default=True,
+              help="Where models train: auto (a CUDA GPU if any, else CPU), cpu, cuda, cuda:1, ...")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Parent folder of run directories.")
 @click.option("--name", help="Run directory name (default: algorithm-scenario-time).")

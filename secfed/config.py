@@ -128,6 +128,7 @@ class RunConfig:
     seed: int = 0
     out_dir: str = "runs"
     name: str | None = None  # run directory name; None: derived from time and settings
+    device: str = "auto"  # where models train: "auto" (a CUDA GPU if any, else CPU), "cpu", "cuda", "cuda:1"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -157,7 +158,7 @@ def from_dict(raw: dict[str, Any], source: str = "config") -> RunConfig:
                 if sub not in names:
                     raise ConfigError(f"{source}: {key}.{sub}", f"unknown key; known: {', '.join(sorted(names))}")
                 setattr(section, sub, subval)
-        elif key in {"seed", "out_dir", "name"}:
+        elif key in {"seed", "out_dir", "name", "device"}:
             setattr(cfg, key, value)
         else:
             raise ConfigError(f"{source}: {key}", "unknown key")

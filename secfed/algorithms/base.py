@@ -86,16 +86,19 @@ def train_supervised(
         batches = _shuffled_batches(len(images), schedule, generator)
     else:
         rate, steps_per_epoch = poisson_schedule(len(images), schedule.batch_size)
+        # DP-SGD's noise is drawn where the parameters live, from a generator seeded by ``generator``
+        noise = torch.Generator(device=labels.device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
         private = make_private(
             model, optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
-            sample_rate=rate, expected_batch_size=schedule.batch_size, accountant=dp.accountant, generator=generator,
+            sample_rate=rate, expected_batch_size=schedule.batch_size, accountant=dp.accountant, generator=noise,
         )
         forward, optimizer = private.module, private.optimizer
         rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
         batches = _poisson_batches(len(images), rate, steps_per_epoch * schedule.epochs, rng)
 
-    total_loss = torch.zeros((), dtype=torch.float64)
-    correct = torch.zeros((), dtype=torch.int64)
+    # accumulated on the device: no host synchronisation per step
+    total_loss = torch.zeros((), dtype=torch.float64, device=labels.device)
+    correct = torch.zeros((), dtype=torch.int64, device=labels.device)
     examples = steps = 0
     for index in batches:
         if len(index) == 0:  # an empty Poisson batch still takes its (noise-only, accounted) step

@@ -7,9 +7,7 @@ every round a client downloads the shared model and uploads its update of the sa
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Mapping
 
-import torch
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -19,12 +17,6 @@ def communication_cost(rounds: int, shared_bytes: int) -> int:
     _check_count(rounds, "rounds")
     _check_count(shared_bytes, "shared_bytes")
     return int(rounds) * 2 * int(shared_bytes)
-
-
-def tensor_bytes(tensors: Mapping[str, torch.Tensor] | Iterable[torch.Tensor]) -> int:
-    """Size in bytes of a set of tensors (a state dict or its values), as sent uncompressed."""
-    values = tensors.values() if isinstance(tensors, Mapping) else tensors
-    return sum(t.numel() * t.element_size() for t in values)
 
 
 def format_bytes(num_bytes: int) -> str:

@@ -196,6 +196,7 @@ def build(
     datasets, info = resolve_datasets(cfg, progress)
     shards, evaluated = make_shards(cfg, datasets)
     h, w = cfg.data.height, cfg.data.width
+    device = resolve_device(cfg.device)
 
     # One initial model for everyone: the server's w^0. Each client adds its own classifier
     # (FedPav) or shares one over the union of identities (FedAvg). DP-SGD swaps BatchNorm for
@@ -224,11 +225,13 @@ def build(
         if not algorithm.uses_global_labels:
             torch.manual_seed(derive_seed(cfg.seed, "classifier", k))
             model.classifier = make_classifier(model.feature_dim, shard.num_classes)
+        model = model.to(device)
         labels = shard.global_labels if algorithm.uses_global_labels else shard.labels
         images = load_images(shard.samples, h, w) if train_images else torch.empty((0, 3, h, w), dtype=torch.uint8)
         clients.append(Client(
-            id=k, name=shard.name, images=images,
-            labels=torch.tensor(labels, dtype=torch.int64), model=model, layout=layout, algorithm=algorithm,
+            id=k, name=shard.name, images=images.to(device),
+            labels=torch.tensor(labels, dtype=torch.int64, device=device), model=model, layout=layout,
+            algorithm=algorithm,
         ))
         if cfg.train.local_baseline:
             baselines[k] = copy.deepcopy(model)
@@ -254,6 +257,25 @@ def build(
                        for k, s in enumerate(shards)]
     info["privacy"] = plan.to_dict()
     return Federation(cfg, algorithm, layout, clients, server, channel, domains, privacy, baselines, dp_sgd, info)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the first CUDA GPU when there is one, else the CPU. Models and each client's images
+    live there; the server's weights, the channel and checkpoints stay on the CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError("--device", f"{name!r} is not a torch device ({exc})") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("--device", f"{name} was asked for, but torch sees no CUDA GPU")
+        # Reproducible convolutions (resumed runs then agree; a few CUDA kernels, e.g. adaptive
+        # average pooling's backward, stay nondeterministic: see the README).
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    return device
 
 
 def client_dp_sgd(dp: DpSgdPlan, cfg: RunConfig, num_examples: int) -> ClientDpSgd:

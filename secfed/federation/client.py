@@ -25,7 +25,7 @@ class Client:
 
     id: int
     name: str
-    images: torch.Tensor  # uint8 (N, 3, H, W) at the model's input size, held in memory
+    images: torch.Tensor  # uint8 (N, 3, H, W) at the model's input size, held in memory on the model's device
     labels: torch.Tensor  # int64 labels for this site's classifier
     model: ReIDModel
     layout: SharedLayout
@@ -54,7 +54,8 @@ class Client:
         aggregation weight (:meth:`Server.weight_of`, a public function of the enrolment). With
         ``with_hash`` (authenticated secure aggregation) the client hashes the weights it received
         itself, rather than trusting the server's word for which model it trained on."""
-        update = privacy.client_update(self.layout.flatten(self.model.state_dict()) - broadcast.weights)
+        trained = self.layout.flatten(self.model.state_dict()).cpu()  # the channel works on the CPU
+        update = privacy.client_update(trained - broadcast.weights)
         digest = model_hash(broadcast.weights) if with_hash else None
         return Upload(self.id, broadcast.round, update, weight, digest)
 

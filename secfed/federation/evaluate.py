@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from secfed.evaluation.features import extract_features
-from secfed.evaluation.metrics import cmc_map
+from secfed.evaluation.features import evaluate_model
+from secfed.evaluation.metrics import RetrievalScores
 from secfed.evaluation.raw_pixels import raw_pixel_scores
 from secfed.federation.builder import EvalDomain, Federation
 from secfed.models.reid import ReIDModel
@@ -19,10 +19,12 @@ SCORE_KEYS = ("rank1", "rank5", "rank10", "mAP")
 
 def score(model: ReIDModel, domain: EvalDomain) -> dict[str, float]:
     """Rank-1/5/10 and mAP of ``model`` on the domain's query/gallery (flip-summed neck features)."""
-    result = cmc_map(
-        extract_features(model, domain.query), extract_features(model, domain.gallery),
-        domain.query_pids, domain.gallery_pids, domain.query_camids, domain.gallery_camids,
-    )
+    result = evaluate_model(model, domain.query, domain.gallery, domain.query_pids, domain.query_camids,
+                            domain.gallery_pids, domain.gallery_camids)
+    return _rates(result)
+
+
+def _rates(result: RetrievalScores) -> dict[str, float]:
     return {k: float(getattr(result, k)) for k in SCORE_KEYS}
 
 
@@ -70,10 +72,8 @@ def evaluate_final(fed: Federation, last_cohort: Iterable[int]) -> dict[str, dic
                 "federated": score(global_model_for(fed, d), d),
                 "local": local[d.name],
                 "local_model": mean_scores(score(fed.clients[k].model, d) for k in d.client_ids if k in cohort),
-                "raw_pixels": {
-                    k: float(v) for k, v in raw_pixel_scores(
-                        d.query, d.gallery, d.query_pids, d.gallery_pids, d.query_camids, d.gallery_camids
-                    ).to_dict().items() if k in SCORE_KEYS
-                },
+                "raw_pixels": _rates(raw_pixel_scores(
+                    d.query, d.gallery, d.query_pids, d.gallery_pids, d.query_camids, d.gallery_camids
+                )),
             }
     return out

@@ -43,3 +43,6 @@ class Aggregate:
     contributors: tuple[int, ...]  # ids in the sum (the server of a secure aggregation learns this set too)
     bytes_up: int  # every byte clients sent in this round's aggregation
     bytes_down: int  # every byte clients received (the broadcast included)
+    # Coordinates clients clipped to the channel's range before quantisation (summed over clients).
+    # Each client knows its own count; the simulation logs the sum so a bad --secagg-clip shows.
+    clipped: int = 0

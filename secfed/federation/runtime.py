@@ -153,6 +153,8 @@ def run(
             "bytes_up": aggregate.bytes_up,
             "bytes_down": aggregate.bytes_down,
         }
+        if aggregate.clipped:
+            record["secagg_clipped"] = aggregate.clipped
         if baseline_stats:
             record["local_baseline"] = baseline_stats
         if privacy is not None:

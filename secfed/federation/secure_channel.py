@@ -89,8 +89,10 @@ class SecureChannel:
         if len(uploads) < 2:  # the "sum" of one client would be its update: nothing is aggregated
             return _empty(broadcast, bytes_down=down)
         t = broadcast.round
+        clipped = 0
         if self.skellam is None:
             inputs = [_with_weight(u) for u in uploads]
+            clipped = sum(int(np.count_nonzero(np.abs(x) > self.quantizer.clip)) for x in inputs)
             run = dict(quantizer=self.quantizer, rng=numpy_rng(self.run_seed, "secagg/rounding", t))
         else:
             noise_rng = numpy_rng(self.run_seed, "dp-distributed/noise", t)
@@ -121,7 +123,7 @@ class SecureChannel:
                 decode_sum(result.ring_total, self.skellam, rotation_seed=rotation_seed(self.run_seed, t)).astype(np.float32)
             )
             weight = float(len(survivors))
-        return Aggregate(t, total, weight, survivors, sum(result.bytes_sent), down + sum(result.bytes_received))
+        return Aggregate(t, total, weight, survivors, sum(result.bytes_sent), down + sum(result.bytes_received), clipped)
 
 
 def _with_weight(upload: Upload) -> np.ndarray:

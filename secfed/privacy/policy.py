@@ -236,7 +236,7 @@ def resolve(
     denominator_if_dp = float(fixed_k) if fixed_k is not None else sample_rate * num_clients
     accounting_rate = sample_rate if sampling == "poisson" else 1.0
     adjacency = (
-        "add/remove one client, Poisson client sampling with rate q = %.4g (amplified)" % sample_rate
+        f"add/remove one client, Poisson client sampling with rate q = {sample_rate:.4g} (amplified)"
         if sampling == "poisson"
         else "zero-out (one client's clipped update replaced by zero), fixed K-of-N selection, "
         "no amplification by sampling claimed (q = 1)"

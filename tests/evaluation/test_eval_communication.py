@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
-from secfed.evaluation.communication import communication_cost, format_bytes, tensor_bytes
+from secfed.evaluation.communication import communication_cost, format_bytes
 
 
 def test_rounds_times_two_times_model_size() -> None:
@@ -39,9 +37,3 @@ def test_refuses_non_counts(rounds, size, name: str) -> None:
 )
 def test_format_bytes(num_bytes: int, text: str) -> None:
     assert format_bytes(num_bytes) == text
-
-
-def test_tensor_bytes_counts_every_element() -> None:
-    layer = nn.Linear(10, 5)  # 50 weights + 5 biases, float32
-    assert tensor_bytes(layer.state_dict()) == 55 * 4
-    assert tensor_bytes([torch.zeros(3, dtype=torch.float16), torch.zeros(2, dtype=torch.int64)]) == 3 * 2 + 2 * 8

@@ -88,3 +88,13 @@ def test_distributed_noise_sum_decodes_to_the_clipped_sum_plus_noise() -> None:
     # the unmasked sum carries noise of std z·C (plus rounding), not zero, and is centred on the truth
     assert abs(residual.mean()) < 4 * z * clip / np.sqrt(DIM)
     assert residual.std() == pytest.approx(z * clip, rel=0.1)
+
+
+def test_values_beyond_the_clip_range_are_counted() -> None:
+    uploads = _uploads(3)
+    big = uploads[1].update.clone()
+    big[:7] = 100.0  # × weight 0.2 = 20 > clip 8
+    uploads[1] = dataclasses.replace(uploads[1], update=big)
+    agg = _channel(3).aggregate(_broadcast(), uploads, {})
+    assert agg.clipped == 7
+    assert _channel(3).aggregate(_broadcast(), _uploads(3), {}).clipped == 0
