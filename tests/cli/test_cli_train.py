@@ -71,6 +71,15 @@ def test_evaluate_reproduces_the_final_federated_scores(trained: tuple[dict, Pat
     (["--dropout-rate", "1.5"], "--dropout-rate"),
     (["--bn-stats", "local", "--scenario", "by-camera", "--datasets", "campus"], "--bn-stats"),
     (["--datasets", "nope"], "--datasets"),
+    (["--device", "nope"], "--device"),
+    (["--secagg-clip", "0.5"], "--secagg-clip"),
+    (["--authenticated", "--no-secagg"], "--authenticated"),
+    (["--clip", "1", "--noise-multiplier", "1"], "--aggregation"),
+    (["--clip", "1", "--noise-multiplier", "1", "--aggregation", "unweighted"], "--bn-stats"),
+    (["--target-epsilon", "3"], "--target-epsilon"),
+    (["--sample-rate", "0.5"], "--sample-rate"),
+    (["--dp-distributed", "--clip", "1", "--noise-multiplier", "1", "--aggregation", "unweighted",
+      "--bn-stats", "local", "--no-secagg"], "--dp-distributed"),
 ])
 def test_invalid_settings_name_the_flag(synth_root: Path, tmp_path: Path, args: list[str], flag: str) -> None:
     result = CliRunner().invoke(cli, ["train", "--data-root", str(synth_root), *TINY, "--out", str(tmp_path), *args])
@@ -106,3 +115,11 @@ def test_config_file_is_overridden_by_flags(synth_root: Path, tmp_path: Path) ->
     assert (cfg.train.rounds, cfg.train.batch_size, cfg.seed, cfg.data.root) == (3, 16, 5, str(synth_root))
     assert not resuming and run_dir.parent == tmp_path
     assert isinstance(ctx, Context)
+
+
+def test_resume_of_a_finished_run_reads_its_saved_config_and_reports_the_same(trained: tuple[dict, Path]) -> None:
+    summary, run_dir = trained
+    result = CliRunner().invoke(cli, ["train", "--resume", str(run_dir), "--json", "--threads", "2"])
+    assert result.exit_code == 0, result.output
+    again = json.loads(result.stdout)
+    assert again["rounds"] == 2 and again["domains"] == summary["domains"]
