@@ -95,6 +95,22 @@ def default_delta(units: int) -> float:
     return min(DEFAULT_DELTA_CAP, units**-1.1)
 
 
+def checked_delta(delta: float | None, units: int, field: str, unit_name: str) -> float:
+    """``delta``, or :func:`default_delta` when None; δ ≥ 1/N is refused, naming the flag behind ``field``.
+
+    δ ≥ 1/N admits a mechanism that publishes one of the N units (examples or clients) in the clear.
+    """
+    if delta is None:
+        return default_delta(units)
+    if delta >= 1 / units:
+        raise ConfigError(
+            FLAGS[field],
+            f"δ = {delta:g} ≥ 1/N = {1 / units:.3g} ({units} {unit_name}) allows a mechanism that publishes one of "
+            f"the {unit_name} in the clear; use δ < 1/N, e.g. {default_delta(units):.3g}",
+        )
+    return delta
+
+
 def _positive(value: float | None, field: str) -> None:
     if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise ConfigError(FLAGS[field], f"must be a positive finite number, got {value!r}")
@@ -113,15 +129,7 @@ class DpSgdPlan:
         """The δ a client with ``num_examples`` training examples accounts at (refuses δ ≥ 1/n_k)."""
         if num_examples < 1:
             raise ValueError(f"a client needs ≥ 1 example, got {num_examples}")
-        if self.delta is None:
-            return default_delta(num_examples)
-        if self.delta >= 1 / num_examples:
-            raise ConfigError(
-                FLAGS["dp_sgd_delta"],
-                f"δ = {self.delta} ≥ 1/n = {1 / num_examples:.3g} for a client with {num_examples} examples: such a δ "
-                "allows publishing one example in the clear; use a smaller δ",
-            )
-        return self.delta
+        return checked_delta(self.delta, num_examples, "dp_sgd_delta", "examples")
 
     def noise_multiplier_for(self, *, num_examples: int, batch_size: int, local_epochs: int, rounds: int) -> float:
         """z for one client: the fixed one, or calibrated so that taking part in all ``rounds`` rounds
@@ -257,7 +265,7 @@ def resolve(
         flag, why = blockers[0]
         raise ConfigError(flag, f"client-level DP is on, but {why}")
     wants_epsilon = formal or (cfg.dp_beta > 0 and cfg.clip is not None)
-    delta = _client_delta(cfg, num_clients) if wants_epsilon else None
+    delta = checked_delta(cfg.delta, num_clients, "delta", "clients") if wants_epsilon else None
 
     statements: list[str] = []
     skellam: SkellamParams | None = None
@@ -438,18 +446,6 @@ def _selection(cfg: PrivacyConfig, num_clients: int, clients_per_round: int) -> 
             f"it contradicts {FLAGS['clients_per_round']} {clients_per_round} — give one of the two",
         )
     return "poisson", float(cfg.sample_rate), None
-
-
-def _client_delta(cfg: PrivacyConfig, num_clients: int) -> float:
-    if cfg.delta is None:
-        return default_delta(num_clients)
-    if cfg.delta >= 1 / num_clients:
-        raise ConfigError(
-            FLAGS["delta"],
-            f"δ = {cfg.delta:g} ≥ 1/N = {1 / num_clients:.3g} ({num_clients} clients) allows a mechanism that publishes one "
-            f"client's update in the clear; use δ < 1/N, e.g. {default_delta(num_clients):.3g}",
-        )
-    return cfg.delta
 
 
 def _skellam(
