@@ -15,15 +15,14 @@ use are counted in ``skipped["not_in_split"]``.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from secfed import atomic_file
 from secfed.data.errors import DataError
 from secfed.data.types import Sample
 from secfed.seeding import numpy_rng
@@ -120,15 +119,6 @@ def _write(path: Path, doc: dict) -> None:
     text = _TRIPLE.sub(r"[\1, \2, \3]", json.dumps(doc, indent=1, sort_keys=True)) + "\n"
     hint = "give another location with split_path= (secfed: --split-file)"
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        atomic_file.write_text(path, text, mode=0o644)  # 0644: the split is for every user of the data
     except OSError as err:
-        raise DataError(path, f"cannot write the split file ({err.strerror}); {hint}") from None
-    try:
-        # Write-then-rename: a crash or a concurrent reader never sees half a file.
-        with os.fdopen(fd, "w") as handle:
-            os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would hide the split from other users
-            handle.write(text)
-        os.replace(tmp, path)
-    except OSError as err:
-        Path(tmp).unlink(missing_ok=True)
         raise DataError(path, f"cannot write the split file ({err.strerror}); {hint}") from None

@@ -6,11 +6,11 @@ to call from a training loop on a headless machine.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import numbers
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+from secfed import atomic_file
 
 _PANELS = (("rank1", "Rank-1"), ("mAP", "mAP"))
 FIGSIZE = (10, 4)  # inches
@@ -37,15 +39,9 @@ def plot_history(history: History, out_png: str | os.PathLike[str]) -> Path:
     figure = history_figure(history)
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            figure.savefig(fh, format="png", dpi=DPI)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=DPI)
+    return atomic_file.write_bytes(out, png.getvalue())
 
 
 def history_figure(history: History) -> Figure:

@@ -12,11 +12,12 @@ import io
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from secfed import atomic_file
 
 FORMAT = "secfed-checkpoint"
 VERSION = 1
@@ -28,30 +29,6 @@ class CheckpointError(Exception):
     """A checkpoint or run directory is missing, unreadable or of another format. Names the path."""
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
 def checkpoint_path(run_dir: Path, round_count: int) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR / f"round-{round_count:04d}.pt"
 
@@ -61,7 +38,8 @@ def save_checkpoint(run_dir: Path, round_count: int, state: dict[str, Any], keep
     buffer = io.BytesIO()
     torch.save({"format": FORMAT, "version": VERSION, "rounds_done": round_count, **state}, buffer)
     path = checkpoint_path(run_dir, round_count)
-    atomic_write_bytes(path, buffer.getvalue())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_file.write_bytes(path, buffer.getvalue())
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return path
@@ -99,7 +77,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
     """Rewrite a JSON-lines file in one atomic step (used on resume to drop lines past the checkpoint)."""
-    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    atomic_file.write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

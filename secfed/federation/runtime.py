@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from secfed import atomic_file
 from secfed.algorithms.base import Schedule, step_lr
 from secfed.config import RunConfig, from_dict
 from secfed.evaluation.communication import communication_cost
@@ -103,8 +104,8 @@ def run(
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt.atomic_write_text(run_dir / "config.json", cfg.to_json())
-        ckpt.atomic_write_text(run_dir / "data.json", json.dumps(fed.data_info, indent=2))
+        atomic_file.write_text(run_dir / "config.json", cfg.to_json())
+        atomic_file.write_text(run_dir / "data.json", json.dumps(fed.data_info, indent=2))
         ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
     reporter.run_started(fed, start)
 
@@ -177,7 +178,7 @@ def run(
             on_round_end(round_number)
 
     summary = summarize(fed, history, run_dir, wall)
-    ckpt.atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    atomic_file.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     plot_history(history, run_dir / "history.png")
     return RunResult(run_dir, summary, fed)
 

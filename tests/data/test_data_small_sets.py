@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 import os
 from collections import defaultdict
 
@@ -178,3 +179,10 @@ def test_small_set_unparseable_name_and_missing_folder(tmp_path, layouts):
     with pytest.raises(DataError) as err:
         load_dataset(tmp_path / "cuhk01" / "campus", "viper")
     assert err.value.path.name == "cam_a" and "VIPeR" in err.value.reason
+
+
+def test_split_file_is_readable_by_every_user_of_the_data(tmp_path, layouts):
+    root = layouts.viper(tmp_path / "viper")
+    load_dataset(root, "viper")
+    assert stat.S_IMODE((root / "splits.json").stat().st_mode) == 0o644
+    assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []  # no temporary left behind

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from secfed import atomic_file
 from secfed.config import RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.runtime import run
@@ -55,14 +56,14 @@ def test_resume_ends_bit_identical(tiny_config: RunConfig, tmp_path: Path) -> No
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "file.bin"
-    ckpt.atomic_write_bytes(target, b"old")
+    atomic_file.write_bytes(target, b"old")
 
     def broken_replace(src: str, dst: str) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
-        ckpt.atomic_write_bytes(target, b"new")
+        atomic_file.write_bytes(target, b"new")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["file.bin"]  # no temporary left behind
 
