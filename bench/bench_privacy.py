@@ -27,7 +27,7 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from secfed.config import RunConfig
+from secfed.config import RunConfig, RunSection
 from secfed.federation.builder import build
 from secfed.federation.evaluate import evaluate_global
 from secfed.federation.runtime import run
@@ -37,10 +37,10 @@ NOISE_MULTIPLIERS = (0.01, 0.1, 0.3, 1.0)
 
 
 def base_config(rounds: int, seed: int) -> RunConfig:
-    cfg = RunConfig(seed=seed)
-    cfg.train.rounds = rounds
-    cfg.train.local_baseline = False
-    cfg.train.eval_every = 0
+    cfg = RunConfig(run=RunSection(seed=seed))
+    cfg.schedule.rounds = rounds
+    cfg.run.local_baseline = False
+    cfg.run.eval_every = 0
     cfg.secagg.enabled = False  # the sums are the same (up to rounding); keep the bench about noise
     return cfg
 
@@ -108,7 +108,7 @@ def main() -> None:
 
     def dp(clip: float | None, z: float | None) -> Callable[[RunConfig], None]:
         def configure(cfg: RunConfig) -> None:
-            cfg.train.aggregation, cfg.model.bn_stats = "unweighted", "local"
+            cfg.method.aggregation, cfg.model.bn_stats = "unweighted", "local"
             cfg.privacy.clip, cfg.privacy.noise_multiplier = clip, z
         return configure
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from secfed.algorithms.base import make_optimizer
-from secfed.config import RunConfig
+from secfed.config import RunConfig, RunSection
 from secfed.data.augment import TrainAugment, epoch_batches
 from secfed.federation.builder import build
 from secfed.federation.runtime import SilentReporter, run, schedule_for
@@ -61,7 +61,7 @@ def plain_seconds(cfg: RunConfig) -> list[float]:
     n_total = sum(len(c.images) for c in fed.clients)
     augment = TrainAugment()
     times = []
-    for t in range(cfg.train.rounds):
+    for t in range(cfg.schedule.rounds):
         start = time.perf_counter()
         schedule = schedule_for(cfg, t)
         states = []
@@ -94,15 +94,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    cfg = RunConfig(seed=0)
-    cfg.train.rounds = args.rounds
-    cfg.train.local_baseline = False
-    cfg.train.eval_every = 0
+    cfg = RunConfig(run=RunSection(seed=0))
+    cfg.schedule.rounds = args.rounds
+    cfg.run.local_baseline = False
+    cfg.run.eval_every = 0
     cfg.secagg.enabled = False
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
           f"{torch.get_num_threads()}, torch {torch.__version__}")
     print(f"workload: synthetic default, 4 clients, {cfg.model.backbone} {cfg.data.height}x{cfg.data.width}, "
-          f"{args.rounds} rounds, B={cfg.train.batch_size}, E={cfg.train.local_epochs}")
+          f"{args.rounds} rounds, B={cfg.schedule.batch_size}, E={cfg.schedule.local_epochs}")
 
     plain_seconds(cfg)  # warm-up: first-touch allocations, oneDNN kernels, the synthetic cache
     # Alternate the two sides so drift on a shared machine hits both alike; compare medians per round.

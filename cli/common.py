@@ -7,12 +7,13 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import click
+import rich_click as click
 from rich.console import Console
 
 from secfed.config import ConfigError
 from secfed.data.errors import DataError
 from secfed.federation.checkpoint import CheckpointError
+from secfed.federation.codec import CodecError
 from secfed.models.reid import PretrainedWeightsUnavailable
 from secfed.protocols import ProtocolError
 
@@ -29,13 +30,16 @@ def emit_json(obj: Any) -> None:
 @contextlib.contextmanager
 def cli_errors() -> Iterator[None]:
     """Library errors → click errors that name the flag or path, exit code 2 (usage) or 1."""
+    from secfed.cli.options import render
+    from secfed.federation.runtime import RunDiverged
+
     try:
         yield
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
-    except (DataError, CheckpointError, PretrainedWeightsUnavailable) as exc:
+        raise click.UsageError(render(exc)) from None
+    except (DataError, CheckpointError, PretrainedWeightsUnavailable, CodecError, RunDiverged) as exc:
         raise click.ClickException(str(exc)) from None
-    except ProtocolError as exc:  # e.g. a model-inconsistency attack detected under --authenticated
+    except ProtocolError as exc:  # e.g. a model-inconsistency attack detected in authenticated mode
         raise click.ClickException(f"secure aggregation aborted: {type(exc).__name__}: {exc}") from None
 
 

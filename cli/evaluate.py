@@ -5,38 +5,45 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import click
+import rich_click as click
 
 from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
 
 
 @click.command("evaluate")
 @click.argument("run", type=click.Path(path_type=Path))
+@click.option("--data-root", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the run's data is now, if it moved (checked against the run's content fingerprint).")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads.")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON object on stdout; the rest on stderr.")
-def evaluate_command(run: Path, threads: int | None, json_output: bool) -> None:
-    """Evaluate RUN (a run directory, or one of its checkpoints) on every evaluation domain."""
-    from secfed.evaluation.report import DomainResult, results_table
-    from secfed.federation.evaluate import evaluate_global, evaluate_local_training
-    from secfed.federation.runtime import open_run
+def evaluate_command(run: Path, data_root: Path | None, threads: int | None, json_output: bool) -> None:
+    """Evaluate RUN (a run directory, or one of its checkpoints) on every evaluation domain.
+
+    The JSON has the keys of `secfed train --json` for the same things (domains, unseen, rounds,
+    algorithm)."""
+    from secfed.cli.train import print_domains
+    from secfed.federation.evaluate import evaluate_final
+    from secfed.federation.runtime import domain_row, open_run, privacy_summary
 
     console = human_console(json_output)
     set_threads(threads)
     with cli_errors():
-        fed, state, checkpoint = open_run(run)
-        federated = evaluate_global(fed)
-        local = evaluate_local_training(fed)
-    rows: list[dict[str, Any]] = []
+        fed, state, checkpoint = open_run(run, data_root=data_root)
+        final = evaluate_final(fed, ())
+    images = {c["id"]: c["images"] for c in fed.data_info["clients"]}
+    seen: list[dict[str, Any]] = []
+    unseen: list[dict[str, Any]] = []
     for domain in fed.domains:
-        row: dict[str, Any] = {"name": domain.name, **federated[domain.name]}
-        if local[domain.name] is not None:
-            row["local_rank1"] = local[domain.name]["rank1"]
-            row["local_mAP"] = local[domain.name]["mAP"]
-        rows.append(row)
-    console.print(results_table([
-        DomainResult(domain=r["name"], **{k: v for k, v in r.items() if k != "name"}) for r in rows
-    ]))
+        row = domain_row(domain.name, final[domain.name])
+        if domain.unseen:
+            unseen.append(row)
+        else:
+            row["train_images"] = sum(images[k] for k in domain.client_ids)
+            seen.append(row)
+    summary = {"run_dir": str(checkpoint.parent.parent), "checkpoint": str(checkpoint), "rounds": int(state["rounds_done"]),
+               "algorithm": fed.method.describe(), "domains": seen, "unseen": unseen,
+               "privacy": privacy_summary(fed)}
+    print_domains(console, seen, unseen)
     console.print(f"checkpoint: {checkpoint} (after round {state['rounds_done']})")
     if json_output:
-        emit_json({"checkpoint": str(checkpoint), "rounds": int(state["rounds_done"]),
-                   "algorithm": fed.config.train.algorithm, "domains": rows})
+        emit_json(summary)

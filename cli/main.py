@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import click
+import rich_click as click
 
 from secfed import __version__
 from secfed.cli.data_inspect import inspect_command

@@ -1,11 +1,12 @@
-"""Rich progress for a training run: rounds, and the clients of the current round (on stderr)."""
+"""What a training run shows on stderr: a bar while data is made and clients train, one line per round."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from secfed.federation.builder import Federation
 
@@ -14,13 +15,12 @@ class RichReporter:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-            console=console, transient=False,
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"), console=console, transient=True,
         )
         self._data_task: int | None = None
-        self._rounds: int | None = None
         self._clients: int | None = None
+        self._rounds = 0
 
     def __enter__(self) -> RichReporter:
         self.progress.start()
@@ -37,35 +37,39 @@ class RichReporter:
     def run_started(self, fed: Federation, start_round: int) -> None:
         if self._data_task is not None:
             self.progress.remove_task(self._data_task)
+            self._data_task = None
         cfg = fed.config
+        self._rounds = cfg.schedule.rounds
+        unseen = sum(d.unseen for d in fed.domains)
         self.console.print(
-            f"[bold]secfed[/] {cfg.train.algorithm} · {cfg.data.scenario} · {len(fed.clients)} clients · "
-            f"{cfg.model.backbone} {cfg.data.height}×{cfg.data.width} · shared {fed.layout.size:,} values · "
-            f"channel {fed.channel.name}"
+            f"[bold]secfed[/] {fed.method.describe()} · {cfg.data.scenario} · {len(fed.clients)} clients"
+            + (f" · {unseen} unseen domains" if unseen else "")
+            + f" · {cfg.model.backbone} {cfg.data.height}×{cfg.data.width} · shared {fed.layout.size:,} values · "
+            f"channel {fed.channel.name}" + (f" · resuming after round {start_round}" if start_round else "")
         )
-        for line in fed.privacy.plan.statements:
-            self.console.print(f"[yellow]privacy:[/] {line}")
-        self._rounds = self.progress.add_task("rounds", total=cfg.train.rounds, completed=start_round, info="")
         self._clients = self.progress.add_task("clients", total=1, info="")
 
     def round_started(self, round_number: int, cohort: list[str]) -> None:
-        self.progress.update(self._clients, total=len(cohort), completed=0, info=f"round {round_number}")
+        self.progress.update(self._clients, total=max(1, len(cohort)), completed=0, info=f"round {round_number}")
 
     def client_done(self, round_number: int, client: str) -> None:
-        self.progress.update(self._clients, advance=1, info=f"round {round_number}: {client}")
+        self.progress.update(self._clients, advance=1, info=f"round {round_number}: {escape(client)}")
 
     def round_done(self, record: dict[str, Any]) -> None:
-        info = f"loss {record['loss']:.3f}"
+        """One line: round, clients, loss, seconds, ε so far (and mean rank-1 when evaluated)."""
+        parts = [f"round {record['round']:>3}/{self._rounds}", f"{record['contributors']} clients"]
+        parts.append(f"loss {record['loss']:.3f}" if "loss" in record else "loss –")
+        parts.append(f"{record['seconds']['round']:.1f} s")
+        if "privacy" in record:
+            parts.append(f"ε {record['privacy']['epsilon']:.3g}")
         if "eval" in record:
-            r1 = [v["rank1"] for v in record["eval"].values()]
-            info += f" · mean rank-1 {100 * sum(r1) / len(r1):.1f}%"
+            seen = [v["rank1"] for v in record["eval"].values()]
+            parts.append(f"rank-1 {100 * sum(seen) / len(seen):.1f}%")
         if record.get("dropped"):
-            info += f" · {len(record['dropped'])} dropped"
+            parts.append(f"{len(record['dropped'])} dropped")
+        self.console.print(" · ".join(parts))
         if record.get("secagg_clipped"):
             self.console.print(
-                f"[yellow]round {record['round']}: {record['secagg_clipped']:,} uploaded values exceeded "
-                "--secagg-clip and were clipped before secure aggregation; raise --secagg-clip[/]"
+                f"[yellow]round {record['round']}: {record['secagg_clipped']:,} summed values exceeded their range "
+                "and were clipped before secure aggregation; raise --secagg-clip[/]"
             )
-        if "privacy" in record:
-            info += f" · ε {record['privacy']['epsilon']:.3g}"
-        self.progress.update(self._rounds, advance=1, info=info)

@@ -1,188 +1,540 @@
-"""Typed run configuration: one dataclass per section, loaded from defaults, a TOML file, then flags.
+"""The run configuration: one typed schema for flags, TOML files, saved runs and the library API.
 
-The resolved configuration is written to every run directory (``config.json``) and is all a
-``--resume`` needs. Every invalid setting raises :class:`ConfigError` naming the flag to change.
+Every setting is declared once, below, with its type, its valid range and the command-line flag
+that sets it; the CLI builds its options from these declarations, the TOML loader checks files
+against them, and :func:`check` applies the rules that span settings. A configuration is therefore
+validated the same way wherever it comes from, and every problem of one invocation is reported at
+once (:class:`ConfigError` carries them all) before any data is generated or loaded.
+
+Sections and TOML tables correspond one to one, and so do keys and flags::
+
+    [data]      where images come from and how they are split among clients
+    [model]     backbone, input size, what BatchNorm shares
+    [method]    the federated ReID method and its options (KD, CDW, FedReID, DFH)
+    [schedule]  rounds, local budget, learning rates
+    [secagg]    secure aggregation
+    [privacy]   clipping, noise, accounting
+    [run]       seed, where the run directory goes, device, evaluation cadence
+
+The library never speaks of flags: a problem names its key (``schedule.rounds``) and writes other
+keys in backticks (`` `privacy.clip` ``); the CLI renders those as the flags the user typed,
+the TOML loader as the keys of the file (:meth:`ConfigError.render`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import re
 import sys
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-Scenario = Literal["by-dataset", "by-camera", "by-identity"]
-Algorithm = Literal["fedpav", "fedavg"]
-BnStats = Literal["shared", "local"]
+CONFIG_VERSION = 2
+BACKBONES = ("resnet18", "resnet34", "resnet50")
+ALGORITHMS = ("fedpav", "fedavg", "fedreid", "dfh")
+SCENARIOS = ("by-dataset", "by-camera", "by-identity")
+# The synthetic generator's ranges (``secfed data synth`` accepts the same).
+SYNTH_DOMAINS = (2, 9)
+SYNTH_SCALE = (0.05, 50.0)
+
+
+# ---- problems ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One invalid setting: ``key`` (``schedule.rounds``) and what is wrong with it."""
+
+    key: str
+    message: str
+
+
+_KEY_REF = re.compile(r"`([a-z_]+\.[a-z_]+)`")
 
 
 class ConfigError(ValueError):
-    """An invalid setting. ``flag`` is the command-line flag (or TOML key) that has to change."""
+    """One or more invalid settings. ``issues`` lists them all; ``key`` is the first one's key."""
 
-    def __init__(self, flag: str, message: str) -> None:
-        self.flag = flag
-        super().__init__(f"{flag}: {message}")
+    def __init__(self, key_or_issues: str | Iterable[ConfigIssue], message: str | None = None) -> None:
+        if isinstance(key_or_issues, str):
+            issues = [ConfigIssue(key_or_issues, message or "invalid")]
+        else:
+            issues = list(key_or_issues)
+        if not issues:
+            raise ValueError("a ConfigError needs at least one issue")
+        self.issues = issues
+        super().__init__(self.render())
+
+    @property
+    def key(self) -> str:
+        return self.issues[0].key
+
+    def render(self, name: Callable[[str], str] = lambda key: key) -> str:
+        """All issues, one per line, with every key (the subject and `` `keys` `` in messages) shown
+        as ``name(key)`` — a flag on the command line, a TOML key in a file."""
+        lines = []
+        for issue in self.issues:
+            message = _KEY_REF.sub(lambda m: name(m.group(1)), issue.message)
+            lines.append(f"{name(issue.key)}: {message}")
+        return "\n".join(lines)
 
 
-@dataclass
-class DataConfig:
+# ---- the schema ----------------------------------------------------------------------------------
+
+
+def setting(default: Any, flag: str, help: str, **constraints: Any) -> Any:
+    """A configuration field: its default, the flag that sets it, one line of help, and its range.
+
+    ``flag`` is the long option (``--rounds``); a boolean's negative form is ``--no-…`` unless the
+    flag is written ``--on/--off``.
+    """
+    return Field(default, description=help, json_schema_extra={"flag": flag}, **constraints)
+
+
+class Section(BaseModel):
+    # Strict: TOML's `rounds = "three"` or `rounds = 2.7` are refused, not coerced; unknown keys refused.
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
+
+
+class DataConfig(Section):
     """Where images come from and how they are split among clients."""
 
-    root: str | None = None  # None: the embedded synthetic default, generated (once) into the cache
-    datasets: list[str] = field(default_factory=list)  # NAME or NAME:FORMAT folders under root; [] = all
-    scenario: Scenario = "by-dataset"
-    num_clients: int = 0  # by-identity: how many clients; by-camera: ignored (one per camera)
-    seed: int = 0  # the data's own seed (synthetic default, seeded splits): fixed while the run seed varies
-    synth_domains: int = 4  # the synthetic default: number of domains
-    synth_scale: float = 1.0  # the synthetic default: size multiplier of every domain
-    height: int = 64  # model input; FedReIDBench uses 256 x 128
-    width: int = 32
+    root: str | None = setting(None, "--data-root", "Folder of datasets (default: the embedded synthetic domains).")
+    datasets: list[str] = setting([], "--datasets", "NAME[:FORMAT] folders under --data-root, or synthetic domain "
+                                  "names (default: all).")
+    scenario: Literal["by-dataset", "by-camera", "by-identity"] = setting(
+        "by-dataset", "--scenario", "One client per dataset, per camera of one dataset, or per slice of its ids.")
+    num_clients: int = setting(0, "--num-clients", "Clients for --scenario by-identity.", ge=0)
+    seed: int = setting(0, "--data-seed", "Seed of the synthetic data and of drawn dataset splits.", ge=0)
+    split_file: str | None = setting(None, "--split-file", "Where drawn splits of the small sets are kept "
+                                     "(default: in the run directory; never in the dataset folder).")
+    synth_domains: int = setting(4, "--synth-domains", "Synthetic default: number of training domains.",
+                                 ge=SYNTH_DOMAINS[0], le=SYNTH_DOMAINS[1])
+    synth_scale: float = setting(1.0, "--synth-scale", "Synthetic default: size multiplier of every domain.",
+                                 ge=SYNTH_SCALE[0], le=SYNTH_SCALE[1])
+    synth_unseen: int = setting(0, "--synth-unseen", "Synthetic default: extra domains never trained on, "
+                                "evaluated as unseen targets.", ge=0, le=5)
+    test_datasets: list[str] = setting([], "--test-datasets", "NAME[:FORMAT] folders under --data-root evaluated "
+                                       "as unseen domains (never trained on).")
+    leave_out: list[str] = setting([], "--leave-out", "Domains held out of training and evaluated as unseen "
+                                   "targets (FedDG protocol).")
+    height: int = setting(64, "--height", "Model input height in pixels (FedReIDBench: 256).", ge=16, le=1024)
+    width: int = setting(32, "--width", "Model input width in pixels (FedReIDBench: 128).", ge=8, le=512)
 
 
-@dataclass
-class ModelConfig:
-    backbone: str = "resnet18"
-    pretrained: bool = False
-    neck_dim: int = 512
-    dropout: float = 0.5
-    bn_stats: BnStats = "shared"  # BatchNorm running statistics: averaged with the weights, or kept per client
+class ModelConfig(Section):
+    backbone: Literal["resnet18", "resnet34", "resnet50"] = setting("resnet18", "--backbone", "torchvision ResNet.")
+    pretrained: bool = setting(False, "--pretrained", "Start from ImageNet weights (must be cached; nothing is "
+                               "downloaded).")
+    neck_dim: int = setting(512, "--neck-dim", "Width of the ReID feature (FedReIDBench's neck: 512).", ge=8)
+    neck_dropout: float = setting(0.5, "--neck-dropout", "Dropout after the neck.", ge=0.0, lt=1.0)
+    bn_stats: Literal["shared", "local"] = setting(
+        "shared", "--bn-stats", "BatchNorm running statistics: averaged with the weights, or kept per client.")
 
 
-@dataclass
-class TrainConfig:
+class MethodConfig(Section):
+    algorithm: Literal["fedpav", "fedavg", "fedreid", "dfh"] = setting("fedpav", "--algorithm", "The federated "
+                                                                        "ReID method.")
+    aggregation: Literal["weighted", "unweighted"] = setting(
+        "weighted", "--aggregation", "Mean weighted by each client's size (or CDW), or plain (needed for DP).")
+    kd: bool = setting(False, "--kd", "Server knowledge distillation on a public set (MM'20 Alg. 2).")
+    kd_public: str | None = setting(None, "--kd-public", "Folder of public unlabelled images for --kd (default: "
+                                    "the synthetic public domain).")
+    kd_epochs: int = setting(1, "--kd-epochs", "Server fine-tuning epochs over the public set per round.", ge=1)
+    kd_lr: float = setting(0.005, "--kd-lr", "Server fine-tuning learning rate.", gt=0)
+    kd_images: int = setting(0, "--kd-images", "Use at most this many public images (0: all).", ge=0)
+    cdw: bool = setting(False, "--cdw", "Cosine distance weights for aggregation (MM'20 Alg. 3).")
+    expert_temperature: float = setting(3.0, "--expert-temperature", "FedReID: temperature T of the local "
+                                        "expert's KL regularisation.", gt=0)
+    dfh_alpha: float = setting(1.0, "--dfh-alpha", "DFH: Dirichlet α of domain hallucinating.", gt=0)
+    dfh_lambda: float = setting(1.0, "--dfh-lambda", "DFH: weight λ of the hallucinated-feature triplet losses.",
+                                ge=0)
+    dfh_hallucinate: Literal["both", "features", "domains"] = setting(
+        "both", "--dfh-hallucinate", "DFH ablation: feature and domain hallucinating, or one of them.")
+    triplet_margin: float = setting(0.3, "--triplet-margin", "Margin of the batch-hard triplet loss.", gt=0)
+    ids_per_batch: int = setting(8, "--ids-per-batch", "P of the P×K identity sampler (DFH).", ge=2)
+    dfs_noise: float = setting(0.0, "--dfs-noise", "DFH: Gaussian noise multiplier on the shared domain "
+                               "statistics (0: none).", ge=0)
+    dfs_clip: float = setting(4.0, "--dfs-clip", "DFH: L2 bound of each identity's feature statistics before "
+                              "the domain statistics are formed.", gt=0)
+
+
+class ScheduleConfig(Section):
     """Local training and the round schedule.
 
     FedReIDBench (appendix A.1) trains an ImageNet-pretrained ResNet-50 with lr 0.05 for new layers
     and 0.005 for the backbone; those are the defaults with ``--pretrained``. Trained from scratch
     (the CPU default) every layer is new, and 0.05 diverges when a small domain trains alone
-    (measured on the synthetic default: loss climbing from 2.8 to 6–9 on three of four domains),
-    so every layer then starts at 0.02.
+    (measured on the synthetic default), so every layer then starts at 0.02. FedReID uses its
+    paper's 0.1 (mapping network) and 0.01 (embedding).
     """
 
-    algorithm: Algorithm = "fedpav"
-    aggregation: Literal["weighted", "unweighted"] = "weighted"  # n_k/n (FedPav) or a plain mean; DP needs unweighted
-    rounds: int = 16
-    local_epochs: int = 1
-    batch_size: int = 32
-    clients_per_round: int = 0  # K; 0 = every client every round
-    lr_new: float | None = None  # neck + classifier; None: 0.05 with a pretrained backbone, else 0.02
-    lr_backbone: float | None = None  # None: 0.005 with a pretrained backbone, else the new layers' rate
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    lr_step: int | None = None  # rounds between decays by lr_gamma; None: one decay at 3/4 of the rounds
-    lr_gamma: float = 0.1
-    local_baseline: bool = True  # also train each client alone with the same budget (seed paper's baseline)
-    eval_every: int = 4  # evaluate the federated model every N rounds (and always after the last); 0 = last only
+    rounds: int = setting(16, "--rounds", "Communication rounds.", ge=1)
+    local_epochs: int = setting(1, "--local-epochs", "Local epochs per round (E).", ge=1)
+    batch_size: int = setting(32, "--batch-size", "Local batch size (B).", ge=1)
+    clients_per_round: int = setting(0, "--clients-per-round", "K of N clients per round (0: all).", ge=0)
+    lr: float | None = setting(None, "--lr", "Learning rate of new layers (default: see above).", gt=0)
+    lr_backbone: float | None = setting(None, "--lr-backbone", "Backbone learning rate (default: see above).", gt=0)
+    lr_step: int | None = setting(None, "--lr-step", "Rounds between decays (default: one decay at 3/4).", ge=1)
+    lr_gamma: float = setting(0.1, "--lr-gamma", "Decay factor.", gt=0, le=1)
+    momentum: float = setting(0.9, "--momentum", "SGD momentum (Nesterov, as both reference codes).", ge=0, lt=1)
+    weight_decay: float = setting(5e-4, "--weight-decay", "SGD weight decay.", ge=0)
 
-    def resolved_lr_new(self, pretrained: bool) -> float:
-        if self.lr_new is not None:
-            return self.lr_new
+    def resolved_lr(self, pretrained: bool, algorithm: str = "fedpav") -> float:
+        if self.lr is not None:
+            return self.lr
+        if algorithm == "fedreid":
+            return 0.1
         return 0.05 if pretrained else 0.02
 
-    def resolved_backbone_lr(self, pretrained: bool) -> float:
+    def resolved_backbone_lr(self, pretrained: bool, algorithm: str = "fedpav") -> float:
         if self.lr_backbone is not None:
             return self.lr_backbone
-        return 0.005 if pretrained else self.resolved_lr_new(pretrained)
+        if algorithm == "fedreid":
+            return 0.01
+        return 0.005 if pretrained else self.resolved_lr(pretrained, algorithm)
 
     @property
     def resolved_lr_step(self) -> int:
         return self.lr_step if self.lr_step is not None else max(1, (3 * self.rounds) // 4)
 
 
-@dataclass
-class SecAggConfig:
-    enabled: bool = True
-    dropout_rate: float = 0.0  # simulate clients vanishing mid-round, at a seeded phase
-    graph: Literal["auto", "complete"] = "auto"  # auto: SecAgg+ (Bell et al.) where a sparse graph qualifies
-    authenticated: bool = False
-    clip: float = 8.0  # per-coordinate range [-clip, clip] of what a client uploads, before quantisation
+class SecAggConfig(Section):
+    enabled: bool = setting(True, "--secagg", "Secure aggregation of everything clients sum.")
+    authenticated: bool = setting(True, "--authenticated", "Malicious-server mode: signed keys, consistency "
+                                  "check, model hashes. --no-authenticated is weaker (honest-but-curious "
+                                  "server only).")
+    graph: Literal["auto", "complete"] = setting("auto", "--secagg-graph", "auto: SecAgg+ sparse graph where it "
+                                                 "meets the targets; complete: plain SecAgg.")
+    dropout_rate: float = setting(0.0, "--dropout-rate", "Simulate clients vanishing mid-round with this "
+                                  "probability.", ge=0, lt=1)
+    clip: float = setting(8.0, "--secagg-clip", "Per-coordinate range of what clients sum, before quantisation.",
+                          ge=1)
 
 
-@dataclass
-class PrivacyConfig:
-    dp_beta: float = 0.0
-    dp_beta_mode: Literal["single", "double"] = "single"
-    clip: float | None = None
-    noise_multiplier: float | None = None
-    target_epsilon: float | None = None
-    delta: float | None = None
-    sampling: Literal["fixed", "poisson"] = "fixed"
-    sample_rate: float | None = None
-    distributed: bool = False
-    dp_sgd: bool = False
-    dp_sgd_noise_multiplier: float | None = None
-    dp_sgd_clip: float = 1.0
-    dp_sgd_target_epsilon: float | None = None
-    dp_sgd_delta: float | None = None
+class PrivacyConfig(Section):
+    dp_beta: float = setting(0.0, "--dp-beta", "β white noise on the aggregated weights (Wu & Gong, Eq. 14). "
+                             "Not DP without --clip.", ge=0)
+    dp_beta_mode: Literal["single", "double"] = setting("single", "--dp-beta-mode", "double: also noise what each "
+                                                        "client receives (Eq. 15).")
+    clip: float | None = setting(None, "--clip", "L2 bound of each client's whole shared update.", gt=0)
+    noise_multiplier: float | None = setting(None, "--noise-multiplier", "Client-level DP-FedAvg noise "
+                                             "multiplier z.", gt=0)
+    target_epsilon: float | None = setting(None, "--target-epsilon", "Derive z for this ε at --delta.", gt=0)
+    delta: float | None = setting(None, "--delta", "δ of client-level DP (default min(1e-5, N^-1.1)).", gt=0, lt=1)
+    sampling: Literal["fixed", "poisson"] = setting("fixed", "--sampling", "Client selection: K of N, or Poisson "
+                                                    "with --sample-rate (amplifies ε).")
+    sample_rate: float | None = setting(None, "--sample-rate", "Poisson client-sampling rate q.", gt=0, le=1)
+    distributed: bool = setting(False, "--dp-distributed", "Clients add Skellam noise shares inside secure "
+                                "aggregation.")
+    dp_sgd: bool = setting(False, "--dp-sgd", "Example-level DP-SGD inside every client (Opacus).")
+    dp_sgd_noise_multiplier: float | None = setting(None, "--dp-sgd-noise-multiplier", "DP-SGD noise "
+                                                    "multiplier.", gt=0)
+    dp_sgd_clip: float = setting(1.0, "--dp-sgd-clip", "DP-SGD per-example gradient norm bound.", gt=0)
+    dp_sgd_target_epsilon: float | None = setting(None, "--dp-sgd-target-epsilon", "Calibrate each client's "
+                                                  "DP-SGD noise to this ε.", gt=0)
+    dp_sgd_delta: float | None = setting(None, "--dp-sgd-delta", "δ of DP-SGD (default min(1e-5, n_k^-1.1)).",
+                                         gt=0, lt=1)
+    reproducible_noise: bool = setting(False, "--reproducible-noise", "Experiments only: draw privacy noise from "
+                                       "the run seed. The run is then NOT private.")
 
 
-@dataclass
-class RunConfig:
-    seed: int = 0
-    out_dir: str = "runs"
-    name: str | None = None  # run directory name; None: derived from time and settings
-    device: str = "auto"  # where models train: "auto" (a CUDA GPU if any, else CPU), "cpu", "cuda", "cuda:1"
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    secagg: SecAggConfig = field(default_factory=SecAggConfig)
-    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+class RunSection(Section):
+    seed: int = setting(0, "--seed", "Run seed: every training-side random choice derives from it.", ge=0)
+    out: str = setting("runs", "--out", "Parent folder of run directories.")
+    name: str | None = setting(None, "--name", "Run directory name (default: algorithm-scenario-time).")
+    device: str = setting("auto", "--device", "Where models train: auto (a CUDA GPU if any), cpu, cuda, cuda:1.")
+    threads: int | None = setting(None, "--threads", "torch CPU threads.", ge=1)
+    eval_every: int = setting(4, "--eval-every", "Evaluate every N rounds and after the last (0: last only).", ge=0)
+    local_baseline: bool = setting(True, "--local-baseline", "Also train every client alone with the same budget.")
+    record_uploads: bool = setting(False, "--record-uploads", "Keep what every client uploaded in the run "
+                                   "directory (for `secfed audit --target update`; as sensitive as the images).")
+
+
+SYNTH_DEFAULT_DOMAINS = DataConfig.model_fields["synth_domains"].default
+
+SECTIONS: dict[str, type[Section]] = {
+    "data": DataConfig, "model": ModelConfig, "method": MethodConfig, "schedule": ScheduleConfig,
+    "secagg": SecAggConfig, "privacy": PrivacyConfig, "run": RunSection,
+}
+
+
+class RunConfig(BaseModel):
+    """The whole configuration of a run; ``RunConfig()`` is the embedded default."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    secagg: SecAggConfig = Field(default_factory=SecAggConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    run: RunSection = Field(default_factory=RunSection)
+
+    @property
+    def seed(self) -> int:
+        return self.run.seed
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {"version": CONFIG_VERSION, **self.model_dump(mode="json")}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
-_SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "secagg": SecAggConfig, "privacy": PrivacyConfig}
+# ---- the registry of keys --------------------------------------------------------------------------
 
 
-def from_dict(raw: dict[str, Any], source: str = "config") -> RunConfig:
-    """Build a RunConfig from nested dicts (a TOML file or a saved config.json). Unknown keys are errors."""
-    cfg = RunConfig()
-    for key, value in raw.items():
-        if key in _SECTIONS:
-            if not isinstance(value, dict):
-                raise ConfigError(f"{source}: [{key}]", "must be a table")
-            section = getattr(cfg, key)
-            names = {f.name for f in fields(section)}
-            for sub, subval in value.items():
-                if sub not in names:
-                    raise ConfigError(f"{source}: {key}.{sub}", f"unknown key; known: {', '.join(sorted(names))}")
-                setattr(section, sub, subval)
-        elif key in {"seed", "out_dir", "name", "device"}:
-            setattr(cfg, key, value)
+@dataclass(frozen=True)
+class Key:
+    """One setting as users see it: ``section.name``, its flag, type, default and help."""
+
+    section: str
+    name: str
+    field: FieldInfo
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @property
+    def flag(self) -> str:
+        return str((self.field.json_schema_extra or {})["flag"]).split("/")[0]  # type: ignore[index]
+
+    @property
+    def help(self) -> str:
+        return self.field.description or ""
+
+    @property
+    def annotation(self) -> Any:
+        return self.field.annotation
+
+    @property
+    def default(self) -> Any:
+        return self.field.get_default(call_default_factory=True)
+
+    @property
+    def is_flag(self) -> bool:
+        return self.annotation is bool
+
+    @property
+    def is_list(self) -> bool:
+        return getattr(self.annotation, "__origin__", None) is list
+
+    def choices(self) -> tuple[str, ...] | None:
+        args = getattr(self.annotation, "__args__", ())
+        if getattr(self.annotation, "__origin__", None) is Literal:
+            return tuple(args)
+        return None
+
+
+def keys() -> list[Key]:
+    """Every setting, in section order: the one table flags, TOML keys and the docs are made from."""
+    return [Key(section, name, field) for section, model in SECTIONS.items() for name, field in model.model_fields.items()]
+
+
+KEYS: dict[str, Key] = {k.dotted: k for k in keys()}
+FLAG_OF: dict[str, str] = {k.dotted: k.flag for k in KEYS.values()}
+
+
+def flag_name(key: str) -> str:
+    """The flag of ``key`` (``schedule.rounds`` → ``--rounds``); the key itself when it has none."""
+    return FLAG_OF.get(key, key)
+
+
+# ---- building and checking -------------------------------------------------------------------------
+
+
+_PLAIN = {
+    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
+    "float_type": "must be a number", "float_parsing": "must be a number", "finite_number": "must be a finite number",
+    "bool_type": "must be true or false", "bool_parsing": "must be true or false", "string_type": "must be text",
+    "list_type": "must be a list", "dict_type": "must be a table",
+}
+
+
+def _plain(error: Mapping[str, Any]) -> str:
+    """A pydantic error as a short sentence (``must be ≥ 1``), with the value that was given."""
+    kind, ctx = error["type"], error.get("ctx") or {}
+    bounds = {"greater_than": ">", "greater_than_equal": "≥", "less_than": "<", "less_than_equal": "≤"}
+    if kind in bounds:
+        limit = next(iter(ctx.values()))
+        message = f"must be {bounds[kind]} {limit}"
+    elif kind == "literal_error":
+        message = f"must be one of {ctx.get('expected', '')}".replace("'", "")
+    else:
+        message = _PLAIN.get(kind, error["msg"])
+    return f"{message} (got {error['input']!r})" if "input" in error else message
+
+
+def _issues_of(error: ValidationError, prefix: tuple[str, ...] = ()) -> list[ConfigIssue]:
+    out = []
+    for e in error.errors():
+        path = (*prefix, *e["loc"])
+        loc = ".".join(str(p) for p in path)
+        if e["type"] == "extra_forbidden":
+            section = str(path[0]) if path else ""
+            known = ", ".join(SECTIONS[section].model_fields) if section in SECTIONS else ", ".join(SECTIONS)
+            out.append(ConfigIssue(loc, f"unknown key; known: {known}"))
         else:
-            raise ConfigError(f"{source}: {key}", "unknown key")
-    return cfg
+            out.append(ConfigIssue(loc, _plain(e)))
+    return out
+
+
+def from_dict(raw: Mapping[str, Any], *, strict: bool = True) -> RunConfig:
+    """A RunConfig from nested tables (a TOML file, a saved config.json); every problem at once.
+
+    Raises :class:`ConfigError` whose issues name ``section.key``.
+    """
+    raw = dict(raw)
+    version = raw.pop("version", CONFIG_VERSION)
+    if version != CONFIG_VERSION:
+        raise ConfigError("version", f"configuration version {version!r}; this secfed reads version {CONFIG_VERSION}")
+    issues: list[ConfigIssue] = []
+    sections: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name not in SECTIONS:
+            issues.append(ConfigIssue(name, f"unknown table; known: {', '.join(SECTIONS)}"))
+        elif not isinstance(value, Mapping):
+            issues.append(ConfigIssue(name, f"must be a table, got {type(value).__name__}"))
+        else:
+            try:
+                sections[name] = SECTIONS[name].model_validate(dict(value), strict=strict)
+            except ValidationError as exc:
+                issues += _issues_of(exc, (name,))
+    if issues:
+        raise ConfigError(issues)
+    return RunConfig(**sections)
 
 
 def load_toml(path: Path) -> RunConfig:
+    """The configuration a TOML file describes (missing tables and keys keep their defaults)."""
+    path = Path(path)
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError("--config", f"{path} does not exist") from None
+        raise ConfigError(str(path), "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), f"cannot be read ({exc})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from None
-    return from_dict(raw, source=str(path))
+        raise ConfigError(str(path), f"is not valid TOML: {exc}") from None
+    return from_dict(raw)
 
 
-def override(cfg: RunConfig, dotted: dict[str, Any]) -> RunConfig:
-    """Apply ``{"train.rounds": 5, "seed": 1}``-style overrides (what the CLI's flags produce)."""
-    for key, value in dotted.items():
-        target: Any = cfg
-        *path, last = key.split(".")
-        for part in path:
-            target = getattr(target, part)
-        if not hasattr(target, last):
-            raise KeyError(key)
-        setattr(target, last, value)
+def parse_value(key: str, raw: Any) -> Any:
+    """A value typed as text (a flag's argument) converted to ``key``'s type, or ValueError saying why.
+
+    Lists are comma-separated; numbers are parsed as numbers ("three" is refused, "2.7" for an
+    integer is refused), the range is checked when the whole configuration is.
+    """
+    spec = KEYS[key]
+    if spec.is_list:
+        items = raw if isinstance(raw, (list, tuple)) else [raw]
+        return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+    if spec.is_flag or not isinstance(raw, str):
+        return raw
+    try:
+        return TypeAdapter(spec.annotation).validate_python(raw.strip())
+    except ValidationError as exc:
+        raise ValueError(_plain({k: v for k, v in exc.errors()[0].items() if k != "input"})) from None
+
+
+def with_overrides(cfg: RunConfig, values: Mapping[str, Any]) -> RunConfig:
+    """A copy of ``cfg`` with ``{"schedule.rounds": "3", ...}`` applied (text converted), every problem
+    at once: values that do not parse, and values out of range."""
+    issues: list[ConfigIssue] = []
+    tables = cfg.model_dump()
+    for key, raw in values.items():
+        if key not in KEYS:
+            issues.append(ConfigIssue(key, "unknown setting"))
+            continue
+        try:
+            value = parse_value(key, raw)
+        except ValueError as exc:
+            issues.append(ConfigIssue(key, f"{exc} (got {raw!r})"))
+            continue
+        section, name = key.split(".")
+        tables[section][name] = value
+    try:
+        result = from_dict(tables)
+    except ConfigError as exc:
+        issues += exc.issues
+    if issues:
+        raise ConfigError(issues)
+    return result
+
+
+def check(cfg: RunConfig) -> None:
+    """The rules that span settings; raises :class:`ConfigError` listing every violation.
+
+    Checks that need the data (how many clients there are) happen when the federation is built.
+    """
+    issues = list(_cross_field_issues(cfg))
+    from secfed.privacy.policy import static_issues  # the privacy rules live with the privacy plan
+
+    issues += static_issues(cfg)
+    if issues:
+        raise ConfigError(issues)
+
+
+def _cross_field_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
+    d, m, meth, s, sa = cfg.data, cfg.model, cfg.method, cfg.schedule, cfg.secagg
+    if m.bn_stats == "local" and d.scenario != "by-dataset":
+        yield ConfigIssue("model.bn_stats", "local BatchNorm statistics need `data.scenario` by-dataset "
+                          "(each evaluated domain must belong to exactly one client)")
+    if d.scenario == "by-identity" and d.num_clients < 2:
+        yield ConfigIssue("data.num_clients", "by-identity splits one dataset's ids among clients: give at least 2")
+    if d.scenario != "by-identity" and d.num_clients:
+        yield ConfigIssue("data.num_clients", f"only applies to `data.scenario` by-identity, not {d.scenario}")
+    if sa.dropout_rate > 0 and not sa.enabled:
+        yield ConfigIssue("secagg.dropout_rate", "simulates clients vanishing during secure aggregation; "
+                          "turn `secagg.enabled` on")
+    if sa.authenticated and cfg.privacy.dp_beta_mode == "double" and sa.enabled:
+        yield ConfigIssue("privacy.dp_beta_mode", "double gives every client a differently noised model, which the "
+                          "authenticated model-consistency check rejects (as it must); use single or "
+                          "turn `secagg.authenticated` off")
+    if d.root is None:
+        for key in ("test_datasets",):
+            if getattr(d, key):
+                yield ConfigIssue(f"data.{key}", "names folders under `data.root`; the synthetic default uses "
+                                  "`data.synth_unseen`")
+        if d.split_file is not None:
+            yield ConfigIssue("data.split_file", "the synthetic default ships its own splits")
+    elif d.synth_unseen or d.synth_domains != SYNTH_DEFAULT_DOMAINS or d.synth_scale != 1.0:
+        key = "data.synth_unseen" if d.synth_unseen else ("data.synth_domains" if d.synth_domains !=
+                                                           SYNTH_DEFAULT_DOMAINS else "data.synth_scale")
+        yield ConfigIssue(key, "applies to the synthetic default; `data.root` reads datasets from disk")
+    if meth.kd_public is not None and not meth.kd:
+        yield ConfigIssue("method.kd_public", "has no effect without `method.kd`")
+    if meth.algorithm != "dfh":
+        for key in ("dfs_noise",):
+            if getattr(meth, key):
+                yield ConfigIssue(f"method.{key}", "applies to `method.algorithm` dfh")
+    if meth.cdw and meth.aggregation == "unweighted":
+        yield ConfigIssue("method.cdw", "cosine distance weights are aggregation weights; `method.aggregation` "
+                          "unweighted contradicts them")
+    if meth.algorithm == "dfh" and meth.ids_per_batch * 2 > s.batch_size:
+        yield ConfigIssue("method.ids_per_batch", f"P = {meth.ids_per_batch} identities × K ≥ 2 images need "
+                          f"`schedule.batch_size` ≥ {2 * meth.ids_per_batch}, got {s.batch_size}")
+    if cfg.run.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?|mps", cfg.run.device):
+        yield ConfigIssue("run.device", f"{cfg.run.device!r} is not a device: auto, cpu, cuda, cuda:N")
+
+
+def run_config(*, toml: Path | None = None, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """Defaults, then a TOML file, then overrides (typed text, as flags give them); checked as a whole."""
+    cfg = load_toml(toml) if toml is not None else RunConfig()
+    if overrides:
+        cfg = with_overrides(cfg, overrides)
+    check(cfg)
     return cfg

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from secfed.config import RunConfig
+from secfed.config import RunConfig, RunSection
 from secfed.data.synth import generate
 
 torch.set_num_threads(2)
@@ -24,10 +24,10 @@ def synth_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def tiny_config(synth_root: Path, tmp_path: Path) -> RunConfig:
     """A run that trains in seconds: ResNet-18 at 32×16, two rounds, small batches."""
-    cfg = RunConfig(seed=3, out_dir=str(tmp_path / "runs"), name="tiny")
+    cfg = RunConfig(run=RunSection(seed=3, out=str(tmp_path / "runs"), name="tiny"))
     cfg.data.root = str(synth_root)
     cfg.data.height, cfg.data.width = 32, 16
-    cfg.train.rounds = 2
-    cfg.train.batch_size = 8
+    cfg.schedule.rounds = 2
+    cfg.schedule.batch_size = 8
     cfg.secagg.enabled = False
     return cfg

@@ -1,25 +1,45 @@
-"""What every federated ReID method is made of: a client rule and a server rule.
+"""What every federated ReID method is made of, and the supervised method all of them start from.
 
-A method answers four questions — which tensors it shares (:mod:`secfed.models.sharing`), how a
-client trains locally, what aggregation weight a client's update carries, and how the server turns
-the aggregate into new global weights. FedPav and FedAvg answer them with the plain supervised rule
-below; later methods (KD, CDW, FedReID, DFH) override one answer each.
+A method is one class that owns four things:
+
+    model      ``build_model(num_classes)`` and which of its tensors are shared (``shared_prefixes``)
+    client     ``client_step(site, broadcast, schedule, seed)`` → :class:`Contribution`: local training,
+               then what to sum (named vectors with the client's own weights) and what to share
+    server     ``combine`` (the weighted mean from the sums), ``refine`` (e.g. KD fine-tuning),
+               ``payloads`` (what the broadcast carries besides the weights) and ``absorb`` (what the
+               server keeps of the clients' shared payloads)
+    state      ``site_state`` / ``server_state`` and their loaders: tensors a resume needs
+
+:class:`Method` answers all of them the FedPav way (cross-entropy on a local classifier, the
+backbone and neck shared, weights n_k/n). Methods override what differs; options that add to any
+method (KD, CDW) wrap one (:class:`MethodWrapper`), as Flower's mods wrap a message handler.
+
+The local training loop (:func:`train_loop`) is the same for every method: batches in, a loss out,
+an optimiser step. Example-level DP-SGD swaps three of its parts (the module, the optimiser, the
+batches) for Opacus' private versions (:func:`secfed.privacy.dpsgd.privatise`) and nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import copy
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from secfed.data.augment import TrainAugment, epoch_batches
-from secfed.federation.messages import Aggregate
-from secfed.privacy.dpsgd import ClientDpSgd, make_private, poisson_schedule
-from secfed.privacy.sampling import poisson_batches
+from secfed.federation.messages import MODEL, Aggregate, Broadcast, Contribution, Summand, TrainStats
+from secfed.models.reid import ReIDModel, make_classifier
+from secfed.models.sharing import SharedLayout, load_shared, shared_layout
+
+if TYPE_CHECKING:
+    from secfed.config import RunConfig
+    from secfed.privacy.dpsgd import ClientDpSgd
+
+Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -44,72 +64,87 @@ def step_lr(base: float, round_index: int, step: int, gamma: float) -> float:
 
 
 @dataclass
-class TrainStats:
-    loss: float  # mean cross-entropy over the examples seen
-    accuracy: float  # training accuracy of the identity classifier
-    examples: int
-    steps: int
+class Site:
+    """One client's private world: its images and labels, its model (shared part + local head) and
+    whatever else the method keeps there (``extra``). Nothing here leaves the client except through
+    the method's :class:`Contribution` and the privacy step."""
+
+    id: int
+    name: str
+    images: torch.Tensor  # uint8 (N, 3, H, W) at the model's input size, on the model's device
+    labels: torch.Tensor  # int64 labels for this site's classifier
+    model: nn.Module
+    weight_scale: float  # public normaliser from enrolment: the site's weight is n_k · weight_scale
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.images)
 
 
 def make_optimizer(model: nn.Module, schedule: Schedule) -> torch.optim.SGD:
-    """SGD with FedReIDBench's two learning rates: backbone vs. layers trained from scratch."""
-    backbone = [p for n, p in model.named_parameters() if n.startswith("backbone.") and p.requires_grad]
-    new = [p for n, p in model.named_parameters() if not n.startswith("backbone.") and p.requires_grad]
+    """SGD with Nesterov momentum and two learning rates: backbone vs. layers trained from scratch
+    (both reference codes, FedReIDBench and FedReID, use Nesterov)."""
+    def in_backbone(name: str) -> bool:  # also inside wrappers: "model.backbone.…", "_module.backbone.…"
+        return name.startswith("backbone.") or ".backbone." in name
+
+    backbone = [p for n, p in model.named_parameters() if in_backbone(n) and p.requires_grad]
+    new = [p for n, p in model.named_parameters() if not in_backbone(n) and p.requires_grad]
     return torch.optim.SGD(
         [{"params": backbone, "lr": schedule.lr_backbone}, {"params": new, "lr": schedule.lr_new}],
         momentum=schedule.momentum,
         weight_decay=schedule.weight_decay,
-        nesterov=False,
+        nesterov=schedule.momentum > 0,
     )
 
 
-def train_supervised(
+def shuffled_batches(n: int, schedule: Schedule, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    for _ in range(schedule.epochs):
+        yield from epoch_batches(n, schedule.batch_size, generator)
+
+
+AUGMENT = TrainAugment()  # FedReIDBench's default: pad + random crop + horizontal flip
+
+
+def cross_entropy_loss(model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                       generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, logits) of identity classification on a uint8 batch, augmented here."""
+    logits = model(AUGMENT(images, generator))
+    return F.cross_entropy(logits, targets), logits
+
+
+def train_loop(
     model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[torch.Tensor],
     images: torch.Tensor,
     labels: torch.Tensor,
-    schedule: Schedule,
+    loss_fn: Loss,
     generator: torch.Generator,
-    dp: ClientDpSgd | None = None,
+    *,
+    empty_step: Callable[[], None] | None = None,
 ) -> TrainStats:
-    """E local epochs of identity classification (cross-entropy) over in-memory uint8 images.
+    """The local loop every method runs: for each index batch, the loss, backward, a step.
 
-    ``generator`` drives shuffling, augmentation (and DP-SGD noise); dropout uses torch's global
-    RNG, which the caller seeds per (run, round, client) before calling. With ``dp``, training is
-    example-level DP-SGD (Opacus): Poisson batches, per-example clipping and noise, accounted in
-    ``dp.accountant``.
+    ``loss_fn(model, uint8 batch, targets, generator)`` augments as it needs (``generator`` drives
+    it); ``empty_step`` handles an empty (Poisson) batch under DP-SGD. Loss and accuracy are
+    accumulated on the device (no host synchronisation per step).
     """
     model.train()
-    augment = TrainAugment()  # FedReIDBench's default: pad + random crop + horizontal flip
-    optimizer = make_optimizer(model, schedule)
-    forward: Callable[[torch.Tensor], torch.Tensor] = model
-    if dp is None:
-        batches = _shuffled_batches(len(images), schedule, generator)
-    else:
-        rate, steps_per_epoch = poisson_schedule(len(images), schedule.batch_size)
-        # DP-SGD's noise is drawn where the parameters live, from a generator seeded by ``generator``
-        noise = torch.Generator(device=labels.device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
-        private = make_private(
-            model, optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
-            sample_rate=rate, expected_batch_size=schedule.batch_size, accountant=dp.accountant, generator=noise,
-        )
-        forward, optimizer = private.module, private.optimizer
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
-        batches = _poisson_batches(len(images), rate, steps_per_epoch * schedule.epochs, rng)
-
-    # accumulated on the device: no host synchronisation per step
     total_loss = torch.zeros((), dtype=torch.float64, device=labels.device)
     correct = torch.zeros((), dtype=torch.int64, device=labels.device)
     examples = steps = 0
     for index in batches:
-        if len(index) == 0:  # an empty Poisson batch still takes its (noise-only, accounted) step
-            private.empty_step()
+        if len(index) == 0:
+            assert empty_step is not None, "an empty batch needs DP-SGD's noise-only step"
+            empty_step()
             steps += 1
             continue
-        inputs = augment(images[index], generator)
         targets = labels[index]
         optimizer.zero_grad(set_to_none=True)  # before the forward: DP-SGD's per-example grads must be clear
-        logits = forward(inputs)
-        loss = F.cross_entropy(logits, targets)
+        loss, logits = loss_fn(model, images[index], targets, generator)
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(steps + 1, float(loss))
         loss.backward()
         optimizer.step()
         total_loss += loss.detach() * len(index)
@@ -120,18 +155,197 @@ def train_supervised(
     return TrainStats(float(total_loss) / max(examples, 1), int(correct) / max(examples, 1), examples, steps)
 
 
-def _poisson_batches(n: int, rate: float, steps: int, rng: np.random.Generator) -> Iterator[torch.Tensor]:
-    for batch in poisson_batches(n, rate, steps, rng):
-        yield torch.from_numpy(batch)
+class TrainingDiverged(ArithmeticError):
+    """A local loss or update became NaN or infinite; ``step`` is the local step (1-based)."""
+
+    def __init__(self, step: int, value: float) -> None:
+        self.step = step
+        super().__init__(f"the training loss became {value} at local step {step}")
 
 
-def _shuffled_batches(n: int, schedule: Schedule, generator: torch.Generator) -> Iterator[torch.Tensor]:
-    for _ in range(schedule.epochs):
-        yield from epoch_batches(n, schedule.batch_size, generator)
+def flat_state(model: nn.Module, layout: SharedLayout) -> torch.Tensor:
+    return layout.flatten(model.state_dict()).cpu()
 
 
-def weighted_mean_step(global_weights: torch.Tensor, aggregate: Aggregate) -> torch.Tensor:
-    """w ← w + Σ weight_k·Δ_k / Σ weight_k (FedAvg's n_k/n weighting when weight_k ∝ n_k)."""
-    if aggregate.weight <= 0:
-        raise ValueError(f"round {aggregate.round}: aggregate carries no weight (no client contributed)")
-    return global_weights + aggregate.total / aggregate.weight
+class Method:
+    """The FedPav way of answering every question (see the module docstring)."""
+
+    name: ClassVar[str] = "supervised"
+    shared_prefixes: ClassVar[tuple[str, ...]] = ("backbone.", "neck.")
+    uses_global_labels: ClassVar[bool] = False  # one classifier over every client's identities (FedAvg)
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        # a client's aggregation weight is a public function of its enrolled size (CDW: it is not)
+        self.public_weights = True
+
+    # ---- model ----------------------------------------------------------------------------------
+
+    def build_model(self, num_classes: int) -> nn.Module:
+        m = self.cfg.model
+        return ReIDModel(m.backbone, num_classes, pretrained=m.pretrained, neck_dim=m.neck_dim,
+                         dropout=m.neck_dropout)
+
+    def layout(self, model: nn.Module) -> SharedLayout:
+        return shared_layout(model, self.shared_prefixes, self.cfg.model.bn_stats)
+
+    def new_head(self, model: nn.Module, num_classes: int) -> None:
+        """Give a site's model its own classifier (local-label methods; the caller seeds torch)."""
+        model.classifier = make_classifier(model.feature_dim, num_classes)
+
+    def setup_site(self, site: Site) -> None:
+        """Method state a site keeps besides its model (none for FedPav)."""
+
+    # ---- client ---------------------------------------------------------------------------------
+
+    def receive(self, site: Site, broadcast: Broadcast, layout: SharedLayout) -> None:
+        """Load the global shared weights into the site's model (its local tensors stay)."""
+        load_shared(site.model, layout, broadcast.weights)
+
+    def local_train(self, site: Site, schedule: Schedule, seed: int, dp: ClientDpSgd | None = None,
+                    model: nn.Module | None = None) -> TrainStats:
+        """E local epochs of identity classification; ``model`` defaults to the site's (the local-only
+        baseline passes its own). Every random draw comes from ``seed``."""
+        model = site.model if model is None else model
+        torch.manual_seed(seed)  # dropout draws from torch's global generator
+        generator = torch.Generator().manual_seed(seed)
+        optimizer = make_optimizer(model, schedule)
+        if dp is None:
+            return train_loop(model, optimizer, shuffled_batches(site.num_examples, schedule, generator),
+                              site.images, site.labels, cross_entropy_loss, generator)
+        from secfed.privacy.dpsgd import privatise
+
+        private = privatise(model, optimizer, dp, site.num_examples, schedule, generator)
+        return train_loop(private.module, private.optimizer, private.batches, site.images, site.labels,
+                          cross_entropy_loss, generator, empty_step=private.empty_step)
+
+    def weight(self, site: Site) -> float:
+        """The client's aggregation weight of its model update: n_k / Σ n (FedPav, MM'20 Alg. 1), or 1
+        for a plain mean."""
+        if self.cfg.method.aggregation == "unweighted":
+            return 1.0
+        return site.num_examples * site.weight_scale
+
+    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule, seed: int,
+                    dp: ClientDpSgd | None = None) -> Contribution:
+        self.receive(site, broadcast, layout)
+        stats = self.local_train(site, schedule, seed, dp)
+        update = flat_state(site.model, layout) - broadcast.weights
+        if not torch.isfinite(update).all():
+            raise TrainingDiverged(stats.steps, float("nan"))
+        return Contribution({MODEL: Summand(update, self.weight(site))}, stats=stats)
+
+    # ---- server ---------------------------------------------------------------------------------
+
+    def payloads(self, server_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What the broadcast carries besides the weights."""
+        return {}
+
+    def absorb(self, server_state: dict[str, torch.Tensor], aggregate: Aggregate) -> None:
+        """Keep what the server needs of the clients' shared (not summed) payloads."""
+
+    def combine(self, weights: torch.Tensor, aggregate: Aggregate, denominator: float | None) -> torch.Tensor:
+        """w ← w + Σ w_k·Δ_k / W, W = Σ w_k (the method's weights) or the privacy plan's fixed one."""
+        total = aggregate.weights.get(MODEL, 0.0) if denominator is None else denominator
+        if total <= 0:
+            raise ValueError(f"round {aggregate.round}: the aggregate carries no weight (no client contributed)")
+        return weights + aggregate.sums[MODEL] / total
+
+    def refine(self, weights: torch.Tensor, aggregate: Aggregate) -> torch.Tensor:
+        """After the mean (and the privacy plan's noise): server-side training (KD); none by default."""
+        return weights
+
+    # ---- state ----------------------------------------------------------------------------------
+
+    def site_state(self, site: Site) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_site_state(self, site: Site, state: Mapping[str, torch.Tensor]) -> None:
+        pass
+
+    def server_state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_server_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name
+
+
+class MethodWrapper(Method):
+    """An option that adds to any method (KD, CDW): every question goes to ``inner`` unless overridden."""
+
+    def __init__(self, inner: Method) -> None:
+        super().__init__(inner.cfg)
+        self.inner = inner
+        self.shared_prefixes = inner.shared_prefixes  # type: ignore[misc]
+        self.uses_global_labels = inner.uses_global_labels  # type: ignore[misc]
+        self.name = inner.name  # type: ignore[misc]
+        self.public_weights = inner.public_weights
+
+    def build_model(self, num_classes: int) -> nn.Module:
+        return self.inner.build_model(num_classes)
+
+    def layout(self, model: nn.Module) -> SharedLayout:
+        return self.inner.layout(model)
+
+    def new_head(self, model: nn.Module, num_classes: int) -> None:
+        self.inner.new_head(model, num_classes)
+
+    def setup_site(self, site: Site) -> None:
+        self.inner.setup_site(site)
+
+    def receive(self, site: Site, broadcast: Broadcast, layout: SharedLayout) -> None:
+        self.inner.receive(site, broadcast, layout)
+
+    def local_train(self, site: Site, schedule: Schedule, seed: int, dp: ClientDpSgd | None = None,
+                    model: nn.Module | None = None) -> TrainStats:
+        return self.inner.local_train(site, schedule, seed, dp, model)
+
+    def weight(self, site: Site) -> float:
+        return self.inner.weight(site)
+
+    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule, seed: int,
+                    dp: ClientDpSgd | None = None) -> Contribution:
+        return self.inner.client_step(site, broadcast, layout, schedule, seed, dp)
+
+    def payloads(self, server_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.inner.payloads(server_state)
+
+    def absorb(self, server_state: dict[str, torch.Tensor], aggregate: Aggregate) -> None:
+        self.inner.absorb(server_state, aggregate)
+
+    def combine(self, weights: torch.Tensor, aggregate: Aggregate, denominator: float | None) -> torch.Tensor:
+        return self.inner.combine(weights, aggregate, denominator)
+
+    def refine(self, weights: torch.Tensor, aggregate: Aggregate) -> torch.Tensor:
+        return self.inner.refine(weights, aggregate)
+
+    def site_state(self, site: Site) -> dict[str, torch.Tensor]:
+        return self.inner.site_state(site)
+
+    def load_site_state(self, site: Site, state: Mapping[str, torch.Tensor]) -> None:
+        self.inner.load_site_state(site, state)
+
+    def server_state(self) -> dict[str, torch.Tensor]:
+        return self.inner.server_state()
+
+    def load_server_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.inner.load_server_state(state)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+
+def eval_copy(model: nn.Module) -> nn.Module:
+    """A frozen evaluation-mode copy (teachers and "before" models must not touch the live one)."""
+    clone = copy.deepcopy(model)
+    clone.eval()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone
+
+
+def with_summand(contribution: Contribution, name: str, summand: Summand) -> Contribution:
+    return replace(contribution, summed={**contribution.summed, name: summand})

@@ -3,10 +3,10 @@ so the identity classifier spans the union of every client's identities (global 
 
 from __future__ import annotations
 
-from secfed.algorithms.fedpav import FedPav
+from secfed.algorithms.base import Method
 
 
-class FedAvg(FedPav):
+class FedAvg(Method):
     name = "fedavg"
-    shares_classifier = True
+    shared_prefixes = ("backbone.", "neck.", "classifier.")
     uses_global_labels = True

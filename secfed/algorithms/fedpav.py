@@ -1,23 +1,14 @@
 """FedPav (Zhuang et al., ACM MM 2020, Alg. 1): share backbone + neck, keep the identity classifier.
 
 Each selected client loads the global backbone beside its own classifier from its previous round,
-trains E epochs with SGD, and uploads the backbone; the server averages with weights n_k/n.
+trains E epochs with SGD, and uploads the change of the backbone; the server averages with weights
+n_k/n. Everything is :class:`~secfed.algorithms.base.Method`'s default answer.
 """
 
 from __future__ import annotations
 
-from secfed.algorithms.base import train_supervised, weighted_mean_step
+from secfed.algorithms.base import Method
 
 
-class FedPav:
+class FedPav(Method):
     name = "fedpav"
-    shares_classifier = False  # see secfed.models.sharing
-    uses_global_labels = False  # each client's classifier covers its own identities only
-
-    client_rule = staticmethod(train_supervised)
-    server_rule = staticmethod(weighted_mean_step)
-
-    @staticmethod
-    def aggregation_weight(num_examples: int) -> float:
-        return float(num_examples)
-

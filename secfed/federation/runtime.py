@@ -1,39 +1,49 @@
-"""The round loop. Reads top to bottom: select, broadcast, train, upload, aggregate, update, evaluate,
-checkpoint, log.
+"""The round loop. Reads top to bottom: select, broadcast, client steps, aggregate, server step,
+account, evaluate, checkpoint, log.
+
+Server side and client sides meet only through bytes: the broadcast is encoded once and decoded by
+every client, uploads go through the channel (the codec, or secure aggregation's own messages).
 
 ``run`` owns a run directory::
 
     RUN/config.json        the resolved configuration (all --resume needs)
-    RUN/data.json          which data the run read: datasets, sizes, clients
-    RUN/metrics.jsonl      one line per round: losses, bytes up/down, seconds, evaluation when run
+    RUN/data.json          which data the run read: datasets, sizes, clients, a content fingerprint
+    RUN/splits.json        drawn splits of the small sets (when the run uses one)
+    RUN/metrics.jsonl      one line per round: losses, bytes up/down, seconds, ε, evaluation when run
     RUN/checkpoints/       round-NNNN.pt after every round, written atomically (newest kept)
+    RUN/uploads/           with `run.record_uploads`: every upload of every round (for the audit)
     RUN/summary.json       the final results (also what `--json` prints)
-    RUN/history.png        rank-1 and mAP per round
+    RUN/history.png        rank-1 and mAP per round, federated and local-only, and the training loss
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from secfed import atomic_file
-from secfed.algorithms.base import Schedule, step_lr
-from secfed.config import RunConfig, from_dict
+from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr
+from secfed.config import ConfigError, RunConfig, from_dict
 from secfed.evaluation.communication import communication_cost
 from secfed.evaluation.plots import plot_history
 from secfed.federation import checkpoint as ckpt
+from secfed.federation import codec
 from secfed.federation.builder import Federation, build
-from secfed.federation.evaluate import evaluate_final, evaluate_global
-from secfed.federation.server import select_clients
+from secfed.federation.evaluate import evaluate_final, evaluate_global, evaluate_local_training
+from secfed.federation.messages import Upload
 from secfed.models.sharing import local_state
 from secfed.seeding import derive_seed, numpy_rng
 
+# What a metrics line may hold under a client-level ε, and what it holds that no ε covers.
+OUTSIDE_EPSILON = ("contributors", "bytes_up", "bytes_down", "seconds", "eval", "eval_local", "final",
+                   "secagg_clipped", "local_baseline")
+
 
 class Reporter(Protocol):
-    """What a front end (the CLI's rich progress, a notebook, a test) hears from a run."""
+    """What a front end (the CLI, a notebook, a test) hears from a run."""
 
     def data_progress(self, what: str, done: int, total: int) -> None: ...
     def run_started(self, fed: Federation, start_round: int) -> None: ...
@@ -50,6 +60,18 @@ class SilentReporter:
     def round_done(self, record: dict[str, Any]) -> None: ...
 
 
+class RunDiverged(ArithmeticError):
+    """Training produced NaN or infinite values; the run stopped before saving the bad round."""
+
+    def __init__(self, round_number: int, client: str, cause: str, run_dir: Path, lr: float) -> None:
+        self.round_number, self.client, self.run_dir = round_number, client, run_dir
+        kept = f"the checkpoint of round {round_number - 1} is kept" if round_number > 1 else "no round was saved"
+        super().__init__(
+            f"round {round_number}, client {client}: {cause}. The run stopped; {kept}. Resume with a lower "
+            f"learning rate, e.g. `secfed train --resume {run_dir} --lr {lr / 2:g}`."
+        )
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -58,14 +80,14 @@ class RunResult:
 
 
 def schedule_for(cfg: RunConfig, round_index: int) -> Schedule:
-    t, pretrained = cfg.train, cfg.model.pretrained
+    s, pretrained, algorithm = cfg.schedule, cfg.model.pretrained, cfg.method.algorithm
     return Schedule(
-        lr_backbone=step_lr(t.resolved_backbone_lr(pretrained), round_index, t.resolved_lr_step, t.lr_gamma),
-        lr_new=step_lr(t.resolved_lr_new(pretrained), round_index, t.resolved_lr_step, t.lr_gamma),
-        epochs=t.local_epochs,
-        batch_size=t.batch_size,
-        momentum=t.momentum,
-        weight_decay=t.weight_decay,
+        lr_backbone=step_lr(s.resolved_backbone_lr(pretrained, algorithm), round_index, s.resolved_lr_step, s.lr_gamma),
+        lr_new=step_lr(s.resolved_lr(pretrained, algorithm), round_index, s.resolved_lr_step, s.lr_gamma),
+        epochs=s.local_epochs,
+        batch_size=s.batch_size,
+        momentum=s.momentum,
+        weight_decay=s.weight_decay,
     )
 
 
@@ -81,8 +103,14 @@ def dropout_schedule(cfg: RunConfig, round_index: int, cohort: list[int], phases
 
 
 def _eval_due(cfg: RunConfig, round_number: int) -> bool:
-    every = cfg.train.eval_every
-    return round_number == cfg.train.rounds or (every > 0 and round_number % every == 0)
+    every = cfg.run.eval_every
+    return round_number == cfg.schedule.rounds or (every > 0 and round_number % every == 0)
+
+
+def private_logs(fed: Federation) -> bool:
+    """Whether the run claims an ε (client- or example-level): then logs carry only what it covers,
+    plus the aggregate figures listed in OUTSIDE_EPSILON, labelled as such."""
+    return fed.plan.claims_epsilon or fed.plan.dp_sgd is not None
 
 
 def run(
@@ -92,62 +120,79 @@ def run(
     resume: bool = False,
     reporter: Reporter | None = None,
     on_round_end: Callable[[int], None] | None = None,
+    data_root: Path | None = None,
 ) -> RunResult:
     """Train a federation as configured, in ``run_dir``; with ``resume``, continue from its newest
-    checkpoint and end exactly where an uninterrupted run would have."""
+    checkpoint (or start afresh when no round had finished) and end exactly where an uninterrupted
+    run would have. ``data_root`` reads the data from where it was moved to (checked by fingerprint)."""
     reporter = reporter or SilentReporter()
     run_dir = Path(run_dir)
-    fed = build(cfg, progress=reporter.data_progress)
-    history, start, wall = [], 0, 0.0
-    if resume:
-        history, start, wall = restore(fed, ckpt.load_checkpoint(ckpt.latest_checkpoint(run_dir)))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
+    history: list[dict[str, Any]] = []
+    start, wall = 0, 0.0
+    if resume and ckpt.list_checkpoints(run_dir):
+        state = ckpt.load_checkpoint(ckpt.latest_checkpoint(run_dir))
+        check_data(fed, state, data_root)
+        history, start, wall = restore(fed, state)
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
     else:
-        run_dir.mkdir(parents=True, exist_ok=True)
         atomic_file.write_text(run_dir / "config.json", cfg.to_json())
         atomic_file.write_text(run_dir / "data.json", json.dumps(fed.data_info, indent=2))
         ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
     reporter.run_started(fed, start)
+    aggregate = None
 
-    for t in range(start, cfg.train.rounds):
+    for t in range(start, cfg.schedule.rounds):
         round_number = t + 1
         t0 = time.perf_counter()
-        fixed = select_clients(len(fed.clients), t, cfg.seed, cfg.train.clients_per_round)
-        cohort = fed.privacy.cohort(t, len(fed.clients), fixed)
-        reporter.round_started(round_number, [fed.clients[k].name for k in cohort])
+        cohort = fed.server.cohort(t, cfg.schedule.clients_per_round, cfg.seed)
+        reporter.round_started(round_number, [fed.clients[k].site.name for k in cohort])
         broadcast = fed.server.broadcast(t)
+        wire = codec.encode_broadcast(broadcast)
         schedule = schedule_for(cfg, t)
 
-        # Local training on every selected client, then one upload each (after the privacy step).
-        uploads, client_stats = [], {}
+        # Every selected client decodes the broadcast, runs the method and its privacy step.
+        uploads: list[Upload] = []
+        client_stats: dict[str, dict[str, float]] = {}
         for k in cohort:
             client = fed.clients[k]
-            received = replace(broadcast, weights=fed.privacy.received(broadcast.weights, t, k))
-            client.receive(received)
-            stats = client.train(schedule, derive_seed(cfg.seed, "train", t, k), dp=fed.dp_sgd.get(f"fed/{k}"))
-            uploads.append(client.upload(received, fed.privacy, fed.server.weight_of(k),
-                                         with_hash=fed.channel.needs_model_hash))
-            client_stats[client.name] = {"loss": stats.loss, "accuracy": stats.accuracy, "examples": stats.examples}
-            reporter.client_done(round_number, client.name)
+            personal = fed.server.received(broadcast, k)  # Eq. 15 noise, when asked for
+            data = wire if personal is broadcast else codec.encode_broadcast(personal)
+            try:
+                upload, stats = client.step(codec.decode_broadcast(data), schedule, derive_seed(cfg.seed, "train", t, k))
+            except TrainingDiverged as exc:
+                raise RunDiverged(round_number, client.site.name, str(exc), run_dir, schedule.lr_new) from None
+            uploads.append(upload)
+            if stats is not None:
+                client_stats[client.site.name] = {"loss": stats.loss, "accuracy": stats.accuracy,
+                                                  "examples": stats.examples}
+            reporter.client_done(round_number, client.site.name)
         # The local-training baseline: every client alone, same rule, same seeds, never aggregated.
         baseline_stats = {}
-        for k, model in fed.baselines.items():
-            stats = fed.clients[k].train(schedule, derive_seed(cfg.seed, "train", t, k), model, fed.dp_sgd.get(f"local/{k}"))
-            baseline_stats[fed.clients[k].name] = {"loss": stats.loss, "accuracy": stats.accuracy}
+        for k, alone in fed.baselines.items():
+            try:
+                stats = fed.method.local_train(alone, schedule, derive_seed(cfg.seed, "train", t, k), fed.baseline_dp.get(k))
+            except TrainingDiverged as exc:
+                raise RunDiverged(round_number, f"{alone.name} (local-only baseline)", str(exc), run_dir,
+                                  schedule.lr_new) from None
+            baseline_stats[alone.name] = {"loss": stats.loss, "accuracy": stats.accuracy}
+        if cfg.run.record_uploads:
+            record_uploads(run_dir, round_number, uploads)
         t_train = time.perf_counter()
 
         dropouts = dropout_schedule(cfg, t, cohort, fed.channel.phases)
-        aggregate = fed.channel.aggregate(broadcast, uploads, dropouts)
+        aggregate = fed.channel.aggregate(broadcast, uploads, dropouts, broadcast_bytes=len(wire))
         fed.server.apply(aggregate)
-        privacy = fed.privacy.account(len(aggregate.contributors))
+        privacy = fed.server.privacy.account(len(aggregate.contributors))
         t_agg = time.perf_counter()
 
         record: dict[str, Any] = {
             "round": round_number,
             "lr_backbone": schedule.lr_backbone,
             "lr_new": schedule.lr_new,
-            "cohort": [fed.clients[k].name for k in cohort],
-            "dropped": {fed.clients[k].name: phase for k, phase in sorted(dropouts.items())},
+            "cohort": [fed.clients[k].site.name for k in cohort],
+            "dropped": {fed.clients[k].site.name: phase for k, phase in sorted(dropouts.items())},
             "contributors": len(aggregate.contributors),
             "loss": sum(s["loss"] for s in client_stats.values()) / max(1, len(client_stats)),
             "clients": client_stats,
@@ -160,16 +205,20 @@ def run(
             record["local_baseline"] = baseline_stats
         if privacy is not None:
             record["privacy"] = privacy
-        if fed.dp_sgd:
-            record["dp_sgd_epsilon"] = {key: state.epsilon() for key, state in sorted(fed.dp_sgd.items())}
+        if fed.clients and fed.clients[0].dp_sgd is not None:
+            record["dp_sgd_epsilon"] = {c.site.name: c.dp_sgd.epsilon() for c in fed.clients if c.dp_sgd is not None}
         if _eval_due(cfg, round_number):
             record["eval"] = evaluate_global(fed)
-        if round_number == cfg.train.rounds:
+            if fed.baselines:
+                record["eval_local"] = {k: v for k, v in evaluate_local_training(fed).items() if v is not None}
+        if round_number == cfg.schedule.rounds:
             record["final"] = evaluate_final(fed, aggregate.contributors)
         t_end = time.perf_counter()
         wall += t_end - t0
         record["seconds"] = {"train": t_train - t0, "aggregate": t_agg - t_train, "eval": t_end - t_agg,
                              "round": t_end - t0, "elapsed": wall}
+        if private_logs(fed):
+            record = dp_record(record)
         history.append(record)
         ckpt.save_checkpoint(run_dir, round_number, snapshot(fed, history, wall))
         ckpt.append_jsonl(run_dir / "metrics.jsonl", record)
@@ -179,8 +228,42 @@ def run(
 
     summary = summarize(fed, history, run_dir, wall)
     atomic_file.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
-    plot_history(history, run_dir / "history.png")
+    plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
     return RunResult(run_dir, summary, fed)
+
+
+def dp_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A metrics line for a run that claims an ε: per-client figures (losses, who was in the cohort,
+    who dropped) are not logged at all; the aggregate figures no ε covers are listed as such."""
+    kept = {k: v for k, v in record.items() if k not in ("cohort", "dropped", "clients", "loss")}
+    kept["outside_epsilon"] = [k for k in OUTSIDE_EPSILON if k in kept]
+    return kept
+
+
+def record_uploads(run_dir: Path, round_number: int, uploads: list[Upload]) -> None:
+    """Keep every upload of the round, encoded as the wire carries it (read by ``secfed audit``)."""
+    folder = run_dir / "uploads" / f"round-{round_number:04d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for upload in uploads:
+        atomic_file.write_bytes(folder / f"client-{upload.client_id:04d}.upload", codec.encode_upload(upload))
+
+
+def run_title(cfg: RunConfig, run_dir: Path) -> str:
+    m, s = cfg.method, cfg.schedule
+    options = "".join(f"+{o}" for o, on in (("kd", m.kd), ("cdw", m.cdw)) if on)
+    channel = "secagg" if cfg.secagg.enabled else "plain"
+    return (f"{run_dir.name}: {m.algorithm}{options} · {cfg.data.scenario} · {cfg.model.backbone} "
+            f"{cfg.data.height}×{cfg.data.width} · {s.rounds} rounds · E={s.local_epochs} B={s.batch_size} · "
+            f"{channel} · seed {cfg.seed}")
+
+
+def check_data(fed: Federation, state: dict[str, Any], data_root: Path | None) -> None:
+    """The data a resumed or evaluated run reads must be the data it was trained on."""
+    saved = state.get("data_fingerprint")
+    if saved is not None and saved != fed.data_info["fingerprint"]:
+        where = f"--data-root {data_root}" if data_root else fed.data_info["root"]
+        raise ConfigError("data.root", f"the data at {where} is not the data this run was trained on (content "
+                          "fingerprints differ); point `data.root` at the run's data")
 
 
 def snapshot(fed: Federation, history: list[dict[str, Any]], wall: float) -> dict[str, Any]:
@@ -188,14 +271,32 @@ def snapshot(fed: Federation, history: list[dict[str, Any]], wall: float) -> dic
     return {
         "config": fed.config.to_dict(),
         "layout_id": fed.layout.fingerprint(),
+        "data_fingerprint": fed.data_info["fingerprint"],
         "global": fed.server.weights,
-        "clients": {str(c.id): local_state(c.model, fed.layout) for c in fed.clients},
-        "baselines": {str(k): m.state_dict() for k, m in fed.baselines.items()},
-        "privacy": json.dumps(fed.privacy.state_dict()),
-        "dp_sgd": {key: json.dumps(state.accountant.state_dict()) for key, state in fed.dp_sgd.items()},
+        "server_state": fed.method.server_state(),
+        "clients": {str(c.site.id): {**local_state(c.site.model, fed.layout), **prefixed(fed.method.site_state(c.site))}
+                    for c in fed.clients},
+        "baselines": {str(k): {**s.model.state_dict(), **prefixed(fed.method.site_state(s))}
+                      for k, s in fed.baselines.items()},
+        "privacy": json.dumps(fed.server.privacy.state_dict()),
+        "dp_sgd": {f"fed/{c.site.id}": json.dumps(c.dp_sgd.accountant.state_dict()) for c in fed.clients if c.dp_sgd}
+        | {f"local/{k}": json.dumps(dp.accountant.state_dict()) for k, dp in fed.baseline_dp.items()},
         "history": json.dumps(history),
         "wall_seconds": wall,
     }
+
+
+METHOD_STATE = "method::"
+
+
+def prefixed(state: dict[str, Any]) -> dict[str, Any]:
+    return {METHOD_STATE + k: v for k, v in state.items()}
+
+
+def _split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    own = {k: v for k, v in state.items() if not k.startswith(METHOD_STATE)}
+    method = {k[len(METHOD_STATE):]: v for k, v in state.items() if k.startswith(METHOD_STATE)}
+    return own, method
 
 
 def restore(fed: Federation, state: dict[str, Any]) -> tuple[list[dict[str, Any]], int, float]:
@@ -203,72 +304,93 @@ def restore(fed: Federation, state: dict[str, Any]) -> tuple[list[dict[str, Any]
     if state["layout_id"] != fed.layout.fingerprint():
         raise ckpt.CheckpointError("checkpoint was written for another model layout (backbone or sharing rule)")
     fed.server.weights = state["global"]
+    fed.method.load_server_state(state.get("server_state", {}))
     for client in fed.clients:
-        client.model.load_state_dict(state["clients"][str(client.id)], strict=False)
-    for k, model in fed.baselines.items():
-        model.load_state_dict(state["baselines"][str(k)])
-    fed.privacy.load_state_dict(json.loads(state["privacy"]))
-    for key, dp in fed.dp_sgd.items():
-        dp.accountant.load_state_dict(json.loads(state["dp_sgd"][key]))
+        own, method = _split(state["clients"][str(client.site.id)])
+        client.site.model.load_state_dict(own, strict=False)
+        fed.method.load_site_state(client.site, method)
+    for k, alone in fed.baselines.items():
+        own, method = _split(state["baselines"][str(k)])
+        alone.model.load_state_dict(own)
+        fed.method.load_site_state(alone, method)
+    fed.server.privacy.load_state_dict(json.loads(state["privacy"]))
+    for client in fed.clients:
+        if client.dp_sgd is not None:
+            client.dp_sgd.accountant.load_state_dict(json.loads(state["dp_sgd"][f"fed/{client.site.id}"]))
+    for k, dp in fed.baseline_dp.items():
+        dp.accountant.load_state_dict(json.loads(state["dp_sgd"][f"local/{k}"]))
     return json.loads(state["history"]), int(state["rounds_done"]), float(state["wall_seconds"])
 
 
 def summarize(fed: Federation, history: list[dict[str, Any]], run_dir: Path, wall: float) -> dict[str, Any]:
-    """The run's results: what the CLI prints and ``--json`` emits."""
+    """The run's results: what the CLI prints and ``--json`` emits (``evaluate --json`` uses the same keys)."""
     cfg = fed.config
     final = history[-1]["final"]
     images = {c["id"]: c["images"] for c in fed.data_info["clients"]}
     clients_of = {d.name: d.client_ids for d in fed.domains}
-    domains = []
+    seen, unseen = [], []
     for name, parts in final.items():
-        row: dict[str, Any] = {"name": name, "train_images": sum(images[k] for k in clients_of[name]),
-                               **parts["federated"]}
-        for prefix, key in (("local_", "local"), ("local_model_", "local_model"), ("raw_pixels_", "raw_pixels")):
-            if parts[key] is not None:
-                row[prefix + "rank1"] = parts[key]["rank1"]
-                row[prefix + "mAP"] = parts[key]["mAP"]
-        domains.append(row)
+        ids = clients_of[name]
+        row = domain_row(name, parts)
+        if ids:
+            row["train_images"] = sum(images[k] for k in ids)
+            seen.append(row)
+        else:
+            unseen.append(row)
     rounds = len(history)
     return {
         "run_dir": str(run_dir),
-        "algorithm": cfg.train.algorithm,
+        "algorithm": fed.method.describe(),
         "rounds": rounds,
         "wall_seconds": wall,
         "clients": len(fed.clients),
         "channel": fed.channel.name,
-        "domains": domains,
+        "domains": seen,
+        "unseen": unseen,
         "communication": {
             "shared_model_bytes": fed.layout.nbytes,
             "cost_bytes": communication_cost(rounds, fed.layout.nbytes),
             "measured_up_bytes": sum(r["bytes_up"] for r in history),
             "measured_down_bytes": sum(r["bytes_down"] for r in history),
         },
-        "privacy": privacy_summary(fed, history),
+        "privacy": privacy_summary(fed),
     }
 
 
-def privacy_summary(fed: Federation, history: list[dict[str, Any]]) -> dict[str, Any]:
+def domain_row(name: str, parts: dict[str, Any]) -> dict[str, Any]:
+    """One domain's scores under the keys ``train --json`` and ``evaluate --json`` share."""
+    row: dict[str, Any] = {"name": name, **(parts.get("federated") or {})}
+    for prefix, key in (("local_", "local"), ("local_model_", "local_model"), ("raw_pixels_", "raw_pixels")):
+        if parts.get(key) is not None:
+            row[prefix + "rank1"] = parts[key]["rank1"]
+            row[prefix + "mAP"] = parts[key]["mAP"]
+    return row
+
+
+def privacy_summary(fed: Federation) -> dict[str, Any]:
     """What the run can honestly say about privacy: the plan's statements, and ε where one is claimed."""
-    plan = fed.privacy.plan
+    plan = fed.plan
     out: dict[str, Any] = {"mechanism": plan.mechanism, "statements": list(plan.statements),
-                           "claims_epsilon": plan.claims_epsilon}
-    if fed.privacy.ledger is not None:
-        out.update(fed.privacy.ledger.metrics())
+                           "claims_epsilon": plan.claims_epsilon, "noise": "reproducible (NOT private)"
+                           if plan.reproducible_noise else "cryptographically secure"}
+    ledger = fed.server.privacy.ledger
+    if ledger is not None:
+        out.update(ledger.metrics())
         out["noise_multiplier"] = plan.noise_multiplier
         out["adjacency"] = plan.adjacency
-    if fed.dp_sgd:
-        out["dp_sgd"] = {_dp_sgd_label(fed, key): {"epsilon": s.epsilon(), "delta": s.delta,
-                                                   "noise_multiplier": s.noise_multiplier}
-                         for key, s in sorted(fed.dp_sgd.items())}
+    dp_clients = [c for c in fed.clients if c.dp_sgd is not None]
+    if dp_clients:
+        out["dp_sgd"] = {f"{c.site.name} (federated)": _dp(c.dp_sgd) for c in dp_clients}
+        out["dp_sgd"] |= {f"{fed.baselines[k].name} (local-only)": _dp(dp) for k, dp in fed.baseline_dp.items()}
     return out
 
 
-def _dp_sgd_label(fed: Federation, key: str) -> str:
-    role, client = key.split("/")
-    return f"{fed.clients[int(client)].name} ({'federated' if role == 'fed' else 'local-only'})"
+def _dp(dp: Any) -> dict[str, float]:
+    return {"epsilon": dp.epsilon(), "delta": dp.delta, "noise_multiplier": dp.noise_multiplier}
 
 
-def open_run(path: Path, reporter: Reporter | None = None) -> tuple[Federation, dict[str, Any], Path]:
+def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | None = None
+             ) -> tuple[Federation, dict[str, Any], Path]:
     """A trained federation from a run directory (its newest checkpoint) or a checkpoint file, rebuilt
     from the configuration saved inside the checkpoint, for evaluation. Returns (federation,
     checkpoint state, checkpoint path)."""
@@ -277,7 +399,10 @@ def open_run(path: Path, reporter: Reporter | None = None) -> tuple[Federation, 
         raise ckpt.CheckpointError(f"{path}: no such run directory or checkpoint")
     checkpoint = ckpt.latest_checkpoint(path) if path.is_dir() else path
     state = ckpt.load_checkpoint(checkpoint)
-    cfg = from_dict(state["config"], source=str(checkpoint))
-    fed = build(cfg, progress=(reporter or SilentReporter()).data_progress, train_images=False)
+    cfg = from_dict(state["config"])
+    run_dir = checkpoint.parent.parent
+    fed = build(cfg, progress=(reporter or SilentReporter()).data_progress, run_dir=run_dir, data_root=data_root,
+                train_images=False)
+    check_data(fed, state, data_root)
     restore(fed, state)
     return fed, state, checkpoint

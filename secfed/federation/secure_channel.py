@@ -1,18 +1,23 @@
-"""The secure channel: a round's uploads aggregated with :mod:`secfed.protocols` (SecAgg / SecAgg+).
+"""The secure channel: the summed part of a round's uploads aggregated with :mod:`secfed.protocols`.
 
-Each client's upload becomes one ring vector before masking:
+Each client's summed vectors become one ring vector before masking, one segment per name in name
+order (so every client lays them out alike):
 
-* float path (no distributed noise): ``[weight·update, weight]`` clipped per coordinate to
-  ``--secagg-clip`` (≥ 1, so a weight in (0, 1] is never clipped), scaled and stochastically rounded
-  into Z_{2^32} — the weight travels inside the masked vector, so the server learns Σ weight·update
-  and Σ weight and nothing per client;
-* distributed DP (``--dp-distributed``): the client's clipped update, encoded with its share of
-  Skellam noise (:mod:`secfed.privacy.distributed`); every weight is 1 and the server divides by the
-  plan's fixed denominator.
+* float summand ``x`` with weight ``w``: ``[w·x, w]`` clipped per coordinate to its bound (the
+  summand's own, else `secagg.clip` — ≥ 1, so a weight in (0, 1] is never clipped), scaled and
+  stochastically rounded into Z_{2^32} with that segment's quantiser — the weight travels inside the
+  masked vector, so the server learns Σ w·x and Σ w and nothing per client;
+* ring summand (distributed DP): the client's integer encoding with its noise share, as it is.
 
-The whole protocol runs in memory through :func:`secfed.protocols.simulate`: real keys, real masks,
-every message encoded to bytes and decoded by its receiver, so byte counts are the wire's. Masks
-cancel exactly, so the result depends only on the seeded rounding and noise: runs stay reproducible.
+The protocol runs in memory through :func:`secfed.protocols.simulate`: real keys, real masks, every
+message encoded to bytes and decoded by its receiver, so byte counts are the wire's. Masks cancel
+exactly, so the result depends only on the seeded rounding: runs stay reproducible. What clients
+share unsummed (DFH's statistics) travels beside the sum in the clear, through the codec.
+
+A round the protocol aborts (too few clients left for some threshold) is run again, as a new
+session with fresh keys, among the clients still online; a round left with fewer than two clients
+releases nothing, since the "sum" of one client would be its update. The privacy plan analyses
+exactly this rule (:mod:`secfed.privacy.policy`).
 """
 
 from __future__ import annotations
@@ -25,114 +30,171 @@ import torch
 
 from secfed import protocols
 from secfed.config import RunConfig
-from secfed.federation.channel import broadcast_bytes
-from secfed.federation.messages import Aggregate, Broadcast, Upload
-from secfed.privacy.distributed import SkellamParams, decode_sum, encode, rotation_seed, to_ring
+from secfed.federation import codec
+from secfed.federation.channel import check_uploads, only_shared, zero_sums
+from secfed.federation.messages import Aggregate, Broadcast, Summand, Upload
+from secfed.privacy.distributed import to_ring
 from secfed.seeding import derive_seed, numpy_rng
 
 RING_BITS = 32
 MIN_DESIGN_DROPOUT = 0.1  # SecAgg+ parameters are chosen for at least this dropout rate
+MIN_COHORT = 2
+
+
+@dataclass(frozen=True)
+class _Segment:
+    name: str
+    start: int
+    length: int  # ring words: numel + 1 (the weight) for float summands
+    quantizer: protocols.Quantizer | None  # None: ring-encoded summand
 
 
 @dataclass
 class SecureChannel:
     run_seed: int
-    quantizer: protocols.Quantizer  # float path; its scale is fixed for the run (accounting needs it)
-    skellam: SkellamParams | None
+    num_clients: int  # the largest possible cohort: quantisers are sized for it, once per run
+    clip: float  # default per-coordinate bound of float summands
     authenticated: bool
     graph: str  # "auto" (SecAgg+ where a sparse graph meets the targets) or "complete" (SecAgg)
     design_dropout: float
     name: str = "secagg"
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, dim: int, num_clients: int, skellam: SkellamParams | None) -> SecureChannel:
+    def for_run(cls, cfg: RunConfig, num_clients: int) -> SecureChannel:
         s = cfg.secagg
         return cls(
-            run_seed=cfg.seed,
-            # sized for the largest possible cohort (every client, + the weight coordinate) so the
-            # scale is one number for the whole run
-            quantizer=protocols.Quantizer.for_cohort(num_clients, s.clip, bits=RING_BITS),
-            skellam=skellam,
-            authenticated=s.authenticated,
-            graph=s.graph,
+            run_seed=cfg.seed, num_clients=num_clients, clip=s.clip, authenticated=s.authenticated, graph=s.graph,
             design_dropout=max(MIN_DESIGN_DROPOUT, s.dropout_rate),
         )
+
+    def quantizer(self, bound: float | None = None) -> protocols.Quantizer:
+        """The quantiser of a float segment: one scale per bound for the whole run (accounting needs it)."""
+        return protocols.Quantizer.for_cohort(self.num_clients, bound or self.clip, bits=RING_BITS)
+
+    @property
+    def scale(self) -> float:
+        """Ring units per 1.0 of the model update's segment."""
+        return self.quantizer().scale
 
     @property
     def needs_model_hash(self) -> bool:
         return self.authenticated
 
     @property
-    def scale(self) -> float:
-        return self.quantizer.scale
-
-    @property
     def phases(self) -> tuple[str, ...]:
         return tuple(p.name.lower() for p in protocols.Phase
                      if self.authenticated or p is not protocols.Phase.CONSISTENCY_CHECK)
 
-    def session_id(self, round_index: int) -> bytes:
-        """Public and unique per (run, round), derived from the run seed so a rerun draws the same
-        neighbour graph; the keys stay fresh OS randomness every round."""
-        return derive_seed(self.run_seed, "secagg/session", round_index).to_bytes(8, "little") + \
-            derive_seed(self.run_seed, "secagg/session-2", round_index).to_bytes(8, "little")
+    def session_id(self, round_index: int, attempt: int = 0) -> bytes:
+        """Public and unique per (run, round, attempt), derived from the run seed so a rerun draws the
+        same neighbour graph; the keys stay fresh OS randomness every session."""
+        return derive_seed(self.run_seed, "secagg/session", round_index, attempt).to_bytes(8, "little") + \
+            derive_seed(self.run_seed, "secagg/session-2", round_index, attempt).to_bytes(8, "little")
 
     def params(self, n: int) -> protocols.GraphParams:
         return protocols.choose_params(
             n, dropout_rate=self.design_dropout, authenticated=self.authenticated, complete=self.graph == "complete"
         )
 
-    def aggregate(self, broadcast: Broadcast, uploads: Sequence[Upload], dropouts: Mapping[int, str]) -> Aggregate:
+    # ---- one round -----------------------------------------------------------------------------
+
+    def aggregate(self, broadcast: Broadcast, uploads: Sequence[Upload], dropouts: Mapping[int, str],
+                  *, broadcast_bytes: int) -> Aggregate:
         uploads = sorted(uploads, key=lambda u: u.client_id)
-        ids = [u.client_id for u in uploads]
-        down = broadcast_bytes(broadcast) * len(uploads)
-        if len(uploads) < 2:  # the "sum" of one client would be its update: nothing is aggregated
-            return _empty(broadcast, bytes_down=down)
+        check_uploads(uploads)
         t = broadcast.round
+        down = broadcast_bytes * len(uploads)
+        # unsummed payloads travel in the clear, through the codec, from clients that did not vanish first
+        shared_bytes, shared = 0, {}
+        for u in uploads:
+            if dropouts.get(u.client_id) == "advertise_keys" or not u.shared:
+                continue
+            data = codec.encode_upload(only_shared(u))
+            shared_bytes += len(data)
+            shared[u.client_id] = dict(codec.decode_upload(data).shared)
+        segments = self._segments(uploads[0]) if uploads else []
+        rng = numpy_rng(self.run_seed, "secagg/rounding", t)
+        inputs = {u.client_id: self._ring_vector(u, segments, rng) for u in uploads}
+        clipped = sum(c for _, c in inputs.values())
+        up = received = 0
+        online = [u.client_id for u in uploads]
+        pending = dict(dropouts)
+        for attempt in range(len(uploads)):
+            if len(online) < MIN_COHORT:  # the "sum" of one client would be its update: nothing is aggregated
+                break
+            try:
+                result = protocols.simulate(
+                    [inputs[k][0] for k in online],
+                    dropouts={online.index(k): phase for k, phase in pending.items() if k in online},
+                    params=self.params(len(online)),
+                    authenticated=self.authenticated,
+                    model_hashes=[_hash(uploads, k) for k in online] if self.authenticated else None,
+                    session_id=self.session_id(t, attempt),
+                    round=t,
+                    ring_bits=RING_BITS,
+                )
+            except protocols.BelowThreshold:
+                # Nobody's input is released by an aborted session; retry with the clients still online.
+                # (The aborted session's bytes are not counted: simulate() does not return them.)
+                online = [k for k in online if k not in pending]
+                pending = {}
+                continue
+            up += sum(result.bytes_sent)
+            received += sum(result.bytes_received)
+            contributors = tuple(online[i] for i in result.survivors)
+            sums, weights = self._decode(result.ring_total, segments, len(contributors))
+            return Aggregate(t, sums, weights, contributors, {k: v for k, v in shared.items() if k in contributors},
+                             up + shared_bytes, down + received, clipped)
+        sums, weights = zero_sums(uploads)
+        return Aggregate(t, sums, weights, (), {}, up + shared_bytes, down + received, clipped)
+
+    # ---- ring layout ---------------------------------------------------------------------------
+
+    def _segments(self, upload: Upload) -> list[_Segment]:
+        segments, start = [], 0
+        for name, s in sorted(upload.summed.items()):
+            if s.encoding == "ring":
+                segments.append(_Segment(name, start, s.vector.numel(), None))
+                start += s.vector.numel()
+            else:
+                segments.append(_Segment(name, start, s.vector.numel() + 1, self.quantizer(s.bound)))
+                start += s.vector.numel() + 1
+        return segments
+
+    def _ring_vector(self, upload: Upload, segments: list[_Segment], rng: np.random.Generator) -> tuple[np.ndarray, int]:
+        """One client's ring vector and how many of its values were clipped to the segments' bounds."""
+        out = np.empty(sum(s.length for s in segments), dtype=np.uint32)
         clipped = 0
-        if self.skellam is None:
-            inputs = [_with_weight(u) for u in uploads]
-            clipped = sum(int(np.count_nonzero(np.abs(x) > self.quantizer.clip)) for x in inputs)
-            run = dict(quantizer=self.quantizer, rng=numpy_rng(self.run_seed, "secagg/rounding", t))
-        else:
-            noise_rng = numpy_rng(self.run_seed, "dp-distributed/noise", t)
-            seed = rotation_seed(self.run_seed, t)
-            inputs = [to_ring(encode(u.update.numpy(), self.skellam, rotation_seed=seed, rng=noise_rng), RING_BITS)
-                      for u in uploads]
-            run = dict(ring_bits=RING_BITS)
-        try:
-            result = protocols.simulate(
-                inputs,
-                dropouts={ids.index(k): phase for k, phase in dropouts.items() if k in ids},
-                params=self.params(len(uploads)),
-                authenticated=self.authenticated,
-                model_hashes=[u.model_hash for u in uploads] if self.authenticated else None,
-                session_id=self.session_id(t),
-                round=t,
-                **run,
-            )
-        except protocols.BelowThreshold:
-            # Too few survivors to unmask: the protocol aborts and this round aggregates nothing.
-            return _empty(broadcast, bytes_down=down)
-        survivors = tuple(ids[i] for i in result.survivors)
-        if self.skellam is None:
-            total = torch.from_numpy(result.total[:-1].astype(np.float32))
-            weight = float(result.total[-1])
-        else:
-            total = torch.from_numpy(
-                decode_sum(result.ring_total, self.skellam, rotation_seed=rotation_seed(self.run_seed, t)).astype(np.float32)
-            )
-            weight = float(len(survivors))
-        return Aggregate(t, total, weight, survivors, sum(result.bytes_sent), down + sum(result.bytes_received), clipped)
+        for seg in segments:
+            s: Summand = upload.summed[seg.name]
+            part = out[seg.start : seg.start + seg.length]
+            if seg.quantizer is None:
+                part[:] = to_ring(s.vector.numpy(), RING_BITS)
+                continue
+            values = np.empty(seg.length, dtype=np.float64)
+            values[:-1] = s.vector.numpy()
+            values[:-1] *= s.weight
+            values[-1] = s.weight
+            clipped += int(np.count_nonzero(np.abs(values) > seg.quantizer.clip))
+            part[:] = seg.quantizer.to_ring(values, rng)
+        return out, clipped
+
+    def _decode(self, total: np.ndarray, segments: list[_Segment], contributors: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        sums: dict[str, torch.Tensor] = {}
+        weights: dict[str, float] = {}
+        for seg in segments:
+            part = total[seg.start : seg.start + seg.length]
+            if seg.quantizer is None:
+                sums[seg.name] = torch.from_numpy(part.astype(np.int64))
+                weights[seg.name] = float(contributors)
+            else:
+                decoded = seg.quantizer.from_ring(np.ascontiguousarray(part))
+                sums[seg.name] = torch.from_numpy(decoded[:-1].astype(np.float32))
+                weights[seg.name] = float(decoded[-1])
+        return sums, weights
 
 
-def _with_weight(upload: Upload) -> np.ndarray:
-    vector = np.empty(upload.update.numel() + 1, dtype=np.float64)
-    vector[:-1] = upload.update.numpy()
-    vector[:-1] *= upload.weight
-    vector[-1] = upload.weight
-    return vector
-
-
-def _empty(broadcast: Broadcast, bytes_down: int) -> Aggregate:
-    return Aggregate(broadcast.round, torch.zeros_like(broadcast.weights), 0.0, (), 0, bytes_down)
+def _hash(uploads: Sequence[Upload], client_id: int) -> bytes:
+    upload = next(u for u in uploads if u.client_id == client_id)
+    assert upload.model_hash is not None, "authenticated secure aggregation needs every upload's model hash"
+    return upload.model_hash

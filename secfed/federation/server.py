@@ -1,61 +1,82 @@
-"""The server: picks the cohort, broadcasts the global shared weights, applies the method's server rule."""
+"""The server side of a round: who takes part, what they receive, and the new global state.
+
+It talks to clients only through :class:`~secfed.federation.messages.Broadcast` (out) and the
+channel's :class:`~secfed.federation.messages.Aggregate` (in), so it can live in another process
+than the clients (in-process for ``secfed train``, Flower messages for ``secfed train --flower``).
+
+    select → broadcast → … channel … → apply:
+        decode (distributed DP) → absorb shared payloads → the method's mean → Eq. 15 correction
+        and central noise (privacy plan) → the method's refinement (KD)
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
 
 import torch
 
+from secfed.algorithms.base import Method
 from secfed.federation.messages import Aggregate, Broadcast
 from secfed.models.sharing import SharedLayout
-from secfed.privacy.round import RoundPrivacy
+from secfed.privacy.round import ServerPrivacy
 from secfed.seeding import numpy_rng
 
 
 def select_clients(num_clients: int, round_index: int, run_seed: int, clients_per_round: int = 0) -> list[int]:
     """The round's cohort: K of N uniformly without replacement, seeded by (run, round) — FedPav's
     Alg. 1 (K = 0 means all N). Poisson sampling, which DP accounting may need, is
-    :meth:`secfed.privacy.round.RoundPrivacy.cohort`."""
+    :meth:`secfed.privacy.round.ServerPrivacy.cohort`."""
     rng = numpy_rng(run_seed, "select", round_index)
     k = clients_per_round or num_clients
     return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
 
 
 @dataclass
-class Server:
+class ServerSide:
+    method: Method
     layout: SharedLayout
     weights: torch.Tensor  # the global shared weights, flat float32
-    server_rule: Callable[[torch.Tensor, Aggregate], torch.Tensor]
-    aggregation_weight: Callable[[int], float]  # the method's weight of a client with n_k examples
-    weight_scale: float  # public: 1 / Σ n_k over enrolled clients, so aggregation weights lie in (0, 1]
+    privacy: ServerPrivacy
     enrolled: dict[int, int]  # client id → number of training examples, registered at enrolment
-    weighted: bool  # the method's n_k weighting (else every client weighs 1)
-    privacy: RoundPrivacy
+    weight_scale: float  # public: 1 / Σ n_k, so a client's weight n_k·scale lies in (0, 1]
+    state: dict[str, torch.Tensor] = field(default_factory=dict)  # what the method keeps (e.g. DFS)
+
+    def cohort(self, round_index: int, clients_per_round: int, run_seed: int) -> list[int]:
+        fixed = select_clients(len(self.enrolled), round_index, run_seed, clients_per_round)
+        return self.privacy.cohort(round_index, len(self.enrolled), fixed)
 
     def broadcast(self, round_index: int) -> Broadcast:
-        return Broadcast(round_index, self.weights.clone(), self.layout.fingerprint(), self.weight_scale)
+        return Broadcast(round_index, self.weights.clone(), self.layout.fingerprint(), self.method.payloads(self.state))
 
-    def weight_of(self, client_id: int) -> float:
-        """The aggregation weight of a client's update, a public function of its enrolment: n_k·scale
-        under the method's weighting, 1 for a plain mean and under DP (unit weights)."""
-        if self.privacy.plan.unit_weights or not self.weighted:
-            return 1.0
-        return self.aggregation_weight(self.enrolled[client_id]) * self.weight_scale
+    def received(self, broadcast: Broadcast, client_id: int) -> Broadcast:
+        """What one client receives: the broadcast, its weights noised under Eq. 15 (``double``)."""
+        weights = self.privacy.received(broadcast.weights, broadcast.round, client_id)
+        if weights is broadcast.weights:
+            return broadcast
+        return Broadcast(broadcast.round, weights, broadcast.layout_id, broadcast.payloads)
 
     def apply(self, aggregate: Aggregate) -> None:
-        """New global weights: the method's rule, then the privacy plan's server step.
+        """New global state from the round's aggregate.
 
         Under DP the sum is divided by the plan's fixed denominator and the round is released (noise
         only) even when nobody contributed; otherwise an empty round leaves the weights unchanged.
         """
+        aggregate = self.privacy.decode(aggregate)
+        self.method.absorb(self.state, aggregate)
         denominator = self.privacy.denominator
-        if not aggregate.contributors and denominator is None:
+        if aggregate.empty and denominator is None:
             return
-        if denominator is not None:
-            aggregate = dataclasses.replace(aggregate, weight=denominator)
-        weights = self.server_rule(self.weights, aggregate)
-        contributors = {k: self.weight_of(k) for k in aggregate.contributors}
-        weights = self.privacy.server_update(weights, aggregate.round, contributors, aggregate.weight)
+        weights = self.weights if aggregate.empty else self.method.combine(self.weights, aggregate, denominator)
+        contributors = {k: self.public_weight(k) for k in aggregate.contributors}
+        weights = self.privacy.finish(weights, aggregate.round, contributors)
+        if not aggregate.empty:
+            weights = self.method.refine(weights, aggregate)
         self.weights = weights.to(torch.float32)
+
+    def public_weight(self, client_id: int) -> float:
+        """A contributor's aggregation weight as far as the server can know it: 1 under DP, n_k·scale
+        when the method's weights are the public enrolment sizes (Eq. 15 needs it)."""
+        unit = self.privacy.plan.unit_weights or self.method.cfg.method.aggregation == "unweighted"
+        if unit or not self.method.public_weights:
+            return 1.0
+        return self.enrolled[client_id] * self.weight_scale

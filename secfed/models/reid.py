@@ -100,3 +100,32 @@ class ReIDModel(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.embed(images))
 
+
+
+class MappingNetwork(nn.Sequential):
+    """FedReID's mapping network head (Wu & Gong 2021): FC → BN → ReLU → Dropout; a classifier follows."""
+
+    def __init__(self, in_features: int, dim: int = 512, dropout: float = 0.5) -> None:
+        linear = nn.Linear(in_features, dim)
+        nn.init.kaiming_normal_(linear.weight, a=0, mode="fan_out")
+        nn.init.zeros_(linear.bias)
+        bn = nn.BatchNorm1d(dim)
+        nn.init.normal_(bn.weight, 1.0, 0.02)
+        nn.init.zeros_(bn.bias)
+        super().__init__(linear, bn, nn.ReLU(inplace=True), nn.Dropout(dropout))
+
+
+class MappedReIDModel(ReIDModel):
+    """FedReID's client model: the feature embedding network (the backbone, whose pool-5 output is the
+    ReID feature) and a local mapping network + classifier. Only the backbone is ever shared."""
+
+    def __init__(self, backbone: str = "resnet18", num_classes: int = 1, pretrained: bool = False,
+                 neck_dim: int = 512, dropout: float = 0.5) -> None:
+        super().__init__(backbone, num_classes, pretrained=pretrained, neck_dim=neck_dim, dropout=dropout)
+        self.neck = MappingNetwork(self.neck[0].in_features, neck_dim, dropout)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        return self.backbone(images)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.neck(self.backbone(images)))

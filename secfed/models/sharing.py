@@ -1,13 +1,17 @@
 """The one place that says which tensors leave a client and which stay.
 
+A method names the prefixes of its shared tensors (``Method.shared_prefixes``); this module applies
+the rule:
+
     shared (travels to the server, is aggregated, is what the audit attacks):
-        backbone.* and neck.* weights and biases (FedPav and every method built on it)
-        classifier.* too when the method shares its classifier (FedAvg: one classifier over the
-        union of identities)
-        BatchNorm running_mean / running_var — shared only with ``bn_stats="shared"``
+        tensors under the method's prefixes — backbone.* and neck.* (FedPav, DFH), plus
+        classifier.* (FedAvg: one classifier over the union of identities), backbone.* alone
+        (FedReID: the mapping network stays local)
+        BatchNorm running_mean / running_var under those prefixes — only with ``bn_stats="shared"``
     local (never leaves the client):
-        classifier.* under FedPav; BatchNorm running statistics with ``bn_stats="local"``;
-        every ``num_batches_tracked`` counter (a counter, not a statistic: averaging it is meaningless)
+        everything else (the classifier under FedPav, FedReID's mapping network); BatchNorm running
+        statistics with ``bn_stats="local"``; every ``num_batches_tracked`` counter (a counter, not a
+        statistic: averaging it is meaningless)
 
 A :class:`SharedLayout` fixes the order and shapes, so the shared state can travel as one flat
 float32 vector (what secure aggregation masks) and come back as tensors.
@@ -22,8 +26,6 @@ from typing import Literal
 import torch
 from torch import nn
 
-SHARED_PREFIXES = ("backbone.", "neck.")
-CLASSIFIER_PREFIX = "classifier."
 BN_STAT_SUFFIXES = (".running_mean", ".running_var")
 
 
@@ -88,9 +90,8 @@ class SharedLayout:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def is_shared(name: str, shares_classifier: bool, bn_stats: Literal["shared", "local"]) -> bool:
+def is_shared(name: str, prefixes: tuple[str, ...], bn_stats: Literal["shared", "local"]) -> bool:
     """The rule itself, for one state_dict key."""
-    prefixes = SHARED_PREFIXES + ((CLASSIFIER_PREFIX,) if shares_classifier else ())
     if not name.startswith(prefixes):
         return False
     if name.endswith(".num_batches_tracked"):
@@ -101,13 +102,13 @@ def is_shared(name: str, shares_classifier: bool, bn_stats: Literal["shared", "l
 
 
 def shared_layout(
-    model: nn.Module, shares_classifier: bool, bn_stats: Literal["shared", "local"]
+    model: nn.Module, prefixes: tuple[str, ...], bn_stats: Literal["shared", "local"]
 ) -> SharedLayout:
     params = {name for name, _ in model.named_parameters()}
     segments: list[Segment] = []
     offset = 0
     for name, tensor in model.state_dict().items():
-        if not is_shared(name, shares_classifier, bn_stats):
+        if not is_shared(name, prefixes, bn_stats):
             continue
         if not tensor.is_floating_point():
             raise TypeError(f"shared tensor {name} is {tensor.dtype}; only float tensors can be aggregated")
@@ -115,7 +116,7 @@ def shared_layout(
         segments.append(seg)
         offset += seg.numel
     if not segments:
-        raise ValueError("the model has no tensor under the shared prefixes " + ", ".join(SHARED_PREFIXES))
+        raise ValueError("the model has no tensor under the shared prefixes " + ", ".join(prefixes))
     return SharedLayout(tuple(segments))
 
 

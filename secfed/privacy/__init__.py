@@ -18,15 +18,16 @@ from secfed.privacy.distributed import (
     skellam_params,
     to_ring,
 )
-from secfed.privacy.dpsgd import PrivateTraining, dp_compatible, make_private, plain_name, poisson_schedule
+from secfed.privacy.dpsgd import PrivateTraining, dp_compatible, make_private, plain_name, poisson_schedule, privatise
 from secfed.privacy.ledger import PrivacyLedger
-from secfed.privacy.policy import FLAGS, DpSgdPlan, PrivacyPlan, resolve
+from secfed.privacy.noise import NoiseSource
+from secfed.privacy.policy import DpSgdPlan, PrivacyPlan, resolve
 from secfed.privacy.sampling import poisson_batches, poisson_subset
 from secfed.privacy.skellam import SkellamAccountant
 
 __all__ = [
-    "FLAGS",
     "BetaNoise",
+    "NoiseSource",
     "DpSgdPlan",
     "PrivacyLedger",
     "PrivacyPlan",
@@ -46,6 +47,7 @@ __all__ = [
     "plain_name",
     "poisson_batches",
     "poisson_schedule",
+    "privatise",
     "poisson_subset",
     "resolve",
     "rotation_seed",

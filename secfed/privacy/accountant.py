@@ -101,6 +101,15 @@ class SampledGaussianAccountant:
         self._opacus.history = entries
 
 
+def gaussian_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
+    """ε after ``steps`` releases of the sampled Gaussian mechanism (one Opacus accountant, fresh)."""
+    accountant = SampledGaussianAccountant()
+    if steps > 0:
+        _check_step(noise_multiplier, sample_rate)
+        accountant.opacus.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
+    return accountant.epsilon(delta)
+
+
 def noise_for_target_epsilon(target_epsilon: float, delta: float, sample_rate: float, rounds: int) -> float:
     """The smallest noise multiplier (to Opacus' 0.01 ε tolerance) whose ε after ``rounds`` is ≤ target.
 

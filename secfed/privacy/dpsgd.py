@@ -31,15 +31,21 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from opacus.grad_sample.utils import prepare_module
 from opacus.optimizers import DPOptimizer
+from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from opacus.validators import ModuleValidator
 from torch import nn
 
 from secfed.privacy.accountant import SampledGaussianAccountant
+from secfed.privacy.noise import NoiseSource, gaussian
+from secfed.privacy.sampling import poisson_batches
 
 GRAD_SAMPLE_MODE = "ew"
 _WRAPPER_PREFIX = "_module."
@@ -113,6 +119,24 @@ class PrivateTraining:
         return self.accountant.epsilon(delta)
 
 
+class SecureNoiseDPOptimizer(DPOptimizer):
+    """Opacus' DPOptimizer whose Gaussian noise comes from a :class:`~secfed.privacy.noise.NoiseSource`
+    generator (AES-CTR keyed by OS entropy, floating-point hardened) instead of torch's generator —
+    Opacus' own ``secure_mode`` needs torchcsprng, which is no longer maintained."""
+
+    def __init__(self, *args, noise_generator: np.random.Generator, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.noise_generator = noise_generator
+
+    def add_noise(self) -> None:
+        std = self.noise_multiplier * self.max_grad_norm
+        for p in self.params:
+            _check_processed_flag(p.summed_grad)
+            noise = gaussian(tuple(p.summed_grad.shape), std, self.noise_generator, device=p.summed_grad.device)
+            p.grad = (p.summed_grad + noise.to(p.summed_grad.dtype)).view_as(p)
+            _mark_as_processed(p.summed_grad)
+
+
 def make_private(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -121,15 +145,14 @@ def make_private(
     max_grad_norm: float,
     sample_rate: float,
     expected_batch_size: int,
+    noise_generator: np.random.Generator,
     accountant: SampledGaussianAccountant | None = None,
-    generator: torch.Generator | None = None,
 ) -> PrivateTraining:
     """Wrap ``model`` and ``optimizer`` for DP-SGD (per-example clipping to ``max_grad_norm``, Gaussian
     noise of std ``noise_multiplier · max_grad_norm`` on the sum, averaged over ``expected_batch_size``).
 
     ``optimizer`` must be built over ``model.parameters()``. Pass the client's persistent
-    ``accountant`` so ε accumulates across rounds; ``generator`` seeds the noise (training-side
-    randomness: whoever knows its seed can regenerate the noise).
+    ``accountant`` so ε accumulates across rounds; ``noise_generator`` (from a NoiseSource) draws the noise.
     """
     errors = _layer_errors(model)
     if errors:
@@ -150,13 +173,13 @@ def make_private(
     if model_params != optimised:
         raise ValueError("the optimiser must hold exactly the model's trainable parameters (a private model trains all of them privately)")
     module = prepare_module(model, GRAD_SAMPLE_MODE, batch_first=True, loss_reduction="mean")
-    dp_optimizer = DPOptimizer(
+    dp_optimizer = SecureNoiseDPOptimizer(
         optimizer,
         noise_multiplier=noise_multiplier,
         max_grad_norm=max_grad_norm,
         expected_batch_size=expected_batch_size,
         loss_reduction="mean",
-        generator=generator,
+        noise_generator=noise_generator,
     )
     accountant = accountant if accountant is not None else SampledGaussianAccountant()
     dp_optimizer.attach_step_hook(accountant.opacus.get_optimizer_hook_fn(sample_rate=sample_rate))
@@ -165,12 +188,40 @@ def make_private(
 
 @dataclass
 class ClientDpSgd:
-    """One client's example-level DP-SGD settings and its accountant, kept across rounds."""
+    """One client's example-level DP-SGD settings, its accountant (kept across rounds) and where its
+    noise comes from."""
 
     noise_multiplier: float
     max_grad_norm: float
     delta: float
     accountant: SampledGaussianAccountant
+    noise: NoiseSource
 
     def epsilon(self) -> float:
         return self.accountant.epsilon(self.delta)
+
+
+@dataclass
+class PrivateLoop:
+    """The three parts of a local training loop that DP-SGD replaces: module, optimiser, batches."""
+
+    module: nn.Module
+    optimizer: DPOptimizer
+    batches: Iterator[torch.Tensor]
+    empty_step: Callable[[], None]
+
+
+def privatise(model: nn.Module, optimizer: torch.optim.Optimizer, dp: ClientDpSgd, num_examples: int,
+              schedule: Any, generator: torch.Generator) -> PrivateLoop:
+    """DP-SGD for a local loop: Poisson batches of expected size B (rate q = B/n, round(1/q) steps per
+    epoch), per-example clipping, secure Gaussian noise, every step accounted in ``dp.accountant``.
+    ``generator`` (training randomness) draws the batches; the noise comes from ``dp.noise``."""
+    rate, steps_per_epoch = poisson_schedule(num_examples, schedule.batch_size)
+    private = make_private(
+        model, optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
+        sample_rate=rate, expected_batch_size=schedule.batch_size, accountant=dp.accountant,
+        noise_generator=dp.noise.generator("dp-sgd"),
+    )
+    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    batches = (torch.from_numpy(b) for b in poisson_batches(num_examples, rate, steps_per_epoch * schedule.epochs, rng))
+    return PrivateLoop(private.module, private.optimizer, batches, private.empty_step)

@@ -31,11 +31,16 @@ class PrivacyLedger:
         noise_multiplier: float | None = None,
         sample_rate: float | None = None,
         skellam: SkellamParams | None = None,
+        accounted_delta: float | None = None,
     ) -> None:
         if not 0 < delta < 1:
             raise ValueError(f"δ must lie in (0, 1), got {delta}")
         self.mechanism = mechanism
         self.delta = delta
+        # δ handed to the accountant; smaller than δ when the plan folds an event into δ (see policy)
+        self.accounted_delta = delta if accounted_delta is None else accounted_delta
+        if not 0 < self.accounted_delta <= delta:
+            raise ValueError(f"accounted δ must lie in (0, δ], got {self.accounted_delta}")
         self.rounds = 0
         self._accountant: SampledGaussianAccountant | SkellamAccountant
         if mechanism == "gaussian":
@@ -65,7 +70,7 @@ class PrivacyLedger:
 
     def epsilon(self) -> float:
         """ε at the plan's δ after the rounds recorded so far."""
-        return self._accountant.epsilon(self.delta)
+        return self._accountant.epsilon(self.accounted_delta)
 
     def metrics(self) -> dict[str, Any]:
         """What a metrics.jsonl line and the run summary carry."""

@@ -1,82 +1,71 @@
 """The front door: a run's privacy settings, checked and resolved into one :class:`PrivacyPlan`.
 
     plan = resolve(cfg.privacy, num_clients=N, clients_per_round=K, rounds=T, aggregation="unweighted",
-                   secagg=True, bn_stats="local", model_dim=layout.size, ring_bits=b)
-    for line in plan.statements: print(line)      # what the CLI and the run summary say
-    plan.check_noise_mask(layout.trainable_mask())
+                   secagg=True, bn_stats="local", model_dim=layout.size, quantiser_scale=channel.scale)
+    for line in plan.statements: print(line)      # what the CLI and the run summary say, once
     ledger = plan.ledger()                        # None when no ε may be claimed
-
-One round with it (names from :mod:`secfed.privacy`):
-
-    cohort   poisson_subset(N, plan.sample_rate, rng) if plan.sampling == "poisson", else K of N
-    send     BetaNoise(plan.aggregate_noise_std, plan.beta_mode, mask, seed).broadcast(θ, t, i)
-    client   Δ ← clip_l2(Δ, plan.clip)[0] when plan.clip; weight 1 when plan.unit_weights;
-             under plan.skellam: to_ring(encode(Δ, plan.skellam, rotation_seed=rotation_seed(seed, t), rng), b)
-    server   Σ (decode_sum(...) under plan.skellam) / plan.denominator (or Σ weights when None),
-             then BetaNoise.aggregate (std plan.aggregate_noise_std); ledger.record_round(len(contributors))
-
-Every inconsistent combination is refused with :class:`~secfed.config.ConfigError` naming the flag
-to change; :data:`FLAGS` maps config fields to the flags the CLI exposes.
 
 What a claimed ε means. Client-level (ε, δ): neighbouring runs differ in one client's data.
 
 * Poisson client sampling (rate q): adjacency add/remove one client; Opacus' RDP of the sampled
-  Gaussian mechanism (amplified by q).
+  Gaussian mechanism (Mironov, Talwar & Zhang 2019), which holds for any function of the sample
+  whose ℓ2 sensitivity is bounded.
 * Fixed K-of-N selection: adjacency zero-out (one client's clipped update replaced by zero); no
-  amplification (q = 1 in the accountant). Conditioned on any selection the round is a Gaussian
-  mechanism of sensitivity C, so the unamplified bound holds whatever the selection — a valid,
-  conservative figure. A Poisson ε is never reported for fixed-size selection.
+  amplification (q = 1 in the accountant): conditioned on any selection the round is a Gaussian
+  mechanism of sensitivity C.
 * Distributed Skellam noise: zero-out adjacency, no amplification (see :mod:`.distributed`).
 
-Under DP every client counts equally: the caller gives each client aggregation weight 1 and divides
-the sum by the fixed :attr:`PrivacyPlan.denominator` W (K for fixed selection, the *expected* cohort
-q·N under Poisson sampling) — never by the realised head count or Σ weights, which depend on who
-showed up. Central noise (β, DP-FedAvg) trusts the server: it sees the noise-free sum even under
-secure aggregation; only ``--dp-distributed`` hides it.
+Two effects of secure aggregation enter the analysis, so that the printed ε bounds what the code
+does, not an idealised mechanism:
+
+* **Rounding.** The channel's stochastic rounding can lengthen a clipped update to C + √d/s. The
+  accountant is given the noise relative to that bound, and a target ε is calibrated on that same
+  value — last, so the printed ε never exceeds the target.
+* **Rounds that release no sum.** Secure aggregation never "aggregates" a single client: with fewer
+  than two clients left the round releases noise only. Under fixed selection that rule does not
+  depend on anyone's data. Under Poisson sampling it does: whether a client was sampled can decide
+  whether the others' sum appears at all. The plan covers it one of two ways, whichever gives the
+  smaller ε: (a) the skip event's probability p per round (cohort of N − 1 others thinned by the
+  design dropout rate below two) is folded into δ — δ_accounted + T·(1 + e^ε)·p ≤ δ, a total-
+  variation argument — or, when p is not negligible, (b) the sum's sensitivity is taken as 2C (adding
+  one client changes Σ_S x·[|S| ≥ 2] by at most two clipped updates), i.e. the accountant's noise
+  multiplier is halved. A round the protocol aborts is retried among the clients still online
+  (:mod:`secfed.federation.secure_channel`), so the only skip rule is the one analysed.
+
+Under DP every client counts equally: aggregation weight 1 and a fixed denominator W (K for fixed
+selection, the *expected* cohort q·N under Poisson sampling) — never the realised head count.
+Central noise (β, DP-FedAvg) trusts the server: it sees the noise-free sum even under secure
+aggregation; only ``--dp-distributed`` hides it. Every noise is drawn from :mod:`.noise`
+(AES-CTR keyed by OS entropy) unless `privacy.reproducible_noise` asks otherwise.
+
+Problems name configuration keys (``privacy.clip``), never flags; :mod:`secfed.config` explains.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from secfed.config import ConfigError, PrivacyConfig
+from secfed.config import ConfigError, ConfigIssue, PrivacyConfig
 from secfed.privacy import distributed
-from secfed.privacy.accountant import noise_for_target_epsilon
+from secfed.privacy.accountant import gaussian_epsilon, noise_for_target_epsilon
 from secfed.privacy.distributed import RingTooSmall, SkellamParams, skellam_params
 from secfed.privacy.dpsgd import poisson_schedule
 from secfed.privacy.ledger import PrivacyLedger
 
-Mechanism = Literal["none", "beta", "gaussian", "skellam"]
+if TYPE_CHECKING:
+    from secfed.config import RunConfig
 
-FLAGS: dict[str, str] = {
-    "dp_beta": "--dp-beta",
-    "dp_beta_mode": "--dp-beta-mode",
-    "clip": "--clip",
-    "noise_multiplier": "--noise-multiplier",
-    "target_epsilon": "--target-epsilon",
-    "delta": "--delta",
-    "sampling": "--sampling",
-    "sample_rate": "--sample-rate",
-    "distributed": "--dp-distributed",
-    "dp_sgd": "--dp-sgd",
-    "dp_sgd_noise_multiplier": "--dp-sgd-noise-multiplier",
-    "dp_sgd_clip": "--dp-sgd-clip",
-    "dp_sgd_target_epsilon": "--dp-sgd-target-epsilon",
-    "dp_sgd_delta": "--dp-sgd-delta",
-    "clients_per_round": "--clients-per-round",
-    "bn_stats": "--bn-stats",
-    "aggregation": "--aggregation",
-    "algorithm": "--algorithm",
-    "secagg": "--secagg",
-}
+Mechanism = Literal["none", "beta", "gaussian", "skellam"]
+SkipRule = Literal["none", "delta", "sensitivity"]
 
 DEFAULT_DELTA_CAP = 1e-5
+MIN_SECURE_COHORT = 2  # secure aggregation never "aggregates" one client: that sum would be its update
+DESIGN_DROPOUT = 0.1  # the dropout rate secure aggregation's parameters are chosen for, at least
 
 NOT_DP = "β noise alone is not differential privacy: nothing bounds a client's contribution, so no ε is claimed."
 CENTRAL_TRUST = (
@@ -84,10 +73,23 @@ CENTRAL_TRUST = (
     "not the sum); the ε protects against everyone who sees only the released models. --dp-distributed hides the sum too."
 )
 SKELLAM_ADJACENCY = "zero-out (one client's clipped update replaced by zero), no amplification by sampling claimed"
-SEEDED_NOISE = (
-    "DP noise is drawn from generators seeded by the run seed (reproducible runs): the guarantee holds only "
-    "against parties who do not know the run seed."
-)
+SECURE_NOISE = ("Privacy noise is drawn from AES-CTR keyed with fresh OS entropy; nothing in the run directory "
+                "(seed, checkpoints, logs) reproduces it.")
+REPRODUCIBLE_NOISE = ("NOT PRIVATE: privacy noise is drawn from the run seed (`privacy.reproducible_noise`); "
+                      "anyone who knows the seed can remove it. Use only for experiments.")
+NOT_COVERED = ("Not covered by any ε: the training logs' per-round timings, byte counts and evaluation scores, "
+               "and the local-only baselines (metrics.jsonl labels them `outside_epsilon`).")
+
+# the configuration keys the plan's refusals name
+KEY = {name: f"privacy.{name}" for name in PrivacyConfig.model_fields}
+KEY.update({"clients_per_round": "schedule.clients_per_round", "bn_stats": "model.bn_stats",
+            "aggregation": "method.aggregation", "algorithm": "method.algorithm", "secagg": "secagg.enabled",
+            "rounds": "schedule.rounds"})
+
+
+def ref(name: str) -> str:
+    """`` `privacy.clip` ``: how a message refers to another setting (rendered as a flag or a TOML key)."""
+    return f"`{KEY[name]}`"
 
 
 def default_delta(units: int) -> float:
@@ -96,7 +98,7 @@ def default_delta(units: int) -> float:
 
 
 def checked_delta(delta: float | None, units: int, field: str, unit_name: str) -> float:
-    """``delta``, or :func:`default_delta` when None; δ ≥ 1/N is refused, naming the flag behind ``field``.
+    """``delta``, or :func:`default_delta` when None; δ ≥ 1/N is refused, naming the setting behind ``field``.
 
     δ ≥ 1/N admits a mechanism that publishes one of the N units (examples or clients) in the clear.
     """
@@ -104,16 +106,11 @@ def checked_delta(delta: float | None, units: int, field: str, unit_name: str) -
         return default_delta(units)
     if delta >= 1 / units:
         raise ConfigError(
-            FLAGS[field],
+            KEY[field],
             f"δ = {delta:g} ≥ 1/N = {1 / units:.3g} ({units} {unit_name}) allows a mechanism that publishes one of "
             f"the {unit_name} in the clear; use δ < 1/N, e.g. {default_delta(units):.3g}",
         )
     return delta
-
-
-def _positive(value: float | None, field: str) -> None:
-    if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ConfigError(FLAGS[field], f"must be a positive finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -146,7 +143,7 @@ class DpSgdPlan:
 class PrivacyPlan:
     """Everything the round loop needs to apply the run's privacy settings, and what to say about them."""
 
-    mechanism: Mechanism  # whose noise goes on the aggregate: none, β (seed), DP-FedAvg Gaussian, Skellam
+    mechanism: Mechanism  # whose noise goes on the aggregate: none, β, DP-FedAvg Gaussian, Skellam
     sampling: Literal["fixed", "poisson"]
     sample_rate: float  # each client's chance to be in a round (K/N under fixed selection)
     clients_per_round: int | None  # K under fixed selection; None under Poisson sampling
@@ -156,25 +153,31 @@ class PrivacyPlan:
     beta: float
     beta_mode: Literal["single", "double"]  # Eq. 15 broadcast noise ("double") applies to β only
     aggregate_noise_std: float  # std the server adds to each trainable coordinate of the new mean
-    noise_multiplier: float | None  # client-level z (None when nothing bounds a contribution)
+    noise_multiplier: float | None  # z of the noise actually added (std z·C on the sum)
+    accounting_noise_multiplier: float | None  # z the accountant is given (rounding, skip rule applied)
     claims_epsilon: bool
-    delta: float | None
+    delta: float | None  # the δ the printed ε holds at
+    accounted_delta: float | None  # the δ handed to the accountant (δ minus the skip term under rule "delta")
+    skip_rule: SkipRule
+    skip_probability: float  # per round, the probability a Poisson round releases no sum (rule "delta")
     accounting_sample_rate: float | None  # q the accountant uses (1.0: no amplification claimed)
     adjacency: str | None
     skellam: SkellamParams | None
     dp_sgd: DpSgdPlan | None
     rounds: int
+    reproducible_noise: bool
     statements: tuple[str, ...]
 
     def ledger(self) -> PrivacyLedger | None:
         """A fresh client-level ledger, or None when no ε is claimed."""
         if not self.claims_epsilon:
             return None
-        assert self.delta is not None
+        assert self.delta is not None and self.accounted_delta is not None
         if self.mechanism == "skellam":
             return PrivacyLedger("skellam", self.delta, skellam=self.skellam)
         return PrivacyLedger(
-            "gaussian", self.delta, noise_multiplier=self.noise_multiplier, sample_rate=self.accounting_sample_rate
+            "gaussian", self.delta, noise_multiplier=self.accounting_noise_multiplier,
+            sample_rate=self.accounting_sample_rate, accounted_delta=self.accounted_delta,
         )
 
     def check_noise_mask(self, trainable_mask: torch.Tensor) -> None:
@@ -189,32 +192,119 @@ class PrivacyPlan:
                 "the claimed ε would be false — share only trainable weights under DP"
             )
 
-    def for_quantised_channel(self, *, scale: float, dim: int) -> PrivacyPlan:
-        """The plan to use when central noise is added to a sum that went through secure aggregation's
-        float quantiser (``scale`` ring units per 1.0, stochastic rounding, ``dim`` coordinates).
-
-        Rounding moves each coordinate by < 1/scale, so a client's contribution to the dequantised sum
-        is bounded by C + √d/scale, not C. The noise added stays z·C; the accountant is told the smaller
-        effective multiplier z·C / (C + √d/scale). Plans without central-noise claims come back unchanged.
-        """
-        if not (self.claims_epsilon and self.mechanism in ("beta", "gaussian")):
-            return self
-        if not (math.isfinite(scale) and scale > 0) or dim < 1:
-            raise ValueError(f"need a positive quantisation scale and dimension, got {scale} and {dim}")
-        assert self.clip is not None and self.noise_multiplier is not None
-        bound = self.clip + math.sqrt(dim) / scale
-        effective = self.noise_multiplier * self.clip / bound
-        note = (
-            f"Secure aggregation's rounding can lengthen a clipped update to {bound:.6g}; "
-            f"ε is accounted with the effective noise multiplier {effective:.6g}."
-        )
-        return dataclasses.replace(self, noise_multiplier=effective, statements=self.statements + (note,))
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary for the run directory and ``--json``."""
         out = asdict(self)
         out["statements"] = list(self.statements)
         return out
+
+
+# ---- checks that need no data ----------------------------------------------------------------------
+
+
+def static_issues(cfg: RunConfig) -> list[ConfigIssue]:
+    """Every privacy rule that can be checked before any data is read (used by :func:`secfed.config.check`)."""
+    p = cfg.privacy
+    issues = list(_combination_issues(p, secagg=cfg.secagg.enabled, clients_per_round=cfg.schedule.clients_per_round))
+    formal = p.noise_multiplier is not None or p.target_epsilon is not None or p.distributed
+    for key, why in _blockers(cfg.method.aggregation, cfg.model.bn_stats, p.dp_sgd, _method_extras(cfg)):
+        if formal:
+            issues.append(ConfigIssue(key, f"client-level DP is on, but {why}"))
+    m = cfg.method
+    if p.dp_sgd:
+        if m.cdw:
+            issues.append(ConfigIssue("method.cdw", "cosine distance weights are computed from the client's private "
+                                      "images outside DP-SGD, so example-level DP would not cover them"))
+        if m.algorithm in ("fedreid", "dfh"):
+            issues.append(ConfigIssue(KEY["dp_sgd"], f"DP-SGD is implemented for fedpav and fedavg; {m.algorithm}'s "
+                                      "local losses (expert distillation, batch-hard triplets) are not per-example"))
+    if p.dp_beta_mode == "double" and m.cdw:
+        issues.append(ConfigIssue(KEY["dp_beta_mode"], "Eq. 15's correction needs the aggregation weights, which "
+                                  "cosine distance weights keep secret inside the masked sum"))
+    return issues
+
+
+def _method_extras(cfg: RunConfig) -> list[str]:
+    """What the method uploads besides the clipped shared update (no client-level noise covers it)."""
+    extras = []
+    if cfg.method.kd:
+        extras.append("KD soft labels (features on the public set)")
+    return extras
+
+
+def _blockers(aggregation: str, bn_stats: str, dp_sgd: bool, extras: Sequence[str]) -> list[tuple[str, str]]:
+    """What would make a client-level ε false even with clipping and noise in place."""
+    out = []
+    if aggregation == "weighted":
+        out.append((KEY["aggregation"], "data-dependent aggregation weights (n_k or cosine distance) let one client "
+                    "weigh more than its clipped update; DP uses weight 1 per client and a fixed denominator"))
+    if bn_stats == "shared" and not dp_sgd:
+        out.append((KEY["bn_stats"], "BatchNorm running statistics are shared without noise; use local"))
+    if extras:
+        out.append((KEY["algorithm"], f"{', '.join(extras)} would be uploaded without noise"))
+    return out
+
+
+def _number_issues(cfg: PrivacyConfig) -> Iterable[ConfigIssue]:
+    if cfg.dp_beta_mode == "double" and cfg.dp_beta == 0:
+        yield ConfigIssue(KEY["dp_beta_mode"], f"'double' adds β noise to what clients receive, but {ref('dp_beta')} is 0")
+
+
+def _combination_issues(cfg: PrivacyConfig, *, secagg: bool, clients_per_round: int) -> Iterable[ConfigIssue]:
+    yield from _number_issues(cfg)
+    if cfg.noise_multiplier is not None and cfg.target_epsilon is not None:
+        yield ConfigIssue(KEY["target_epsilon"], f"give either {ref('noise_multiplier')} or {ref('target_epsilon')}, not both")
+    if cfg.noise_multiplier is not None and cfg.clip is None:
+        yield ConfigIssue(KEY["noise_multiplier"], f"a noise multiplier is relative to the clip norm: add {ref('clip')}")
+    if cfg.target_epsilon is not None and cfg.clip is None:
+        yield ConfigIssue(KEY["target_epsilon"], f"ε requested without clipping: nothing bounds a client's contribution; "
+                          f"add {ref('clip')}")
+    if cfg.target_epsilon is not None and cfg.delta is None:
+        yield ConfigIssue(KEY["delta"], f"{ref('target_epsilon')} needs {ref('delta')} (an ε means nothing without its δ)")
+    if cfg.dp_beta > 0 and (cfg.noise_multiplier is not None or cfg.target_epsilon is not None):
+        yield ConfigIssue(KEY["dp_beta"], f"β and {ref('noise_multiplier')}/{ref('target_epsilon')} would both set the "
+                          f"server's noise; with {ref('clip')}, β already is the noise multiplier z = W·β/C — give one")
+    if cfg.distributed:
+        if not secagg:
+            yield ConfigIssue(KEY["distributed"], "distributed noise needs secure aggregation (the clients' noise shares "
+                              f"only add up to privacy inside a masked sum); turn {ref('secagg')} on")
+        if cfg.dp_beta > 0:
+            yield ConfigIssue(KEY["dp_beta"], f"β is the server's noise; with {ref('distributed')} the clients add the "
+                              "noise — give one")
+        if cfg.clip is None:
+            yield ConfigIssue(KEY["distributed"], f"distributed noise is calibrated to the clip norm: add {ref('clip')}")
+        if cfg.noise_multiplier is None and cfg.target_epsilon is None:
+            yield ConfigIssue(KEY["distributed"], f"say how much noise: {ref('noise_multiplier')} or "
+                              f"{ref('target_epsilon')} with {ref('delta')}")
+    if cfg.sampling == "fixed" and cfg.sample_rate is not None:
+        yield ConfigIssue(KEY["sample_rate"], "a sampling rate describes Poisson sampling, but clients are selected "
+                          f"K-of-N ({ref('sampling')} fixed); a Poisson ε would be false for that — use poisson")
+    if cfg.sampling == "poisson" and cfg.sample_rate is None and clients_per_round == 0:
+        yield ConfigIssue(KEY["sample_rate"], f"{ref('sampling')} poisson needs a rate q (or "
+                          f"{ref('clients_per_round')} K as the expected cohort, q = K/N)")
+    yield from _dp_sgd_issues(cfg)
+
+
+def _dp_sgd_issues(cfg: PrivacyConfig) -> Iterable[ConfigIssue]:
+    if not cfg.dp_sgd:
+        for field in ("dp_sgd_noise_multiplier", "dp_sgd_target_epsilon", "dp_sgd_delta"):
+            if getattr(cfg, field) is not None:
+                yield ConfigIssue(KEY[field], f"has no effect without {ref('dp_sgd')}")
+        return
+    if (cfg.dp_sgd_noise_multiplier is None) == (cfg.dp_sgd_target_epsilon is None):
+        yield ConfigIssue(KEY["dp_sgd"], f"give exactly one of {ref('dp_sgd_noise_multiplier')} and "
+                          f"{ref('dp_sgd_target_epsilon')}")
+    if cfg.dp_sgd_target_epsilon is not None and cfg.dp_sgd_delta is None:
+        yield ConfigIssue(KEY["dp_sgd_delta"], f"{ref('dp_sgd_target_epsilon')} needs {ref('dp_sgd_delta')}")
+
+
+def _raise(issues: Iterable[ConfigIssue]) -> None:
+    issues = list(issues)
+    if issues:
+        raise ConfigError(issues)
+
+
+# ---- the plan ------------------------------------------------------------------------------------
 
 
 def resolve(
@@ -228,18 +318,40 @@ def resolve(
     bn_stats: Literal["shared", "local"],
     extra_uploads: Sequence[str] = (),
     model_dim: int | None = None,
+    quantiser_scale: float | None = None,
     ring_bits: int = 32,
+    design_dropout: float = DESIGN_DROPOUT,
 ) -> PrivacyPlan:
     """Check ``cfg`` against the run and derive the privacy plan.
 
     ``clients_per_round``: K, 0 = every client. ``aggregation``: "weighted" when the method's
     aggregation weights depend on client data (n_k, cosine distance). ``extra_uploads``: names of
-    anything else a client uploads (KD soft labels, feature statistics) — no noise covers them.
-    ``model_dim`` (length of the shared vector) and ``ring_bits`` are needed for ``--dp-distributed``.
+    anything else a client uploads that client-level noise does not cover (KD soft labels).
+    ``model_dim`` (length of the shared vector) is needed for ``distributed`` and, with
+    ``quantiser_scale`` (secure aggregation's ring units per 1.0), for central noise under secure
+    aggregation. ``design_dropout``: the dropout rate secure aggregation is dimensioned for.
     """
-    _check_values(cfg, num_clients=num_clients, clients_per_round=clients_per_round, rounds=rounds)
-    _check_combinations(cfg, secagg=secagg)
-    dp_sgd = _dp_sgd_plan(cfg)
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be ≥ 1, got {num_clients}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be ≥ 1, got {rounds}")
+    issues = list(_combination_issues(cfg, secagg=secagg, clients_per_round=clients_per_round))
+    if not 0 <= clients_per_round <= num_clients:
+        issues.append(ConfigIssue(KEY["clients_per_round"], f"must lie in [0, {num_clients}] (0 = every client), "
+                                  f"got {clients_per_round}"))
+    if cfg.sampling == "poisson" and cfg.sample_rate is not None and clients_per_round and \
+            not math.isclose(cfg.sample_rate * num_clients, clients_per_round):
+        issues.append(ConfigIssue(KEY["clients_per_round"], f"under Poisson sampling the cohort is random with mean "
+                                  f"q·N = {cfg.sample_rate * num_clients:g}; it contradicts {clients_per_round} — "
+                                  "give one of the two"))
+    formal = cfg.noise_multiplier is not None or cfg.target_epsilon is not None
+    blockers = _blockers(aggregation, bn_stats, cfg.dp_sgd, extra_uploads)
+    if formal:
+        issues += [ConfigIssue(key, f"client-level DP is on, but {why}") for key, why in blockers]
+    _raise(issues)
+
+    dp_sgd = None if not cfg.dp_sgd else DpSgdPlan(cfg.dp_sgd_clip, cfg.dp_sgd_noise_multiplier,
+                                                   cfg.dp_sgd_target_epsilon, cfg.dp_sgd_delta)
     sampling, sample_rate, fixed_k = _selection(cfg, num_clients, clients_per_round)
     denominator_if_dp = float(fixed_k) if fixed_k is not None else sample_rate * num_clients
     accounting_rate = sample_rate if sampling == "poisson" else 1.0
@@ -249,36 +361,33 @@ def resolve(
         else "zero-out (one client's clipped update replaced by zero), fixed K-of-N selection, "
         "no amplification by sampling claimed (q = 1)"
     )
-
-    # What would make an ε false even with clipping and noise in place.
-    blockers: list[tuple[str, str]] = []
-    if aggregation == "weighted":
-        blockers.append((FLAGS["aggregation"], "data-dependent aggregation weights (n_k or cosine distance) let one "
-                         "client weigh more than its clipped update; DP uses weight 1 per client and a fixed denominator"))
-    if bn_stats == "shared" and not cfg.dp_sgd:
-        blockers.append((FLAGS["bn_stats"], "BatchNorm running statistics are shared without noise; use --bn-stats local"))
-    if extra_uploads:
-        blockers.append((FLAGS["algorithm"], f"{', '.join(extra_uploads)} would be uploaded without noise"))
-
-    formal = cfg.noise_multiplier is not None or cfg.target_epsilon is not None
-    if formal and blockers:
-        flag, why = blockers[0]
-        raise ConfigError(flag, f"client-level DP is on, but {why}")
-    wants_epsilon = formal or (cfg.dp_beta > 0 and cfg.clip is not None)
+    wants_epsilon = formal or cfg.distributed or (cfg.dp_beta > 0 and cfg.clip is not None)
     delta = checked_delta(cfg.delta, num_clients, "delta", "clients") if wants_epsilon else None
 
     statements: list[str] = []
     skellam: SkellamParams | None = None
     noise_multiplier: float | None = None
+    accounting_z: float | None = None
+    accounted_delta = delta
+    skip_rule: SkipRule = "none"
+    skip_p = 0.0
     claims = False
     aggregate_std = 0.0
     mechanism: Mechanism = "none"
+    # Central noise: the rounding bound of the secure channel, and the Poisson skip rule.
+    inflation = 1.0
+    if secagg and quantiser_scale is not None and cfg.clip is not None and model_dim is not None:
+        inflation = (cfg.clip + math.sqrt(model_dim) / quantiser_scale) / cfg.clip
+    poisson_skips = secagg and sampling == "poisson"
+    if poisson_skips:
+        skip_p = _skip_probability(num_clients, sample_rate, design_dropout)
 
     if cfg.distributed:
         mechanism, claims = "skellam", True
         accounting_rate, adjacency = 1.0, SKELLAM_ADJACENCY
+        assert delta is not None
         skellam = _skellam(cfg, delta, rounds, fixed_k, sample_rate, num_clients, model_dim, ring_bits)
-        noise_multiplier = skellam.noise_multiplier
+        noise_multiplier = accounting_z = skellam.noise_multiplier
         statements.append(
             f"Distributed DP: each client clips its whole shared update to L2 ≤ C = {cfg.clip:g} and adds its share of "
             f"Skellam noise in the integer ring Z_2^{ring_bits} before masking, so the unmasked sum carries noise std "
@@ -289,21 +398,49 @@ def resolve(
             f"(ε, δ = {delta:.3g}) by the Skellam RDP bound (Agarwal, Kairouz & Liu 2021), per round without amplification "
             "by sampling, zero-out adjacency, counting only the noise shares of clients whose input reached the sum."
         )
-    elif formal:
-        mechanism, claims = "gaussian", True
+    elif formal or (cfg.dp_beta > 0 and cfg.clip is not None and not blockers):
+        mechanism = "gaussian" if formal else "beta"
+        claims = True
         assert cfg.clip is not None and delta is not None
-        noise_multiplier = (
-            cfg.noise_multiplier
-            if cfg.noise_multiplier is not None
-            else noise_for_target_epsilon(cfg.target_epsilon, delta, accounting_rate, rounds)  # type: ignore[arg-type]
-        )
+        if cfg.target_epsilon is not None:
+            noise_multiplier, accounting_z, accounted_delta, skip_rule = _calibrate(
+                cfg.target_epsilon, delta, accounting_rate, rounds, inflation, skip_p if poisson_skips else None)
+        else:
+            noise_multiplier = cfg.noise_multiplier if formal else denominator_if_dp * cfg.dp_beta / cfg.clip
+            accounting_z, accounted_delta, skip_rule = _account_fixed(
+                noise_multiplier / inflation, delta, accounting_rate, rounds, skip_p if poisson_skips else None)
         aggregate_std = noise_multiplier * cfg.clip / denominator_if_dp
-        statements.append(
-            f"Client-level DP (DP-FedAvg, McMahan et al. 2018): each client's whole shared update is clipped to "
-            f"L2 ≤ C = {cfg.clip:g}; the server adds N(0, (z·C)²) with z = {noise_multiplier:.4g} to the unweighted sum "
-            f"and divides by W = {denominator_if_dp:g}."
-        )
+        if formal:
+            statements.append(
+                f"Client-level DP (DP-FedAvg, McMahan et al. 2018): each client's whole shared update is clipped to "
+                f"L2 ≤ C = {cfg.clip:g}; the server adds N(0, (z·C)²) with z = {noise_multiplier:.4g} to the unweighted "
+                f"sum and divides by W = {denominator_if_dp:g}."
+            )
+        else:
+            eqs = "Eq. 14" if cfg.dp_beta_mode == "single" else "Eqs. 14 and 15"
+            statements.append(
+                f"β = {cfg.dp_beta:g} white noise (Wu & Gong 2021, {eqs}) on the trainable shared weights; with "
+                f"clipping to L2 ≤ {cfg.clip:g} and the unweighted mean over W = {denominator_if_dp:g} clients it is a "
+                f"Gaussian mechanism with noise multiplier z = W·β/C = {noise_multiplier:.4g}."
+            )
+            if cfg.dp_beta_mode == "double":
+                statements.append("The per-client broadcast noise of Eq. 15 is post-processing: it does not lower the "
+                                  "accounted ε.")
         statements.append(f"(ε, δ = {delta:.3g}) by Opacus' RDP accountant, adjacency {adjacency}.")
+        if inflation > 1.0:
+            statements.append(
+                f"Secure aggregation's rounding can lengthen a clipped update to {cfg.clip * inflation:.6g}; the "
+                f"accountant is given the noise relative to that bound (z = {noise_multiplier / inflation:.6g}).")
+        if skip_rule == "delta":
+            statements.append(
+                f"A Poisson round with fewer than {MIN_SECURE_COHORT} clients left releases no sum (probability ≤ "
+                f"{skip_p:.3g} per round); that event is folded into δ: the accountant runs at δ = "
+                f"{accounted_delta:.3g}.")
+        elif skip_rule == "sensitivity":
+            statements.append(
+                f"A Poisson round with fewer than {MIN_SECURE_COHORT} clients left releases no sum, so one client can "
+                "decide whether another's update is released: the sum's sensitivity is taken as 2C (accountant's "
+                f"noise multiplier {accounting_z:.4g}).")
         statements.append(CENTRAL_TRUST)
     elif cfg.dp_beta > 0:
         mechanism = "beta"
@@ -314,22 +451,11 @@ def resolve(
             + (" and, fresh per client, on what each client receives." if cfg.dp_beta_mode == "double" else ".")
         )
         if cfg.clip is None:
-            statements.append(NOT_DP + f" Add {FLAGS['clip']} C to bound it.")
-        elif blockers:
+            statements.append(NOT_DP + f" Add {ref('clip')} to bound it.")
+        else:
             statements.append(
                 f"Clipped to L2 ≤ {cfg.clip:g}, but no ε is claimed: " + "; ".join(why for _, why in blockers) + "."
             )
-        else:
-            claims = True
-            noise_multiplier = denominator_if_dp * cfg.dp_beta / cfg.clip
-            statements.append(
-                f"With {FLAGS['clip']} {cfg.clip:g} and the unweighted mean over W = {denominator_if_dp:g} clients, β is a "
-                f"Gaussian mechanism with noise multiplier z = W·β/C = {noise_multiplier:.4g}; (ε, δ = {delta:.3g}) by "
-                f"Opacus' RDP accountant, adjacency {adjacency}."
-            )
-            if cfg.dp_beta_mode == "double":
-                statements.append("The per-client broadcast noise of Eq. 15 is post-processing: it does not lower the accounted ε.")
-            statements.append(CENTRAL_TRUST)
     elif cfg.clip is not None:
         statements.append(f"Updates are clipped to L2 ≤ {cfg.clip:g} but not noised: clipping alone is not differential privacy.")
     elif cfg.dp_sgd:
@@ -348,8 +474,10 @@ def resolve(
             f"{noise}, Poisson batches; each client's (ε, δ) over its own examples (add/remove one example) is accounted "
             "separately. BatchNorm is replaced by GroupNorm in every model."
         )
+    if claims or dp_sgd is not None or mechanism == "beta":
+        statements.append(REPRODUCIBLE_NOISE if cfg.reproducible_noise else SECURE_NOISE)
     if claims or dp_sgd is not None:
-        statements.append(SEEDED_NOISE)
+        statements.append(NOT_COVERED)
 
     unit_weights = claims
     return PrivacyPlan(
@@ -364,70 +492,66 @@ def resolve(
         beta_mode=cfg.dp_beta_mode,
         aggregate_noise_std=aggregate_std,
         noise_multiplier=noise_multiplier,
+        accounting_noise_multiplier=accounting_z if claims else None,
         claims_epsilon=claims,
         delta=delta if claims else None,
+        accounted_delta=accounted_delta if claims else None,
+        skip_rule=skip_rule if claims else "none",
+        skip_probability=skip_p,
         accounting_sample_rate=accounting_rate if claims else None,
         adjacency=adjacency if claims else None,
         skellam=skellam,
         dp_sgd=dp_sgd,
         rounds=rounds,
+        reproducible_noise=cfg.reproducible_noise,
         statements=tuple(statements),
     )
 
 
-def _check_values(cfg: PrivacyConfig, *, num_clients: int, clients_per_round: int, rounds: int) -> None:
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be ≥ 1, got {num_clients}")
-    if rounds < 1:
-        raise ValueError(f"rounds must be ≥ 1, got {rounds}")
-    if not 0 <= clients_per_round <= num_clients:
-        raise ConfigError(FLAGS["clients_per_round"], f"must lie in [0, {num_clients}] (0 = every client), got {clients_per_round}")
-    if not (isinstance(cfg.dp_beta, (int, float)) and math.isfinite(cfg.dp_beta) and cfg.dp_beta >= 0):
-        raise ConfigError(FLAGS["dp_beta"], f"must be a finite number ≥ 0, got {cfg.dp_beta!r}")
-    if cfg.dp_beta_mode not in ("single", "double"):
-        raise ConfigError(FLAGS["dp_beta_mode"], f"must be 'single' or 'double', got {cfg.dp_beta_mode!r}")
-    for field in ("clip", "noise_multiplier", "target_epsilon"):
-        _positive(getattr(cfg, field), field)
-    if cfg.delta is not None and not (isinstance(cfg.delta, (int, float)) and 0 < cfg.delta < 1):
-        raise ConfigError(FLAGS["delta"], f"must lie in (0, 1), got {cfg.delta!r}")
-    if cfg.sampling not in ("fixed", "poisson"):
-        raise ConfigError(FLAGS["sampling"], f"must be 'fixed' or 'poisson', got {cfg.sampling!r}")
-    if cfg.sample_rate is not None and not (isinstance(cfg.sample_rate, (int, float)) and 0 < cfg.sample_rate <= 1):
-        raise ConfigError(FLAGS["sample_rate"], f"must lie in (0, 1], got {cfg.sample_rate!r}")
+def _skip_probability(num_clients: int, rate: float, dropout: float) -> float:
+    """P[fewer than MIN_SECURE_COHORT of the other N − 1 clients are sampled and stay online] — the
+    neighbouring dataset with one client fewer is the worst case."""
+    others, q = num_clients - 1, rate * (1 - dropout)
+    return sum(math.comb(others, j) * q**j * (1 - q) ** (others - j) for j in range(min(others, MIN_SECURE_COHORT - 1) + 1))
 
 
-def _check_combinations(cfg: PrivacyConfig, *, secagg: bool) -> None:
-    if cfg.dp_beta_mode == "double" and cfg.dp_beta == 0:
-        raise ConfigError(FLAGS["dp_beta_mode"], f"'double' adds β noise to what clients receive, but {FLAGS['dp_beta']} is 0")
-    if cfg.noise_multiplier is not None and cfg.target_epsilon is not None:
-        raise ConfigError(FLAGS["target_epsilon"], f"give either {FLAGS['noise_multiplier']} or {FLAGS['target_epsilon']}, not both")
-    if cfg.noise_multiplier is not None and cfg.clip is None:
-        raise ConfigError(FLAGS["noise_multiplier"], f"a noise multiplier is relative to the clip norm: add {FLAGS['clip']} C")
-    if cfg.target_epsilon is not None and cfg.clip is None:
-        raise ConfigError(FLAGS["target_epsilon"], f"ε requested without clipping: nothing bounds a client's contribution; add {FLAGS['clip']} C")
-    if cfg.target_epsilon is not None and cfg.delta is None:
-        raise ConfigError(FLAGS["delta"], f"{FLAGS['target_epsilon']} needs {FLAGS['delta']} (an ε means nothing without its δ)")
-    if cfg.dp_beta > 0 and (cfg.noise_multiplier is not None or cfg.target_epsilon is not None):
-        raise ConfigError(
-            FLAGS["dp_beta"],
-            f"β and {FLAGS['noise_multiplier']}/{FLAGS['target_epsilon']} would both set the server's noise; with "
-            f"{FLAGS['clip']} C, β already is the noise multiplier z = W·β/C — give one",
-        )
-    if cfg.distributed:
-        if not secagg:
-            raise ConfigError(FLAGS["distributed"], "distributed noise needs secure aggregation (the clients' noise shares only add up to privacy inside a masked sum); turn secure aggregation on")
-        if cfg.dp_beta > 0:
-            raise ConfigError(FLAGS["dp_beta"], f"β is the server's noise; with {FLAGS['distributed']} the clients add the noise — give one")
-        if cfg.clip is None:
-            raise ConfigError(FLAGS["distributed"], f"distributed noise is calibrated to the clip norm: add {FLAGS['clip']} C")
-        if cfg.noise_multiplier is None and cfg.target_epsilon is None:
-            raise ConfigError(FLAGS["distributed"], f"say how much noise: {FLAGS['noise_multiplier']} z or {FLAGS['target_epsilon']} ε with {FLAGS['delta']} δ")
-    if cfg.sampling == "fixed" and cfg.sample_rate is not None:
-        raise ConfigError(
-            FLAGS["sample_rate"],
-            f"a sampling rate describes Poisson sampling, but clients are selected K-of-N ({FLAGS['sampling']} fixed); "
-            f"a Poisson ε would be false for that — use {FLAGS['sampling']} poisson",
-        )
+def _skip_term(rounds: int, epsilon: float, p: float) -> float:
+    """δ lost to the skip event over ``rounds`` rounds: T·(1 + e^ε)·p (inf when e^ε overflows)."""
+    try:
+        return rounds * (1 + math.exp(epsilon)) * p
+    except OverflowError:
+        return math.inf
+
+
+def _account_fixed(z: float, delta: float, q: float, rounds: int, skip_p: float | None) -> tuple[float, float, SkipRule]:
+    """(accountant z, accountant δ, skip rule) for a given noise, the one with the smaller ε."""
+    if skip_p is None:
+        return z, delta, "none"
+    options = [(gaussian_epsilon(z / 2, q, rounds, delta), z / 2, delta, "sensitivity")]
+    half = delta / 2
+    eps = gaussian_epsilon(z, q, rounds, half)
+    if _skip_term(rounds, eps, skip_p) <= delta - half:
+        options.append((eps, z, half, "delta"))
+    _, z_acc, d_acc, rule = min(options, key=lambda o: o[0])
+    return z_acc, d_acc, rule  # type: ignore[return-value]
+
+
+def _calibrate(target: float, delta: float, q: float, rounds: int, inflation: float,
+               skip_p: float | None) -> tuple[float, float, float, SkipRule]:
+    """(noise z, accountant z, accountant δ, skip rule) meeting ``target``: calibrated on the value the
+    accountant is given, last, so the printed ε ≤ target; the cheapest rule in noise wins."""
+    options: list[tuple[float, float, float, SkipRule]] = []
+    if skip_p is None:
+        z = noise_for_target_epsilon(target, delta, q, rounds)
+        options.append((z * inflation, z, delta, "none"))
+    else:
+        z = noise_for_target_epsilon(target, delta, q, rounds)
+        options.append((2 * z * inflation, z, delta, "sensitivity"))
+        half = delta / 2
+        if _skip_term(rounds, target, skip_p) <= delta - half:
+            z = noise_for_target_epsilon(target, half, q, rounds)
+            options.append((z * inflation, z, half, "delta"))
+    return min(options, key=lambda o: o[0])
 
 
 def _selection(cfg: PrivacyConfig, num_clients: int, clients_per_round: int) -> tuple[Literal["fixed", "poisson"], float, int | None]:
@@ -436,25 +560,17 @@ def _selection(cfg: PrivacyConfig, num_clients: int, clients_per_round: int) -> 
         k = clients_per_round or num_clients
         return "fixed", k / num_clients, k
     if cfg.sample_rate is None:
-        if clients_per_round == 0:
-            raise ConfigError(FLAGS["sample_rate"], f"{FLAGS['sampling']} poisson needs a rate q (or {FLAGS['clients_per_round']} K as the expected cohort, q = K/N)")
         return "poisson", clients_per_round / num_clients, None
-    if clients_per_round and not math.isclose(cfg.sample_rate * num_clients, clients_per_round):
-        raise ConfigError(
-            FLAGS["clients_per_round"],
-            f"under Poisson sampling the cohort is random with mean q·N = {cfg.sample_rate * num_clients:g}; "
-            f"it contradicts {FLAGS['clients_per_round']} {clients_per_round} — give one of the two",
-        )
     return "poisson", float(cfg.sample_rate), None
 
 
 def _skellam(
-    cfg: PrivacyConfig, delta: float | None, rounds: int, fixed_k: int | None, sample_rate: float,
+    cfg: PrivacyConfig, delta: float, rounds: int, fixed_k: int | None, sample_rate: float,
     num_clients: int, model_dim: int | None, ring_bits: int,
 ) -> SkellamParams:
     if model_dim is None:
-        raise ValueError("--dp-distributed needs model_dim (the length of the shared vector) to choose the ring scaling")
-    assert cfg.clip is not None and delta is not None
+        raise ValueError("distributed noise needs model_dim (the length of the shared vector) to choose the ring scaling")
+    assert cfg.clip is not None
     planned = fixed_k if fixed_k is not None else max(1, round(sample_rate * num_clients))
     setup = dict(
         dim=model_dim, clip=cfg.clip, ring_bits=ring_bits, contributors=planned,
@@ -468,29 +584,7 @@ def _skellam(
         )
         return skellam_params(noise_multiplier=z, **setup)  # type: ignore[arg-type]
     except RingTooSmall as exc:
-        raise ConfigError(FLAGS["distributed"], str(exc)) from None
+        raise ConfigError(KEY["distributed"], str(exc)) from None
 
 
-def _dp_sgd_plan(cfg: PrivacyConfig) -> DpSgdPlan | None:
-    dp_sgd_delta = cfg.dp_sgd_delta
-    if not cfg.dp_sgd:
-        for field in ("dp_sgd_noise_multiplier", "dp_sgd_target_epsilon"):
-            if getattr(cfg, field) is not None:
-                raise ConfigError(FLAGS[field], f"has no effect without {FLAGS['dp_sgd']}")
-        if dp_sgd_delta is not None:
-            raise ConfigError(FLAGS["dp_sgd_delta"], f"has no effect without {FLAGS['dp_sgd']}")
-        return None
-    for field in ("dp_sgd_clip", "dp_sgd_noise_multiplier", "dp_sgd_target_epsilon"):
-        _positive(getattr(cfg, field), field)
-    if (cfg.dp_sgd_noise_multiplier is None) == (cfg.dp_sgd_target_epsilon is None):
-        raise ConfigError(FLAGS["dp_sgd"], f"give exactly one of {FLAGS['dp_sgd_noise_multiplier']} and {FLAGS['dp_sgd_target_epsilon']}")
-    if dp_sgd_delta is not None and not (isinstance(dp_sgd_delta, (int, float)) and 0 < dp_sgd_delta < 1):
-        raise ConfigError(FLAGS["dp_sgd_delta"], f"must lie in (0, 1), got {dp_sgd_delta!r}")
-    if cfg.dp_sgd_target_epsilon is not None and dp_sgd_delta is None:
-        raise ConfigError(FLAGS["dp_sgd_delta"], f"{FLAGS['dp_sgd_target_epsilon']} needs {FLAGS['dp_sgd_delta']}")
-    return DpSgdPlan(
-        max_grad_norm=cfg.dp_sgd_clip,
-        noise_multiplier=cfg.dp_sgd_noise_multiplier,
-        target_epsilon=cfg.dp_sgd_target_epsilon,
-        delta=dp_sgd_delta,
-    )
+__all__ = ["DpSgdPlan", "PrivacyPlan", "checked_delta", "default_delta", "resolve", "static_issues"]

@@ -1,10 +1,14 @@
-"""A PrivacyPlan applied to federated rounds: the recipe behind ``secfed train``'s privacy flags.
+"""A PrivacyPlan applied to federated rounds: the visible privacy step on each side of the channel.
 
-The round loop calls, in order: :meth:`RoundPrivacy.cohort` (who takes part),
-:meth:`~RoundPrivacy.received` (Eq. 15 broadcast noise), :meth:`~RoundPrivacy.client_update`
-(clip, weight), :meth:`~RoundPrivacy.server_update` (fixed denominator, Eq. 15 correction, central
-noise) and :meth:`~RoundPrivacy.account` (the ledger). Distributed noise lives in the channel, which
-reads :attr:`PrivacyPlan.skellam` itself.
+    client:  Contribution ──ClientPrivacy.upload──► Upload     clip the shared update (weight 1 under
+                                                                DP); under distributed DP encode it with
+                                                                the client's Skellam noise share
+    server:  Aggregate ──ServerPrivacy.decode──► float sums     (distributed DP: decode the ring sum)
+             mean ──ServerPrivacy.finish──► new weights         Eq. 15 correction, central noise
+             ServerPrivacy.cohort / received / account           who takes part, Eq. 15 broadcast noise, ε
+
+The Upload that leaves :meth:`ClientPrivacy.upload` is exactly what the channel carries and what
+the audit attacks. Every noise is drawn from a :class:`~secfed.privacy.noise.NoiseSource`.
 """
 
 from __future__ import annotations
@@ -13,30 +17,59 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
+from secfed.federation.messages import MODEL, Aggregate, Contribution, Summand, Upload
 from secfed.privacy.beta import BetaNoise
 from secfed.privacy.clipping import clip_l2
+from secfed.privacy.distributed import decode_sum, encode, rotation_seed
 from secfed.privacy.ledger import PrivacyLedger
+from secfed.privacy.noise import NoiseSource
 from secfed.privacy.policy import PrivacyPlan
 from secfed.privacy.sampling import poisson_subset
 from secfed.seeding import numpy_rng
 
 
 @dataclasses.dataclass
-class RoundPrivacy:
+class ClientPrivacy:
+    """What a client does to its contribution before anything leaves it."""
+
+    plan: PrivacyPlan
+    run_seed: int  # public: the rotation of distributed DP is derived from it
+    noise: NoiseSource  # the client's own noise (its Skellam shares)
+
+    def upload(self, contribution: Contribution, *, client_id: int, round_index: int,
+               model_hash: bytes | None = None) -> Upload:
+        summed = dict(contribution.summed)
+        model = summed[MODEL]
+        if self.plan.clip is not None:
+            vector, _ = clip_l2(model.vector, self.plan.clip)
+            model = Summand(vector, 1.0 if self.plan.unit_weights else model.weight, model.encoding, model.bound)
+        elif self.plan.unit_weights:
+            model = dataclasses.replace(model, weight=1.0)
+        if self.plan.skellam is not None:
+            encoded = encode(model.vector.numpy(), self.plan.skellam, rotation_seed=rotation_seed(self.run_seed, round_index),
+                             rng=self.noise.generator("dp-distributed", round_index, client_id))
+            model = Summand(torch.from_numpy(encoded), 1.0, "ring")
+        summed[MODEL] = model
+        return Upload(client_id, round_index, summed, dict(contribution.shared), model_hash)
+
+
+@dataclasses.dataclass
+class ServerPrivacy:
     plan: PrivacyPlan
     run_seed: int
     noise: BetaNoise | None  # the server's Gaussian noise on trainable coordinates (β or DP-FedAvg)
     ledger: PrivacyLedger | None
 
     @classmethod
-    def from_plan(cls, plan: PrivacyPlan, trainable_mask: torch.Tensor, run_seed: int) -> RoundPrivacy:
+    def from_plan(cls, plan: PrivacyPlan, trainable_mask: torch.Tensor, run_seed: int, source: NoiseSource) -> ServerPrivacy:
         plan.check_noise_mask(trainable_mask)
         noise = None
         if plan.aggregate_noise_std > 0 or plan.beta_mode == "double":
             # std is β (β noise), or z·C/W on the mean (DP-FedAvg); "double" only ever comes with β.
-            noise = BetaNoise(plan.aggregate_noise_std, plan.beta_mode, trainable_mask, run_seed)
+            noise = BetaNoise(plan.aggregate_noise_std, plan.beta_mode, trainable_mask, source)
         return cls(plan, run_seed, noise, plan.ledger())
 
     # -- who, and what they receive ------------------------------------------------------------
@@ -49,43 +82,45 @@ class RoundPrivacy:
         return [int(k) for k in poisson_subset(num_clients, self.plan.sample_rate, rng)]
 
     def received(self, weights: torch.Tensor, round_index: int, client_id: int) -> torch.Tensor:
-        """What a client starts from: θ, or θ + fresh β noise under Eq. 15 (``--dp-beta-mode double``)."""
+        """What a client starts from: θ, or θ + fresh β noise under Eq. 15 (``double``)."""
         if self.noise is None or self.plan.beta_mode != "double":
             return weights
         return self.noise.broadcast(weights, round_index, client_id)
 
-    # -- client side -----------------------------------------------------------------------------
-
-    def client_update(self, update: torch.Tensor) -> torch.Tensor:
-        """Clip the whole shared update to L2 ≤ C when the plan clips (under DP its weight is 1:
-        :attr:`PrivacyPlan.unit_weights`)."""
-        if self.plan.clip is not None:
-            update, _ = clip_l2(update, self.plan.clip)
-        return update
-
-    # -- server side -----------------------------------------------------------------------------
+    # -- after the channel -----------------------------------------------------------------------
 
     @property
     def denominator(self) -> float | None:
         """Fixed W the sum is divided by under DP (None: Σ weights, the method's own rule)."""
         return self.plan.denominator
 
-    def server_update(
-        self, weights: torch.Tensor, round_index: int, contributors: Mapping[int, float], weight_sum: float
-    ) -> torch.Tensor:
-        """After the method's rule: undo the offset Eq. 15 put into the updates, then central noise.
+    def decode(self, aggregate: Aggregate) -> Aggregate:
+        """Ring-encoded sums (distributed DP) → float sums of the clipped updates plus noise."""
+        ring = [name for name, total in aggregate.sums.items() if total.dtype == torch.int64]
+        if not ring:
+            return aggregate
+        assert self.plan.skellam is not None, "a ring-encoded sum without distributed DP"
+        sums = dict(aggregate.sums)
+        for name in ring:
+            decoded = decode_sum(sums[name].numpy().astype(np.uint64), self.plan.skellam,
+                                 rotation_seed=rotation_seed(self.run_seed, aggregate.round))
+            sums[name] = torch.from_numpy(decoded.astype(np.float32))
+        return dataclasses.replace(aggregate, sums=sums)
 
-        In ``double`` mode client i trained from θ + n_i, so its update is measured from there;
-        Eq. 14 averages the clients' weights themselves, so the weighted mean of the n_i
-        (regenerated: the server drew them) is added back. ``contributors`` maps client id → weight.
-        """
+    def finish(self, weights: torch.Tensor, round_index: int, contributors: Mapping[int, float]) -> torch.Tensor:
+        """After the method's mean: undo the offset Eq. 15 put into the updates, then central noise.
+
+        ``contributors`` maps client id → its aggregation weight (known to the server only when the
+        method's weights are public; Eq. 15 is refused otherwise)."""
         if self.noise is None:
             return weights
+        weight_sum = sum(contributors.values())
         if self.plan.beta_mode == "double" and contributors and weight_sum > 0:
             offset = torch.zeros_like(weights, dtype=torch.float64)
             for client_id, w in contributors.items():
                 offset += w * self.noise.broadcast_noise(round_index, client_id).to(torch.float64)
             weights = weights + (offset / weight_sum).to(weights.dtype)
+        self.noise.end_round(round_index)
         return self.noise.aggregate(weights, round_index)
 
     def account(self, contributors: int) -> dict[str, Any] | None:

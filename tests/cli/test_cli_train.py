@@ -1,25 +1,32 @@
-"""`secfed train` and `secfed evaluate` end to end on a tiny synthetic federation."""
+"""`secfed train` and `secfed evaluate` end to end on a tiny synthetic federation, and every bad input
+getting a usage error that names it (never a traceback)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from secfed.cli.main import cli
 
 TINY = ["--height", "32", "--width", "16", "--rounds", "2", "--batch-size", "8", "--no-secagg", "--threads", "2"]
 
 
+def invoke(args: list[str]) -> Result:
+    result = CliRunner().invoke(cli, args, env={"COLUMNS": "250"})  # long messages on one line each
+    # no input may end in a traceback: anything but a clean exit is a SystemExit with a message
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
 @pytest.fixture(scope="module")
 def trained(synth_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("cli-runs")
-    result = CliRunner().invoke(
-        cli, ["train", "--data-root", str(synth_root), *TINY, "--out", str(out), "--name", "r", "--json"]
-    )
-    assert result.exit_code == 0, result.output + str(result.exception)
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--out", str(out), "--name", "r", "--json"])
+    assert result.exit_code == 0, result.output
     return json.loads(result.stdout), out / "r"
 
 
@@ -28,7 +35,7 @@ def test_train_json_is_one_object_with_the_promised_keys(trained: tuple[dict, Pa
     assert summary["run_dir"] == str(run_dir)
     assert summary["algorithm"] == "fedpav" and summary["rounds"] == 2 and summary["wall_seconds"] > 0
     names = [d["name"] for d in summary["domains"]]
-    assert len(names) == 3 and len(set(names)) == 3
+    assert len(names) == 3 and len(set(names)) == 3 and summary["unseen"] == []
     for d in summary["domains"]:
         for key in ("rank1", "rank5", "rank10", "mAP", "local_rank1", "raw_pixels_rank1"):
             assert 0.0 <= d[key] <= 1.0, key
@@ -40,27 +47,41 @@ def test_train_json_is_one_object_with_the_promised_keys(trained: tuple[dict, Pa
 def test_run_directory_holds_config_metrics_checkpoint_plot(trained: tuple[dict, Path]) -> None:
     _, run_dir = trained
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["train"]["rounds"] == 2 and config["data"]["height"] == 32
+    assert config["schedule"]["rounds"] == 2 and config["data"]["height"] == 32
+    assert Path(config["data"]["root"]).is_absolute()  # so the run directory can move
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in lines] == [1, 2]
     assert all(r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["loss"] > 0 for r in lines)
-    assert "eval" in lines[-1] and "final" in lines[-1]
+    assert "eval" in lines[-1] and "eval_local" in lines[-1] and "final" in lines[-1]
     assert (run_dir / "checkpoints" / "round-0002.pt").is_file()
     assert (run_dir / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+    assert "fingerprint" in json.loads((run_dir / "data.json").read_text())
 
 
-def test_evaluate_reproduces_the_final_federated_scores(trained: tuple[dict, Path]) -> None:
+def test_evaluate_reproduces_the_final_scores_under_the_same_keys(trained: tuple[dict, Path]) -> None:
     summary, run_dir = trained
-    result = CliRunner().invoke(cli, ["evaluate", str(run_dir), "--json", "--threads", "2"])
+    result = invoke(["evaluate", str(run_dir), "--json", "--threads", "2"])
     assert result.exit_code == 0, result.output
     evaluated = json.loads(result.stdout)
-    assert evaluated["rounds"] == 2
+    assert evaluated["rounds"] == 2 and evaluated["algorithm"] == summary["algorithm"]
+    assert {"domains", "unseen", "privacy"} <= set(evaluated)
     by_name = {d["name"]: d for d in evaluated["domains"]}
     for d in summary["domains"]:
-        assert by_name[d["name"]]["rank1"] == pytest.approx(d["rank1"])
-        assert by_name[d["name"]]["mAP"] == pytest.approx(d["mAP"])
-        assert by_name[d["name"]]["local_rank1"] == pytest.approx(d["local_rank1"])
+        other = by_name[d["name"]]
+        shared = {k for k in d if k not in ("local_model_rank1", "local_model_mAP")}
+        assert set(other) == shared, "train --json and evaluate --json use the same keys"
+        for key in ("rank1", "mAP", "local_rank1", "train_images"):
+            assert other[key] == pytest.approx(d[key])
+
+
+def test_one_log_line_per_round_on_stderr(synth_root: Path, tmp_path: Path) -> None:
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--rounds", "1", "--no-local-baseline",
+                     "--out", str(tmp_path), "--name", "x", "--json"])
+    assert result.exit_code == 0, result.output
+    rounds = [line for line in result.stderr.splitlines() if line.startswith("round ")]
+    assert len(rounds) == 1 and "3 clients" in rounds[0] and "loss" in rounds[0] and " s" in rounds[0]
+    json.loads(result.stdout)  # stdout holds only the JSON object
 
 
 @pytest.mark.parametrize("args, flag", [
@@ -73,53 +94,145 @@ def test_evaluate_reproduces_the_final_federated_scores(trained: tuple[dict, Pat
     (["--datasets", "nope"], "--datasets"),
     (["--device", "nope"], "--device"),
     (["--secagg-clip", "0.5"], "--secagg-clip"),
-    (["--authenticated", "--no-secagg"], "--authenticated"),
+    (["--dropout-rate", "0.2"], "--dropout-rate"),  # TINY has --no-secagg: nothing to drop out of
     (["--clip", "1", "--noise-multiplier", "1"], "--aggregation"),
     (["--clip", "1", "--noise-multiplier", "1", "--aggregation", "unweighted"], "--bn-stats"),
     (["--target-epsilon", "3"], "--target-epsilon"),
     (["--sample-rate", "0.5"], "--sample-rate"),
     (["--dp-distributed", "--clip", "1", "--noise-multiplier", "1", "--aggregation", "unweighted",
-      "--bn-stats", "local", "--no-secagg"], "--dp-distributed"),
+      "--bn-stats", "local"], "--dp-distributed"),
+    (["--lr", "nan"], "--lr"),
+    (["--lr", "-0.1"], "--lr"),
+    (["--rounds", "three"], "--rounds"),
+    (["--rounds", "2.7"], "--rounds"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--sample-rate", "1.5", "--sampling", "poisson"], "--sample-rate"),
+    (["--kd", "--clip", "1", "--noise-multiplier", "1", "--aggregation", "unweighted", "--bn-stats", "local"],
+     "--algorithm"),
+    (["--cdw", "--aggregation", "unweighted"], "--cdw"),
+    (["--leave-out", "nowhere"], "--leave-out"),
 ])
 def test_invalid_settings_name_the_flag(synth_root: Path, tmp_path: Path, args: list[str], flag: str) -> None:
-    result = CliRunner().invoke(cli, ["train", "--data-root", str(synth_root), *TINY, "--out", str(tmp_path), *args])
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--out", str(tmp_path), *args])
     assert result.exit_code == 2, result.output
     assert flag in result.output
 
 
-def test_resume_refuses_flags_that_change_the_run(trained: tuple[dict, Path]) -> None:
-    _, run_dir = trained
-    result = CliRunner().invoke(cli, ["train", "--resume", str(run_dir), "--rounds", "5"])
-    assert result.exit_code == 2 and "--rounds" in result.output
+def test_every_bad_flag_of_one_invocation_is_reported_at_once(tmp_path: Path) -> None:
+    result = invoke(["train", "--rounds", "three", "--lr", "-1", "--batch-size", "0", "--dropout-rate", "2",
+                     "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    for flag in ("--rounds", "--lr", "--batch-size", "--dropout-rate"):
+        assert flag in result.output, flag
+    assert not list(tmp_path.iterdir())  # refused before any data was made or a run directory written
+
+
+def test_toml_problems_name_the_toml_keys_all_at_once(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[schedule]\nrounds = "three"\nbatch_size = 2.7\nroundz = 3\nlr = nan\n'
+                   '[secagg]\ndropout_rate = 1.5\n[privacy]\nsample_rate = -1\n[nonsense]\nx = 1\n')
+    result = invoke(["train", "--config", str(bad), "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    for key in ("schedule.rounds", "schedule.batch_size", "schedule.roundz", "schedule.lr", "secagg.dropout_rate",
+                "privacy.sample_rate", "nonsense"):
+        assert f"{bad}: {key}" in result.output, key
+    assert "unknown key; known:" in result.output
+
+
+def test_a_flag_overriding_a_bad_toml_key_is_named_as_the_flag(tmp_path: Path) -> None:
+    toml = tmp_path / "run.toml"
+    toml.write_text("[schedule]\nrounds = 5\n")
+    result = invoke(["train", "--config", str(toml), "--rounds", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--rounds" in result.output and "run.toml: schedule.rounds" not in result.output
 
 
 def test_missing_data_root_and_config_file_are_named(tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli, ["train", "--data-root", str(tmp_path / "absent"), "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "absent" in result.output
-    bad = tmp_path / "bad.toml"
-    bad.write_text("[train]\nroundz = 3\n")
-    result = CliRunner().invoke(cli, ["train", "--config", str(bad), "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "train.roundz" in result.output
+    result = invoke(["train", "--data-root", str(tmp_path / "absent"), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "absent" in result.output and "--data-root" in result.output
+    result = invoke(["train", "--config", str(tmp_path / "none.toml"), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "none.toml" in result.output
 
 
 def test_config_file_is_overridden_by_flags(synth_root: Path, tmp_path: Path) -> None:
-    from click import Context
-
     from secfed.cli.train import resolve_config, train_command
 
     toml = tmp_path / "run.toml"
-    toml.write_text(f'seed = 5\n[data]\nroot = "{synth_root}"\n[train]\nrounds = 7\nbatch_size = 16\n')
+    toml.write_text(f'[run]\nseed = 5\n[data]\nroot = "{synth_root}"\n[schedule]\nrounds = 7\nbatch_size = 16\n')
     ctx = train_command.make_context("train", ["--config", str(toml), "--rounds", "3", "--out", str(tmp_path)])
     with ctx:
-        cfg, run_dir, resuming = resolve_config(ctx, ctx.params)
-    assert (cfg.train.rounds, cfg.train.batch_size, cfg.seed, cfg.data.root) == (3, 16, 5, str(synth_root))
+        cfg, run_dir, resuming = resolve_config(ctx.params)
+    assert (cfg.schedule.rounds, cfg.schedule.batch_size, cfg.seed, cfg.data.root) == (3, 16, 5, str(synth_root))
     assert not resuming and run_dir.parent == tmp_path
-    assert isinstance(ctx, Context)
+
+
+def test_help_groups_the_flags_and_fits_80_columns() -> None:
+    result = CliRunner().invoke(cli, ["train", "--help"], terminal_width=80, env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    for title in ("Data", "Model", "Method", "Schedule", "Secure aggregation", "Privacy", "Run"):
+        assert f"─ {title} ─" in result.output, title
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    assert "--no-authenticated" in result.output and "weaker" in result.output
+
+
+def test_resume_refuses_flags_that_change_the_run(trained: tuple[dict, Path]) -> None:
+    _, run_dir = trained
+    result = invoke(["train", "--resume", str(run_dir), "--rounds", "5"])
+    assert result.exit_code == 2 and "--rounds" in result.output
 
 
 def test_resume_of_a_finished_run_reads_its_saved_config_and_reports_the_same(trained: tuple[dict, Path]) -> None:
     summary, run_dir = trained
-    result = CliRunner().invoke(cli, ["train", "--resume", str(run_dir), "--json", "--threads", "2"])
+    result = invoke(["train", "--resume", str(run_dir), "--json", "--threads", "2"])
     assert result.exit_code == 0, result.output
     again = json.loads(result.stdout)
     assert again["rounds"] == 2 and again["domains"] == summary["domains"]
+
+
+def test_a_moved_run_and_its_moved_data_evaluate_with_data_root(trained: tuple[dict, Path], synth_root: Path,
+                                                                  tmp_path: Path) -> None:
+    summary, run_dir = trained
+    moved_run, moved_data = tmp_path / "elsewhere" / "r", tmp_path / "disk2" / "domains"
+    shutil.copytree(run_dir, moved_run)
+    shutil.copytree(synth_root, moved_data)
+    result = invoke(["evaluate", str(moved_run), "--data-root", str(moved_data), "--json", "--threads", "2"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["domains"][0]["rank1"] == pytest.approx(summary["domains"][0]["rank1"])
+    # other data under the same layout is refused by its fingerprint
+    (moved_data / "campus" / "query" / sorted(p.name for p in (moved_data / "campus" / "query").iterdir())[0]).unlink()
+    result = invoke(["evaluate", str(moved_run), "--data-root", str(moved_data), "--threads", "2"])
+    assert result.exit_code == 2 and "fingerprint" in result.output
+
+
+def test_an_interrupt_before_the_first_round_resumes_afresh(synth_root: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from secfed.algorithms.base import Method
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    args = ["train", "--data-root", str(synth_root), *TINY, "--rounds", "1", "--no-local-baseline",
+            "--out", str(tmp_path), "--name", "cut"]
+    with monkeypatch.context() as patch:
+        patch.setattr(Method, "local_train", interrupted)
+        result = invoke(args)
+    assert result.exit_code == 130 and "before the first round finished" in result.output
+    assert "--resume" in result.output
+    result = invoke(["train", "--resume", str(tmp_path / "cut"), "--threads", "2"])
+    assert result.exit_code == 0, result.output
+    assert "starting from round 1" in result.output
+    assert (tmp_path / "cut" / "checkpoints" / "round-0001.pt").is_file()
+    # a folder without a configuration is explained, not looped on
+    (tmp_path / "empty").mkdir()
+    result = invoke(["train", "--resume", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "no config.json" in result.output
+
+
+def test_divergence_stops_with_the_round_and_client_and_keeps_the_checkpoint(synth_root: Path, tmp_path: Path) -> None:
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--rounds", "3", "--lr", "1e6",
+                     "--no-local-baseline", "--out", str(tmp_path), "--name", "boom"])
+    assert result.exit_code == 1
+    assert "round 1, client campus" in result.output or "round 2, client" in result.output
+    assert "--resume" in result.output and "--lr" in result.output
+    # a lower learning rate may accompany --resume
+    result = invoke(["train", "--resume", str(tmp_path / "boom"), "--lr", "0.01", "--threads", "2"])
+    assert result.exit_code == 0, result.output

@@ -1,4 +1,5 @@
-"""History plot: what is drawn, a valid PNG written atomically, and errors that name the record."""
+"""History plot: what is drawn (per domain federated vs local-only, the loss, the run's title), a valid
+PNG written atomically, and errors that name the record."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import matplotlib.image
 import pytest
 from matplotlib.figure import Figure
 
-from secfed.evaluation.plots import DPI, FIGSIZE, history_figure, plot_history
+from secfed.evaluation.plots import DPI, figure_size, history_figure, plot_history
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 HISTORY = [
-    {"round": 1, "loss": 3.2},
-    {"round": 2, "eval": {"a": {"rank1": 0.25, "mAP": 0.125, "rank5": 0.5}, "b": {"rank1": 0.5, "mAP": 0.25}}},
+    {"round": 1, "loss": 3.2, "local_baseline": {"a": {"loss": 3.0}, "b": {"loss": 2.0}}},
+    {"round": 2, "eval": {"a": {"rank1": 0.25, "mAP": 0.125, "rank5": 0.5}, "b": {"rank1": 0.5, "mAP": 0.25}},
+     "eval_local": {"a": {"rank1": 0.5, "mAP": 0.25}}},
     {"round": 3, "loss": 2.1},
     {"round": 4, "eval": {"a": {"rank1": 0.75, "mAP": 0.5}}},
 ]
@@ -26,15 +28,27 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def test_panels_have_a_line_per_domain_in_percent() -> None:
-    figure = history_figure(HISTORY)
+def test_a_panel_per_domain_with_federated_and_local_curves_and_a_loss_panel() -> None:
+    figure = history_figure(HISTORY, title="run-x: fedpav")
     assert isinstance(figure, Figure)
-    rank1, m_ap = figure.axes
-    assert (rank1.get_title(), m_ap.get_title()) == ("Rank-1", "mAP")
-    lines = {line.get_label(): line for line in rank1.get_lines()}
-    assert list(lines["a"].get_xdata()) == [2, 4] and list(lines["a"].get_ydata()) == [25.0, 75.0]
-    assert list(lines["b"].get_xdata()) == [2] and list(lines["b"].get_ydata()) == [50.0]
-    assert [list(line.get_ydata()) for line in m_ap.get_lines()] == [[12.5, 50.0], [25.0]]
+    a, b, loss = [ax for ax in figure.axes if ax.get_visible()]
+    assert (a.get_title(), b.get_title()) == ("a", "b") and "loss" in loss.get_title()
+    assert figure.get_suptitle() == "run-x: fedpav"
+    lines = {line.get_label(): line for line in a.get_lines()}
+    assert list(lines["federated rank-1"].get_xdata()) == [2, 4]
+    assert list(lines["federated rank-1"].get_ydata()) == [25.0, 75.0]
+    assert list(lines["federated mAP"].get_ydata()) == [12.5, 50.0]
+    assert list(lines["local-only rank-1"].get_ydata()) == [50.0]  # dashed beside it
+    assert lines["local-only rank-1"].get_linestyle() == "--"
+    assert [line.get_label() for line in b.get_lines()] == ["federated rank-1", "federated mAP"]
+    losses = {line.get_label(): list(line.get_ydata()) for line in loss.get_lines()}
+    assert losses == {"federated clients": [3.2, 2.1], "local-only": [2.5]}
+
+
+def test_loss_panel_says_when_losses_are_not_logged() -> None:
+    figure = history_figure([{"round": 1, "eval": {"a": {"rank1": 0.1, "mAP": 0.1}}}])
+    loss = [ax for ax in figure.axes if ax.get_visible()][-1]
+    assert not loss.get_lines() and "not logged" in loss.texts[0].get_text()
 
 
 def test_png_from_jsonl_is_valid_and_replaces_atomically(tmp_path: Path) -> None:
@@ -45,7 +59,8 @@ def test_png_from_jsonl_is_valid_and_replaces_atomically(tmp_path: Path) -> None
     data = out.read_bytes()
     assert data.startswith(PNG_SIGNATURE)
     pixels = matplotlib.image.imread(out)
-    assert pixels.shape[:2] == (FIGSIZE[1] * DPI, FIGSIZE[0] * DPI)
+    width, height = figure_size(2)
+    assert pixels.shape[:2] == (round(height * DPI), round(width * DPI))
     assert pixels.std() > 0  # something was drawn
 
     plot_history(HISTORY[:2], out)  # overwrite in place with a different history

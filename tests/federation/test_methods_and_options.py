@@ -16,44 +16,44 @@ from secfed.models.sharing import load_shared
 
 
 def test_fedavg_shares_one_classifier_over_the_union_of_identities(tiny_config: RunConfig, tmp_path: Path) -> None:
-    tiny_config.train.algorithm = "fedavg"
-    tiny_config.train.rounds = 1
+    tiny_config.method.algorithm = "fedavg"
+    tiny_config.schedule.rounds = 1
     fed = run(tiny_config, tmp_path / "fedavg").federation
     total_ids = sum(int(c["classes"]) for c in fed.data_info["clients"])
     assert "classifier.weight" in fed.layout.names
     for client in fed.clients:
-        assert client.model.classifier.out_features == total_ids
+        assert client.site.model.classifier.out_features == total_ids
     # every client's labels index the union: the ranges do not overlap across clients
-    ranges = [(int(c.labels.min()), int(c.labels.max())) for c in fed.clients]
+    ranges = [(int(c.site.labels.min()), int(c.site.labels.max())) for c in fed.clients]
     assert all(a[1] < b[0] for a, b in zip(sorted(ranges), sorted(ranges)[1:]))
 
 
 def test_fedpav_keeps_each_classifier_local(tiny_config: RunConfig, tmp_path: Path) -> None:
-    tiny_config.train.rounds = 1
+    tiny_config.schedule.rounds = 1
     fed = run(tiny_config, tmp_path / "fedpav").federation
-    sizes = {c.model.classifier.out_features for c in fed.clients}
+    sizes = {c.site.model.classifier.out_features for c in fed.clients}
     assert "classifier.weight" not in fed.layout.names and len(sizes) > 1
 
 
 def test_local_batchnorm_statistics_never_leave_the_client(tiny_config: RunConfig, tmp_path: Path) -> None:
-    tiny_config.train.rounds = 1
+    tiny_config.schedule.rounds = 1
     tiny_config.model.bn_stats = "local"
-    tiny_config.train.local_baseline = False
+    tiny_config.run.local_baseline = False
     fed = run(tiny_config, tmp_path / "bn").federation
     key = "backbone.layer1.0.bn1.running_mean"
     assert key not in fed.layout.names
-    stats = [c.model.state_dict()[key] for c in fed.clients]
+    stats = [c.site.model.state_dict()[key] for c in fed.clients]
     assert not torch.equal(stats[0], stats[1]) and not torch.equal(stats[1], stats[2])
     # a client receiving the global weights keeps its own statistics
     before = stats[0].clone()
-    load_shared(fed.clients[0].model, fed.layout, fed.server.weights)
-    assert torch.equal(fed.clients[0].model.state_dict()[key], before)
+    load_shared(fed.clients[0].site.model, fed.layout, fed.server.weights)
+    assert torch.equal(fed.clients[0].site.model.state_dict()[key], before)
 
 
 def test_k_of_n_cohorts_and_dropouts_under_secure_aggregation(tiny_config: RunConfig, tmp_path: Path) -> None:
-    tiny_config.train.rounds = 3
-    tiny_config.train.clients_per_round = 2
-    tiny_config.train.local_baseline = False
+    tiny_config.schedule.rounds = 3
+    tiny_config.schedule.clients_per_round = 2
+    tiny_config.run.local_baseline = False
     tiny_config.secagg.enabled = True
     tiny_config.secagg.dropout_rate = 0.5
     result = run(tiny_config, tmp_path / "k-of-n")

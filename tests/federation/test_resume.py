@@ -23,9 +23,12 @@ def _without_timing(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in history]
 
 
-def test_resume_ends_bit_identical(tiny_config: RunConfig, tmp_path: Path) -> None:
-    tiny_config.train.rounds = 3
-    tiny_config.train.eval_every = 1
+@pytest.mark.parametrize("algorithm", ["fedpav", "fedreid"])
+def test_resume_ends_bit_identical(tiny_config: RunConfig, tmp_path: Path, algorithm: str) -> None:
+    """FedReID also keeps, per site, the latest local embedding its next expert starts from."""
+    tiny_config.method.algorithm = algorithm
+    tiny_config.schedule.rounds = 3
+    tiny_config.run.eval_every = 1
     full = run(tiny_config, tmp_path / "full")
 
     def crash_after_two(round_number: int) -> None:
@@ -42,11 +45,11 @@ def test_resume_ends_bit_identical(tiny_config: RunConfig, tmp_path: Path) -> No
 
     assert torch.equal(full.federation.server.weights, resumed.federation.server.weights)
     for a, b in zip(full.federation.clients, resumed.federation.clients):
-        for key, value in a.model.state_dict().items():
-            assert torch.equal(value, b.model.state_dict()[key]), (a.name, key)
-    for k, model in full.federation.baselines.items():
-        for key, value in model.state_dict().items():
-            assert torch.equal(value, resumed.federation.baselines[k].state_dict()[key]), key
+        for key, value in a.site.model.state_dict().items():
+            assert torch.equal(value, b.site.model.state_dict()[key]), (a.site.name, key)
+    for k, alone in full.federation.baselines.items():
+        for key, value in alone.model.state_dict().items():
+            assert torch.equal(value, resumed.federation.baselines[k].model.state_dict()[key]), key
     lines = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in lines] == [1, 2, 3]
     full_lines = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]

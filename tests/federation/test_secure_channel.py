@@ -1,100 +1,134 @@
-"""The secure channel: the server gets the same sums as the plain channel, and only sums."""
+"""The secure channel: the server gets the same sums as the plain channel, for every named vector, and
+only sums; aborted sessions are retried among the clients still online."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
-from secfed import protocols
 from secfed.config import RunConfig
 from secfed.federation.channel import PlainChannel
-from secfed.federation.messages import Broadcast, Upload
+from secfed.federation.messages import MODEL, Broadcast, Summand, Upload
 from secfed.federation.secure_channel import SecureChannel
-from secfed.privacy.distributed import skellam_params
+from secfed.privacy.distributed import encode, rotation_seed, skellam_params
+from secfed.privacy.noise import NoiseSource
 
 DIM = 2_000
+KD_DIM = 300
 
 
-def _uploads(n: int, seed: int = 0) -> list[Upload]:
+def _uploads(n: int, seed: int = 0, *, kd: bool = True) -> list[Upload]:
     g = torch.Generator().manual_seed(seed)
-    return [Upload(k, 5, torch.randn(DIM, generator=g) * 0.01, weight=(k + 1) / 10, model_hash=b"h" * 32)
-            for k in range(n)]
+    uploads = []
+    for k in range(n):
+        summed = {MODEL: Summand(torch.randn(DIM, generator=g) * 0.01, weight=(k + 1) / 10)}
+        if kd:
+            summed["kd"] = Summand(torch.randn(KD_DIM, generator=g), 1.0, bound=16.0)
+        uploads.append(Upload(k, 5, summed, {"stats": torch.full((3,), float(k))}, model_hash=b"h" * 32))
+    return uploads
 
 
 def _broadcast() -> Broadcast:
-    return Broadcast(round=5, weights=torch.zeros(DIM), layout_id="x", weight_scale=0.1)
+    return Broadcast(round=5, weights=torch.zeros(DIM), layout_id="x")
 
 
 def _channel(n: int, **secagg) -> SecureChannel:
-    cfg = RunConfig(seed=11)
-    cfg.secagg = dataclasses.replace(cfg.secagg, **secagg)
-    return SecureChannel.for_run(cfg, DIM, n, skellam=None)
+    cfg = RunConfig()
+    cfg.run.seed = 11
+    for key, value in secagg.items():
+        setattr(cfg.secagg, key, value)
+    return SecureChannel.for_run(cfg, n)
 
 
-def test_secure_sum_matches_plain_sum_with_dropouts() -> None:
+def _aggregate(channel, uploads, dropouts):
+    return channel.aggregate(_broadcast(), uploads, dropouts, broadcast_bytes=DIM * 4)
+
+
+def test_secure_sums_match_plain_sums_for_every_named_vector_with_dropouts() -> None:
     uploads = _uploads(5)
     dropouts = {1: "share_keys", 3: "unmask"}  # 1 never masks its input; 3 vanishes after sending it
-    secure = _channel(5).aggregate(_broadcast(), uploads, dropouts)
-    plain = PlainChannel().aggregate(_broadcast(), uploads, {1: "upload"})
+    channel = _channel(5)
+    secure = _aggregate(channel, uploads, dropouts)
+    plain = PlainChannel().aggregate(_broadcast(), uploads, {1: "upload"}, broadcast_bytes=DIM * 4)
     assert secure.contributors == (0, 2, 3, 4) == plain.contributors
-    resolution = 5 / _channel(5).scale  # each client's rounding moves a value by < 1/scale
-    assert torch.allclose(secure.total, plain.total, atol=resolution)
-    assert secure.weight == pytest.approx(plain.weight, abs=resolution)
-    # masked vectors are uint32 of d + 1 values: the upload is within 5 % of the float32 update plus overhead
-    assert secure.bytes_up > 4 * DIM * 4
+    for name, bound in ((MODEL, channel.clip), ("kd", 16.0)):
+        resolution = 5 * bound / channel.quantizer(bound).max_abs  # each client's rounding moves a value by < 1/scale
+        assert torch.allclose(secure.sums[name], plain.sums[name], atol=resolution), name
+        assert secure.weights[name] == pytest.approx(plain.weights[name], abs=resolution)
+    # what clients share unsummed travels beside the sum, from the clients in it
+    assert sorted(secure.shared) == [0, 2, 3, 4] and torch.equal(secure.shared[4]["stats"], torch.full((3,), 4.0))
+    # masked vectors are uint32 of d + 1 values per name: the upload is the float32 update plus overhead
+    assert secure.bytes_up > 4 * (DIM + KD_DIM) * 4
 
 
 def test_secure_aggregate_is_reproducible_despite_fresh_keys() -> None:
-    a = _channel(4).aggregate(_broadcast(), _uploads(4), {})
-    b = _channel(4).aggregate(_broadcast(), _uploads(4), {})
-    assert torch.equal(a.total, b.total) and a.weight == b.weight
+    a = _aggregate(_channel(4), _uploads(4), {})
+    b = _aggregate(_channel(4), _uploads(4), {})
+    assert torch.equal(a.sums[MODEL], b.sums[MODEL]) and a.weights == b.weights
 
 
-def test_below_threshold_aborts_the_round_cleanly() -> None:
-    uploads = _uploads(4)
-    dead = {k: "advertise_keys" for k in (0, 1, 2)}
-    agg = _channel(4).aggregate(_broadcast(), uploads, dead)
-    assert agg.contributors == () and agg.weight == 0.0 and not agg.total.any()
+def test_an_aborted_session_is_retried_among_the_clients_still_online() -> None:
+    uploads = _uploads(4, kd=False)
+    dead = {k: "advertise_keys" for k in (0, 1, 2)}  # one client left: nothing can be aggregated
+    agg = _aggregate(_channel(4), uploads, dead)
+    assert agg.contributors == () and agg.weights[MODEL] == 0.0 and not agg.sums[MODEL].any()
+    # 10 clients on the complete graph: if all but t − 1 vanish after sharing keys, the survivors keep
+    # fewer than t neighbours to rebuild the vanished clients' keys, so the session aborts; a new
+    # session among the clients still online sums their inputs.
+    uploads = _uploads(10, kd=False)
+    channel = _channel(10, graph="complete")
+    threshold = channel.params(10).threshold
+    vanish = {k: "masked_input" for k in range(10 - threshold + 1)}
+    agg = _aggregate(channel, uploads, vanish)
+    survivors = tuple(k for k in range(10) if k not in vanish)
+    assert agg.contributors == survivors
+    truth = sum(u.summed[MODEL].vector * u.summed[MODEL].weight for u in uploads if u.client_id in survivors)
+    assert torch.allclose(agg.sums[MODEL], truth, atol=1e-4)
 
 
 def test_a_single_client_is_never_aggregated() -> None:
-    agg = _channel(4).aggregate(_broadcast(), _uploads(1), {})
-    assert agg.contributors == () and agg.bytes_up == 0
+    agg = _aggregate(_channel(4), _uploads(1), {})
+    assert agg.contributors == () and agg.shared == {}
 
 
-def test_authenticated_mode_detects_model_inconsistency() -> None:
+def test_authenticated_mode_is_the_default_and_detects_model_inconsistency() -> None:
+    from secfed import protocols
+
+    assert _channel(4).authenticated
     uploads = _uploads(4)
-    uploads[2] = dataclasses.replace(uploads[2], model_hash=b"x" * 32)  # trained on another model
+    uploads[2] = Upload(2, 5, uploads[2].summed, {}, model_hash=b"x" * 32)  # trained on another model
     with pytest.raises(protocols.ModelMismatch):
-        _channel(4, authenticated=True).aggregate(_broadcast(), uploads, {})
+        _aggregate(_channel(4), uploads, {})
     # a client that vanishes at the consistency check already sent its masked input: it is in the sum
-    consistent = _channel(4, authenticated=True).aggregate(_broadcast(), _uploads(4), {1: "consistency_check"})
+    consistent = _aggregate(_channel(4), _uploads(4), {1: "consistency_check"})
     assert consistent.contributors == (0, 1, 2, 3)
 
 
-def test_distributed_noise_sum_decodes_to_the_clipped_sum_plus_noise() -> None:
+def test_ring_encoded_summands_are_summed_as_they_are() -> None:
+    """Distributed DP: clients send their integer encodings (noise included); the channel sums them."""
     n, clip, z = 4, 1.0, 0.5
     params = skellam_params(dim=DIM, clip=clip, noise_multiplier=z, ring_bits=32, contributors=n)
-    cfg = RunConfig(seed=2)
-    channel = SecureChannel.for_run(cfg, DIM, n, skellam=params)
-    uploads = [dataclasses.replace(u, weight=1.0) for u in _uploads(n, seed=3)]
-    agg = channel.aggregate(_broadcast(), uploads, {})
-    truth = sum(u.update for u in uploads)
-    residual = (agg.total - truth).numpy().astype(np.float64)
-    assert agg.contributors == tuple(range(n))
-    # the unmasked sum carries noise of std z·C (plus rounding), not zero, and is centred on the truth
-    assert abs(residual.mean()) < 4 * z * clip / np.sqrt(DIM)
-    assert residual.std() == pytest.approx(z * clip, rel=0.1)
+    g = torch.Generator().manual_seed(3)
+    updates = [torch.randn(DIM, generator=g) * 0.01 for _ in range(n)]
+    noise = NoiseSource(0)
+    uploads = [Upload(k, 5, {MODEL: Summand(torch.from_numpy(encode(u.numpy(), params, rotation_seed=rotation_seed(2, 5),
+                                                                     rng=noise.generator("x", k))), 1.0, "ring")},
+                      model_hash=b"h" * 32)
+               for k, u in enumerate(updates)]
+    agg = _aggregate(_channel(n), uploads, {})
+    assert agg.sums[MODEL].dtype == torch.int64 and agg.weights[MODEL] == n
+    from secfed.privacy.distributed import decode_sum
+
+    decoded = decode_sum(agg.sums[MODEL].numpy(), params, rotation_seed=rotation_seed(2, 5))
+    residual = decoded - sum(u.numpy() for u in updates).astype(np.float64)
+    assert residual.std() == pytest.approx(z * clip, rel=0.1)  # z·C of noise, not zero, on the true sum
 
 
-def test_values_beyond_the_clip_range_are_counted() -> None:
+def test_values_beyond_the_range_are_counted() -> None:
     uploads = _uploads(3)
-    big = uploads[1].update.clone()
+    big = uploads[1].summed[MODEL].vector.clone()
     big[:7] = 100.0  # × weight 0.2 = 20 > clip 8
-    uploads[1] = dataclasses.replace(uploads[1], update=big)
-    agg = _channel(3).aggregate(_broadcast(), uploads, {})
-    assert agg.clipped == 7
-    assert _channel(3).aggregate(_broadcast(), _uploads(3), {}).clipped == 0
+    uploads[1] = Upload(1, 5, {**uploads[1].summed, MODEL: Summand(big, 0.2)}, {}, b"h" * 32)
+    assert _aggregate(_channel(3), uploads, {}).clipped == 7
+    assert _aggregate(_channel(3), _uploads(3), {}).clipped == 0

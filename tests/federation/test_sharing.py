@@ -8,6 +8,9 @@ import torch
 from secfed.models.reid import ReIDModel
 from secfed.models.sharing import is_shared, load_shared, local_state, model_hash, shared_layout
 
+PAV = ("backbone.", "neck.")  # FedPav's shared prefixes
+AVG = (*PAV, "classifier.")  # FedAvg shares the classifier too
+
 
 @pytest.fixture(scope="module")
 def model() -> ReIDModel:
@@ -16,7 +19,7 @@ def model() -> ReIDModel:
 
 
 def test_fedpav_shares_backbone_and_neck_not_classifier(model: ReIDModel) -> None:
-    layout = shared_layout(model, shares_classifier=False, bn_stats="shared")
+    layout = shared_layout(model, PAV, bn_stats="shared")
     names = set(layout.names)
     assert not any(n.startswith("classifier.") for n in names)
     assert "neck.0.weight" in names and "neck.1.running_var" in names
@@ -27,12 +30,12 @@ def test_fedpav_shares_backbone_and_neck_not_classifier(model: ReIDModel) -> Non
 
 
 def test_fedavg_shares_the_classifier(model: ReIDModel) -> None:
-    layout = shared_layout(model, shares_classifier=True, bn_stats="shared")
+    layout = shared_layout(model, AVG, bn_stats="shared")
     assert {"classifier.weight", "classifier.bias"} <= set(layout.names)
 
 
 def test_local_bn_stats_stay_local(model: ReIDModel) -> None:
-    layout = shared_layout(model, shares_classifier=False, bn_stats="local")
+    layout = shared_layout(model, PAV, bn_stats="local")
     assert not any(n.endswith(("running_mean", "running_var")) for n in layout.names)
     kept = local_state(model, layout)
     assert "backbone.bn1.running_mean" in kept and "neck.1.running_var" in kept
@@ -51,11 +54,11 @@ def test_local_bn_stats_stay_local(model: ReIDModel) -> None:
     ("classifier.weight", True, "shared", True),
 ])
 def test_rule_per_key(name: str, classifier: bool, bn: str, expected: bool) -> None:
-    assert is_shared(name, classifier, bn) is expected
+    assert is_shared(name, AVG if classifier else PAV, bn) is expected
 
 
 def test_flatten_roundtrip_and_load_shared_touches_only_shared(model: ReIDModel) -> None:
-    layout = shared_layout(model, shares_classifier=False, bn_stats="shared")
+    layout = shared_layout(model, PAV, bn_stats="shared")
     vector = layout.flatten(model.state_dict())
     assert vector.dtype == torch.float32 and vector.numel() == layout.size == layout.nbytes // 4
     for name, value in layout.unflatten(vector).items():
@@ -72,7 +75,7 @@ def test_flatten_roundtrip_and_load_shared_touches_only_shared(model: ReIDModel)
 
 
 def test_trainable_mask_covers_parameters_only(model: ReIDModel) -> None:
-    layout = shared_layout(model, shares_classifier=False, bn_stats="shared")
+    layout = shared_layout(model, PAV, bn_stats="shared")
     mask = layout.trainable_mask()
     n_params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("classifier."))
     assert int(mask.sum()) == n_params
@@ -81,7 +84,7 @@ def test_trainable_mask_covers_parameters_only(model: ReIDModel) -> None:
 
 
 def test_layout_fingerprint_differs_by_rule(model: ReIDModel) -> None:
-    a = shared_layout(model, False, "shared").fingerprint()
-    b = shared_layout(model, False, "local").fingerprint()
-    c = shared_layout(model, True, "shared").fingerprint()
+    a = shared_layout(model, PAV, "shared").fingerprint()
+    b = shared_layout(model, PAV, "local").fingerprint()
+    c = shared_layout(model, AVG, "shared").fingerprint()
     assert len({a, b, c}) == 3

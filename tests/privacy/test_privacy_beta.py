@@ -6,7 +6,12 @@ from torch import nn
 
 from secfed.models.sharing import shared_layout
 from secfed.privacy.beta import BetaNoise, add_beta_noise
-from secfed.seeding import torch_generator
+from secfed.privacy.noise import NoiseSource
+
+
+def torch_generator(seed: int, purpose: str, *indices: int):
+    """A reproducible noise generator (the tests' stand-in for the run's secure one)."""
+    return NoiseSource(seed, reproducible=True).generator(purpose, *indices)
 
 
 class TinyReid(nn.Module):
@@ -24,7 +29,7 @@ def _layout_and_weights():
     with torch.no_grad():  # non-trivial running statistics
         model.backbone[1].running_mean.uniform_(-1, 1)
         model.backbone[1].running_var.uniform_(0.5, 2)
-    layout = shared_layout(model, shares_classifier=False, bn_stats="shared")
+    layout = shared_layout(model, ("backbone.", "neck."), bn_stats="shared")
     return model, layout, layout.flatten(model.state_dict())
 
 
@@ -83,18 +88,31 @@ def test_bad_inputs_are_refused() -> None:
 def test_single_mode_broadcasts_theta_unchanged_and_noises_the_aggregate() -> None:
     _, layout, flat = _layout_and_weights()
     mask = layout.trainable_mask()
-    beta = BetaNoise(0.02, "single", mask, run_seed=7)
+    beta = BetaNoise(0.02, "single", mask, NoiseSource(7))
     assert torch.equal(beta.broadcast(flat, 3, client_id=1), flat)
     noised = beta.aggregate(flat, 3)
     assert torch.equal(noised[~mask], flat[~mask])
     assert float((noised - flat)[mask].std()) == pytest.approx(0.02, rel=0.03)
-    assert torch.equal(noised, beta.aggregate(flat, 3))  # regenerated from the run seed
+
+
+def test_noise_cannot_be_regenerated_from_the_run_seed() -> None:
+    """The old code drew the noise from the run seed stored in config.json: whoever read it could subtract
+    the noise. Now two servers with the same run seed draw independent noise, unless the run asks for
+    reproducible (and not private) noise."""
+    _, layout, flat = _layout_and_weights()
+    mask = layout.trainable_mask()
+    a = BetaNoise(0.02, "single", mask, NoiseSource(7)).aggregate(flat, 3) - flat
+    b = BetaNoise(0.02, "single", mask, NoiseSource(7)).aggregate(flat, 3) - flat
+    assert abs(float(torch.corrcoef(torch.stack([a[mask], b[mask]]))[0, 1])) < 0.05
+    r1 = BetaNoise(0.02, "single", mask, NoiseSource(7, reproducible=True)).aggregate(flat, 3)
+    r2 = BetaNoise(0.02, "single", mask, NoiseSource(7, reproducible=True)).aggregate(flat, 3)
+    assert torch.equal(r1, r2)
 
 
 def test_double_mode_gives_each_client_fresh_noise_and_keeps_eq14_exact() -> None:
     _, layout, theta = _layout_and_weights()
     mask = layout.trainable_mask()
-    beta = BetaNoise(0.02, "double", mask, run_seed=7)
+    beta = BetaNoise(0.02, "double", mask, NoiseSource(7))
     received = {i: beta.broadcast(theta, 5, i) for i in range(4)}
     n0, n1 = received[0] - theta, received[1] - theta
     assert torch.equal(n0[~mask], torch.zeros_like(n0[~mask]))
@@ -106,5 +124,7 @@ def test_double_mode_gives_each_client_fresh_noise_and_keeps_eq14_exact() -> Non
     generator = torch.Generator().manual_seed(1)
     trained = {i: received[i] + 0.1 * torch.randn(theta.shape, generator=generator) for i in received}
     updates = [trained[i] - received[i] for i in received]
-    server_mean = theta + torch.stack(updates).mean(0) + beta.broadcast_noise_mean(5, received)
+    # the server kept each draw's key for the round and regenerates n_i to undo the offset
+    noise_mean = torch.stack([beta.broadcast_noise(5, i) for i in received]).mean(0)
+    server_mean = theta + torch.stack(updates).mean(0) + noise_mean
     assert torch.allclose(server_mean, torch.stack(list(trained.values())).mean(0), atol=1e-6)

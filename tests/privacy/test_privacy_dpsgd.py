@@ -13,6 +13,11 @@ from torch import nn
 from secfed.models.reid import ReIDModel
 from secfed.privacy.accountant import SampledGaussianAccountant
 from secfed.privacy.dpsgd import dp_compatible, make_private, plain_name
+from secfed.privacy.noise import NoiseSource
+
+
+def _noise(index: int = 0):
+    return NoiseSource(0, reproducible=True).generator("dp-sgd", index)
 
 CLASSES, BATCH = 5, 2
 
@@ -61,7 +66,7 @@ def test_per_sample_gradients_match_one_example_at_a_time(private_model: nn.Modu
         nn.functional.cross_entropy(model(images[i : i + 1]), labels[i : i + 1]).backward()
         reference.append({name: p.grad.clone() for name, p in model.named_parameters()})
     model.zero_grad(set_to_none=True)
-    private = make_private(model, _sgd(model), noise_multiplier=0.0, max_grad_norm=1.0, sample_rate=0.1, expected_batch_size=BATCH)
+    private = make_private(model, _sgd(model), noise_multiplier=0.0, max_grad_norm=1.0, sample_rate=0.1, expected_batch_size=BATCH, noise_generator=_noise())
     nn.functional.cross_entropy(private.module(images), labels).backward()
     for name, p in private.module.named_parameters():
         expected = torch.stack([r[plain_name(name)] for r in reference])
@@ -74,7 +79,7 @@ def test_one_private_step_is_clipped_and_bounded(private_model: nn.Module, batch
     model = copy.deepcopy(private_model)
     before = [p.detach().clone() for p in model.parameters()]
     clip = 1e-3
-    private = make_private(model, _sgd(model), noise_multiplier=0.0, max_grad_norm=clip, sample_rate=0.1, expected_batch_size=BATCH)
+    private = make_private(model, _sgd(model), noise_multiplier=0.0, max_grad_norm=clip, sample_rate=0.1, expected_batch_size=BATCH, noise_generator=_noise())
     images, labels = batch
     private.optimizer.zero_grad(set_to_none=True)
     nn.functional.cross_entropy(private.module(images), labels).backward()
@@ -93,7 +98,7 @@ def test_noise_is_added_and_accounted_across_rounds(private_model: nn.Module) ->
     for round_index in range(2):  # a fresh optimiser per round over the same accountant
         private = make_private(
             model, _sgd(model), noise_multiplier=1.0, max_grad_norm=1e-3, sample_rate=0.2, expected_batch_size=BATCH,
-            accountant=accountant, generator=torch.Generator().manual_seed(round_index),
+            accountant=accountant, noise_generator=_noise(round_index),
         )
         before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         private.empty_step()  # an empty Poisson batch: no gradient, noise only, and still a step
@@ -107,7 +112,7 @@ def test_noise_is_added_and_accounted_across_rounds(private_model: nn.Module) ->
 
 def test_wrapped_names_map_back_to_the_plain_model(private_model: nn.Module) -> None:
     model = copy.deepcopy(private_model)
-    private = make_private(model, _sgd(model), noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=0.1, expected_batch_size=4)
+    private = make_private(model, _sgd(model), noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=0.1, expected_batch_size=4, noise_generator=_noise())
     wrapped = dict(private.module.named_parameters())
     plain = dict(model.named_parameters())
     assert all(name.startswith("_module.") for name in wrapped)
@@ -118,8 +123,8 @@ def test_wrapped_names_map_back_to_the_plain_model(private_model: nn.Module) -> 
 def test_refusals() -> None:
     plain = ReIDModel("resnet18", num_classes=CLASSES, neck_dim=64)
     with pytest.raises(ValueError, match="dp_compatible"):
-        make_private(plain, _sgd(plain), noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=0.1, expected_batch_size=4)
+        make_private(plain, _sgd(plain), noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=0.1, expected_batch_size=4, noise_generator=_noise())
     fixed = dp_compatible(plain)
     partial = torch.optim.SGD(fixed.backbone.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="exactly the model's trainable parameters"):
-        make_private(fixed, partial, noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=0.1, expected_batch_size=4)
+        make_private(fixed, partial, noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=0.1, expected_batch_size=4, noise_generator=_noise())

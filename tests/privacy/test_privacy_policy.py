@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 
 import pytest
@@ -9,13 +10,13 @@ import torch
 from opacus.accountants import RDPAccountant
 
 from secfed.config import ConfigError, PrivacyConfig
-from secfed.privacy.policy import FLAGS, default_delta, resolve
+from secfed.privacy.policy import default_delta, resolve
 
 RUN = dict(num_clients=10, clients_per_round=4, rounds=5, aggregation="unweighted", secagg=True, bn_stats="local")
 
 
 def _plan(run: dict | None = None, **privacy):
-    return resolve(PrivacyConfig(**privacy), **{**RUN, **(run or {})})
+    return resolve(PrivacyConfig.model_construct(**{**PrivacyConfig().model_dump(), **privacy}), **{**RUN, **(run or {})})
 
 
 def _opacus_eps(z: float, q: float, steps: int, delta: float) -> float:
@@ -26,30 +27,26 @@ def _opacus_eps(z: float, q: float, steps: int, delta: float) -> float:
 
 
 REFUSALS = [
-    (dict(target_epsilon=2.0, delta=1e-5), {}, "--target-epsilon", "without clipping"),
-    (dict(noise_multiplier=1.0), {}, "--noise-multiplier", "--clip"),
-    (dict(clip=1.0, target_epsilon=2.0), {}, "--delta", "needs --delta"),
-    (dict(clip=1.0, noise_multiplier=1.0, target_epsilon=2.0, delta=1e-5), {}, "--target-epsilon", "not both"),
-    (dict(clip=1.0, noise_multiplier=1.0, sample_rate=0.4), {}, "--sample-rate", "Poisson"),
-    (dict(clip=1.0, noise_multiplier=1.0), dict(aggregation="weighted"), "--aggregation", "aggregation weights"),
-    (dict(clip=1.0, noise_multiplier=1.0), dict(bn_stats="shared"), "--bn-stats", "BatchNorm"),
-    (dict(clip=1.0, noise_multiplier=1.0), dict(extra_uploads=("soft labels",)), "--algorithm", "soft labels"),
-    (dict(clip=1.0, noise_multiplier=1.0, delta=0.2), {}, "--delta", "1/N"),
-    (dict(clip=1.0, noise_multiplier=1.0, distributed=True), dict(secagg=False), "--dp-distributed", "secure aggregation"),
-    (dict(noise_multiplier=1.0, distributed=True), {}, "--noise-multiplier", "--clip"),
-    (dict(clip=1.0, distributed=True), {}, "--dp-distributed", "how much noise"),
-    (dict(dp_beta=0.01, clip=1.0, distributed=True, noise_multiplier=1.0), {}, "--dp-beta", "give one"),
-    (dict(dp_beta=0.01, clip=1.0, noise_multiplier=1.0), {}, "--dp-beta", "give one"),
-    (dict(dp_beta_mode="double"), {}, "--dp-beta-mode", "is 0"),
-    (dict(dp_beta=-0.1), {}, "--dp-beta", "≥ 0"),
-    (dict(clip=0.0), {}, "--clip", "positive"),
-    (dict(sampling="poisson"), dict(clients_per_round=0), "--sample-rate", "needs a rate"),
-    (dict(sampling="poisson", sample_rate=0.5), {}, "--clients-per-round", "contradicts"),
-    (dict(sampling="poisson", sample_rate=1.5), {}, "--sample-rate", "(0, 1]"),
-    (dict(dp_sgd=True), {}, "--dp-sgd", "exactly one"),
-    (dict(dp_sgd=True, dp_sgd_target_epsilon=3.0), {}, "--dp-sgd-delta", "needs"),
-    (dict(dp_sgd_noise_multiplier=1.0), {}, "--dp-sgd-noise-multiplier", "without --dp-sgd"),
-    (dict(dp_sgd=True, dp_sgd_noise_multiplier=1.0, dp_sgd_clip=-1.0), {}, "--dp-sgd-clip", "positive"),
+    (dict(target_epsilon=2.0, delta=1e-5), {}, "privacy.target_epsilon", "without clipping"),
+    (dict(noise_multiplier=1.0), {}, "privacy.noise_multiplier", "add privacy.clip"),
+    (dict(clip=1.0, target_epsilon=2.0), {}, "privacy.delta", "needs privacy.delta"),
+    (dict(clip=1.0, noise_multiplier=1.0, target_epsilon=2.0, delta=1e-5), {}, "privacy.target_epsilon", "not both"),
+    (dict(clip=1.0, noise_multiplier=1.0, sample_rate=0.4), {}, "privacy.sample_rate", "Poisson"),
+    (dict(clip=1.0, noise_multiplier=1.0), dict(aggregation="weighted"), "method.aggregation", "aggregation weights"),
+    (dict(clip=1.0, noise_multiplier=1.0), dict(bn_stats="shared"), "model.bn_stats", "BatchNorm"),
+    (dict(clip=1.0, noise_multiplier=1.0), dict(extra_uploads=("soft labels",)), "method.algorithm", "soft labels"),
+    (dict(clip=1.0, noise_multiplier=1.0, delta=0.2), {}, "privacy.delta", "1/N"),
+    (dict(clip=1.0, noise_multiplier=1.0, distributed=True), dict(secagg=False), "privacy.distributed", "secure aggregation"),
+    (dict(noise_multiplier=1.0, distributed=True), {}, "privacy.noise_multiplier", "add privacy.clip"),
+    (dict(clip=1.0, distributed=True), {}, "privacy.distributed", "how much noise"),
+    (dict(dp_beta=0.01, clip=1.0, distributed=True, noise_multiplier=1.0), {}, "privacy.dp_beta", "give one"),
+    (dict(dp_beta=0.01, clip=1.0, noise_multiplier=1.0), {}, "privacy.dp_beta", "give one"),
+    (dict(dp_beta_mode="double"), {}, "privacy.dp_beta_mode", "is 0"),
+    (dict(sampling="poisson"), dict(clients_per_round=0), "privacy.sample_rate", "needs a rate"),
+    (dict(sampling="poisson", sample_rate=0.5), {}, "schedule.clients_per_round", "contradicts"),
+    (dict(dp_sgd=True), {}, "privacy.dp_sgd", "exactly one"),
+    (dict(dp_sgd=True, dp_sgd_target_epsilon=3.0), {}, "privacy.dp_sgd_delta", "needs"),
+    (dict(dp_sgd_noise_multiplier=1.0), {}, "privacy.dp_sgd_noise_multiplier", "without privacy.dp_sgd"),
 ]
 
 
@@ -57,14 +54,14 @@ REFUSALS = [
 def test_inconsistent_settings_are_refused_naming_the_flag(privacy: dict, run: dict, flag: str, words: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(words)) as caught:
         _plan(run, **privacy)
-    assert caught.value.flag == flag
+    assert caught.value.key == flag
     assert str(caught.value).startswith(flag)
 
 
 def test_clients_per_round_out_of_range_is_refused() -> None:
     with pytest.raises(ConfigError) as caught:
         _plan(dict(clients_per_round=11))
-    assert caught.value.flag == FLAGS["clients_per_round"]
+    assert caught.value.key == "schedule.clients_per_round"
 
 
 def test_beta_alone_says_it_is_not_dp() -> None:
@@ -101,7 +98,8 @@ def test_beta_with_clip_claims_nothing_when_something_escapes_the_noise(run: dic
 
 
 def test_dp_fedavg_with_poisson_sampling_uses_the_expected_cohort_and_amplification() -> None:
-    plan = _plan(dict(clients_per_round=0), clip=2.0, noise_multiplier=1.2, sampling="poisson", sample_rate=0.3)
+    plan = _plan(dict(clients_per_round=0, secagg=False), clip=2.0, noise_multiplier=1.2, sampling="poisson",
+                 sample_rate=0.3)
     assert plan.mechanism == "gaussian" and plan.sampling == "poisson" and plan.clients_per_round is None
     assert plan.denominator == pytest.approx(3.0)  # q·N, never the realised head count
     assert plan.aggregate_noise_std == pytest.approx(1.2 * 2.0 / 3.0)
@@ -141,7 +139,7 @@ def test_dp_sgd_target_is_calibrated_per_client_and_delta_checked_per_client() -
     assert 8.0 - 0.02 <= _opacus_eps(z, 1.0, 2 * 3, 1e-3) <= 8.0  # full batches: q = 1, one step per epoch
     with pytest.raises(ConfigError) as caught:
         plan.dp_sgd.delta_for(2000)
-    assert caught.value.flag == "--dp-sgd-delta"
+    assert caught.value.key == "privacy.dp_sgd_delta"
 
 
 def test_distributed_plan_and_ring_refusal() -> None:
@@ -151,7 +149,7 @@ def test_distributed_plan_and_ring_refusal() -> None:
     assert plan.denominator == 4 and plan.accounting_sample_rate == 1.0
     with pytest.raises(ConfigError, match="ring") as caught:
         _plan(dict(model_dim=5000, ring_bits=4), clip=1.0, noise_multiplier=0.8, distributed=True)
-    assert caught.value.flag == "--dp-distributed"
+    assert caught.value.key == "privacy.distributed"
     with pytest.raises(ValueError, match="model_dim"):
         _plan(clip=1.0, noise_multiplier=0.8, distributed=True)
 
@@ -180,12 +178,74 @@ def test_plan_summary_is_json() -> None:
     assert dataclasses.is_dataclass(plan)
 
 
-def test_quantised_channel_inflates_the_accounted_sensitivity() -> None:
+def test_secure_rounding_is_accounted_and_the_noise_itself_is_unchanged() -> None:
+    plain = _plan(dict(secagg=False, model_dim=10_000, quantiser_scale=100.0), clip=1.0, noise_multiplier=1.0)
+    secure = _plan(dict(model_dim=10_000, quantiser_scale=100.0), clip=1.0, noise_multiplier=1.0)
+    # rounding adds up to √d/s = 1.0 to a clipped update of norm 1: the accountant sees z·C/(C + 1)
+    assert plain.accounting_noise_multiplier == pytest.approx(1.0)
+    assert secure.accounting_noise_multiplier == pytest.approx(0.5)
+    assert secure.aggregate_noise_std == plain.aggregate_noise_std  # the noise added is z·C/W either way
+    assert any("rounding" in s for s in secure.statements)
+    assert secure.ledger().noise_multiplier == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("secagg, quantiser_scale", [(False, None), (True, 100.0), (True, 3.0)])
+@pytest.mark.parametrize("q, rounds, delta, target", [
+    (1.0, 16, 1e-5, 3.0), (0.3, 50, 1e-5, 3.0), (1.0, 5, 1e-4, 0.5), (0.1, 200, 1e-6, 8.0),
+])
+def test_target_epsilon_is_never_exceeded(secagg: bool, quantiser_scale: float | None, q: float, rounds: int,
+                                          delta: float, target: float) -> None:
+    """Calibration happens last, on the value the accountant is given (the old code calibrated z and then
+    lowered the accounted z for rounding: target 3 printed ε = 3.003)."""
+    n = 1000
+    sampling = dict(sampling="poisson", sample_rate=q) if q < 1 else {}
+    plan = _plan(dict(num_clients=n, clients_per_round=0, rounds=rounds, secagg=secagg, model_dim=10_000,
+                      quantiser_scale=quantiser_scale),
+                 clip=1.0, target_epsilon=target, delta=delta, **sampling)
+    ledger = plan.ledger()
+    for _ in range(rounds):
+        ledger.record_round(int(q * n))
+    assert ledger.epsilon() <= target
+    assert ledger.epsilon() >= target - 0.05  # and not wastefully far below it
+
+
+def test_poisson_rounds_without_a_sum_are_folded_into_delta_when_rare() -> None:
+    """Secure aggregation never sums one client, so whether a client was sampled can decide whether
+    another's update is released. With many clients that event is rare and goes into δ."""
+    plan = _plan(dict(num_clients=1000, clients_per_round=0, rounds=20), clip=1.0, noise_multiplier=1.0,
+                 sampling="poisson", sample_rate=0.05, delta=1e-6)
+    assert plan.skip_rule == "delta" and 0 < plan.skip_probability < 1e-15
+    assert plan.accounted_delta == pytest.approx(5e-7)  # half of δ for the accountant, half for the event
+    assert plan.accounted_delta + 20 * (1 + math.exp(plan.ledger().epsilon() or 0)) * plan.skip_probability <= 1e-6
+
+
+def test_poisson_on_a_small_federation_doubles_the_sensitivity() -> None:
+    """4 clients at q = 0.5: a round with one sampled client releases nothing under secure aggregation, so
+    the released sum's sensitivity is 2C, not C; the old accountant (sensitivity C) printed too small an ε."""
+    run = dict(num_clients=4, clients_per_round=0, rounds=30)
+    naive = _plan({**run, "secagg": False}, clip=1.0, noise_multiplier=1.0, sampling="poisson", sample_rate=0.5)
+    covered = _plan(run, clip=1.0, noise_multiplier=1.0, sampling="poisson", sample_rate=0.5)
+    assert naive.skip_rule == "none" and covered.skip_rule == "sensitivity"
+    assert covered.accounting_noise_multiplier == pytest.approx(0.5)
+    eps = []
+    for plan in (naive, covered):
+        ledger = plan.ledger()
+        for _ in range(30):
+            ledger.record_round(2)
+        eps.append(ledger.epsilon())
+    assert eps[1] == pytest.approx(_opacus_eps(0.5, 0.5, 30, 1e-5)) and eps[1] > eps[0]
+    assert any("sensitivity is taken as 2C" in s for s in covered.statements)
+
+
+def test_fixed_selection_skips_do_not_depend_on_anyone_and_cost_nothing() -> None:
     plan = _plan(clip=1.0, noise_multiplier=1.0)
-    quantised = plan.for_quantised_channel(scale=100.0, dim=10_000)  # rounding adds up to √d/s = 1.0
-    assert quantised.noise_multiplier == pytest.approx(0.5)
-    assert quantised.aggregate_noise_std == plan.aggregate_noise_std  # the noise itself is unchanged
-    assert len(quantised.statements) == len(plan.statements) + 1
-    assert quantised.ledger().noise_multiplier == pytest.approx(0.5)
-    beta_only = _plan(dp_beta=0.1)
-    assert beta_only.for_quantised_channel(scale=100.0, dim=10) is beta_only
+    assert plan.skip_rule == "none" and plan.accounted_delta == plan.delta
+
+
+def test_noise_source_is_named_in_the_statements() -> None:
+    private = _plan(clip=1.0, noise_multiplier=1.0)
+    assert any("fresh OS entropy" in s for s in private.statements)
+    assert not any("NOT PRIVATE" in s for s in private.statements)
+    experiment = _plan(clip=1.0, noise_multiplier=1.0, reproducible_noise=True)
+    assert any("NOT PRIVATE" in s for s in experiment.statements)
+    assert any("outside_epsilon" in s for s in private.statements)  # what no ε covers is said

@@ -1,0 +1,96 @@
+"""Server knowledge distillation on a public set (Zhuang et al., MM 2020, Alg. 2), around any method.
+
+    client  after local training, the features of the public images under its trained model
+            (the "soft labels" ℓ_k) join its upload as the summed vector ``kd`` with weight 1,
+            inside the same masked sum as its model update
+    server  after the mean of the updates, ℓ = Σ ℓ_k / K (what the secure sum gives), and the global
+            model is fine-tuned towards ℓ on the public images with an MSE loss (as the reference)
+
+Fixed against the reference code: teachers compute their soft labels in evaluation mode under
+``torch.no_grad`` (the reference leaves them in training mode, so dropout noises the targets and
+every teacher pass shifts its BatchNorm running statistics). The student trains in training mode,
+as any fine-tuning does. What the soft labels reveal is in SECURITY.md: they are computed on public
+images, so they are a function of the client's model only, and they travel inside the masked sum.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from secfed.algorithms.base import Method, MethodWrapper, Schedule, Site, eval_copy, make_optimizer, with_summand
+from secfed.data.augment import epoch_batches
+from secfed.data.transforms import normalize
+from secfed.federation.messages import Aggregate, Broadcast, Contribution, Summand
+from secfed.models.sharing import SharedLayout, load_shared
+from secfed.privacy.dpsgd import ClientDpSgd
+
+KD = "kd"
+KD_BATCH = 64
+# Soft labels are neck features (BatchNorm-normalised, so about unit scale); this range keeps the
+# rare large value from being clipped by secure aggregation's quantiser.
+SOFT_LABEL_BOUND = 16.0
+
+
+def soft_labels(model: nn.Module, images: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
+    """Features of the public ``images`` (uint8) under ``model`` in evaluation mode, no autograd:
+    (N × D) float32 on the CPU. The model itself is left untouched (a frozen copy runs)."""
+    teacher = eval_copy(model)
+    device = next(teacher.parameters()).device
+    with torch.inference_mode():
+        out = [teacher.embed(normalize(images[i : i + batch_size].to(device))).float().cpu()
+               for i in range(0, len(images), batch_size)]
+    return torch.cat(out)
+
+
+class KnowledgeDistillation(MethodWrapper):
+    def __init__(self, inner: Method, public_images: torch.Tensor, server_model: nn.Module, layout: SharedLayout,
+                 *, epochs: int, lr: float, seed: int) -> None:
+        super().__init__(inner)
+        if len(public_images) < 2:
+            raise ValueError(f"knowledge distillation needs a public set of at least 2 images, got {len(public_images)}")
+        self.public = public_images
+        self.server_model = copy.deepcopy(server_model)  # the student: the global shared weights + any head
+        self.layout = layout
+        self.epochs, self.lr, self.seed = epochs, lr, seed
+        self._round = 0
+
+    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule, seed: int,
+                    dp: ClientDpSgd | None = None) -> Contribution:
+        contribution = self.inner.client_step(site, broadcast, layout, schedule, seed, dp)
+        self._round = broadcast.round
+        labels = soft_labels(site.model, self.public.to(next(site.model.parameters()).device))
+        return with_summand(contribution, KD, Summand(labels.reshape(-1), 1.0, bound=SOFT_LABEL_BOUND))
+
+    def refine(self, weights: torch.Tensor, aggregate: Aggregate) -> torch.Tensor:
+        weights = self.inner.refine(weights, aggregate)
+        if aggregate.weights.get(KD, 0.0) <= 0:
+            return weights
+        target = (aggregate.sums[KD] / aggregate.weights[KD]).reshape(len(self.public), -1)
+        return self.distill(weights, target, aggregate.round)
+
+    def distill(self, weights: torch.Tensor, target: torch.Tensor, round_index: int) -> torch.Tensor:
+        """Fine-tune the global model towards ``target`` features of the public set: MSE, SGD."""
+        model = self.server_model
+        load_shared(model, self.layout, weights)
+        device = next(model.parameters()).device
+        images, target = self.public.to(device), target.to(device)
+        generator = torch.Generator().manual_seed(self.seed + round_index)
+        torch.manual_seed(self.seed + round_index)  # dropout in the student's neck
+        schedule = Schedule(lr_backbone=self.lr, lr_new=self.lr, epochs=self.epochs, batch_size=KD_BATCH)
+        optimizer = make_optimizer(model, schedule)
+        model.train()
+        for _ in range(self.epochs):
+            for index in epoch_batches(len(images), KD_BATCH, generator):
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.mse_loss(model.embed(normalize(images[index])), target[index])
+                loss.backward()
+                optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return self.layout.flatten(model.state_dict()).cpu()
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}+kd"

@@ -1,0 +1,182 @@
+"""Broadcasts and Uploads as bytes: an explicit, versioned, length-checked wire format (no pickle).
+
+    magic "SFED" | version u8 | kind u8 (1 Broadcast, 2 Upload) | reserved u16 = 0 | header length u32
+    | header: UTF-8 JSON (scalars and a table of tensors) | tensor bytes, little-endian, back to back
+
+The header lists every tensor as ``{"name", "dtype", "shape"}`` in the order its bytes follow; only
+float32 and int64 tensors exist on this wire. :func:`decode` checks the magic, version, kind,
+lengths, JSON shape, dtypes, shapes against the bytes present, that nothing trails, and that every
+float is finite — anything else raises :class:`CodecError` saying what is wrong. The in-process
+runtime sends every Broadcast and Upload through this codec, so the seam between server side and
+client side is the same one a transport between processes uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from secfed.federation.messages import Broadcast, Summand, Upload
+
+MAGIC = b"SFED"
+VERSION = 1
+_PREFIX = struct.Struct("<4sBBHI")
+_BROADCAST, _UPLOAD = 1, 2
+_DTYPES = {"float32": (torch.float32, np.dtype("<f4")), "int64": (torch.int64, np.dtype("<i8"))}
+MAX_HEADER_BYTES = 1 << 20
+MAX_TENSORS = 4096
+
+
+class CodecError(ValueError):
+    """Bytes that are not a valid secfed Broadcast or Upload; the message says what is wrong."""
+
+
+# ---- encoding --------------------------------------------------------------------------------------
+
+
+def _table(named: Mapping[str, torch.Tensor]) -> tuple[list[dict[str, Any]], list[memoryview]]:
+    entries, blobs = [], []
+    for name, tensor in named.items():
+        t = tensor.detach().cpu().contiguous()
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise ValueError(f"tensor {name!r} is {t.dtype}; the wire carries float32 and int64 only")
+        entries.append({"name": name, "dtype": dtype, "shape": list(t.shape)})
+        blobs.append(memoryview(t.numpy().astype(_DTYPES[dtype][1], copy=False)).cast("B"))
+    return entries, blobs
+
+
+def _pack(kind: int, header: dict[str, Any], named: Mapping[str, torch.Tensor]) -> bytes:
+    entries, blobs = _table(named)
+    text = json.dumps({**header, "tensors": entries}, separators=(",", ":"), allow_nan=False).encode()
+    return b"".join([_PREFIX.pack(MAGIC, VERSION, kind, 0, len(text)), text, *blobs])
+
+
+def encode_broadcast(message: Broadcast) -> bytes:
+    named = {"weights": message.weights, **{f"payload/{k}": v for k, v in message.payloads.items()}}
+    return _pack(_BROADCAST, {"round": message.round, "layout_id": message.layout_id}, named)
+
+
+def encode_upload(message: Upload) -> bytes:
+    summands = {name: {"weight": s.weight, "encoding": s.encoding, "bound": s.bound} for name, s in message.summed.items()}
+    named = {**{f"summed/{k}": s.vector for k, s in message.summed.items()},
+             **{f"shared/{k}": v for k, v in message.shared.items()}}
+    header = {"client_id": message.client_id, "round": message.round, "summands": summands,
+              "model_hash": message.model_hash.hex() if message.model_hash is not None else None}
+    return _pack(_UPLOAD, header, named)
+
+
+def broadcast_size(message: Broadcast) -> int:
+    return len(encode_broadcast(message))
+
+
+# ---- decoding --------------------------------------------------------------------------------------
+
+
+def _unpack(data: bytes | bytearray | memoryview, kind: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    view = memoryview(data).cast("B")
+    what = "Broadcast" if kind == _BROADCAST else "Upload"
+    if len(view) < _PREFIX.size:
+        raise CodecError(f"{what}: {len(view)} bytes is shorter than the {_PREFIX.size}-byte prefix")
+    magic, version, got_kind, reserved, header_len = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise CodecError(f"{what}: bad magic {bytes(magic)!r}; expected {MAGIC!r}")
+    if version != VERSION:
+        raise CodecError(f"{what}: wire version {version}; this secfed reads version {VERSION}")
+    if got_kind != kind:
+        raise CodecError(f"expected a {what}, got message kind {got_kind}")
+    if reserved != 0:
+        raise CodecError(f"{what}: reserved field must be 0")
+    if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > len(view):
+        raise CodecError(f"{what}: header of {header_len} bytes does not fit the {len(view)}-byte message")
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + header_len]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CodecError(f"{what}: header is not JSON ({exc})") from None
+    if not isinstance(header, dict) or not isinstance(header.get("tensors"), list):
+        raise CodecError(f"{what}: header has no tensor table")
+    if len(header["tensors"]) > MAX_TENSORS:
+        raise CodecError(f"{what}: {len(header['tensors'])} tensors exceed {MAX_TENSORS}")
+    pos = _PREFIX.size + header_len
+    tensors: dict[str, torch.Tensor] = {}
+    for entry in header["tensors"]:
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry.get("dtype") in _DTYPES
+                and isinstance(entry.get("shape"), list)
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry["shape"])):
+            raise CodecError(f"{what}: malformed tensor entry {entry!r}")
+        name = entry["name"]
+        if name in tensors:
+            raise CodecError(f"{what}: tensor {name!r} appears twice")
+        torch_dtype, np_dtype = _DTYPES[entry["dtype"]]
+        count = math.prod(entry["shape"])
+        size = count * np_dtype.itemsize
+        if size > len(view) - pos:
+            raise CodecError(f"{what}: tensor {name!r} needs {size} bytes, {len(view) - pos} left")
+        array = np.frombuffer(view[pos : pos + size], dtype=np_dtype).reshape(entry["shape"])
+        if np_dtype.kind == "f" and not np.isfinite(array).all():
+            raise CodecError(f"{what}: tensor {name!r} holds NaN or infinite values")
+        tensors[name] = torch.from_numpy(array.astype(np_dtype.newbyteorder("="), copy=True))
+        pos += size
+    if pos != len(view):
+        raise CodecError(f"{what}: {len(view) - pos} trailing bytes after the last tensor")
+    return header, tensors
+
+
+def _int(header: dict[str, Any], key: str, what: str) -> int:
+    value = header.get(key)
+    if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63):
+        raise CodecError(f"{what}: {key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
+
+
+def decode_broadcast(data: bytes | bytearray | memoryview) -> Broadcast:
+    header, tensors = _unpack(data, _BROADCAST)
+    weights = tensors.pop("weights", None)
+    if weights is None or weights.dtype != torch.float32 or weights.dim() != 1:
+        raise CodecError("Broadcast: needs a flat float32 'weights' tensor")
+    if not isinstance(header.get("layout_id"), str):
+        raise CodecError("Broadcast: layout_id must be a string")
+    payloads = _prefixed(tensors, "payload/")
+    if len(payloads) != len(tensors):
+        raise CodecError(f"Broadcast: unexpected tensors {sorted(set(tensors) - {'payload/' + k for k in payloads})}")
+    return Broadcast(_int(header, "round", "Broadcast"), weights, header["layout_id"], payloads)
+
+
+def decode_upload(data: bytes | bytearray | memoryview) -> Upload:
+    header, tensors = _unpack(data, _UPLOAD)
+    summands = header.get("summands")
+    if not isinstance(summands, dict):
+        raise CodecError("Upload: header has no summand table")
+    vectors, shared = _prefixed(tensors, "summed/"), _prefixed(tensors, "shared/")
+    if len(vectors) + len(shared) != len(tensors) or set(vectors) != set(summands):
+        raise CodecError("Upload: the summand table and the summed tensors do not match")
+    summed = {}
+    for name, meta in summands.items():
+        if not (isinstance(meta, dict) and meta.get("encoding") in ("float", "ring")
+                and isinstance(meta.get("weight"), (int, float)) and not isinstance(meta.get("weight"), bool)
+                and math.isfinite(meta["weight"])
+                and (meta.get("bound") is None or (isinstance(meta["bound"], (int, float)) and meta["bound"] > 0))):
+            raise CodecError(f"Upload: malformed summand {name!r}: {meta!r}")
+        vector = vectors[name]
+        expected = torch.float32 if meta["encoding"] == "float" else torch.int64
+        if vector.dim() != 1 or vector.dtype != expected:
+            raise CodecError(f"Upload: summand {name!r} must be a flat {expected} vector")
+        summed[name] = Summand(vector, float(meta["weight"]), meta["encoding"], meta.get("bound"))
+    digest = header.get("model_hash")
+    try:
+        model_hash = None if digest is None else bytes.fromhex(digest)
+    except (TypeError, ValueError):
+        raise CodecError(f"Upload: model_hash must be hex, got {digest!r}") from None
+    if model_hash is not None and len(model_hash) != 32:
+        raise CodecError("Upload: model_hash must be 32 bytes")
+    return Upload(_int(header, "client_id", "Upload"), _int(header, "round", "Upload"), summed, shared, model_hash)
