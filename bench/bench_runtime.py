@@ -21,7 +21,6 @@ import platform
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -57,15 +56,16 @@ def plain_seconds(cfg: RunConfig) -> list[float]:
     """The same local steps in a hand-written loop: state dicts in, SGD, weighted average out."""
     fed = build(cfg)
     shared = list(fed.layout.names)
-    global_state = {k: v.clone() for k, v in fed.clients[0].model.state_dict().items() if k in shared}
-    n_total = sum(len(c.images) for c in fed.clients)
+    sites = fed.sites
+    global_state = {k: v.clone() for k, v in sites[0].model.state_dict().items() if k in shared}
+    n_total = sum(len(s.images) for s in sites)
     augment = TrainAugment()
     times = []
     for t in range(cfg.schedule.rounds):
         start = time.perf_counter()
         schedule = schedule_for(cfg, t)
         states = []
-        for client in fed.clients:
+        for client in sites:
             model = client.model
             model.load_state_dict(global_state, strict=False)
             seed = derive_seed(cfg.seed, "train", t, client.id)
@@ -112,7 +112,9 @@ def main() -> None:
             plain += plain_seconds(cfg)
             ours += runtime_seconds(cfg, Path(tmp) / f"plain-channel-{rep}")
             if args.secagg:
-                secure += runtime_seconds(replace(cfg, secagg=replace(cfg.secagg, enabled=True)), Path(tmp) / f"secagg-{rep}")
+                secure_cfg = cfg.model_copy(deep=True)
+                secure_cfg.secagg.enabled = True
+                secure += runtime_seconds(secure_cfg, Path(tmp) / f"secagg-{rep}")
     base = statistics.median(plain)
     rows = [("plain PyTorch loop", plain), ("secfed runtime, plain channel", ours)]
     if secure:

@@ -143,8 +143,8 @@ class ModelConfig(Section):
 
 
 class MethodConfig(Section):
-    algorithm: Literal["fedpav", "fedavg", "fedreid", "dfh"] = setting("fedpav", "--algorithm", "The federated "
-                                                                        "ReID method.")
+    algorithm: str = setting("fedpav", "--algorithm", "The federated ReID method: fedpav, fedavg, fedreid, dfh "
+                             "(or one registered in secfed.algorithms.METHODS).")
     aggregation: Literal["weighted", "unweighted"] = setting(
         "weighted", "--aggregation", "Mean weighted by each client's size (or CDW), or plain (needed for DP).")
     kd: bool = setting(False, "--kd", "Server knowledge distillation on a public set (MM'20 Alg. 2).")
@@ -490,6 +490,10 @@ def check(cfg: RunConfig) -> None:
 
 def _cross_field_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
     d, m, meth, s, sa = cfg.data, cfg.model, cfg.method, cfg.schedule, cfg.secagg
+    from secfed.algorithms import METHODS  # here: the registry imports torch, the schema does not
+
+    if meth.algorithm not in METHODS:
+        yield ConfigIssue("method.algorithm", f"unknown method {meth.algorithm!r}; known: {', '.join(METHODS)}")
     if m.bn_stats == "local" and d.scenario != "by-dataset":
         yield ConfigIssue("model.bn_stats", "local BatchNorm statistics need `data.scenario` by-dataset "
                           "(each evaluated domain must belong to exactly one client)")
@@ -538,3 +542,14 @@ def run_config(*, toml: Path | None = None, overrides: Mapping[str, Any] | None 
         cfg = with_overrides(cfg, overrides)
     check(cfg)
     return cfg
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table: TOML key, flag, default, what it does (the README's table)."""
+    rows = ["| TOML key | flag | default | what it sets |", "|---|---|---|---|"]
+    for key in KEYS.values():
+        default = key.default
+        shown = "–" if default in (None, []) else (str(default).lower() if isinstance(default, bool) else str(default))
+        flag = f"`{key.flag}`" + (f" / `--no-{key.flag[2:]}`" if key.is_flag else "")
+        rows.append(f"| `{key.dotted}` | {flag} | {shown} | {key.help.replace('|', '/')} |")
+    return "\n".join(rows)

@@ -141,3 +141,16 @@ def test_wall_time_format(seconds: float, text: str) -> None:
 def test_bad_summary_values_are_named(summary: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         summary_table(summary)
+
+
+def test_tables_fit_80_columns_without_truncating_numbers() -> None:
+    from rich.console import Console
+
+    rows = [DomainResult(f"a-rather-long-domain-name-{i}", 0.343, 0.5, 0.6, 0.321, 0.164, 0.231, 0.5, 0.119)
+            for i in range(3)]
+    console = Console(width=80, record=True)
+    console.print(results_table(rows))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for number in ("34.3", "50.0", "60.0", "32.1", "16.4", "23.1", "11.9"):
+        assert number in text, number

@@ -1,0 +1,127 @@
+"""The methods on the round seam: what each one shares, how KD and CDW ride inside the masked sum,
+and what the server side of a KD + CDW round sees (sums only)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from secfed import protocols
+from secfed.algorithms.cdw import CosineDistanceWeight, cosine_distance_weight
+from secfed.algorithms.fedpav import FedPav
+from secfed.algorithms.kd import KD, soft_labels
+from secfed.config import RunConfig
+from secfed.federation import codec
+from secfed.federation.builder import build
+from secfed.federation.messages import MODEL, TrainStats
+from secfed.federation.runtime import run, schedule_for
+from secfed.protocols.secagg.messages import MaskedInput
+from secfed.seeding import derive_seed
+
+
+def _kd_cdw(cfg: RunConfig, synth_root: Path) -> RunConfig:
+    cfg.method.kd = True
+    cfg.method.kd_public = str(synth_root / "plaza" / "bounding_box_test")  # unlabelled images no client trains on
+    cfg.method.kd_images = 24
+    cfg.method.cdw = True
+    cfg.secagg.enabled = True
+    cfg.run.local_baseline = False
+    return cfg
+
+
+def test_a_kd_cdw_round_shows_the_server_only_sums(tiny_config: RunConfig, synth_root: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _kd_cdw(tiny_config, synth_root)
+    fed = build(cfg)
+    broadcast = fed.server.broadcast(0)
+    uploads = [c.step(codec.decode_broadcast(codec.encode_broadcast(broadcast)), schedule_for(cfg, 0),
+                      derive_seed(cfg.seed, "train", 0, c.site.id))[0] for c in fed.clients]
+    cdw = [u.summed[MODEL].weight for u in uploads]
+    assert len(set(cdw)) == len(cdw) and all(0 < m < 2 for m in cdw)  # m_k: client-computed, per client
+    assert all(u.summed[KD].vector.numel() == 24 * cfg.model.neck_dim for u in uploads)
+
+    seen: list[object] = []  # every message the protocol server receives
+    receive = protocols.SecAggServer.receive
+
+    def spy(self: protocols.SecAggServer, message: object) -> None:
+        seen.append(message)
+        receive(self, message)
+
+    monkeypatch.setattr(protocols.SecAggServer, "receive", spy)
+    aggregate = fed.channel.aggregate(broadcast, uploads, {}, broadcast_bytes=0)
+
+    # the masked inputs are indistinguishable from uniform: no coordinate of a client's plaintext survives
+    masked = [m.vector for m in seen if isinstance(m, MaskedInput)]
+    assert len(masked) == len(uploads)
+    rng = np.random.default_rng(0)
+    for upload, vector in zip(sorted(uploads, key=lambda u: u.client_id), masked):
+        plain = fed.channel._ring_vector(upload, fed.channel._segments(upload), rng)[0]
+        assert np.mean(plain == vector) < 1e-3
+    # what reaches the server side: one sum and one total weight per name, never a per-client m_k or vector
+    assert set(aggregate.sums) == {MODEL, KD} and aggregate.contributors == (0, 1, 2)
+    assert aggregate.weights[MODEL] == pytest.approx(sum(cdw), abs=1e-5)
+    assert all(abs(aggregate.weights[MODEL] - m) > 1e-3 for m in cdw)
+    truth = sum(u.summed[KD].vector for u in uploads)
+    assert torch.allclose(aggregate.sums[KD], truth, atol=1e-3)
+    for upload in uploads:
+        assert not torch.allclose(aggregate.sums[KD], upload.summed[KD].vector, atol=1e-2)
+
+
+def test_cdw_weight_is_the_mean_cosine_distance_and_leaves_batchnorm_alone(tiny_config: RunConfig) -> None:
+    a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    b = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    assert cosine_distance_weight(a, b) == pytest.approx(0.5)  # (0 + 1) / 2
+
+    class NoTraining(FedPav):  # so that only CDW's own passes could move anything
+        def local_train(self, *args: object, **kwargs: object) -> TrainStats:
+            return TrainStats(0.0, 0.0, 0, 0)
+
+    fed = build(tiny_config)
+    site, broadcast = fed.clients[0].site, fed.server.broadcast(0)
+    contribution = CosineDistanceWeight(NoTraining(tiny_config)).client_step(
+        site, broadcast, fed.layout, schedule_for(tiny_config, 0), seed=1)
+    assert contribution.summed[MODEL].weight == pytest.approx(0.0, abs=1e-6)  # nothing trained: no change
+    received = fed.layout.unflatten(broadcast.weights)
+    for key, value in site.model.state_dict().items():
+        if "running" in key:  # the reference code's training-mode passes would have moved these
+            assert torch.equal(value, received[key]), key
+
+
+def test_kd_teachers_run_in_eval_mode_without_touching_the_model(tiny_config: RunConfig) -> None:
+    fed = build(tiny_config)
+    model = fed.clients[0].site.model
+    model.train()
+    before = copy.deepcopy(model.state_dict())
+    images = fed.clients[0].site.images[:8]
+    a, b = soft_labels(model, images), soft_labels(model, images)
+    assert torch.equal(a, b)  # no dropout in the targets
+    assert model.training and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_kd_and_cdw_train_end_to_end_under_secure_aggregation(tiny_config: RunConfig, synth_root: Path,
+                                                               tmp_path: Path) -> None:
+    cfg = _kd_cdw(tiny_config, synth_root)
+    cfg.schedule.rounds = 1
+    result = run(cfg, tmp_path / "kd")
+    assert result.summary["algorithm"] == "fedpav+cdw+kd" and result.summary["channel"] == "secagg"
+    assert result.summary["communication"]["measured_up_bytes"] > 3 * 24 * cfg.model.neck_dim * 4
+
+
+def test_fedreid_shares_only_the_embedding_and_keeps_expert_and_mapping(tiny_config: RunConfig, tmp_path: Path) -> None:
+    tiny_config.method.algorithm = "fedreid"
+    tiny_config.schedule.rounds = 1
+    tiny_config.run.local_baseline = False
+    fed = run(tiny_config, tmp_path / "fedreid").federation
+    assert all(name.startswith("backbone.") for name in fed.layout.names)
+    site = fed.clients[0].site
+    assert "neck.0.weight" in site.model.state_dict()  # the mapping network: FC → BN → ReLU → Dropout
+    assert isinstance(site.model.neck[2], torch.nn.ReLU)
+    # the retrieval feature is the embedding itself (pool-5), not the mapping network's output
+    with torch.no_grad():
+        x = torch.randn(2, 3, 32, 16)
+        site.model.eval()
+        assert torch.equal(site.model.embed(x), site.model.backbone(x))

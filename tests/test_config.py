@@ -1,0 +1,107 @@
+"""The configuration schema: one key per flag, strict types, ranges, every problem at once, and a
+library that never speaks of flags."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from secfed.config import KEYS, ConfigError, RunConfig, check, from_dict, load_toml, settings_table, with_overrides
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_keys_and_flags_correspond_one_to_one() -> None:
+    flags = [k.flag for k in KEYS.values()]
+    assert len(flags) == len(set(flags)) == len(KEYS)
+    assert all(re.fullmatch(r"--[a-z0-9-]+", f) for f in flags)
+
+
+def test_the_readme_documents_every_setting_in_one_table() -> None:
+    text = README.read_text()
+    start, end = text.index("<!-- settings:start -->"), text.index("<!-- settings:end -->")
+    assert text[start:end].strip().removeprefix("<!-- settings:start -->").strip() == settings_table()
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"schedule": {"rounds": "three"}}, "schedule.rounds: must be an integer"),
+    ({"schedule": {"rounds": 2.7}}, "schedule.rounds: must be an integer"),
+    ({"schedule": {"lr": float("nan")}}, "schedule.lr: must be a finite number"),
+    ({"schedule": {"lr": -0.1}}, "schedule.lr: must be > 0"),
+    ({"schedule": {"batch_size": 0}}, "schedule.batch_size: must be ≥ 1"),
+    ({"secagg": {"dropout_rate": 1.0}}, "secagg.dropout_rate: must be < 1"),
+    ({"privacy": {"sample_rate": 1.5}}, "privacy.sample_rate: must be ≤ 1"),
+    ({"privacy": {"dp_beta": -0.1}}, "privacy.dp_beta: must be ≥ 0"),
+    ({"privacy": {"clip": 0.0}}, "privacy.clip: must be > 0"),
+    ({"privacy": {"dp_sgd_clip": -1.0}}, "privacy.dp_sgd_clip: must be > 0"),
+    ({"data": {"synth_scale": 100.0}}, "data.synth_scale: must be ≤ 50"),
+    ({"schedule": {"roundz": 3}}, "schedule.roundz: unknown key; known: rounds"),
+    ({"train": {"rounds": 3}}, "train: unknown table"),
+    ({"run": {"local_baseline": 1}}, "run.local_baseline: must be true or false"),
+])
+def test_wrong_types_and_ranges_are_refused_naming_the_key(table: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_dict(table)
+
+
+def test_an_unknown_method_is_refused_and_a_registered_one_accepted() -> None:
+    from secfed.algorithms import METHODS
+    from secfed.algorithms.fedpav import FedPav
+
+    cfg = from_dict({"method": {"algorithm": "fedsgd"}})
+    with pytest.raises(ConfigError, match="method.algorithm: unknown method 'fedsgd'; known: fedpav"):
+        check(cfg)
+    METHODS["fedsgd"] = FedPav
+    try:
+        check(cfg)
+    finally:
+        del METHODS["fedsgd"]
+
+
+def test_all_problems_are_reported_together() -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_dict({"schedule": {"rounds": 0, "batch_size": "x"}, "secagg": {"clip": 0.5}, "nope": {}})
+    assert {i.key for i in caught.value.issues} == {"schedule.rounds", "schedule.batch_size", "secagg.clip", "nope"}
+    with pytest.raises(ConfigError) as caught:
+        with_overrides(RunConfig(), {"schedule.rounds": "three", "schedule.lr": "-1", "data.height": "0"})
+    assert {i.key for i in caught.value.issues} == {"schedule.rounds", "schedule.lr", "data.height"}
+
+
+def test_the_library_api_validates_too_and_never_mentions_flags() -> None:
+    cfg = RunConfig()
+    with pytest.raises(ValidationError):
+        cfg.schedule.rounds = "three"  # type: ignore[assignment]
+    cfg.method.cdw = True
+    cfg.method.aggregation = "unweighted"
+    cfg.privacy.noise_multiplier = 1.0
+    with pytest.raises(ConfigError) as caught:
+        check(cfg)
+    text = str(caught.value)
+    assert "method.cdw" in text and "privacy.noise_multiplier" in text  # both problems, by key
+    assert "--" not in text
+
+
+def test_toml_round_trips_through_the_saved_config(tmp_path: Path) -> None:
+    toml = tmp_path / "run.toml"
+    toml.write_text('[schedule]\nrounds = 5\nlr = 0.01\n[method]\nalgorithm = "fedreid"\nkd = true\n'
+                    '[data]\ndatasets = ["a", "b:market1501"]\n')
+    cfg = load_toml(toml)
+    assert (cfg.schedule.rounds, cfg.schedule.lr, cfg.method.algorithm, cfg.data.datasets) == \
+        (5, 0.01, "fedreid", ["a", "b:market1501"])
+    assert from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_saved_config_of_another_version_is_refused() -> None:
+    with pytest.raises(ConfigError, match="version"):
+        from_dict({"version": 1, "train": {}})
+
+
+def test_flag_text_is_parsed_strictly() -> None:
+    cfg = with_overrides(RunConfig(), {"schedule.rounds": "3", "schedule.lr": "0.5", "data.datasets": ["a,b", "c"],
+                                       "secagg.enabled": False})
+    assert (cfg.schedule.rounds, cfg.schedule.lr, cfg.data.datasets, cfg.secagg.enabled) == (3, 0.5, ["a", "b", "c"], False)
+    with pytest.raises(ConfigError, match="schedule.rounds: must be an integer"):
+        with_overrides(RunConfig(), {"schedule.rounds": "2.7"})
