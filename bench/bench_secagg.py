@@ -131,7 +131,8 @@ def run_secfed(variant: str, n: int, d: int, args) -> Row:
     rng = np.random.default_rng(args.seed)
     dropped = set(rng.choice(n, size=round(args.dropout * n), replace=False).tolist())
     q = Quantizer.for_cohort(n, CLIP)
-    config = SessionConfig(os.urandom(16), 0, params, dimension=d, ring_bits=q.bits)
+    config = SessionConfig(os.urandom(16), 0, params, dimension=d, ring_bits=q.bits, input_bound=q.max_abs,
+                           authenticated=False)
     survivors = [i for i in range(n) if i not in dropped]
     rep = survivors[0]
     row = Row(variant, n, d, params.degree, params.threshold, len(dropped))

@@ -73,6 +73,7 @@ from .messages import (
     SurvivorList,
     UnmaskRequest,
     UnmaskResponse,
+    validate,
 )
 from .session import SessionConfig
 
@@ -312,6 +313,7 @@ class SecAggClient:
         A ``ShareDelivery`` is answered with the masked input when ``ring_input`` is given;
         otherwise call :meth:`mask` once the input is ready.
         """
+        validate(message)
         if isinstance(message, KeyRoster):
             return self.share_keys(message)
         if isinstance(message, ShareDelivery):
@@ -349,9 +351,10 @@ class SecAggClient:
             raise WrongSender(f"message for client {message.recipient} reached client {self.id}")
 
     def _accept(self, message: Message, kind: type, state: ClientState) -> None:
-        """Envelope and phase checks: failures reject the message without changing state."""
+        """Shape, type, envelope and phase checks: failures reject the message without changing state."""
+        validate(message)
         if not isinstance(message, kind):
-            raise TypeError(f"expected {kind.__name__}, got {type(message).__name__}")
+            raise WrongPhase(f"client {self.id} expects a {kind.__name__} now, got a {type(message).__name__}")
         if self._state is ClientState.ABORTED:
             raise Aborted(f"client {self.id} aborted this round")
         self._check_envelope(message)
@@ -423,9 +426,25 @@ class SecAggClient:
             low, high = int(x.min()), int(x.max())
             if low < 0 or high >= 1 << cfg.ring_bits:
                 raise ValueError(f"client input values must lie in [0, 2^{cfg.ring_bits}); found [{low}, {high}]")
-        return np.array(x, dtype=np.uint32, copy=True, order="C")
+        acc = np.array(x, dtype=np.uint32, copy=True, order="C")
+        if cfg.input_bound is not None:
+            # Read as signed b-bit integers, values must lie in [−M, M]: (v + M) mod 2^b ≤ 2M.
+            bound = cfg.input_bound
+            shifted = (acc + np.uint32(bound)) & np.uint32((1 << cfg.ring_bits) - 1)
+            beyond = np.flatnonzero(shifted > 2 * bound)
+            if beyond.size:
+                i = int(beyond[0])
+                raise ValueError(
+                    f"client input at index {i} is {_signed(int(acc[i]), cfg.ring_bits)}, beyond the session's "
+                    f"input bound {bound} (the ring was sized for it; quantize with the session's quantizer)"
+                )
+        return acc
 
     def _forget_secrets(self) -> None:
         for name in ("_enc_private", "_mask_private", "_mask_seed", "_self_seed"):
             self.__dict__.pop(name, None)
         self._held = {}
+
+
+def _signed(value: int, bits: int) -> int:
+    return value - (1 << bits) if value >= 1 << (bits - 1) else value

@@ -8,8 +8,10 @@ Every message is a 48-byte header followed by a type-specific body, all little-e
 The server's id is ``SERVER`` (0xFFFFFFFF); clients are 0 … n−1. :func:`decode` checks magic,
 version, type, flags, the exact body length, every count and length field against the bytes
 that remain, the fixed sizes of keys/signatures/shares, and that id lists are strictly increasing
-(no duplicates); anything else raises :class:`MalformedMessage`. Whether a well-formed message is
-*acceptable* (right session, round, phase, sender) is the state machines' job.
+(no duplicates); anything else raises :class:`MalformedMessage`. :func:`validate` checks the same
+rules on a typed message built by hand, so the state machines — which call it on everything they
+receive — refuse what the decoder refuses even when an embedding skips the wire. Whether a
+well-formed message is *acceptable* (right session, round, phase, sender) is the state machines' job.
 """
 
 from __future__ import annotations
@@ -159,6 +161,121 @@ def message_type(message: Message) -> MessageType:
         return _TYPE_OF[type(message)]
     except KeyError:
         raise TypeError(f"not a protocol message: {type(message).__name__}") from None
+
+
+def validate(message: object) -> MessageType:
+    """Check that ``message`` has the shape :func:`decode` guarantees; return its type.
+
+    Field types and sizes, id lists strictly increasing, share kinds, the vector's dtype and shape.
+    Anything else raises :class:`MalformedMessage` — including objects that are not protocol
+    messages at all — so a hand-built message is refused exactly like its corrupted wire bytes.
+    """
+    kind = _TYPE_OF.get(type(message))
+    if kind is None:
+        raise MalformedMessage(f"not a protocol message: {type(message).__name__}")
+    check = _Check(kind.name)
+    check.raw(message.session_id, (16,), "session_id")
+    check.uint(message.round, 64, "round")
+    check.uint(message.sender, 32, "sender")
+    check.uint(message.recipient, 32, "recipient")
+    _VALIDATORS[kind](message, check)
+    return kind
+
+
+class _Check:
+    """Field checks for :func:`validate`, each raising MalformedMessage that names the field."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, text: str) -> None:
+        raise MalformedMessage(f"{self.what}: {text}")
+
+    def raw(self, value: object, sizes: tuple[int, ...] | range, field: str) -> None:
+        if not isinstance(value, bytes):
+            self.fail(f"{field} must be bytes, got {type(value).__name__}")
+        if len(value) not in sizes:
+            allowed = f"at most {sizes.stop - 1}" if isinstance(sizes, range) else " or ".join(map(str, sizes))
+            self.fail(f"{field} has {len(value)} bytes; must be {allowed}")
+
+    def uint(self, value: object, bits: int, field: str) -> None:
+        if type(value) is not int:
+            self.fail(f"{field} must be an int, got {type(value).__name__}")
+        if not 0 <= value < 1 << bits:
+            self.fail(f"{field} = {value} is outside [0, 2^{bits})")
+
+    def items(self, value: object, kind: type, field: str) -> tuple:
+        if not isinstance(value, tuple) or not all(isinstance(v, kind) for v in value):
+            self.fail(f"{field} must be a tuple of {kind.__name__}")
+        return value
+
+    def ids(self, value: object, field: str) -> None:
+        for v in self.items(value, int, field):
+            self.uint(v, 32, field)
+        _strictly_increasing(value, field, self.what)
+
+    def sealed(self, shares: object) -> None:
+        for s in self.items(shares, SealedShare, "shares"):
+            self.uint(s.peer, 32, "share peer id")
+            self.raw(s.ciphertext, range(MAX_SEALED_SHARE_BYTES + 1), "ciphertext")
+        _strictly_increasing([s.peer for s in shares], "share peer ids", self.what)
+
+
+def _keys_valid(m: AdvertiseKeys | RosterEntry, c: _Check) -> None:
+    for field in ("enc_public", "mask_public"):
+        c.raw(getattr(m, field), (PUBLIC_KEY_BYTES,), field)
+    for field in ("self_mask_commitment", "model_hash", "config_digest"):
+        c.raw(getattr(m, field), (DIGEST_BYTES,), field)
+    c.raw(m.signature, (0, SIGNATURE_BYTES), "signature")
+
+
+def _roster_valid(m: KeyRoster, c: _Check) -> None:
+    for e in c.items(m.entries, RosterEntry, "entries"):
+        c.uint(e.client, 32, "roster client id")
+        _keys_valid(e, c)
+    _strictly_increasing([e.client for e in m.entries], "roster client ids", c.what)
+
+
+def _masked_valid(m: MaskedInput, c: _Check) -> None:
+    v = m.vector
+    if not isinstance(v, np.ndarray) or v.ndim != 1 or v.dtype.kind != "u" or v.dtype.itemsize != 4:
+        c.fail(f"vector must be a 1-D uint32 numpy array, got {type(v).__name__} {getattr(v, 'dtype', '')}")
+    if not 1 <= v.size < 1 << 32:
+        c.fail(f"vector has {v.size} entries; must be in [1, 2^32)")
+
+
+def _request_valid(m: UnmaskRequest, c: _Check) -> None:
+    c.ids(m.survivors, "survivors")
+    c.ids(m.dropped, "dropped")
+    for pair in c.items(m.signatures, tuple, "signatures"):
+        if len(pair) != 2:
+            c.fail("each signature must be a (signer, signature) pair")
+        c.uint(pair[0], 32, "signer id")
+        c.raw(pair[1], (SIGNATURE_BYTES,), "signature")
+    _strictly_increasing([s for s, _ in m.signatures], "signer ids", c.what)
+
+
+def _response_valid(m: UnmaskResponse, c: _Check) -> None:
+    c.raw(m.self_mask_seed, (SECRET_BYTES,), "self-mask seed")
+    for s in c.items(m.shares, RevealedShare, "shares"):
+        c.uint(s.owner, 32, "share owner")
+        if not isinstance(s.kind, ShareKind):
+            c.fail(f"share kind must be a ShareKind, got {s.kind!r}")
+        c.raw(s.value, (SECRET_BYTES,), "share value")
+    _strictly_increasing([s.owner for s in m.shares], "share owners", c.what)
+
+
+_VALIDATORS = {
+    MessageType.ADVERTISE_KEYS: _keys_valid,
+    MessageType.KEY_ROSTER: _roster_valid,
+    MessageType.ENCRYPTED_SHARES: lambda m, c: c.sealed(m.shares),
+    MessageType.SHARE_DELIVERY: lambda m, c: c.sealed(m.shares),
+    MessageType.MASKED_INPUT: _masked_valid,
+    MessageType.SURVIVOR_LIST: lambda m, c: c.ids(m.survivors, "survivors"),
+    MessageType.CONSISTENCY_SIGNATURE: lambda m, c: c.raw(m.signature, (SIGNATURE_BYTES,), "signature"),
+    MessageType.UNMASK_REQUEST: _request_valid,
+    MessageType.UNMASK_RESPONSE: _response_valid,
+}
 
 
 # ---- encoding ------------------------------------------------------------------------------------

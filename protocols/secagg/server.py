@@ -61,6 +61,7 @@ from .messages import (
     SurvivorList,
     UnmaskRequest,
     UnmaskResponse,
+    validate,
 )
 from .session import Phase, SessionConfig
 
@@ -124,6 +125,7 @@ class SecAggServer:
 
     def receive(self, message: Message) -> None:
         """Validate and record one client message of the current phase (typed error if refused)."""
+        validate(message)
         if self._aborted:
             raise Aborted("the server aborted this round")
         c = self.config

@@ -13,12 +13,13 @@ class Round:
     """n clients and a server over the wire format; each method runs one phase and returns the outbox."""
 
     def __init__(self, n: int, *, degree: int | None = None, threshold: int, authenticated: bool = False,
-                 dimension: int = 8, ring_bits: int = 32, seed: int = 0, round_: int = 7) -> None:
+                 dimension: int = 8, ring_bits: int = 32, input_bound: int | None = None, seed: int = 0,
+                 round_: int = 7) -> None:
         params = GraphParams.explicit(n, degree or n - 1, threshold, corrupt_bound=0)
         self.identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
         self.config = SessionConfig(
             session_id=bytes(range(16)), round=round_, params=params, dimension=dimension,
-            ring_bits=ring_bits, authenticated=authenticated,
+            ring_bits=ring_bits, input_bound=input_bound, authenticated=authenticated,
             identity_keys=tuple(k.public_key().public_bytes_raw() for k in self.identities),
         )
         self.clients = [

@@ -276,7 +276,8 @@ def test_model_mismatch_is_refused_before_any_share_is_sent():
 
 def test_config_mismatch_is_refused_by_the_server(make_round):
     r = make_round(4, threshold=2)
-    other = SessionConfig(r.config.session_id, r.config.round, r.config.params, dimension=9)
+    other = SessionConfig(r.config.session_id, r.config.round, r.config.params, dimension=9, input_bound=None,
+                          authenticated=False)
     stray = SecAggClient(other, 1).advertise_keys()
     with pytest.raises(ConfigMismatch, match="client 1"):
         r.server.receive(stray)
