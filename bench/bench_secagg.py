@@ -223,7 +223,7 @@ def run_secfed(variant: str, n: int, d: int, args) -> Row:
     # The server regenerates the survivors' self masks and each dropped client's masks with its
     # surviving neighbours; price that many keystreams at the AES rate measured now.
     alive = set(survivors)
-    row.partners = tuple(sum(1 for w in config.graph.of(v) if w in alive) for v in sorted(dropped))
+    row.partners = tuple(sum(1 for w in server.graph.of(v) if w in alive) for v in sorted(dropped))
     row.unmask_streams = len(survivors) + sum(row.partners)
     sample = min(row.unmask_streams, 8)
     row.unmask_keystream_s = raw_keystream_seconds(sample, d) * row.unmask_streams / sample

@@ -55,7 +55,7 @@ def simulate(
     params: GraphParams | None = None,
     dropout_rate: float = 0.1,
     corrupt_fraction: float = 0.2,
-    authenticated: bool = False,
+    authenticated: bool = True,
     model_hashes: Sequence[bytes] | None = None,
     session_id: bytes | None = None,
     round: int = 0,
@@ -70,11 +70,13 @@ def simulate(
     schemes such as distributed DP with modular clipping want). With a quantizer it is
     ``quantizer.max_abs``.
     ``dropouts`` maps a client index to the phase whose message it never sends (it vanishes
-    then): ``"advertise_keys"``, ``"share_keys"``, ``"masked_input"``, ``"consistency_check"``
+    then): ``"advertise_keys"``, ``"graph_seed"`` (with a sparse graph the round then aborts:
+    :class:`SeedWithheld`), ``"share_keys"``, ``"masked_input"``, ``"consistency_check"``
     (authenticated mode only) or ``"unmask"``. ``params`` fixes (k, t); by default
     :func:`choose_params` picks them from ``dropout_rate`` and ``corrupt_fraction``.
-    ``authenticated`` runs Bonawitz's malicious-server variant with fresh Ed25519 identities
-    (standing in for a PKI). ``model_hashes[i]`` is the model digest client i reports.
+    ``authenticated`` (default) runs Bonawitz's malicious-server variant with fresh Ed25519
+    identities standing in for a PKI; ``authenticated=False`` is the weaker variant, private only
+    against an honest-but-curious server. ``model_hashes[i]`` is the model digest client i reports.
 
     Protocol refusals propagate as their typed errors (e.g. BelowThreshold, ModelMismatch).
     """
@@ -152,6 +154,9 @@ def simulate(
     for i in range(n):
         if alive(i, Phase.ADVERTISE_KEYS):
             upload(i, clients[i].advertise_keys())
+    for i, commitments in server.close_phase().items():
+        if alive(i, Phase.GRAPH_SEED):
+            upload(i, clients[i].reveal_graph_nonce(download(i, commitments)))
     for i, roster in server.close_phase().items():
         if alive(i, Phase.SHARE_KEYS):
             upload(i, clients[i].share_keys(download(i, roster)))
@@ -184,7 +189,7 @@ def simulate(
 
 
 def random_dropouts(
-    n_clients: int, rate: float, rng: np.random.Generator, *, authenticated: bool = False
+    n_clients: int, rate: float, rng: np.random.Generator, *, authenticated: bool = True
 ) -> dict[int, Phase]:
     """Each client vanishes with probability ``rate``, at a phase drawn uniformly (for ``--dropout-rate``)."""
     if not 0.0 <= rate <= 1.0:

@@ -3,7 +3,10 @@
 A :class:`SessionConfig` travels to the clients with the global model. Its :attr:`digest`
 is bound into every key derivation, ciphertext, commitment and signature, and each client
 checks its neighbours advertised the same digest — so two parties that disagree on any
-parameter (dimension, ring, graph, identities) fail loudly instead of producing garbage.
+parameter (dimension, ring, bound, graph parameters, identities) fail loudly instead of
+producing garbage. The config holds no graph: who neighbours whom is derived during the round
+from nonces every client commits to (:class:`~.graph.NeighbourGraph`), so the server, which
+picks the session id, cannot pick the graph.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from functools import cached_property
 from ..crypto import PUBLIC_KEY_BYTES, transcript
 from ..errors import OverflowRefused
 from ..quantize import ring_bits as bits_for_sum
-from .graph import GraphParams, NeighbourGraph
+from .graph import GraphParams
 
 SESSION_ID_BYTES = 16
 MAX_DIMENSION = (1 << 32) - 1
@@ -27,10 +30,11 @@ class Phase(enum.IntEnum):
     """Protocol phases, in order. A dropout schedule names the phase whose message a client never sends."""
 
     ADVERTISE_KEYS = 0
-    SHARE_KEYS = 1
-    MASKED_INPUT = 2
-    CONSISTENCY_CHECK = 3  # authenticated mode only
-    UNMASK = 4
+    GRAPH_SEED = 1  # the client reveals the graph nonce it committed to
+    SHARE_KEYS = 2
+    MASKED_INPUT = 3
+    CONSISTENCY_CHECK = 4  # authenticated mode only
+    UNMASK = 5
 
     @classmethod
     def parse(cls, value: Phase | str | int) -> Phase:
@@ -127,10 +131,6 @@ class SessionConfig:
                 int(self.authenticated), *self.identity_keys,
             )
         ).digest()
-
-    @cached_property
-    def graph(self) -> NeighbourGraph:
-        return NeighbourGraph(self.params, self.session_id, self.round)
 
     def binding(self, label: str, *parts: bytes | int) -> bytes:
         """:func:`transcript` of ``label`` bound to this session: id, round and config digest first."""

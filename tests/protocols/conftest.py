@@ -34,11 +34,27 @@ class Round:
     def wire(message):
         return decode(encode(message))
 
-    def advertise(self, skip=()) -> dict:
+    def commit(self, skip=()) -> dict:
+        """Key advertisements (with graph commitments) in; the commitment lists out."""
         for c in self.clients:
             if c.id not in skip:
                 self.server.receive(self.wire(c.advertise_keys()))
         return self.server.close_phase()
+
+    def reveal(self, commitments: dict, skip=()) -> dict:
+        """Graph nonces in; the key rosters out."""
+        for i, listed in commitments.items():
+            if i not in skip:
+                self.server.receive(self.wire(self.clients[i].reveal_graph_nonce(self.wire(listed))))
+        return self.server.close_phase()
+
+    def advertise(self, skip=()) -> dict:
+        """Both: clients in ``skip`` never advertise; the key rosters out."""
+        return self.reveal(self.commit(skip))
+
+    @property
+    def graph(self):
+        return self.server.graph
 
     def share_keys(self, rosters: dict, skip=()) -> dict:
         for i, roster in rosters.items():

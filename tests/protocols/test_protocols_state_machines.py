@@ -117,7 +117,8 @@ def _request(r, recipient, *, survivors, signatures, dropped=()):
 
     c = r.config
     return UnmaskRequest(session_id=c.session_id, round=c.round, sender=SERVER, recipient=recipient,
-                         survivors=tuple(survivors), dropped=tuple(dropped), signatures=tuple(signatures))
+                         survivors=tuple(survivors), dropped=tuple(dropped), signatures=tuple(signatures),
+                         self_mask_shares=())
 
 
 def test_unmask_response_repeating_a_share_owner_is_refused_on_arrival(make_round):
