@@ -14,9 +14,12 @@ class Round:
 
     def __init__(self, n: int, *, degree: int | None = None, threshold: int, authenticated: bool = False,
                  dimension: int = 8, ring_bits: int = 32, input_bound: int | None = None, seed: int = 0,
-                 round_: int = 7) -> None:
-        params = GraphParams.explicit(n, degree or n - 1, threshold, corrupt_bound=0)
-        self.identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
+                 round_: int = 7, corrupt_bound: int = 0, identities=None) -> None:
+        params = GraphParams.explicit(n, degree or n - 1, threshold, corrupt_bound=corrupt_bound,
+                                      authenticated=authenticated)
+        if identities is None:
+            identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
+        self.identities = identities
         self.config = SessionConfig(
             session_id=bytes(range(16)), round=round_, params=params, dimension=dimension,
             ring_bits=ring_bits, input_bound=input_bound, authenticated=authenticated,
