@@ -156,6 +156,7 @@ class SecAggClient:
         self._graph: NeighbourGraph | None = None
         self._roster: dict[int, RosterEntry] = {}
         self._held: dict[int, shamir.Share] = {}  # masking partner → its key-seed share held here
+        self._channels: dict[tuple[int, int], bytes] = {}  # (sender, recipient) → share-channel key
         self._signed_survivors: tuple[int, ...] | None = None
 
     @property
@@ -266,7 +267,7 @@ class SecAggClient:
             for s in delivery.shares:
                 if s.peer not in self._roster:
                     raise UnknownClient(f"share delivery has a share from {s.peer}, not a neighbour in the roster")
-                held[s.peer] = self._open_share(s.peer, ShareKind.MASK_KEY, s.ciphertext, self._roster[s.peer])
+                held[s.peer] = self._open_share(s.peer, ShareKind.MASK_KEY, s.ciphertext)
             if len(held) < self.config.params.threshold:
                 raise BelowThreshold(
                     f"client {self.id}: shares arrived from {len(held)} neighbours; "
@@ -354,7 +355,7 @@ class SecAggClient:
                 if s.peer not in survivors or s.peer not in self._held:
                     raise UnknownClient(f"unmask request forwards a self-mask share from {s.peer}, "
                                         "not a surviving masking partner of this client")
-                self_shares[s.peer] = self._open_share(s.peer, ShareKind.SELF_MASK, s.ciphertext, self._roster[s.peer])
+                self_shares[s.peer] = self._open_share(s.peer, ShareKind.SELF_MASK, s.ciphertext)
             revealed = []
             for v in sorted(self._held):
                 if v in self_shares:
@@ -393,22 +394,30 @@ class SecAggClient:
 
     def _seal_share(self, holder: int, kind: ShareKind, shares: list[shamir.Share]) -> SealedShare:
         """Seal this client's share for ``holder`` (at holder's place in the neighbour list)."""
-        cfg = self.config
         index = self._graph.share_index(self.id, holder)
         plaintext = SHARE_PLAINTEXT.pack(self.id, holder, index, shares[index - 1].value)
-        key = share_channel_key(cfg, self.id, holder, self._enc_private, self._roster[holder].enc_public)
-        return SealedShare(holder, seal(key, plaintext, share_aad(cfg, self._seed, kind, self.id, holder)))
+        aad = share_aad(self.config, self._seed, kind, self.id, holder)
+        return SealedShare(holder, seal(self._channel(self.id, holder), plaintext, aad))
 
-    def _open_share(self, owner: int, kind: ShareKind, ciphertext: bytes, entry: RosterEntry) -> shamir.Share:
-        cfg = self.config
-        key = share_channel_key(cfg, owner, self.id, self._enc_private, entry.enc_public)
-        plaintext = open_sealed(key, ciphertext, share_aad(cfg, self._seed, kind, owner, self.id))
+    def _open_share(self, owner: int, kind: ShareKind, ciphertext: bytes) -> shamir.Share:
+        aad = share_aad(self.config, self._seed, kind, owner, self.id)
+        plaintext = open_sealed(self._channel(owner, self.id), ciphertext, aad)
         if len(plaintext) != SHARE_PLAINTEXT.size:
             raise DecryptionFailed(f"share from {owner} has {len(plaintext)} bytes inside")
         claimed_owner, holder, index, value = SHARE_PLAINTEXT.unpack(plaintext)
         if (claimed_owner, holder, index) != (owner, self.id, self._graph.share_index(owner, self.id)):
             raise WrongSender(f"sealed share from {owner} claims owner {claimed_owner}, holder {holder}, index {index}")
         return shamir.Share(index, value)
+
+    def _channel(self, sender: int, recipient: int) -> bytes:
+        """The AES-GCM key of shares from ``sender`` to ``recipient`` (one of them is this client);
+        each direction's key is agreed once per round and reused for both kinds of share."""
+        key = self._channels.get((sender, recipient))
+        if key is None:
+            peer = recipient if sender == self.id else sender
+            key = share_channel_key(self.config, sender, recipient, self._enc_private, self._roster[peer].enc_public)
+            self._channels[(sender, recipient)] = key
+        return key
 
     # ---- checks --------------------------------------------------------------------------------
 
@@ -549,7 +558,7 @@ class SecAggClient:
     def _forget_secrets(self) -> None:
         for name in ("_enc_private", "_mask_private", "_mask_seed", "_self_seed"):
             self.__dict__.pop(name, None)
-        self._held = {}
+        self._held, self._channels = {}, {}
 
 
 def _signed(value: int, bits: int) -> int:

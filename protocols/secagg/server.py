@@ -403,7 +403,10 @@ class SecAggServer:
         self._require_quorum(len(signers), "the consistency check")
         self._askable = signers
         self._phase = Phase.UNMASK
-        return self._unmask_requests(tuple(sorted(self._signatures.items())))
+        # A quorum's worth of signatures is the certificate: more would only cost every client
+        # bandwidth and verifications (each client checks all it is sent).
+        quorum = self.config.params.signature_quorum
+        return self._unmask_requests(tuple(sorted(self._signatures.items()))[:quorum])
 
     def _unmask_requests(self, signatures: tuple[tuple[int, bytes], ...]) -> dict[int, Message]:
         return {
