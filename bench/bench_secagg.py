@@ -1,20 +1,25 @@
 """Secure aggregation cost: secfed.protocols against raw AES-CTR and against Flower's SecAgg+ helpers.
 
     .venv/bin/python bench/bench_secagg.py [--dims 1000000,23500000] [--clients 10,100]
-        [--variants secagg,secaggplus] [--dropout 0.1] [--flower auto|all|none] [--full]
+        [--variants secagg,secaggplus] [--modes authenticated,unauthenticated] [--repeats 1]
+        [--dropout 0.1] [--flower auto|all|none] [--full]
 
 For each (d, n, variant) one round runs through the real state machines and the real wire
-format: (k, t) from ``choose_params`` (SecAgg = complete graph), 10 % of the clients chosen at
+format, once per protocol mode (``--modes``; authenticated is the default of the protocol layer,
+unauthenticated the weaker honest-but-curious variant), ``--repeats`` times alternating the
+modes: (k, t) from ``choose_params`` (SecAgg = complete graph), 10 % of the clients chosen at
 random vanish after sharing keys and before uploading (the costly case: the server must rebuild
 their keys and remove their masks from every surviving neighbour's vector). Reported:
 
-* client: quantize + mask of one representative survivor (all survivors do identical work on a
-  regular graph), its setup (keys, Shamir splits, sealing), and mask time / raw keystream time
-  for the same number of AES-CTR bytes (goal ≤ 2×);
-* server: unmask = rebuild seeds + regenerate the survivors' self masks and the dropped clients'
-  pairwise masks, and its time / raw keystream time for those streams (receiving and summing
-  the vectors is shown apart);
-* bytes up / down of the representative client on the wire.
+* client: the whole work of one representative survivor in a round — setup (keys, graph nonce,
+  checking the roster and, authenticated, its signatures; Shamir splits, sealing, opening shares),
+  quantize, mask (masks, self-mask shares, the input's tag and signature), consistency check
+  (authenticated) and unmask — per mode, and authenticated ÷ unauthenticated (goal ≤ 1.10 at
+  d = 1M, n = 100); mask time / raw keystream time for the same number of AES-CTR bytes (goal ≤ 2×);
+* server (first mode): unmask = rebuild seeds, check every input's tag, regenerate the survivors'
+  self masks and the dropped clients' pairwise masks, and its time / raw keystream time for those
+  streams (receiving, checking and summing the vectors is shown apart);
+* bytes up / down of the representative client on the wire (first mode).
 
 Rounds where the survivors' masking would cost more than ``--full-budget`` AES words (the big
 ones: n = 100 with SecAgg, or at d = 23.5M) time the representative client for real; the other
@@ -22,14 +27,15 @@ survivors are scaffolding: they upload uniformly random vectors instead of maski
 Shamir split of seeds the server will never rebuild. The server cannot tell a random vector from
 a masked input and does exactly the same work, so its timing is unchanged, but the sum is then
 not checked (it is checked in every other round, and with ``--full`` in all of them). The
-clients that drop and the representative always run for real.
+clients that drop and the representative always run for real. Times are the fastest of the
+repeats.
 
 Flower (``flwr``, dev extra): the same inputs and (k, t) go through Flower's SecAgg+ helpers,
 composed as in its secaggplus mod and workflow (SECP384R1 ECDH, Fernet, Shamir via
 pycryptodome on padded secrets, numpy RandomState masks on int64). Its server work is
 quadratic-ish and slow, so ``--flower auto`` (default) runs it only where it takes under about a
-minute; ``--flower all`` runs it everywhere (≈ 12 min more on 2 cores). The default run takes
-≈ 4–5 min on 2 shared cores.
+minute; ``--flower all`` runs it everywhere (≈ 12 min more on 2 cores). Flower's helpers have no
+authenticated mode; its ratios are to secfed's first mode.
 """
 
 from __future__ import annotations
@@ -41,11 +47,13 @@ import platform
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, field
 from unittest import mock
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secfed.protocols import Quantizer, SecAggClient, SecAggServer, SessionConfig, choose_params, decode, encode
 from secfed.protocols import shamir
@@ -53,6 +61,26 @@ from secfed.protocols.prg import CHUNK_WORDS
 from secfed.protocols.secagg import client as client_module
 
 CLIP = 1.0
+
+
+@dataclass
+class ClientTimes:
+    """One representative client's seconds in one round, by step."""
+
+    setup: float = 0.0
+    quantize: float = 0.0
+    mask: float = 0.0
+    consistency: float = 0.0
+    unmask: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.setup + self.quantize + self.mask + self.consistency + self.unmask
+
+    def fastest(self, other: ClientTimes) -> ClientTimes:
+        """Step by step, the faster of two rounds: on a shared machine each step's minimum is the
+        least disturbed estimate of its cost."""
+        return ClientTimes(*(min(a, b) for a, b in zip(astuple(self), astuple(other))))
 
 
 @dataclass
@@ -64,10 +92,9 @@ class Row:
     t: int
     dropped: int
     mode: str = ""
-    quantize_s: float = 0.0
-    mask_s: float = 0.0
+    client: dict[str, ClientTimes] = field(default_factory=dict)  # protocol mode → fastest round
     keystream_s: float = 0.0
-    setup_s: float = 0.0
+    signature_checks: int = 0  # Ed25519 verifications by one client in authenticated mode: k + quorum
     receive_s: float = 0.0
     unmask_s: float = 0.0
     unmask_streams: int = 0
@@ -82,6 +109,28 @@ class Row:
     flower_server_s: float | None = None
     flower_vector_bytes: int | None = None
     flower_note: str = ""
+
+    @property
+    def first(self) -> ClientTimes:
+        return next(iter(self.client.values()))
+
+    @property
+    def quantize_s(self) -> float:
+        return self.first.quantize
+
+    @property
+    def mask_s(self) -> float:
+        return self.first.mask
+
+    @property
+    def setup_s(self) -> float:
+        return self.first.setup
+
+    @property
+    def auth_ratio(self) -> float | None:
+        if {"authenticated", "unauthenticated"} <= set(self.client):
+            return self.client["authenticated"].total / self.client["unauthenticated"].total
+        return None
 
 
 def update_of(seed: int, client: int, d: int) -> np.ndarray:
@@ -100,6 +149,20 @@ def raw_keystream_seconds(streams: int, d: int) -> float:
         for c in ciphers:
             c.update_into(view[: 4 * n], buf)
     return time.perf_counter() - start
+
+
+def ed25519_verify_seconds(count: int = 300) -> float:
+    """Seconds per Ed25519 verification on this machine now (the median of three batches)."""
+    key = Ed25519PrivateKey.generate()
+    public, payload = key.public_key(), os.urandom(200)
+    signature = key.sign(payload)
+    batches = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(count):
+            public.verify(signature, payload)
+        batches.append((time.perf_counter() - start) / count)
+    return sorted(batches)[1]
 
 
 @contextmanager
@@ -125,23 +188,72 @@ def stand_in_splits():
         yield
 
 
+@dataclass
+class Round:
+    """What one secfed round measured (for the row it belongs to)."""
+
+    client: ClientTimes
+    keystream_s: float
+    receive_s: float
+    unmask_s: float
+    server: SecAggServer
+    up_bytes: int
+    down_bytes: int
+    checked: str
+
+
 def run_secfed(variant: str, n: int, d: int, args) -> Row:
-    params = choose_params(n, dropout_rate=args.dropout, corrupt_fraction=args.corrupt_fraction,
-                           complete=variant == "secagg")
+    """Every mode in ``args.modes``, ``args.repeats`` times, alternating; per mode each client step's
+    fastest time, server figures from the first mode's round with the fastest unmask."""
+    params = {mode: choose_params(n, dropout_rate=args.dropout, corrupt_fraction=args.corrupt_fraction,
+                                  complete=variant == "secagg", authenticated=mode == "authenticated")
+              for mode in args.modes}
+    first = params[args.modes[0]]
     rng = np.random.default_rng(args.seed)
     dropped = set(rng.choice(n, size=round(args.dropout * n), replace=False).tolist())
-    q = Quantizer.for_cohort(n, CLIP)
-    config = SessionConfig(os.urandom(16), 0, params, dimension=d, ring_bits=q.bits)
     survivors = [i for i in range(n) if i not in dropped]
-    rep = survivors[0]
-    row = Row(variant, n, d, params.degree, params.threshold, len(dropped))
-    work = len(survivors) * (params.degree + 1) * d
+    row = Row(variant, n, d, first.degree, first.threshold, len(dropped))
+    work = len(survivors) * (first.degree + 1) * d
     full = args.full or work <= args.full_budget
     row.mode = "full" if full else "representative"
+    best: dict[str, Round] = {}
+    client: dict[str, ClientTimes] = {}
+    for _ in range(args.repeats):
+        for mode in args.modes:
+            result = run_round(params[mode], mode == "authenticated", d, dropped, full, args)
+            if result.checked == "MISMATCH":
+                raise SystemExit(f"sum mismatch in {variant} n={n} d={d} ({mode})")
+            client[mode] = client[mode].fastest(result.client) if mode in client else result.client
+            if mode not in best or result.unmask_s < best[mode].unmask_s:
+                best[mode] = result
+    row.client = client
+    row.signature_checks = first.degree + first.signature_quorum
+    lead = best[args.modes[0]]
+    row.keystream_s, row.receive_s, row.unmask_s = lead.keystream_s, lead.receive_s, lead.unmask_s
+    row.up_bytes, row.down_bytes, row.checked = lead.up_bytes, lead.down_bytes, lead.checked
+    # The server regenerates the survivors' self masks and each dropped client's masks with its
+    # surviving neighbours; price that many keystreams at the AES rate measured now.
+    alive = set(survivors)
+    row.partners = tuple(sum(1 for w in lead.server.graph.of(v) if w in alive) for v in sorted(dropped))
+    row.unmask_streams = len(survivors) + sum(row.partners)
+    sample = min(row.unmask_streams, 8)
+    row.unmask_keystream_s = raw_keystream_seconds(sample, d) * row.unmask_streams / sample
+    return row
 
-    clients = [SecAggClient(config, i) for i in range(n)]
+
+def run_round(params, authenticated: bool, d: int, dropped: set[int], full: bool, args) -> Round:
+    n = params.n_clients
+    q = Quantizer.for_cohort(n, CLIP)
+    identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
+    config = SessionConfig(os.urandom(16), 0, params, dimension=d, ring_bits=q.bits, input_bound=q.max_abs,
+                           authenticated=authenticated,
+                           identity_keys=tuple(k.public_key().public_bytes_raw() for k in identities))
+    survivors = [i for i in range(n) if i not in dropped]
+    rep = survivors[0]
+    clients = [SecAggClient(config, i, identity_key=identities[i] if authenticated else None) for i in range(n)]
     server = SecAggServer(config)
     up, down = [0] * n, [0] * n
+    times = ClientTimes()
 
     def send(i, message):
         data = encode(message)
@@ -153,37 +265,34 @@ def run_secfed(variant: str, n: int, d: int, args) -> Row:
         down[i] += len(data)
         return decode(data)
 
-    setup = 0.0
-    for i in range(n):
+    def timed(i, step, *call):
+        """Run ``call`` for client i; the representative's time goes to ``step``."""
         t0 = time.perf_counter()
-        advert = clients[i].advertise_keys()
-        setup += (time.perf_counter() - t0) if i == rep else 0.0
-        send(i, advert)
+        out = call[0](*call[1:])
+        if i == rep:
+            setattr(times, step, getattr(times, step) + time.perf_counter() - t0)
+        return out
+
+    for i in range(n):
+        send(i, timed(i, "setup", clients[i].advertise_keys))
+    for i, commitments in server.close_phase().items():
+        send(i, timed(i, "setup", clients[i].reveal_graph_nonce, fetch(i, commitments)))
     for i, roster in server.close_phase().items():
         roster = fetch(i, roster)
-        t0 = time.perf_counter()
         if full or i == rep or i in dropped:
-            reply = clients[i].share_keys(roster)
+            send(i, timed(i, "setup", clients[i].share_keys, roster))
         else:
             with stand_in_splits():
-                reply = clients[i].share_keys(roster)
-        setup += (time.perf_counter() - t0) if i == rep else 0.0
-        send(i, reply)
+                send(i, clients[i].share_keys(roster))
     deliveries = server.close_phase()
-    t0 = time.perf_counter()
-    clients[rep].receive_shares(fetch(rep, deliveries[rep]))
-    row.setup_s = setup + time.perf_counter() - t0
+    timed(rep, "setup", clients[rep].receive_shares, fetch(rep, deliveries[rep]))
 
     plain = np.zeros(d, dtype=np.uint64) if full else None
     quant_rng = np.random.default_rng([args.seed, 1])
     x = update_of(args.seed, rep, d)
-    t0 = time.perf_counter()
-    ring = q.to_ring(x, quant_rng)
-    row.quantize_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    masked = clients[rep].mask(ring)
-    row.mask_s = time.perf_counter() - t0
-    row.keystream_s = raw_keystream_seconds(1 + len(deliveries[rep].shares), d)
+    ring = timed(rep, "quantize", q.to_ring, x, quant_rng)
+    masked = timed(rep, "mask", clients[rep].mask, ring)
+    keystream_s = raw_keystream_seconds(1 + len(deliveries[rep].shares), d)
     if full:
         plain += ring
     receive = 0.0
@@ -192,19 +301,18 @@ def run_secfed(variant: str, n: int, d: int, args) -> Row:
     receive += time.perf_counter() - t0
     del masked, ring, x
 
-    others = [i for i in survivors if i != rep]
     for i in range(n):
         if i == rep:
             continue
         clients[i].receive_shares(fetch(i, deliveries[i]))
-        if i not in others:
+        if i in dropped:
             continue
         if full:
             ring = q.to_ring(update_of(args.seed, i, d), quant_rng)
             plain += ring
             message = clients[i].mask(ring)
         else:
-            with stand_in_masks(np.random.default_rng([args.seed, 2, i])):
+            with stand_in_masks(np.random.default_rng([args.seed, 2, i])), stand_in_splits():
                 message = clients[i].mask(np.zeros(d, dtype=np.uint32))
         data = encode(message)
         up[i] += len(data)
@@ -212,30 +320,22 @@ def run_secfed(variant: str, n: int, d: int, args) -> Row:
         server.receive(decode(data))
         receive += time.perf_counter() - t0
         del message, data
-    row.receive_s = receive
-    requests = server.close_phase()
-    for i, request in requests.items():
-        send(i, clients[i].unmask(fetch(i, request)))
+    outbox = server.close_phase()
+    if authenticated:
+        for i, survivors_list in outbox.items():
+            send(i, timed(i, "consistency", clients[i].consistency_check, fetch(i, survivors_list)))
+        outbox = server.close_phase()
+    for i, request in outbox.items():
+        send(i, timed(i, "unmask", clients[i].unmask, fetch(i, request)))
     t0 = time.perf_counter()
     server.close_phase()
-    row.unmask_s = time.perf_counter() - t0
-    # The server regenerates the survivors' self masks and each dropped client's masks with its
-    # surviving neighbours; price that many keystreams at the AES rate measured now.
-    alive = set(survivors)
-    row.partners = tuple(sum(1 for w in config.graph.of(v) if w in alive) for v in sorted(dropped))
-    row.unmask_streams = len(survivors) + sum(row.partners)
-    sample = min(row.unmask_streams, 8)
-    row.unmask_keystream_s = raw_keystream_seconds(sample, d) * row.unmask_streams / sample
-    row.up_bytes, row.down_bytes = up[rep], down[rep]
+    unmask_s = time.perf_counter() - t0
     if full:
         expected = (plain & ((1 << q.bits) - 1)).astype(np.uint32)
-        ok = np.array_equal(server.result.total, expected)
-        row.checked = "exact" if ok else "MISMATCH"
-        if not ok:
-            raise SystemExit(f"sum mismatch in {variant} n={n} d={d}")
+        checked = "exact" if np.array_equal(server.result.total, expected) else "MISMATCH"
     else:
-        row.checked = "not checked (stand-ins)"
-    return row
+        checked = "not checked (stand-ins)"
+    return Round(times, keystream_s, receive, unmask_s, server, up[rep], down[rep], checked)
 
 
 # ---- Flower ------------------------------------------------------------------------------------
@@ -347,6 +447,9 @@ def main() -> None:
     ap.add_argument("--dims", default="1000000,23500000", help="vector lengths, comma-separated")
     ap.add_argument("--clients", default="10,100", help="cohort sizes, comma-separated")
     ap.add_argument("--variants", default="secagg,secaggplus", help="secagg (complete graph), secaggplus")
+    ap.add_argument("--modes", default="authenticated,unauthenticated",
+                    help="protocol modes to time, comma-separated; the first gives the server and Flower columns")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds per mode, alternating; fastest kept")
     ap.add_argument("--dropout", type=float, default=0.1, help="fraction of clients that vanish (default 0.1)")
     ap.add_argument("--corrupt-fraction", type=float, default=0.2, help="γ for the (k, t) choice")
     ap.add_argument("--flower", choices=["auto", "all", "none"], default="auto")
@@ -367,12 +470,20 @@ def main() -> None:
             ap.error(f"--variants: unknown variant {v!r} (secagg, secaggplus)")
     if not 0 <= args.dropout < 1:
         ap.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    args.modes = [m.strip().lower() for m in args.modes.split(",")]
+    if not args.modes or any(m not in ("authenticated", "unauthenticated") for m in args.modes) \
+            or len(set(args.modes)) != len(args.modes):
+        ap.error(f"--modes: authenticated and/or unauthenticated, each once; got {args.modes}")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be ≥ 1, got {args.repeats}")
     flower = args.flower if flower_available() else "none"
 
     print(f"secfed.protocols secure aggregation bench — {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, numpy {np.__version__}")
     print(f"dropouts: {args.dropout:.0%} of clients vanish after sharing keys; γ = {args.corrupt_fraction}; "
+          f"modes: {', '.join(args.modes)} (×{args.repeats}, fastest kept); "
           f"Flower: {flower if flower_available() else 'not installed'}")
+    print(f"load average at start: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
     rows = []
     for d in dims:
         for n in cohorts:
@@ -385,17 +496,26 @@ def main() -> None:
                 rows.append(row)
                 print_row(row)
     print_summary(rows)
+    print(f"load average at end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 def print_row(r: Row) -> None:
     graph = " (complete: no sparse graph meets the targets)" if r.variant == "secaggplus" and r.k == r.n - 1 else ""
     print(f"\n{r.variant} n={r.n} d={r.d:,} k={r.k}{graph} t={r.t} dropped={r.dropped} [{r.mode}; sum {r.checked}]")
-    print(f"  client  quantize {fmt_s(r.quantize_s)} s + mask {fmt_s(r.mask_s)} s "
-          f"(raw AES-CTR for the same bytes {fmt_s(r.keystream_s)} s: ratio {r.mask_s / r.keystream_s:.2f}x); "
-          f"setup {fmt_s(r.setup_s)} s")
+    for mode, c in r.client.items():
+        print(f"  client  {mode:15} total {fmt_s(c.total)} s = setup {fmt_s(c.setup)} + quantize "
+              f"{fmt_s(c.quantize)} + mask {fmt_s(c.mask)} + consistency {fmt_s(c.consistency)} + unmask "
+              f"{fmt_s(c.unmask)}")
+    if r.auth_ratio is not None:
+        verify = ed25519_verify_seconds()
+        print(f"          authenticated ÷ unauthenticated client time: {r.auth_ratio:.3f} (goal ≤ 1.10); "
+              f"the client checks {r.signature_checks} Ed25519 signatures (k + quorum) at {verify * 1e6:.0f} µs "
+              f"each ≈ {fmt_s(r.signature_checks * verify)} s")
+    print(f"          mask ({next(iter(r.client))}) {fmt_s(r.mask_s)} s vs raw AES-CTR for the same bytes "
+          f"{fmt_s(r.keystream_s)} s: ratio {r.mask_s / r.keystream_s:.2f}x")
     print(f"  server  unmask {fmt_s(r.unmask_s)} s for {r.unmask_streams} mask streams (raw AES-CTR for them "
           f"{fmt_s(r.unmask_keystream_s)} s: ratio {r.unmask_s / r.unmask_keystream_s:.2f}x); "
-          f"receiving + summing {r.n - r.dropped} vectors: {fmt_s(r.receive_s)} s")
+          f"receiving, checking + summing {r.n - r.dropped} vectors: {fmt_s(r.receive_s)} s")
     print(f"  bytes   up {r.up_bytes:,} ({r.up_bytes / (4 * r.d):.4f}x float32), down {r.down_bytes:,}")
     if r.flower_client_s is not None:
         both, flower_both = r.quantize_s + r.mask_s, r.flower_quantize_s + r.flower_client_s
@@ -409,18 +529,23 @@ def print_row(r: Row) -> None:
 
 
 def print_summary(rows: list[Row]) -> None:
-    print("\nsummary (seconds; speed-up = Flower time / secfed time)")
-    head = f"{'variant':10} {'n':>4} {'d':>11} {'k':>3} {'t':>3} {'quant':>6} {'mask':>7} {'mask/AES':>8} " \
-           f"{'unmask':>7} {'up/f32':>7} {'fl.mask':>8} {'x':>5} {'fl.unmask':>9} {'x':>5}"
+    print("\nsummary (seconds; client = one survivor's whole round; x = Flower time / secfed time)")
+    head = f"{'variant':10} {'n':>4} {'d':>11} {'k':>3} {'t':>3} {'client':>7} {'unauth':>7} {'ratio':>6} " \
+           f"{'quant':>6} {'mask':>7} {'mask/AES':>8} {'unmask':>7} {'up/f32':>7} {'fl.mask':>8} {'x':>5} " \
+           f"{'fl.unmask':>9} {'x':>5}"
     print(head)
     for r in rows:
         fc = "" if r.flower_client_s is None else f"{r.flower_client_s / r.mask_s:5.1f}"
         fs = "" if r.flower_server_s is None else f"{r.flower_server_s / r.unmask_s:5.1f}"
-        print(f"{r.variant:10} {r.n:4d} {r.d:11,d} {r.k:3d} {r.t:3d} {fmt_s(r.quantize_s):>6} {fmt_s(r.mask_s):>7} "
+        unauth = r.client.get("unauthenticated")
+        ratio = "" if r.auth_ratio is None else f"{r.auth_ratio:6.3f}"
+        print(f"{r.variant:10} {r.n:4d} {r.d:11,d} {r.k:3d} {r.t:3d} {fmt_s(r.first.total):>7} "
+              f"{fmt_s(unauth.total if unauth else None):>7} {ratio:>6} {fmt_s(r.quantize_s):>6} {fmt_s(r.mask_s):>7} "
               f"{r.mask_s / r.keystream_s:8.2f} {fmt_s(r.unmask_s):>7} {r.up_bytes / (4 * r.d):7.4f} "
               f"{fmt_s(r.flower_client_s):>8} {fc:>5} {fmt_s(r.flower_server_s):>9} {fs:>5}")
-    print("goals: mask/AES ≤ 2x; upload ≤ 1.05x float32; Flower ≥ 5x slower client masking, ≥ 8x slower server")
-    print("(quant = stochastic quantization, reported apart: Flower's takes ~2-4x ours; mask = keys + masks)")
+    print("goals: authenticated ÷ unauthenticated client ≤ 1.10; mask/AES ≤ 2x; upload ≤ 1.05x float32;")
+    print("       Flower ≥ 5x slower client masking, ≥ 8x slower server")
+    print("(client/quant/mask/unmask/up: the first mode; mask = masks + self-mask shares + tag/signature)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ The front door::
 
 For a real deployment drive the state machines yourself — :class:`SecAggClient` and
 :class:`SecAggServer` take and return typed messages; :func:`encode` / :func:`decode` move them
-as bytes over whatever transport you have. This package never imports torch.
+as bytes over whatever transport you have. Authenticated mode (Ed25519 identities from the
+deployment's PKI) is the default; ``authenticated=False`` is private only against an
+honest-but-curious server. This package never imports torch.
 """
 
 from . import errors
@@ -20,6 +22,7 @@ from .errors import (
     BothSharesRequested,
     ConfigMismatch,
     DecryptionFailed,
+    ForgedInput,
     InconsistentShares,
     InconsistentView,
     MalformedMessage,
@@ -27,8 +30,10 @@ from .errors import (
     OverflowRefused,
     ProtocolError,
     ReplayedMessage,
+    SeedWithheld,
     SignatureInvalid,
     UnknownClient,
+    UnsupportedVersion,
     WrongPhase,
     WrongRound,
     WrongSender,
@@ -37,7 +42,7 @@ from .quantize import Quantizer, ring_bits
 from .secagg.client import ClientState, SecAggClient
 from .secagg.graph import GraphParams, NeighbourGraph, choose_params
 from .secagg.keys import model_digest
-from .secagg.messages import decode, encode, encoded_size
+from .secagg.messages import decode, encode, encoded_size, validate
 from .secagg.server import AggregateResult, SecAggServer
 from .secagg.session import Phase, SessionConfig, new_session_id
 from .simulate import SimulationResult, random_dropouts, simulate
@@ -50,6 +55,7 @@ __all__ = [
     "ClientState",
     "ConfigMismatch",
     "DecryptionFailed",
+    "ForgedInput",
     "GraphParams",
     "InconsistentShares",
     "InconsistentView",
@@ -63,10 +69,12 @@ __all__ = [
     "ReplayedMessage",
     "SecAggClient",
     "SecAggServer",
+    "SeedWithheld",
     "SessionConfig",
     "SignatureInvalid",
     "SimulationResult",
     "UnknownClient",
+    "UnsupportedVersion",
     "WrongPhase",
     "WrongRound",
     "WrongSender",
@@ -80,4 +88,5 @@ __all__ = [
     "random_dropouts",
     "ring_bits",
     "simulate",
+    "validate",
 ]

@@ -5,7 +5,8 @@
   party ids are always among the parts, so nothing from one session, round or pair of parties
   is valid in another.
 * X25519 agreement + HKDF-SHA256 (:func:`agree`), Ed25519 signatures (:func:`sign`/:func:`verify`),
-  AES-256-GCM sealing (:func:`seal`/:func:`open_sealed`), SHA-256 commitments (:func:`commit`).
+  AES-256-GCM sealing (:func:`seal`/:func:`open_sealed`), SHA-256 commitments (:func:`commit`),
+  HMAC-SHA256 tags (:func:`mac`/:func:`mac_matches`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import hashlib
 import os
 
 from cryptography.exceptions import InvalidSignature, InvalidTag
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -22,10 +23,11 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import DecryptionFailed, SignatureInvalid
 
-DOMAIN = b"secfed/secagg/v1/"
+DOMAIN = b"secfed/secagg/v2/"
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 DIGEST_BYTES = 32
+MAC_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
 SEAL_OVERHEAD = NONCE_BYTES + TAG_BYTES
@@ -118,3 +120,21 @@ def verify(identity_public: bytes, signature: bytes, payload: bytes, *, who: str
 def commit(payload: bytes) -> bytes:
     """SHA-256 commitment; the committed secrets are 128-bit random, so hiding holds."""
     return hashlib.sha256(payload).digest()
+
+
+def mac(key: bytes, payload: bytes) -> bytes:
+    """HMAC-SHA256 of ``payload`` under ``key``."""
+    h = hmac.HMAC(key, hashes.SHA256())
+    h.update(payload)
+    return h.finalize()
+
+
+def mac_matches(key: bytes, tag: bytes, payload: bytes) -> bool:
+    """Whether ``tag`` is the HMAC-SHA256 of ``payload`` under ``key`` (constant-time comparison)."""
+    h = hmac.HMAC(key, hashes.SHA256())
+    h.update(payload)
+    try:
+        h.verify(tag)
+    except InvalidSignature:
+        return False
+    return True

@@ -14,7 +14,12 @@ class ProtocolError(Exception):
 
 
 class MalformedMessage(ProtocolError):
-    """Bytes that do not decode: bad magic, unknown version or type, bad length, truncated, trailing."""
+    """Bytes that do not decode — bad magic, unknown type, bad length, truncated, trailing — or a
+    typed message built by hand with fields the decoder would never produce."""
+
+
+class UnsupportedVersion(MalformedMessage):
+    """Wire bytes of a protocol version this build does not speak: refused, never misread."""
 
 
 class WrongRound(ProtocolError):
@@ -54,7 +59,7 @@ class DecryptionFailed(ProtocolError):
 
 
 class InconsistentShares(ProtocolError):
-    """Secret shares do not reconstruct a value that matches its commitment."""
+    """Secret shares, or a revealed value, do not match the commitment made earlier."""
 
 
 class InconsistentView(ProtocolError):
@@ -63,6 +68,16 @@ class InconsistentView(ProtocolError):
 
 class BelowThreshold(ProtocolError):
     """Too few parties remain to finish the round safely; the round is aborted."""
+
+
+class SeedWithheld(BelowThreshold):
+    """A client committed to a graph nonce and the nonce never arrived: a sparse neighbour graph
+    cannot be derived without letting whoever withheld it choose among graphs. Round aborted."""
+
+
+class ForgedInput(ProtocolError):
+    """A masked input whose tag does not bind it to its sender, session, round and graph — replayed,
+    substituted or spoofed. Detected before any sum is released; the round is aborted."""
 
 
 class BothSharesRequested(ProtocolError):

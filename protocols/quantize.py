@@ -1,8 +1,9 @@
 """Floats ↔ ring: clipping, fixed-point scale and stochastic rounding into Z_{2^b}.
 
 A client value x becomes the integer round_stoch(clip(x, −c, c)·s), stored mod 2^b as uint32.
-Stochastic rounding, ⌊v + U[0,1)⌋, gives ⌊v⌋ or ⌊v⌋+1 with mean v, so every integer lies in
-[−M, M], M = ⌈c·s⌉.
+Clipping is done in float64 whatever the input dtype (in the input's own precision, float32(0.1)
+lies above 0.1 and would escape the range). Stochastic rounding gives ⌊v⌋ + 1 with probability
+v − ⌊v⌋, else ⌊v⌋ — mean v, and never beyond ⌈v⌉ — so every integer lies in [−M, M], M = ⌈c·s⌉.
 A sum of n such integers lies in [−nM, nM] and is recovered from its residue mod 2^b (read as a
 signed b-bit number) exactly when nM ≤ 2^(b−1) − 1: that is the bit width :func:`ring_bits`
 returns, and a configuration needing more than 32 bits is refused (:class:`OverflowRefused`)
@@ -91,30 +92,52 @@ class Quantizer:
         return ring_bits(self.n_clients, self.max_abs)
 
     def to_ring(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Clip, scale and stochastically round a 1-D float vector; returns uint32 values mod 2^bits."""
+        """Clip, scale and stochastically round a 1-D numeric vector; returns uint32 values mod 2^bits.
+
+        Accepts every real dtype numpy holds: float16/32/64, extended precision and signed or
+        unsigned integers. Clipping happens in float64 (extended precision for longdouble input),
+        never in the input's own precision: float32(0.1) is slightly above 0.1, and clipping in
+        float32 would let it through above the range the ring was sized for. Booleans, complex
+        numbers and non-numeric dtypes are refused (TypeError); NaN and ±inf are refused
+        (ValueError naming the index).
+        """
         x = np.asarray(x)
-        if x.ndim != 1 or not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"to_ring takes a 1-D float vector, got shape {x.shape} dtype {x.dtype}")
+        if x.ndim != 1:
+            raise TypeError(f"to_ring takes a 1-D vector, got shape {x.shape}")
+        _check_real_dtype(x.dtype)
         if not isinstance(rng, np.random.Generator):
             raise TypeError("to_ring needs a numpy.random.Generator (seed it from the run seed)")
         low = (1 << self.bits) - 1
+        extended = np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > 8
         out = np.empty(x.size, dtype=np.uint32)
         # float64 work buffers, preallocated: clip·scale reaches 2^31 / n, beyond float32's 24-bit
         # mantissa, and the fractional part decides the rounding.
-        value, noise = np.empty(min(_CHUNK, x.size)), np.empty(min(_CHUNK, x.size))
+        m = min(_CHUNK, x.size)
+        value, floor, noise, ints = np.empty(m), np.empty(m), np.empty(m), np.empty(m, dtype=np.int64)
         for start in range(0, x.size, _CHUNK):
             part = x[start : start + _CHUNK]
             m = part.size
-            v, u = value[:m], noise[:m]
-            np.clip(part, -self.clip, self.clip, out=v)
-            if not np.isfinite(v).all():
-                bad = start + int(np.flatnonzero(~np.isfinite(v))[0])
-                raise ValueError(f"to_ring input has a non-finite value at index {bad}: {x[bad]}")
+            v, f, u, k = value[:m], floor[:m], noise[:m], ints[:m]
+            if extended:  # clip where the input is exact; the clipped value then rounds into [−clip, clip]
+                _refuse_non_finite(part, start)
+                part = np.clip(part, -self.clip, self.clip)
+            # Exact for float16/32/64 and integers up to 32 bits; 64-bit integers round to nearest,
+            # which is monotone, so a value beyond the clip stays beyond it.
+            np.copyto(v, part, casting="same_kind")
+            _refuse_non_finite(v, start)
+            np.clip(v, -self.clip, self.clip, out=v)
+            # |v·scale| ≤ fl(clip·scale) ≤ max_abs: rounding is monotone and max_abs is an integer.
             v *= self.scale
-            # ⌊v + U[0,1)⌋ is ⌊v⌋ + 1 with probability frac(v), else ⌊v⌋: stochastic rounding.
-            v += rng.random(out=u)
-            np.floor(v, out=v)
-            out[start : start + m] = v.astype(np.int64) & low
+            # Stochastic rounding: ⌊v⌋ + 1 with probability frac(v), else ⌊v⌋. The fraction v − ⌊v⌋
+            # is exact in float64, so ⌊v⌋ + 1 only happens when v is not an integer: the result
+            # never exceeds ⌈v⌉ (adding U[0,1) to v and flooring could round up to v + 1).
+            np.floor(v, out=f)
+            v -= f
+            rng.random(out=u)
+            np.copyto(k, f, casting="unsafe")
+            k += u < v
+            k &= low
+            out[start : start + m] = k
         return out
 
     def from_ring(self, total: np.ndarray) -> np.ndarray:
@@ -126,3 +149,17 @@ class Quantizer:
         signed = total.astype(np.int64) & ((1 << bits) - 1)
         signed[signed >= 1 << (bits - 1)] -= 1 << bits
         return signed / self.scale
+
+
+def _check_real_dtype(dtype: np.dtype) -> None:
+    if dtype == np.bool_:
+        raise TypeError("to_ring does not take booleans; cast them to the numbers you mean (e.g. .astype(np.uint8))")
+    if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)):
+        raise TypeError(f"to_ring takes real numbers (float or integer dtypes), got dtype {dtype}")
+
+
+def _refuse_non_finite(values: np.ndarray, offset: int) -> None:
+    finite = np.isfinite(values)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        raise ValueError(f"to_ring input has a non-finite value at index {offset + bad}: {values[bad]}")

@@ -51,24 +51,32 @@ def simulate(
     quantizer: Quantizer | None = None,
     rng: np.random.Generator | None = None,
     ring_bits: int | None = None,
+    input_bound: int | None = None,
     params: GraphParams | None = None,
     dropout_rate: float = 0.1,
     corrupt_fraction: float = 0.2,
-    authenticated: bool = False,
+    authenticated: bool = True,
     model_hashes: Sequence[bytes] | None = None,
     session_id: bytes | None = None,
     round: int = 0,
 ) -> SimulationResult:
     """Securely aggregate ``inputs`` (one 1-D vector per client) and return the unmasked sum.
 
-    Inputs are float vectors with a ``quantizer`` (and the ``rng`` its stochastic rounding draws
-    from), or ring vectors (unsigned integers below 2^``ring_bits``, default 32).
+    Inputs are real vectors with a ``quantizer`` (and the ``rng`` its stochastic rounding draws
+    from), or ring vectors (unsigned integers below 2^``ring_bits``, default 32). For ring vectors,
+    ``input_bound`` is the largest magnitude of one client's value read as a signed ring integer:
+    the session then refuses a ring too small for the sum and each client an input beyond it.
+    Left at None, ring inputs are summed mod 2^ring_bits with no overflow guarantee (what modular
+    schemes such as distributed DP with modular clipping want). With a quantizer it is
+    ``quantizer.max_abs``.
     ``dropouts`` maps a client index to the phase whose message it never sends (it vanishes
-    then): ``"advertise_keys"``, ``"share_keys"``, ``"masked_input"``, ``"consistency_check"``
+    then): ``"advertise_keys"``, ``"graph_seed"`` (with a sparse graph the round then aborts:
+    :class:`SeedWithheld`), ``"share_keys"``, ``"masked_input"``, ``"consistency_check"``
     (authenticated mode only) or ``"unmask"``. ``params`` fixes (k, t); by default
     :func:`choose_params` picks them from ``dropout_rate`` and ``corrupt_fraction``.
-    ``authenticated`` runs Bonawitz's malicious-server variant with fresh Ed25519 identities
-    (standing in for a PKI). ``model_hashes[i]`` is the model digest client i reports.
+    ``authenticated`` (default) runs Bonawitz's malicious-server variant with fresh Ed25519
+    identities standing in for a PKI; ``authenticated=False`` is the weaker variant, private only
+    against an honest-but-curious server. ``model_hashes[i]`` is the model digest client i reports.
 
     Protocol refusals propagate as their typed errors (e.g. BelowThreshold, ModelMismatch).
     """
@@ -86,7 +94,9 @@ def simulate(
             raise ValueError(f"quantizer was sized for {quantizer.n_clients} clients; the cohort has {n}")
         if ring_bits is not None and ring_bits != quantizer.bits:
             raise ValueError(f"ring_bits={ring_bits} contradicts the quantizer's {quantizer.bits} bits")
-        ring_bits = quantizer.bits
+        if input_bound is not None and input_bound != quantizer.max_abs:
+            raise ValueError(f"input_bound={input_bound} contradicts the quantizer's max_abs {quantizer.max_abs}")
+        ring_bits, input_bound = quantizer.bits, quantizer.max_abs
     else:
         if not all(np.issubdtype(np.asarray(x).dtype, np.integer) for x in inputs):
             raise TypeError("float inputs need a quantizer; ring inputs must be unsigned integers (uint32)")
@@ -108,6 +118,7 @@ def simulate(
         params=params,
         dimension=dimension,
         ring_bits=ring_bits,
+        input_bound=input_bound,
         authenticated=authenticated,
         identity_keys=tuple(k.public_key().public_bytes_raw() for k in identities),
     )
@@ -143,6 +154,9 @@ def simulate(
     for i in range(n):
         if alive(i, Phase.ADVERTISE_KEYS):
             upload(i, clients[i].advertise_keys())
+    for i, commitments in server.close_phase().items():
+        if alive(i, Phase.GRAPH_SEED):
+            upload(i, clients[i].reveal_graph_nonce(download(i, commitments)))
     for i, roster in server.close_phase().items():
         if alive(i, Phase.SHARE_KEYS):
             upload(i, clients[i].share_keys(download(i, roster)))
@@ -175,7 +189,7 @@ def simulate(
 
 
 def random_dropouts(
-    n_clients: int, rate: float, rng: np.random.Generator, *, authenticated: bool = False
+    n_clients: int, rate: float, rng: np.random.Generator, *, authenticated: bool = True
 ) -> dict[int, Phase]:
     """Each client vanishes with probability ``rate``, at a phase drawn uniformly (for ``--dropout-rate``)."""
     if not 0.0 <= rate <= 1.0:

@@ -3,17 +3,27 @@
 One method per protocol step, each taking the server's typed message and returning the typed
 reply (``encode``/``decode`` in :mod:`.messages` turn them into bytes)::
 
-    adv   = client.advertise_keys()            # → AdvertiseKeys
-    sh    = client.share_keys(roster)          # KeyRoster      → EncryptedShares
-    client.receive_shares(delivery)            # ShareDelivery
-    y     = client.mask(x)                     # ring vector    → MaskedInput
-    sig   = client.consistency_check(surv)     # SurvivorList   → ConsistencySignature (authenticated)
-    rsp   = client.unmask(request)             # UnmaskRequest  → UnmaskResponse
+    adv   = client.advertise_keys()              # → AdvertiseKeys
+    rev   = client.reveal_graph_nonce(commits)   # GraphCommitments → GraphReveal
+    sh    = client.share_keys(roster)            # KeyRoster        → EncryptedShares
+    client.receive_shares(delivery)              # ShareDelivery
+    y     = client.mask(x)                       # ring vector      → MaskedInput
+    sig   = client.consistency_check(surv)       # SurvivorList     → ConsistencySignature (authenticated)
+    rsp   = client.unmask(request)               # UnmaskRequest    → UnmaskResponse
 
-Refusals: a message for another session/round, from someone other than the server, addressed to
-someone else, or of a type this step does not expect is rejected (typed error) and changes
-nothing. Anything wrong with the *content* of an otherwise valid message means the server or a
-neighbour misbehaves: the client raises and aborts for good, revealing nothing further.
+Refusals: a message that is not well formed (:func:`.messages.validate`), of a type this step
+does not expect, for another session/round, from someone other than the server or addressed to
+someone else is rejected (typed error) and changes nothing. Anything wrong with the *content* of
+an otherwise valid message means the server or a neighbour misbehaves: the client raises and
+aborts for good, revealing nothing further.
+
+Where the secrets go. The key-agreement seed s_u is shared t-of-k among u's neighbours when keys
+are shared. The self-mask seed b_u is shared only with the neighbours u actually masks with
+(those whose key shares reached it), and only inside u's masked input: a neighbour the server
+kept out of u's masks never holds a share of b_u. Without that, a lying server could withhold
+honest neighbours' shares from u, declare the neighbours u did mask with dropped (their key seeds
+are then rebuilt) and collect b_u from the others — u's input alone. (Tested in
+``test_protocols_malicious_server.py``.)
 """
 
 from __future__ import annotations
@@ -21,35 +31,42 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
-import struct
 from collections.abc import Iterator
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .. import shamir
-from ..crypto import DIGEST_BYTES, open_sealed, public_bytes, seal, sign, verify, x25519_keypair
+from ..crypto import DIGEST_BYTES, mac, open_sealed, public_bytes, seal, sign, verify, x25519_keypair
 from ..errors import (
     Aborted,
     BelowThreshold,
     BothSharesRequested,
     ConfigMismatch,
     DecryptionFailed,
+    InconsistentShares,
     InconsistentView,
     MalformedMessage,
     ModelMismatch,
     ProtocolError,
     ReplayedMessage,
+    SeedWithheld,
     UnknownClient,
     WrongPhase,
     WrongRound,
     WrongSender,
 )
 from ..prg import MaskStream, apply_masks
+from .graph import NeighbourGraph
 from .keys import (
+    SHARE_PLAINTEXT,
     advertise_payload,
     consistency_payload,
+    graph_commitment,
+    graph_seed,
+    input_tag_key,
     mask_private_key,
+    masked_input_payload,
     pairwise_mask_key,
     pairwise_sign,
     self_mask_commitment,
@@ -58,10 +75,13 @@ from .keys import (
     share_channel_key,
 )
 from .messages import (
+    GRAPH_NONCE_BYTES,
     SERVER,
     AdvertiseKeys,
     ConsistencySignature,
     EncryptedShares,
+    GraphCommitments,
+    GraphReveal,
     KeyRoster,
     MaskedInput,
     Message,
@@ -73,17 +93,18 @@ from .messages import (
     SurvivorList,
     UnmaskRequest,
     UnmaskResponse,
+    validate,
 )
 from .session import SessionConfig
 
 NO_MODEL_HASH = bytes(DIGEST_BYTES)
-_SHARE_PLAINTEXT = struct.Struct("<III16s16s")  # owner, holder, share index, self-mask share, key share
 
 
 class ClientState(enum.Enum):
     """What the client waits for next."""
 
     START = "start"  # call advertise_keys()
+    AWAIT_COMMITMENTS = "await_commitments"
     AWAIT_ROSTER = "await_roster"
     AWAIT_SHARES = "await_shares"
     AWAIT_INPUT = "await_input"  # call mask(x)
@@ -102,6 +123,7 @@ class SecAggClient:
     ``model_hash``: digest of the global model this client trained on (see ``model_digest``);
     neighbours must carry the same one. ``identity_key``: this client's long-term Ed25519 key,
     required in authenticated mode (its public half must be ``config.identity_keys[client_id]``).
+    ``neighbours`` is known once the key roster has fixed the graph (empty before).
     """
 
     def __init__(
@@ -126,50 +148,88 @@ class SecAggClient:
         self.config = config
         self.id = client_id
         self.model_hash = model_hash
-        self.neighbours = config.graph.of(client_id)
+        self.neighbours: tuple[int, ...] = ()
         self._identity = identity_key
         self._state = ClientState.START
+        self._commitments: dict[int, bytes] = {}  # client → graph commitment, as the server listed them
+        self._seed = b""  # the graph seed, once known
+        self._graph: NeighbourGraph | None = None
         self._roster: dict[int, RosterEntry] = {}
-        self._held: dict[int, tuple[shamir.Share, shamir.Share]] = {}  # neighbour → (self-mask, key) shares
+        self._held: dict[int, shamir.Share] = {}  # masking partner → its key-seed share held here
+        self._channels: dict[tuple[int, int], bytes] = {}  # (sender, recipient) → share-channel key
         self._signed_survivors: tuple[int, ...] | None = None
 
     @property
     def state(self) -> ClientState:
         return self._state
 
-    # ---- phase 0 -------------------------------------------------------------------------------
+    # ---- phase 0: keys and the graph commitment -------------------------------------------------
 
     def advertise_keys(self) -> AdvertiseKeys:
-        """Create this round's keys and seeds; advertise the public halves (signed if authenticated)."""
+        """Create this round's keys, seeds and graph nonce; advertise the public halves and the
+        commitments (signed if authenticated)."""
         self._expect_state(ClientState.START)
         cfg = self.config
         self._enc_private, enc_public = x25519_keypair()
         self._mask_seed = os.urandom(shamir.SECRET_BYTES)
         self._mask_private = mask_private_key(cfg, self.id, self._mask_seed)
         self._self_seed = os.urandom(shamir.SECRET_BYTES)
+        self._graph_nonce = os.urandom(GRAPH_NONCE_BYTES)
         mask_public = public_bytes(self._mask_private)
         commitment = self_mask_commitment(cfg, self.id, self._self_seed)
+        nonce_commitment = graph_commitment(cfg, self.id, self._graph_nonce)
         signature = b""
         if cfg.authenticated:
-            payload = advertise_payload(cfg, self.id, enc_public, mask_public, commitment, self.model_hash)
+            payload = advertise_payload(
+                cfg, self.id, enc_public, mask_public, commitment, nonce_commitment, self.model_hash
+            )
             signature = sign(self._identity, payload)
-        self._state = ClientState.AWAIT_ROSTER
+        self._state = ClientState.AWAIT_COMMITMENTS
         return AdvertiseKeys(
             **self._envelope(), enc_public=enc_public, mask_public=mask_public,
-            self_mask_commitment=commitment, model_hash=self.model_hash,
+            self_mask_commitment=commitment, graph_commitment=nonce_commitment, model_hash=self.model_hash,
             config_digest=cfg.digest, signature=signature,
         )
 
-    # ---- phase 1 -------------------------------------------------------------------------------
+    # ---- phase 1: the graph seed ----------------------------------------------------------------
+
+    def reveal_graph_nonce(self, commitments: GraphCommitments) -> GraphReveal:
+        """Reveal the graph nonce once the server has fixed everyone's commitments.
+
+        The graph seed will hash every listed client's nonce, this client's included, and the
+        list is fixed before this client's nonce is known to anyone: however the server picks the
+        list, the graph this client ends up in is uniformly random from its point of view.
+        """
+        self._accept(commitments, GraphCommitments, ClientState.AWAIT_COMMITMENTS)
+        with self._aborting():
+            listed = dict(commitments.commitments)
+            for v in listed:
+                self._check_cohort(v, "graph commitments")
+            if listed.get(self.id) != graph_commitment(self.config, self.id, self._graph_nonce):
+                raise InconsistentView(f"the graph commitments omit or alter client {self.id}'s own")
+            self._commitments = listed
+            self._state = ClientState.AWAIT_ROSTER
+            return GraphReveal(**self._envelope(), nonce=self._graph_nonce)
+
+    # ---- phase 2: share the key seed ------------------------------------------------------------
 
     def share_keys(self, roster: KeyRoster) -> EncryptedShares:
-        """Check the neighbours' keys (config, model hash, signatures); seal t-of-k shares for each."""
+        """Derive the graph from the revealed nonces; check the neighbours' keys (config, model hash,
+        signatures, graph commitments); seal a t-of-k share of the key seed for each."""
         self._accept(roster, KeyRoster, ClientState.AWAIT_ROSTER)
         with self._aborting():
             cfg, t = self.config, self.config.params.threshold
+            self._seed = self._check_nonces(roster.nonces)
+            self._graph = NeighbourGraph(cfg.params, self._seed)
+            self.neighbours = self._graph.of(self.id)
+            revealed = dict(roster.nonces)
             seen_keys = {public_bytes(self._enc_private), public_bytes(self._mask_private)}
             for e in roster.entries:
                 self._check_neighbour(e.client, "key roster")
+                if e.client not in revealed:
+                    raise UnknownClient(f"key roster lists neighbour {e.client}, which revealed no graph nonce")
+                if e.graph_commitment != self._commitments[e.client]:
+                    raise InconsistentView(f"neighbour {e.client}'s graph commitment differs from the one listed")
                 if e.config_digest != cfg.digest:
                     raise ConfigMismatch(f"neighbour {e.client} runs this session with different parameters")
                 if e.model_hash != self.model_hash:
@@ -179,7 +239,8 @@ class SecAggClient:
                     )
                 if cfg.authenticated:
                     payload = advertise_payload(
-                        cfg, e.client, e.enc_public, e.mask_public, e.self_mask_commitment, e.model_hash
+                        cfg, e.client, e.enc_public, e.mask_public, e.self_mask_commitment, e.graph_commitment,
+                        e.model_hash,
                     )
                     verify(cfg.identity_keys[e.client], e.signature, payload, who=f"client {e.client}'s keys")
                 if e.enc_public in seen_keys or e.mask_public in seen_keys or e.enc_public == e.mask_public:
@@ -191,50 +252,34 @@ class SecAggClient:
                     f"advertised keys; threshold is {t}"
                 )
             self._roster = {e.client: e for e in roster.entries}
-            k = len(self.neighbours)
-            self_mask_shares = shamir.split(self._self_seed, t, k)
-            key_shares = shamir.split(self._mask_seed, t, k)
-            sealed = []
-            for v, e in self._roster.items():
-                index = cfg.graph.share_index(self.id, v)
-                plaintext = _SHARE_PLAINTEXT.pack(
-                    self.id, v, index, self_mask_shares[index - 1].value, key_shares[index - 1].value
-                )
-                key = share_channel_key(cfg, self.id, v, self._enc_private, e.enc_public)
-                sealed.append(SealedShare(v, seal(key, plaintext, share_aad(cfg, self.id, v))))
+            key_shares = shamir.split(self._mask_seed, t, len(self.neighbours))
+            sealed = [self._seal_share(v, ShareKind.MASK_KEY, key_shares) for v in self._roster]
             self._state = ClientState.AWAIT_SHARES
             return EncryptedShares(**self._envelope(), shares=tuple(sealed))
 
-    # ---- phase 2 -------------------------------------------------------------------------------
+    # ---- phase 3: masked input ------------------------------------------------------------------
 
     def receive_shares(self, delivery: ShareDelivery) -> None:
-        """Open the shares neighbours sealed for this client; they decide whom it masks with."""
+        """Open the key-seed shares neighbours sealed for this client; they decide whom it masks with."""
         self._accept(delivery, ShareDelivery, ClientState.AWAIT_SHARES)
         with self._aborting():
-            cfg, t = self.config, self.config.params.threshold
             held = {}
             for s in delivery.shares:
                 if s.peer not in self._roster:
                     raise UnknownClient(f"share delivery has a share from {s.peer}, not a neighbour in the roster")
-                key = share_channel_key(cfg, s.peer, self.id, self._enc_private, self._roster[s.peer].enc_public)
-                plaintext = open_sealed(key, s.ciphertext, share_aad(cfg, s.peer, self.id))
-                if len(plaintext) != _SHARE_PLAINTEXT.size:
-                    raise DecryptionFailed(f"share from {s.peer} has {len(plaintext)} bytes inside")
-                owner, holder, index, self_share, key_share = _SHARE_PLAINTEXT.unpack(plaintext)
-                if (owner, holder, index) != (s.peer, self.id, cfg.graph.share_index(s.peer, self.id)):
-                    raise WrongSender(
-                        f"sealed share from {s.peer} claims owner {owner}, holder {holder}, index {index}"
-                    )
-                held[s.peer] = (shamir.Share(index, self_share), shamir.Share(index, key_share))
-            if len(held) < t:
+                held[s.peer] = self._open_share(s.peer, ShareKind.MASK_KEY, s.ciphertext)
+            if len(held) < self.config.params.threshold:
                 raise BelowThreshold(
-                    f"client {self.id}: shares arrived from {len(held)} neighbours; threshold is {t}"
+                    f"client {self.id}: shares arrived from {len(held)} neighbours; "
+                    f"threshold is {self.config.params.threshold}"
                 )
             self._held = held
             self._state = ClientState.AWAIT_INPUT
 
     def mask(self, x: np.ndarray) -> MaskedInput:
-        """Mask the ring vector ``x`` (uint values in [0, 2^ring_bits)) with the self mask and pairwise masks."""
+        """Mask the ring vector ``x`` (uint values in [0, 2^ring_bits)) with the self mask and pairwise
+        masks; attach shares of the self-mask seed for the masking partners, and the binding tag
+        (plus an Ed25519 signature in authenticated mode)."""
         self._expect_state(ClientState.AWAIT_INPUT)
         cfg = self.config
         acc = self._ring_vector(x)
@@ -243,37 +288,44 @@ class SecAggClient:
             key = pairwise_mask_key(cfg, self.id, v, self._mask_private, self._roster[v].mask_public)
             streams.append(MaskStream(key, pairwise_sign(self.id, v)))
         apply_masks(acc, streams, bits=cfg.ring_bits)
+        self_shares = shamir.split(self._self_seed, cfg.params.threshold, len(self.neighbours))
+        sealed = tuple(self._seal_share(v, ShareKind.SELF_MASK, self_shares) for v in sorted(self._held))
+        payload = masked_input_payload(cfg, self.id, self._seed, acc, sealed)
+        tag = mac(input_tag_key(cfg, self.id, self._self_seed), payload)
+        signature = sign(self._identity, payload) if cfg.authenticated else b""
         self._state = ClientState.AWAIT_SURVIVORS if cfg.authenticated else ClientState.AWAIT_UNMASK
-        return MaskedInput(**self._envelope(), vector=acc)
+        return MaskedInput(**self._envelope(), vector=acc, self_mask_shares=sealed, tag=tag, signature=signature)
 
     def masked_input(self, delivery: ShareDelivery, x: np.ndarray) -> MaskedInput:
         """:meth:`receive_shares` then :meth:`mask`."""
         self.receive_shares(delivery)
         return self.mask(x)
 
-    # ---- phase 3 (authenticated) ---------------------------------------------------------------
+    # ---- phase 4 (authenticated): consistency check ---------------------------------------------
 
     def consistency_check(self, survivors: SurvivorList) -> ConsistencySignature:
-        """Sign the survivor set the server announces — once per round, whatever it shows later."""
+        """Sign the survivor set the server announces (and the graph seed) — once per round,
+        whatever it shows later."""
         if not self.config.authenticated:
             raise WrongPhase("the consistency check exists only in authenticated mode")
         self._accept(survivors, SurvivorList, ClientState.AWAIT_SURVIVORS)
         with self._aborting():
             self._check_survivors(survivors.survivors)
             self._signed_survivors = survivors.survivors
-            payload = consistency_payload(self.config, survivors.survivors)
+            payload = consistency_payload(self.config, self._seed, survivors.survivors)
             self._state = ClientState.AWAIT_UNMASK
             return ConsistencySignature(**self._envelope(), signature=sign(self._identity, payload))
 
-    # ---- phase 4 -------------------------------------------------------------------------------
+    # ---- phase 5: unmask ------------------------------------------------------------------------
 
     def unmask(self, request: UnmaskRequest) -> UnmaskResponse:
-        """Reveal, per neighbour, the self-mask share if it survived or the key share if it dropped.
+        """Reveal, per masking partner, the self-mask share if it survived or the key share if it dropped.
 
         Refuses (and aborts) a request that names a client twice or names this client as dropped
         (BothSharesRequested), names clients this client has no shares of (UnknownClient), leaves
-        fewer than t surviving neighbours (BelowThreshold) or, in authenticated mode, differs from
-        the survivor set this client signed or lacks a quorum of valid signatures on it.
+        fewer than t surviving neighbours (BelowThreshold), forwards a self-mask share from a
+        client it lists as dropped (InconsistentView) or, in authenticated mode, differs from the
+        survivor set this client signed or lacks a quorum of valid signatures on it.
         """
         self._accept(request, UnmaskRequest, ClientState.AWAIT_UNMASK)
         with self._aborting():
@@ -291,14 +343,25 @@ class SecAggClient:
             self._check_survivors(request.survivors)
             for v in dropped:
                 self._check_cohort(v, "dropped list")
-                if cfg.graph.are_neighbours(self.id, v) and v not in self._held:
+                if self._graph.are_neighbours(self.id, v) and v not in self._held:
                     raise UnknownClient(f"unmask request names neighbour {v} as dropped; it never shared keys here")
+            self_shares = {}
+            for s in request.self_mask_shares:
+                if s.peer in dropped:
+                    raise InconsistentView(
+                        f"unmask request forwards a masked input's self-mask share from {s.peer}, "
+                        "which it lists as dropped"
+                    )
+                if s.peer not in survivors or s.peer not in self._held:
+                    raise UnknownClient(f"unmask request forwards a self-mask share from {s.peer}, "
+                                        "not a surviving masking partner of this client")
+                self_shares[s.peer] = self._open_share(s.peer, ShareKind.SELF_MASK, s.ciphertext)
             revealed = []
             for v in sorted(self._held):
-                if v in survivors:
-                    revealed.append(RevealedShare(v, ShareKind.SELF_MASK, self._held[v][0].value))
+                if v in self_shares:
+                    revealed.append(RevealedShare(v, ShareKind.SELF_MASK, self_shares[v].value))
                 elif v in dropped:
-                    revealed.append(RevealedShare(v, ShareKind.MASK_KEY, self._held[v][1].value))
+                    revealed.append(RevealedShare(v, ShareKind.MASK_KEY, self._held[v].value))
             response = UnmaskResponse(**self._envelope(), self_mask_seed=self._self_seed, shares=tuple(revealed))
             self._forget_secrets()
             self._state = ClientState.DONE
@@ -312,6 +375,9 @@ class SecAggClient:
         A ``ShareDelivery`` is answered with the masked input when ``ring_input`` is given;
         otherwise call :meth:`mask` once the input is ready.
         """
+        validate(message)
+        if isinstance(message, GraphCommitments):
+            return self.reveal_graph_nonce(message)
         if isinstance(message, KeyRoster):
             return self.share_keys(message)
         if isinstance(message, ShareDelivery):
@@ -323,6 +389,35 @@ class SecAggClient:
             return self.unmask(message)
         self._check_envelope(message)
         raise WrongPhase(f"client {self.id} does not accept {type(message).__name__} from the server")
+
+    # ---- shares ---------------------------------------------------------------------------------
+
+    def _seal_share(self, holder: int, kind: ShareKind, shares: list[shamir.Share]) -> SealedShare:
+        """Seal this client's share for ``holder`` (at holder's place in the neighbour list)."""
+        index = self._graph.share_index(self.id, holder)
+        plaintext = SHARE_PLAINTEXT.pack(self.id, holder, index, shares[index - 1].value)
+        aad = share_aad(self.config, self._seed, kind, self.id, holder)
+        return SealedShare(holder, seal(self._channel(self.id, holder), plaintext, aad))
+
+    def _open_share(self, owner: int, kind: ShareKind, ciphertext: bytes) -> shamir.Share:
+        aad = share_aad(self.config, self._seed, kind, owner, self.id)
+        plaintext = open_sealed(self._channel(owner, self.id), ciphertext, aad)
+        if len(plaintext) != SHARE_PLAINTEXT.size:
+            raise DecryptionFailed(f"share from {owner} has {len(plaintext)} bytes inside")
+        claimed_owner, holder, index, value = SHARE_PLAINTEXT.unpack(plaintext)
+        if (claimed_owner, holder, index) != (owner, self.id, self._graph.share_index(owner, self.id)):
+            raise WrongSender(f"sealed share from {owner} claims owner {claimed_owner}, holder {holder}, index {index}")
+        return shamir.Share(index, value)
+
+    def _channel(self, sender: int, recipient: int) -> bytes:
+        """The AES-GCM key of shares from ``sender`` to ``recipient`` (one of them is this client);
+        each direction's key is agreed once per round and reused for both kinds of share."""
+        key = self._channels.get((sender, recipient))
+        if key is None:
+            peer = recipient if sender == self.id else sender
+            key = share_channel_key(self.config, sender, recipient, self._enc_private, self._roster[peer].enc_public)
+            self._channels[(sender, recipient)] = key
+        return key
 
     # ---- checks --------------------------------------------------------------------------------
 
@@ -349,9 +444,10 @@ class SecAggClient:
             raise WrongSender(f"message for client {message.recipient} reached client {self.id}")
 
     def _accept(self, message: Message, kind: type, state: ClientState) -> None:
-        """Envelope and phase checks: failures reject the message without changing state."""
+        """Shape, type, envelope and phase checks: failures reject the message without changing state."""
+        validate(message)
         if not isinstance(message, kind):
-            raise TypeError(f"expected {kind.__name__}, got {type(message).__name__}")
+            raise WrongPhase(f"client {self.id} expects a {kind.__name__} now, got a {type(message).__name__}")
         if self._state is ClientState.ABORTED:
             raise Aborted(f"client {self.id} aborted this round")
         self._check_envelope(message)
@@ -376,8 +472,31 @@ class SecAggClient:
 
     def _check_neighbour(self, client: int, where: str) -> None:
         self._check_cohort(client, where)
-        if not self.config.graph.are_neighbours(self.id, client):
+        if not self._graph.are_neighbours(self.id, client):
             raise UnknownClient(f"{where} names client {client}, not a neighbour of client {self.id}")
+
+    def _check_nonces(self, nonces: tuple[tuple[int, bytes], ...]) -> bytes:
+        """The graph seed from the revealed nonces, each checked against the commitment listed earlier.
+
+        A sparse graph needs every listed nonce: were some allowed to go missing, whoever
+        withholds them (colluding clients, or the server claiming they never arrived) could pick
+        the graph among all the subsets. The complete graph does not depend on the seed.
+        """
+        cfg = self.config
+        for v, nonce in nonces:
+            if v not in self._commitments:
+                raise UnknownClient(f"key roster reveals a graph nonce of client {v}, which committed to none")
+            if graph_commitment(cfg, v, nonce) != self._commitments[v]:
+                raise InconsistentShares(f"client {v}'s graph nonce does not match its commitment")
+        if dict(nonces).get(self.id) != self._graph_nonce:
+            raise InconsistentView(f"key roster omits or alters client {self.id}'s own graph nonce")
+        missing = sorted(set(self._commitments) - {v for v, _ in nonces})
+        if missing and not cfg.params.complete:
+            raise SeedWithheld(
+                f"clients {missing} committed to graph nonces that the key roster does not reveal; "
+                "a sparse graph cannot be derived without them. Round aborted"
+            )
+        return graph_seed(cfg, nonces)
 
     def _check_survivors(self, survivors: tuple[int, ...]) -> None:
         t = self.config.params.threshold
@@ -400,17 +519,16 @@ class SecAggClient:
         cfg = self.config
         if request.survivors != self._signed_survivors:
             raise InconsistentView("unmask request's survivor set differs from the one this client signed")
-        payload = consistency_payload(cfg, request.survivors)
+        payload = consistency_payload(cfg, self._seed, request.survivors)
         alive = set(request.survivors)
         for signer, signature in request.signatures:
             if signer not in alive:
                 raise UnknownClient(f"consistency signature from {signer}, which is not a survivor")
             verify(cfg.identity_keys[signer], signature, payload, who=f"client {signer}'s consistency check")
         quorum = cfg.params.signature_quorum
-        if len(request.signatures) < quorum:
-            raise BelowThreshold(
-                f"{len(request.signatures)} clients signed the survivor set; authenticated mode needs {quorum}"
-            )
+        signers = len({signer for signer, _ in request.signatures})
+        if signers < quorum:
+            raise BelowThreshold(f"{signers} clients signed the survivor set; authenticated mode needs {quorum}")
 
     def _ring_vector(self, x: np.ndarray) -> np.ndarray:
         cfg = self.config
@@ -423,9 +541,25 @@ class SecAggClient:
             low, high = int(x.min()), int(x.max())
             if low < 0 or high >= 1 << cfg.ring_bits:
                 raise ValueError(f"client input values must lie in [0, 2^{cfg.ring_bits}); found [{low}, {high}]")
-        return np.array(x, dtype=np.uint32, copy=True, order="C")
+        acc = np.array(x, dtype=np.uint32, copy=True, order="C")
+        if cfg.input_bound is not None:
+            # Read as signed b-bit integers, values must lie in [−M, M]: (v + M) mod 2^b ≤ 2M.
+            bound = cfg.input_bound
+            shifted = (acc + np.uint32(bound)) & np.uint32((1 << cfg.ring_bits) - 1)
+            beyond = np.flatnonzero(shifted > 2 * bound)
+            if beyond.size:
+                i = int(beyond[0])
+                raise ValueError(
+                    f"client input at index {i} is {_signed(int(acc[i]), cfg.ring_bits)}, beyond the session's "
+                    f"input bound {bound} (the ring was sized for it; quantize with the session's quantizer)"
+                )
+        return acc
 
     def _forget_secrets(self) -> None:
         for name in ("_enc_private", "_mask_private", "_mask_seed", "_self_seed"):
             self.__dict__.pop(name, None)
-        self._held = {}
+        self._held, self._channels = {}, {}
+
+
+def _signed(value: int, bits: int) -> int:
+    return value - (1 << bits) if value >= 1 << (bits - 1) else value

@@ -1,7 +1,9 @@
 """Who masks with whom: the random Harary graph of SecAgg+ (Bell et al., CCS 2020), and (k, t).
 
-Clients sit on a ring in a random order (a hash of the session id, round and client id decides
-it); each is joined to the k/2 nearest clients on either side. Every client secret-shares its
+Clients sit on a ring in a random order (a hash of the round's graph seed and the client id
+decides it); each is joined to the k/2 nearest clients on either side. The graph seed is not
+chosen by anyone: it hashes a nonce from every client, committed to in its key advertisement
+before any nonce is revealed (see the client and server state machines). Every client secret-shares its
 seeds t-of-k among its k neighbours and masks its input only with them. The complete graph
 (k = n − 1) is plain SecAgg (Bonawitz et al., CCS 2017).
 
@@ -52,7 +54,7 @@ class GraphParams:
     threshold: int
     corrupt_bound: int = 0
     dropout_rate: float = 0.0
-    authenticated: bool = False
+    authenticated: bool = True
     security_failure: float = 0.0
     correctness_failure: float = 0.0
 
@@ -91,7 +93,7 @@ class GraphParams:
         *,
         corrupt_bound: int = 0,
         dropout_rate: float = 0.0,
-        authenticated: bool = False,
+        authenticated: bool = True,
     ) -> GraphParams:
         """Parameters chosen by hand, with their failure figures computed."""
         probe = cls(n_clients, degree, threshold, corrupt_bound, dropout_rate, authenticated)
@@ -109,7 +111,7 @@ def choose_params(
     corrupt_fraction: float = 0.2,
     security_bits: int = 40,
     correctness_bits: int = 20,
-    authenticated: bool = False,
+    authenticated: bool = True,
     complete: bool = False,
 ) -> GraphParams:
     """(k, t) for a cohort of ``n_clients`` per Bell et al.: smallest even k meeting both targets.
@@ -151,22 +153,22 @@ def choose_params(
 
 @dataclass(frozen=True)
 class NeighbourGraph:
-    """The neighbour lists of one session: ``of(i)`` is client i's sorted neighbours."""
+    """The neighbour lists of one round: ``of(i)`` is client i's sorted neighbours.
+
+    ``seed``: the round's graph seed (32 bytes). The complete graph does not depend on it.
+    """
 
     params: GraphParams
-    session_id: bytes
-    round: int
+    seed: bytes
 
     @cached_property
     def _lists(self) -> tuple[tuple[int, ...], ...]:
         n, k = self.params.n_clients, self.params.degree
         if self.params.complete:
             return tuple(tuple(j for j in range(n) if j != i) for i in range(n))
-        # Ring order from a hash: public, unbiased, identical for every party of the session.
-        order = sorted(
-            range(n),
-            key=lambda i: hashlib.sha256(transcript("ring-order", self.session_id, self.round, i)).digest(),
-        )
+        # Ring order from a hash of the seed: public once the nonces are revealed, identical for
+        # every party that saw the same nonces, and unpredictable to anyone before that.
+        order = sorted(range(n), key=lambda i: hashlib.sha256(transcript("ring-order", self.seed, i)).digest())
         position = {client: p for p, client in enumerate(order)}
         half = k // 2
         return tuple(

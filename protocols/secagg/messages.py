@@ -6,10 +6,17 @@ Every message is a 48-byte header followed by a type-specific body, all little-e
     | sender u32 | recipient u32 | body_length u64 | body
 
 The server's id is ``SERVER`` (0xFFFFFFFF); clients are 0 … n−1. :func:`decode` checks magic,
-version, type, flags, the exact body length, every count and length field against the bytes
-that remain, the fixed sizes of keys/signatures/shares, and that id lists are strictly increasing
-(no duplicates); anything else raises :class:`MalformedMessage`. Whether a well-formed message is
+version (another version raises :class:`UnsupportedVersion`, never a misreading), type, flags,
+the exact body length, every count and length field against the bytes that remain, the fixed
+sizes of keys/signatures/shares, and that id lists are strictly increasing (no duplicates);
+anything else raises :class:`MalformedMessage`. :func:`validate` checks the same rules on a typed
+message built by hand, so the state machines — which call it on everything they receive — refuse
+what the decoder refuses even when an embedding skips the wire. Whether a well-formed message is
 *acceptable* (right session, round, phase, sender) is the state machines' job.
+
+Version 2 (this one) added the graph-nonce commitment and reveal messages, the self-mask shares
+and the sender binding (tag, signature) of a masked input, and the self-mask shares forwarded in
+an unmask request; version 1 messages are refused.
 """
 
 from __future__ import annotations
@@ -20,16 +27,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..crypto import DIGEST_BYTES, PUBLIC_KEY_BYTES, SIGNATURE_BYTES
-from ..errors import MalformedMessage
+from ..crypto import DIGEST_BYTES, MAC_BYTES, PUBLIC_KEY_BYTES, SIGNATURE_BYTES
+from ..errors import MalformedMessage, UnsupportedVersion
 from ..shamir import SECRET_BYTES
 
 MAGIC = b"SAGG"
-VERSION = 1
+VERSION = 2
 SERVER = 0xFFFFFFFF
 _HEADER = struct.Struct("<4sBBH16sQIIQ")
 HEADER_BYTES = _HEADER.size  # 48
 MAX_SEALED_SHARE_BYTES = 1024
+GRAPH_NONCE_BYTES = 16
 
 
 class MessageType(enum.IntEnum):
@@ -42,6 +50,8 @@ class MessageType(enum.IntEnum):
     CONSISTENCY_SIGNATURE = 7  # client → server (authenticated mode)
     UNMASK_REQUEST = 8  # server → client
     UNMASK_RESPONSE = 9  # client → server
+    GRAPH_COMMITMENTS = 10  # server → client
+    GRAPH_REVEAL = 11  # client → server
 
 
 class ShareKind(enum.IntEnum):
@@ -64,9 +74,20 @@ class AdvertiseKeys(Envelope):
     enc_public: bytes  # X25519 key for sealing shares
     mask_public: bytes  # X25519 key for pairwise masks; also the commitment to its seed
     self_mask_commitment: bytes  # SHA-256 commitment to the self-mask seed
+    graph_commitment: bytes  # SHA-256 commitment to this round's graph nonce
     model_hash: bytes  # hash of the global model this client trained on
     config_digest: bytes
     signature: bytes  # Ed25519 over all of the above (empty when unauthenticated)
+
+
+@dataclass(frozen=True)
+class GraphCommitments(Envelope):
+    commitments: tuple[tuple[int, bytes], ...]  # (client, graph commitment) of every advertiser, by id
+
+
+@dataclass(frozen=True)
+class GraphReveal(Envelope):
+    nonce: bytes  # the graph nonce the sender committed to
 
 
 @dataclass(frozen=True)
@@ -75,6 +96,7 @@ class RosterEntry:
     enc_public: bytes
     mask_public: bytes
     self_mask_commitment: bytes
+    graph_commitment: bytes
     model_hash: bytes
     config_digest: bytes
     signature: bytes
@@ -82,18 +104,19 @@ class RosterEntry:
 
 @dataclass(frozen=True)
 class KeyRoster(Envelope):
-    entries: tuple[RosterEntry, ...]  # the recipient's neighbours that advertised, by id
+    nonces: tuple[tuple[int, bytes], ...]  # (client, graph nonce) of every revealer: the graph seed
+    entries: tuple[RosterEntry, ...]  # the recipient's neighbours that revealed, by id
 
 
 @dataclass(frozen=True)
 class SealedShare:
-    peer: int  # recipient (in EncryptedShares) or sender (in ShareDelivery)
+    peer: int  # the other end: recipient when a client sends it, owner when the server forwards it
     ciphertext: bytes
 
 
 @dataclass(frozen=True)
 class EncryptedShares(Envelope):
-    shares: tuple[SealedShare, ...]
+    shares: tuple[SealedShare, ...]  # key-seed shares, one per neighbour
 
 
 @dataclass(frozen=True)
@@ -104,6 +127,9 @@ class ShareDelivery(Envelope):
 @dataclass(frozen=True, eq=False)
 class MaskedInput(Envelope):
     vector: np.ndarray  # uint32, values in Z_{2^ring_bits}
+    self_mask_shares: tuple[SealedShare, ...]  # self-mask-seed shares, one per masking partner
+    tag: bytes  # HMAC binding the input to sender, session, round and graph (key from the self-mask seed)
+    signature: bytes  # Ed25519 over the same binding (empty when unauthenticated)
 
 
 @dataclass(frozen=True)
@@ -121,6 +147,7 @@ class UnmaskRequest(Envelope):
     survivors: tuple[int, ...]  # clients whose masked input is in the sum
     dropped: tuple[int, ...]  # clients that shared keys but sent no masked input
     signatures: tuple[tuple[int, bytes], ...]  # (signer, consistency signature), authenticated mode
+    self_mask_shares: tuple[SealedShare, ...]  # survivors' self-mask shares sealed for the recipient
 
 
 @dataclass(frozen=True)
@@ -137,8 +164,8 @@ class UnmaskResponse(Envelope):
 
 
 Message = (
-    AdvertiseKeys | KeyRoster | EncryptedShares | ShareDelivery | MaskedInput | SurvivorList
-    | ConsistencySignature | UnmaskRequest | UnmaskResponse
+    AdvertiseKeys | GraphCommitments | GraphReveal | KeyRoster | EncryptedShares | ShareDelivery
+    | MaskedInput | SurvivorList | ConsistencySignature | UnmaskRequest | UnmaskResponse
 )
 
 _TYPE_OF: dict[type, MessageType] = {
@@ -151,6 +178,8 @@ _TYPE_OF: dict[type, MessageType] = {
     ConsistencySignature: MessageType.CONSISTENCY_SIGNATURE,
     UnmaskRequest: MessageType.UNMASK_REQUEST,
     UnmaskResponse: MessageType.UNMASK_RESPONSE,
+    GraphCommitments: MessageType.GRAPH_COMMITMENTS,
+    GraphReveal: MessageType.GRAPH_REVEAL,
 }
 
 
@@ -159,6 +188,135 @@ def message_type(message: Message) -> MessageType:
         return _TYPE_OF[type(message)]
     except KeyError:
         raise TypeError(f"not a protocol message: {type(message).__name__}") from None
+
+
+# ---- checking typed messages ---------------------------------------------------------------------
+
+
+def validate(message: object) -> MessageType:
+    """Check that ``message`` has the shape :func:`decode` guarantees; return its type.
+
+    Field types and sizes, id lists strictly increasing, share kinds, the vector's dtype and shape.
+    Anything else raises :class:`MalformedMessage` — including objects that are not protocol
+    messages at all — so a hand-built message is refused exactly like its corrupted wire bytes.
+    """
+    kind = _TYPE_OF.get(type(message))
+    if kind is None:
+        raise MalformedMessage(f"not a protocol message: {type(message).__name__}")
+    check = _Check(kind.name)
+    check.raw(message.session_id, (16,), "session_id")
+    check.uint(message.round, 64, "round")
+    check.uint(message.sender, 32, "sender")
+    check.uint(message.recipient, 32, "recipient")
+    _VALIDATORS[kind](message, check)
+    return kind
+
+
+class _Check:
+    """Field checks for :func:`validate`, each raising MalformedMessage that names the field."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, text: str) -> None:
+        raise MalformedMessage(f"{self.what}: {text}")
+
+    def raw(self, value: object, sizes: tuple[int, ...] | range, field: str) -> None:
+        if not isinstance(value, bytes):
+            self.fail(f"{field} must be bytes, got {type(value).__name__}")
+        if len(value) not in sizes:
+            allowed = f"at most {sizes.stop - 1}" if isinstance(sizes, range) else " or ".join(map(str, sizes))
+            self.fail(f"{field} has {len(value)} bytes; must be {allowed}")
+
+    def uint(self, value: object, bits: int, field: str) -> None:
+        if type(value) is not int:
+            self.fail(f"{field} must be an int, got {type(value).__name__}")
+        if not 0 <= value < 1 << bits:
+            self.fail(f"{field} = {value} is outside [0, 2^{bits})")
+
+    def items(self, value: object, kind: type, field: str) -> tuple:
+        if not isinstance(value, tuple) or not all(isinstance(v, kind) for v in value):
+            self.fail(f"{field} must be a tuple of {kind.__name__}")
+        return value
+
+    def ids(self, value: object, field: str) -> None:
+        for v in self.items(value, int, field):
+            self.uint(v, 32, field)
+        _strictly_increasing(value, field, self.what)
+
+    def pairs(self, value: object, size: int, field: str) -> None:
+        """(id, fixed-size bytes) pairs, ids strictly increasing."""
+        for pair in self.items(value, tuple, field):
+            if len(pair) != 2:
+                self.fail(f"each entry of {field} must be an (id, bytes) pair")
+            self.uint(pair[0], 32, f"{field} id")
+            self.raw(pair[1], (size,), field)
+        _strictly_increasing([p[0] for p in value], f"{field} ids", self.what)
+
+    def sealed(self, shares: object, field: str = "shares") -> None:
+        for s in self.items(shares, SealedShare, field):
+            self.uint(s.peer, 32, "share peer id")
+            self.raw(s.ciphertext, range(MAX_SEALED_SHARE_BYTES + 1), "ciphertext")
+        _strictly_increasing([s.peer for s in shares], "share peer ids", self.what)
+
+
+def _keys_valid(m: AdvertiseKeys | RosterEntry, c: _Check) -> None:
+    for field in ("enc_public", "mask_public"):
+        c.raw(getattr(m, field), (PUBLIC_KEY_BYTES,), field)
+    for field in ("self_mask_commitment", "graph_commitment", "model_hash", "config_digest"):
+        c.raw(getattr(m, field), (DIGEST_BYTES,), field)
+    c.raw(m.signature, (0, SIGNATURE_BYTES), "signature")
+
+
+def _roster_valid(m: KeyRoster, c: _Check) -> None:
+    c.pairs(m.nonces, GRAPH_NONCE_BYTES, "graph nonces")
+    for e in c.items(m.entries, RosterEntry, "entries"):
+        c.uint(e.client, 32, "roster client id")
+        _keys_valid(e, c)
+    _strictly_increasing([e.client for e in m.entries], "roster client ids", c.what)
+
+
+def _masked_valid(m: MaskedInput, c: _Check) -> None:
+    v = m.vector
+    if not isinstance(v, np.ndarray) or v.ndim != 1 or v.dtype.kind != "u" or v.dtype.itemsize != 4:
+        c.fail(f"vector must be a 1-D uint32 numpy array, got {type(v).__name__} {getattr(v, 'dtype', '')}")
+    if not 1 <= v.size < 1 << 32:
+        c.fail(f"vector has {v.size} entries; must be in [1, 2^32)")
+    c.sealed(m.self_mask_shares, "self-mask shares")
+    c.raw(m.tag, (MAC_BYTES,), "tag")
+    c.raw(m.signature, (0, SIGNATURE_BYTES), "signature")
+
+
+def _request_valid(m: UnmaskRequest, c: _Check) -> None:
+    c.ids(m.survivors, "survivors")
+    c.ids(m.dropped, "dropped")
+    c.pairs(m.signatures, SIGNATURE_BYTES, "signatures")
+    c.sealed(m.self_mask_shares, "self-mask shares")
+
+
+def _response_valid(m: UnmaskResponse, c: _Check) -> None:
+    c.raw(m.self_mask_seed, (SECRET_BYTES,), "self-mask seed")
+    for s in c.items(m.shares, RevealedShare, "shares"):
+        c.uint(s.owner, 32, "share owner")
+        if not isinstance(s.kind, ShareKind):
+            c.fail(f"share kind must be a ShareKind, got {s.kind!r}")
+        c.raw(s.value, (SECRET_BYTES,), "share value")
+    _strictly_increasing([s.owner for s in m.shares], "share owners", c.what)
+
+
+_VALIDATORS = {
+    MessageType.ADVERTISE_KEYS: _keys_valid,
+    MessageType.GRAPH_COMMITMENTS: lambda m, c: c.pairs(m.commitments, DIGEST_BYTES, "graph commitments"),
+    MessageType.GRAPH_REVEAL: lambda m, c: c.raw(m.nonce, (GRAPH_NONCE_BYTES,), "graph nonce"),
+    MessageType.KEY_ROSTER: _roster_valid,
+    MessageType.ENCRYPTED_SHARES: lambda m, c: c.sealed(m.shares),
+    MessageType.SHARE_DELIVERY: lambda m, c: c.sealed(m.shares),
+    MessageType.MASKED_INPUT: _masked_valid,
+    MessageType.SURVIVOR_LIST: lambda m, c: c.ids(m.survivors, "survivors"),
+    MessageType.CONSISTENCY_SIGNATURE: lambda m, c: c.raw(m.signature, (SIGNATURE_BYTES,), "signature"),
+    MessageType.UNMASK_REQUEST: _request_valid,
+    MessageType.UNMASK_RESPONSE: _response_valid,
+}
 
 
 # ---- encoding ------------------------------------------------------------------------------------
@@ -172,37 +330,52 @@ def _ids(ids: tuple[int, ...]) -> bytes:
     return _u32(len(ids)) + struct.pack(f"<{len(ids)}I", *ids)
 
 
+def _pairs(pairs: tuple[tuple[int, bytes], ...]) -> list[bytes]:
+    parts = [_u32(len(pairs))]
+    for client, value in pairs:
+        parts += [_u32(client), value]
+    return parts
+
+
 def _signature(sig: bytes) -> bytes:
     return struct.pack("<H", len(sig)) + sig
 
 
+def _sealed(shares: tuple[SealedShare, ...]) -> list[bytes]:
+    parts = [_u32(len(shares))]
+    for s in shares:
+        parts += [struct.pack("<IH", s.peer, len(s.ciphertext)), s.ciphertext]
+    return parts
+
+
+def _key_fields(m: AdvertiseKeys | RosterEntry) -> list[bytes]:
+    return [m.enc_public, m.mask_public, m.self_mask_commitment, m.graph_commitment, m.model_hash,
+            m.config_digest, _signature(m.signature)]
+
+
 def _body_parts(m: Message) -> list[bytes | memoryview]:
     if isinstance(m, AdvertiseKeys):
-        return [m.enc_public, m.mask_public, m.self_mask_commitment, m.model_hash, m.config_digest,
-                _signature(m.signature)]
+        return _key_fields(m)
+    if isinstance(m, GraphCommitments):
+        return _pairs(m.commitments)
+    if isinstance(m, GraphReveal):
+        return [m.nonce]
     if isinstance(m, KeyRoster):
-        parts: list[bytes | memoryview] = [_u32(len(m.entries))]
+        parts: list[bytes | memoryview] = [*_pairs(m.nonces), _u32(len(m.entries))]
         for e in m.entries:
-            parts += [_u32(e.client), e.enc_public, e.mask_public, e.self_mask_commitment, e.model_hash,
-                      e.config_digest, _signature(e.signature)]
+            parts += [_u32(e.client), *_key_fields(e)]
         return parts
     if isinstance(m, (EncryptedShares, ShareDelivery)):
-        parts = [_u32(len(m.shares))]
-        for s in m.shares:
-            parts += [struct.pack("<IH", s.peer, len(s.ciphertext)), s.ciphertext]
-        return parts
+        return _sealed(m.shares)
     if isinstance(m, MaskedInput):
         vec = np.ascontiguousarray(m.vector, dtype="<u4")
-        return [_u32(vec.size), memoryview(vec).cast("B")]
+        return [*_sealed(m.self_mask_shares), m.tag, _signature(m.signature), _u32(vec.size), memoryview(vec).cast("B")]
     if isinstance(m, SurvivorList):
         return [_ids(m.survivors)]
     if isinstance(m, ConsistencySignature):
         return [m.signature]
     if isinstance(m, UnmaskRequest):
-        parts = [_ids(m.survivors), _ids(m.dropped), _u32(len(m.signatures))]
-        for signer, sig in m.signatures:
-            parts += [_u32(signer), sig]
-        return parts
+        return [_ids(m.survivors), _ids(m.dropped), *_pairs(m.signatures), *_sealed(m.self_mask_shares)]
     if isinstance(m, UnmaskResponse):
         parts = [struct.pack("<B", len(m.self_mask_seed)), m.self_mask_seed, _u32(len(m.shares))]
         for s in m.shares:
@@ -214,9 +387,8 @@ def _body_parts(m: Message) -> list[bytes | memoryview]:
 def encode(message: Message) -> bytes:
     """The wire bytes of ``message``; raises ValueError for fields a peer's :func:`decode` would refuse."""
     what = message_type(message).name  # TypeError for anything that is not a protocol message
-    if len(message.session_id) != 16:
-        raise ValueError(f"cannot encode {what}: session_id must be 16 bytes, got {len(message.session_id)}")
     try:
+        validate(message)
         body = _body_parts(message)
         length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in body)
         header = _HEADER.pack(
@@ -225,7 +397,9 @@ def encode(message: Message) -> bytes:
         )
         data = b"".join([header, *body])
         _parse(data, check_only=True)
-    except (struct.error, OverflowError, MalformedMessage) as exc:
+    except MalformedMessage as exc:  # its text starts with the message type
+        raise ValueError(f"cannot encode {exc}") from None
+    except (struct.error, OverflowError) as exc:
         raise ValueError(f"cannot encode {what}: {exc}") from None
     return data
 
@@ -278,11 +452,28 @@ class _Reader:
         _strictly_increasing(ids, field, self.what)
         return ids
 
+    def pairs(self, field: str, size: int) -> tuple[tuple[int, bytes], ...]:
+        n = self.count(f"{field} count", 4 + size)
+        pairs = tuple((self.u32(f"{field} id"), self.fixed(size, field)) for _ in range(n))
+        _strictly_increasing([p[0] for p in pairs], f"{field} ids", self.what)
+        return pairs
+
     def signature(self, field: str) -> bytes:
         n = self.u16(field)
         if n not in (0, SIGNATURE_BYTES):
             raise MalformedMessage(f"{self.what}: {field} has {n} bytes; must be 0 or {SIGNATURE_BYTES}")
         return self.fixed(n, field)
+
+    def sealed(self) -> tuple[SealedShare, ...]:
+        n = self.count("share count", 6)
+        shares = []
+        for _ in range(n):
+            peer, size = self.u32("peer id"), self.u16("ciphertext length")
+            if size > MAX_SEALED_SHARE_BYTES:
+                raise MalformedMessage(f"{self.what}: ciphertext of {size} bytes exceeds {MAX_SEALED_SHARE_BYTES}")
+            shares.append(SealedShare(peer, self.fixed(size, "ciphertext")))
+        _strictly_increasing([s.peer for s in shares], "share peer ids", self.what)
+        return tuple(shares)
 
     def end(self) -> None:
         if self.pos != len(self.data):
@@ -311,7 +502,7 @@ def _parse(data: bytes | bytearray | memoryview, *, check_only: bool) -> Message
     if magic != MAGIC:
         raise MalformedMessage(f"bad magic {magic!r}; expected {MAGIC!r}")
     if version != VERSION:
-        raise MalformedMessage(f"unsupported wire version {version}; this build speaks {VERSION}")
+        raise UnsupportedVersion(f"unsupported wire version {version}; this build speaks {VERSION} only")
     try:
         kind = MessageType(mtype)
     except ValueError:
@@ -329,16 +520,12 @@ def _parse(data: bytes | bytearray | memoryview, *, check_only: bool) -> Message
     return msg
 
 
-def _decode_advertise(r: _Reader, env: dict, _: bool) -> AdvertiseKeys:
-    e = _roster_entry_body(r)
-    return AdvertiseKeys(**env, **e)
-
-
-def _roster_entry_body(r: _Reader) -> dict:
+def _key_body(r: _Reader) -> dict:
     return dict(
         enc_public=r.fixed(PUBLIC_KEY_BYTES, "encryption key"),
         mask_public=r.fixed(PUBLIC_KEY_BYTES, "mask key"),
         self_mask_commitment=r.fixed(DIGEST_BYTES, "self-mask commitment"),
+        graph_commitment=r.fixed(DIGEST_BYTES, "graph commitment"),
         model_hash=r.fixed(DIGEST_BYTES, "model hash"),
         config_digest=r.fixed(DIGEST_BYTES, "config digest"),
         signature=r.signature("signature"),
@@ -346,55 +533,28 @@ def _roster_entry_body(r: _Reader) -> dict:
 
 
 def _decode_roster(r: _Reader, env: dict, _: bool) -> KeyRoster:
-    n = r.count("entry count", 4 + 5 * 32 + 2)
-    entries = tuple(RosterEntry(client=r.u32("client id"), **_roster_entry_body(r)) for _ in range(n))
+    nonces = r.pairs("graph nonces", GRAPH_NONCE_BYTES)
+    n = r.count("entry count", 4 + 2 * PUBLIC_KEY_BYTES + 4 * DIGEST_BYTES + 2)
+    entries = tuple(RosterEntry(client=r.u32("client id"), **_key_body(r)) for _ in range(n))
     _strictly_increasing([e.client for e in entries], "roster client ids", r.what)
-    return KeyRoster(**env, entries=entries)
-
-
-def _sealed_shares(r: _Reader) -> tuple[SealedShare, ...]:
-    n = r.count("share count", 6)
-    shares = []
-    for _ in range(n):
-        peer, size = r.u32("peer id"), r.u16("ciphertext length")
-        if size > MAX_SEALED_SHARE_BYTES:
-            raise MalformedMessage(f"{r.what}: ciphertext of {size} bytes exceeds {MAX_SEALED_SHARE_BYTES}")
-        shares.append(SealedShare(peer, r.fixed(size, "ciphertext")))
-    _strictly_increasing([s.peer for s in shares], "share peer ids", r.what)
-    return tuple(shares)
-
-
-def _decode_encrypted(r: _Reader, env: dict, _: bool) -> EncryptedShares:
-    return EncryptedShares(**env, shares=_sealed_shares(r))
-
-
-def _decode_delivery(r: _Reader, env: dict, _: bool) -> ShareDelivery:
-    return ShareDelivery(**env, shares=_sealed_shares(r))
+    return KeyRoster(**env, nonces=nonces, entries=entries)
 
 
 def _decode_masked(r: _Reader, env: dict, check_only: bool) -> MaskedInput:
+    shares, tag, signature = r.sealed(), r.fixed(MAC_BYTES, "tag"), r.signature("signature")
     d = r.count("dimension", 4)
     if d == 0:
         raise MalformedMessage(f"{r.what}: empty vector")
     raw = r.take(4 * d, "vector")
     vec = np.empty(0, np.uint32) if check_only else np.frombuffer(raw, dtype="<u4")
-    return MaskedInput(**env, vector=vec)
-
-
-def _decode_survivors(r: _Reader, env: dict, _: bool) -> SurvivorList:
-    return SurvivorList(**env, survivors=r.ids("survivors"))
-
-
-def _decode_signature(r: _Reader, env: dict, _: bool) -> ConsistencySignature:
-    return ConsistencySignature(**env, signature=r.fixed(SIGNATURE_BYTES, "signature"))
+    return MaskedInput(**env, vector=vec, self_mask_shares=shares, tag=tag, signature=signature)
 
 
 def _decode_request(r: _Reader, env: dict, _: bool) -> UnmaskRequest:
     survivors, dropped = r.ids("survivors"), r.ids("dropped")
-    n = r.count("signature count", 4 + SIGNATURE_BYTES)
-    sigs = tuple((r.u32("signer id"), r.fixed(SIGNATURE_BYTES, "signature")) for _ in range(n))
-    _strictly_increasing([s for s, _ in sigs], "signer ids", r.what)
-    return UnmaskRequest(**env, survivors=survivors, dropped=dropped, signatures=sigs)
+    signatures = r.pairs("signatures", SIGNATURE_BYTES)
+    return UnmaskRequest(**env, survivors=survivors, dropped=dropped, signatures=signatures,
+                         self_mask_shares=r.sealed())
 
 
 def _decode_response(r: _Reader, env: dict, _: bool) -> UnmaskResponse:
@@ -414,13 +574,17 @@ def _decode_response(r: _Reader, env: dict, _: bool) -> UnmaskResponse:
 
 
 _DECODERS = {
-    MessageType.ADVERTISE_KEYS: _decode_advertise,
+    MessageType.ADVERTISE_KEYS: lambda r, env, _: AdvertiseKeys(**env, **_key_body(r)),
+    MessageType.GRAPH_COMMITMENTS: lambda r, env, _: GraphCommitments(
+        **env, commitments=r.pairs("graph commitments", DIGEST_BYTES)),
+    MessageType.GRAPH_REVEAL: lambda r, env, _: GraphReveal(**env, nonce=r.fixed(GRAPH_NONCE_BYTES, "graph nonce")),
     MessageType.KEY_ROSTER: _decode_roster,
-    MessageType.ENCRYPTED_SHARES: _decode_encrypted,
-    MessageType.SHARE_DELIVERY: _decode_delivery,
+    MessageType.ENCRYPTED_SHARES: lambda r, env, _: EncryptedShares(**env, shares=r.sealed()),
+    MessageType.SHARE_DELIVERY: lambda r, env, _: ShareDelivery(**env, shares=r.sealed()),
     MessageType.MASKED_INPUT: _decode_masked,
-    MessageType.SURVIVOR_LIST: _decode_survivors,
-    MessageType.CONSISTENCY_SIGNATURE: _decode_signature,
+    MessageType.SURVIVOR_LIST: lambda r, env, _: SurvivorList(**env, survivors=r.ids("survivors")),
+    MessageType.CONSISTENCY_SIGNATURE: lambda r, env, _: ConsistencySignature(
+        **env, signature=r.fixed(SIGNATURE_BYTES, "signature")),
     MessageType.UNMASK_REQUEST: _decode_request,
     MessageType.UNMASK_RESPONSE: _decode_response,
 }

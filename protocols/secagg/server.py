@@ -8,11 +8,15 @@ sum of the surviving clients' ring vectors.
 ``receive`` validates a message completely before it changes anything, so a rejected message
 (typed error) leaves the server as it was; a client that misbehaves simply ends up dropped.
 ``close_phase`` aborts the round with :class:`BelowThreshold` as soon as some client needed later
-keeps fewer than t neighbours (or, authenticated, the survivors fall below the signature quorum).
+keeps fewer than t neighbours (or, authenticated, the survivors fall below the signature quorum),
+with :class:`SeedWithheld` when a sparse graph's nonce is missing, and with :class:`ForgedInput`
+when a masked input's tag does not verify under its sender's self-mask seed — before any sum is
+released.
 
-What the server holds at any time: public keys, sealed shares it cannot open, the running sum
-of masked vectors (never an individual one: each is added on arrival), and at the end the seeds
-it needs — self-mask seeds of survivors, key seeds of clients that dropped after sharing keys.
+What the server holds at any time: public keys, graph commitments and nonces, sealed shares it
+cannot open, the running sum of masked vectors (each is added on arrival) with a 32-byte hash and
+tag per input, and at the end the seeds it needs — self-mask seeds of survivors, key seeds of
+clients that dropped after sharing keys.
 """
 
 from __future__ import annotations
@@ -22,25 +26,33 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import shamir
-from ..crypto import public_bytes, verify
+from ..crypto import mac_matches, public_bytes, verify
 from ..errors import (
     Aborted,
     BelowThreshold,
     ConfigMismatch,
+    ForgedInput,
     InconsistentShares,
     MalformedMessage,
     ProtocolError,
     ReplayedMessage,
+    SeedWithheld,
     UnknownClient,
     WrongPhase,
     WrongRound,
     WrongSender,
 )
 from ..prg import MaskStream, apply_masks
+from .graph import NeighbourGraph
 from .keys import (
+    SEALED_SHARE_BYTES,
     advertise_payload,
     consistency_payload,
+    graph_commitment,
+    graph_seed,
+    input_tag_key,
     mask_private_key,
+    masked_input_payload,
     pairwise_mask_key,
     pairwise_sign,
     self_mask_commitment,
@@ -51,6 +63,8 @@ from .messages import (
     AdvertiseKeys,
     ConsistencySignature,
     EncryptedShares,
+    GraphCommitments,
+    GraphReveal,
     KeyRoster,
     MaskedInput,
     Message,
@@ -61,13 +75,13 @@ from .messages import (
     SurvivorList,
     UnmaskRequest,
     UnmaskResponse,
+    validate,
 )
 from .session import Phase, SessionConfig
 
-SEALED_SHARE_BYTES = 12 + 44 + 16  # nonce + (owner, holder, index, two 16-byte shares) + tag
-
 _EXPECTS = {
     Phase.ADVERTISE_KEYS: AdvertiseKeys,
+    Phase.GRAPH_SEED: GraphReveal,
     Phase.SHARE_KEYS: EncryptedShares,
     Phase.MASKED_INPUT: MaskedInput,
     Phase.CONSISTENCY_CHECK: ConsistencySignature,
@@ -80,11 +94,13 @@ class AggregateResult:
     """``total``: Σ of the survivors' ring vectors mod 2^ring_bits (uint32).
 
     ``survivors``: clients whose inputs are in ``total``. ``dropped``: the rest of the cohort.
+    ``graph_seed``: the seed the round's neighbour graph was derived from.
     """
 
     total: np.ndarray
     survivors: tuple[int, ...]
     dropped: tuple[int, ...]
+    graph_seed: bytes
 
 
 class SecAggServer:
@@ -95,14 +111,19 @@ class SecAggServer:
         self._phase: Phase | None = Phase.ADVERTISE_KEYS  # None once finished
         self._aborted = False
         self._adverts: dict[int, AdvertiseKeys] = {}
-        self._sealed: dict[int, dict[int, bytes]] = {}  # sender → recipient → sealed share
+        self._nonces: dict[int, bytes] = {}
+        self._graph: NeighbourGraph | None = None
+        self._seed = b""
+        self._sealed: dict[int, dict[int, bytes]] = {}  # sender → recipient → sealed key-seed share
         self._acc = np.zeros(config.dimension, dtype=np.uint32)
-        self._masked: set[int] = set()
+        self._inputs: dict[int, tuple[bytes, bytes]] = {}  # sender → (binding payload, tag)
+        self._self_shares: dict[int, dict[int, bytes]] = {}  # owner → holder → sealed self-mask share
         self._signatures: dict[int, bytes] = {}
         self._responses: dict[int, UnmaskResponse] = {}
-        self._u1: frozenset[int] = frozenset()
-        self._u2: frozenset[int] = frozenset()
-        self._u3: tuple[int, ...] = ()
+        self._u1: frozenset[int] = frozenset()  # advertised
+        self._u1r: frozenset[int] = frozenset()  # revealed their graph nonce: the share-keys cohort
+        self._u2: frozenset[int] = frozenset()  # shared keys
+        self._u3: tuple[int, ...] = ()  # sent a masked input: the survivors
         self._dropped: tuple[int, ...] = ()  # shared keys, sent no masked input
         self._survivor_set: frozenset[int] = frozenset()
         self._dropped_set: frozenset[int] = frozenset()
@@ -115,6 +136,13 @@ class SecAggServer:
         return self._phase
 
     @property
+    def graph(self) -> NeighbourGraph:
+        """The round's neighbour graph, fixed once the graph-seed phase has closed."""
+        if self._graph is None:
+            raise WrongPhase("the neighbour graph exists only after the graph-seed phase is closed")
+        return self._graph
+
+    @property
     def result(self) -> AggregateResult:
         if self._result is None:
             raise WrongPhase("the aggregate exists only after the unmask phase is closed")
@@ -124,6 +152,7 @@ class SecAggServer:
 
     def receive(self, message: Message) -> None:
         """Validate and record one client message of the current phase (typed error if refused)."""
+        validate(message)
         if self._aborted:
             raise Aborted("the server aborted this round")
         c = self.config
@@ -142,6 +171,7 @@ class SecAggServer:
             raise WrongPhase(f"{type(message).__name__} from client {message.sender} in phase {where}")
         {
             AdvertiseKeys: self._on_advertise,
+            GraphReveal: self._on_reveal,
             EncryptedShares: self._on_shares,
             MaskedInput: self._on_masked,
             ConsistencySignature: self._on_signature,
@@ -163,44 +193,61 @@ class SecAggServer:
             raise ConfigMismatch(f"client {m.sender} runs this session with different parameters")
         if c.authenticated:
             payload = advertise_payload(
-                c, m.sender, m.enc_public, m.mask_public, m.self_mask_commitment, m.model_hash
+                c, m.sender, m.enc_public, m.mask_public, m.self_mask_commitment, m.graph_commitment, m.model_hash
             )
             verify(c.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s keys")
         self._adverts[m.sender] = m
 
+    def _on_reveal(self, m: GraphReveal) -> None:
+        self._member(m.sender, self._u1, "did not advertise keys, so it has no graph nonce to reveal")
+        self._once(m.sender, self._nonces, "graph nonce")
+        if graph_commitment(self.config, m.sender, m.nonce) != self._adverts[m.sender].graph_commitment:
+            raise InconsistentShares(f"client {m.sender}'s graph nonce does not match its commitment")
+        self._nonces[m.sender] = m.nonce
+
     def _on_shares(self, m: EncryptedShares) -> None:
-        self._member(m.sender, self._u1, "did not advertise keys, so it cannot share them")
+        self._member(m.sender, self._u1r, "did not reveal its graph nonce, so it cannot share keys")
         self._once(m.sender, self._sealed, "share message")
-        expected = [v for v in self.config.graph.of(m.sender) if v in self._u1]
-        got = [s.peer for s in m.shares]
-        if got != expected:
-            # Every neighbour that advertised must get a share, or masks would not cancel.
-            raise MalformedMessage(f"client {m.sender} sealed shares for {got}; its advertised neighbours are {expected}")
-        for s in m.shares:
-            if len(s.ciphertext) != SEALED_SHARE_BYTES:
-                raise MalformedMessage(
-                    f"client {m.sender}'s sealed share for {s.peer} has {len(s.ciphertext)} bytes, "
-                    f"expected {SEALED_SHARE_BYTES}"
-                )
+        expected = [v for v in self._graph.of(m.sender) if v in self._u1r]
+        # Every neighbour in the cohort must get a share, or masks would not cancel.
+        self._check_sealed(m.sender, m.shares, expected, "key-seed shares", "neighbours that revealed nonces")
         self._sealed[m.sender] = {s.peer: s.ciphertext for s in m.shares}
 
     def _on_masked(self, m: MaskedInput) -> None:
         self._member(m.sender, self._u2, "did not share keys, so its masked input cannot be unmasked")
-        self._once(m.sender, self._masked, "masked input")
+        self._once(m.sender, self._inputs, "masked input")
         c = self.config
         if m.vector.shape != (c.dimension,):
             raise MalformedMessage(f"client {m.sender}'s masked input has {m.vector.size} entries, expected {c.dimension}")
-        if m.vector.dtype.kind != "u" or m.vector.dtype.itemsize != 4:
-            raise MalformedMessage(f"client {m.sender}'s masked input is {m.vector.dtype}, not uint32")
         if c.ring_bits < 32 and int(m.vector.max()) >> c.ring_bits:
             raise MalformedMessage(f"client {m.sender}'s masked input has values outside Z_2^{c.ring_bits}")
+        # Its self-mask seed must reach exactly the neighbours it masks with: those that shared keys.
+        expected = [v for v in self._graph.of(m.sender) if v in self._u2]
+        self._check_sealed(m.sender, m.self_mask_shares, expected, "self-mask shares", "neighbours that shared keys")
+        payload = masked_input_payload(c, m.sender, self._seed, m.vector, m.self_mask_shares)
+        if c.authenticated:
+            verify(c.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s masked input")
+        elif m.signature:
+            raise MalformedMessage(f"client {m.sender}'s masked input carries a signature in unauthenticated mode")
         np.add(self._acc, m.vector, out=self._acc)  # wraps mod 2^32; reduced mod 2^b at the end
-        self._masked.add(m.sender)
+        self._inputs[m.sender] = (payload, m.tag)
+        self._self_shares[m.sender] = {s.peer: s.ciphertext for s in m.self_mask_shares}
+
+    def _check_sealed(self, sender: int, shares, expected: list[int], what: str, whom: str) -> None:
+        got = [s.peer for s in shares]
+        if got != expected:
+            raise MalformedMessage(f"client {sender} sealed {what} for {got}; its {whom} are {expected}")
+        for s in shares:
+            if len(s.ciphertext) != SEALED_SHARE_BYTES:
+                raise MalformedMessage(
+                    f"client {sender}'s sealed share for {s.peer} has {len(s.ciphertext)} bytes, "
+                    f"expected {SEALED_SHARE_BYTES}"
+                )
 
     def _on_signature(self, m: ConsistencySignature) -> None:
         self._member(m.sender, self._askable, "is not a survivor, so it has no survivor set to sign")
         self._once(m.sender, self._signatures, "consistency signature")
-        payload = consistency_payload(self.config, self._u3)
+        payload = consistency_payload(self.config, self._seed, self._u3)
         verify(self.config.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s consistency check")
         self._signatures[m.sender] = m.signature
 
@@ -210,13 +257,17 @@ class SecAggServer:
         c = self.config
         if self_mask_commitment(c, m.sender, m.self_mask_seed) != self._adverts[m.sender].self_mask_commitment:
             raise InconsistentShares(f"client {m.sender}'s own self-mask seed does not match its commitment")
-        survivors = self._survivor_set
         for s in m.shares:
-            if s.owner not in survivors and s.owner not in self._dropped_set:
+            if s.owner in self._survivor_set:
+                if m.sender not in self._self_shares[s.owner]:
+                    raise UnknownClient(f"client {m.sender} revealed a self-mask share of {s.owner}, which it never held")
+                wanted = ShareKind.SELF_MASK
+            elif s.owner in self._dropped_set:
+                if not self._graph.are_neighbours(m.sender, s.owner):
+                    raise UnknownClient(f"client {m.sender} revealed a share of {s.owner}, not its neighbour")
+                wanted = ShareKind.MASK_KEY
+            else:
                 raise UnknownClient(f"client {m.sender} revealed a share of {s.owner}, which nobody asked about")
-            if not c.graph.are_neighbours(m.sender, s.owner):
-                raise UnknownClient(f"client {m.sender} revealed a share of {s.owner}, not its neighbour")
-            wanted = ShareKind.SELF_MASK if s.owner in survivors else ShareKind.MASK_KEY
             if s.kind is not wanted:
                 raise MalformedMessage(
                     f"client {m.sender} revealed a {s.kind.name} share of {s.owner}; "
@@ -238,6 +289,7 @@ class SecAggServer:
             raise WrongPhase("the round is finished")
         closer = {
             Phase.ADVERTISE_KEYS: self._close_advertise,
+            Phase.GRAPH_SEED: self._close_graph_seed,
             Phase.SHARE_KEYS: self._close_share_keys,
             Phase.MASKED_INPUT: self._close_masked_input,
             Phase.CONSISTENCY_CHECK: self._close_consistency,
@@ -253,10 +305,10 @@ class SecAggServer:
     def _require_neighbours(self, clients, alive, when: str, purpose: str) -> None:
         t = self.config.params.threshold
         for u in sorted(clients):
-            left = sum(1 for v in self.config.graph.of(u) if v in alive)
+            left = sum(1 for v in self._graph.of(u) if v in alive)
             if left < t:
                 raise BelowThreshold(
-                    f"after {when}, client {u} has {left} of its {len(self.config.graph.of(u))} neighbours left; "
+                    f"after {when}, client {u} has {left} of its {len(self._graph.of(u))} neighbours left; "
                     f"{t} are needed to {purpose}. Round aborted"
                 )
 
@@ -275,22 +327,41 @@ class SecAggServer:
         u1 = frozenset(self._adverts)
         if not u1:
             raise BelowThreshold("no client advertised keys. Round aborted")
-        self._require_neighbours(u1, u1, "advertise keys", "hold its secret shares")
         self._require_quorum(len(u1), "advertise keys")
         self._u1 = u1
+        self._phase = Phase.GRAPH_SEED
+        commitments = tuple((v, self._adverts[v].graph_commitment) for v in sorted(u1))
+        return {u: GraphCommitments(**self._envelope(u), commitments=commitments) for u in sorted(u1)}
+
+    def _close_graph_seed(self) -> dict[int, Message]:
+        revealed = frozenset(self._nonces)
+        missing = sorted(self._u1 - revealed)
+        if missing and not self.config.params.complete:
+            raise SeedWithheld(
+                f"clients {missing} committed to graph nonces and never revealed them; a sparse graph "
+                "cannot be derived without them. Round aborted"
+            )
+        if not revealed:
+            raise BelowThreshold("no client revealed its graph nonce. Round aborted")
+        nonces = tuple(sorted(self._nonces.items()))
+        self._seed = graph_seed(self.config, nonces)
+        self._graph = NeighbourGraph(self.config.params, self._seed)
+        self._require_neighbours(revealed, revealed, "the graph seed", "hold its secret shares")
+        self._require_quorum(len(revealed), "the graph seed")
+        self._u1r = revealed
         self._phase = Phase.SHARE_KEYS
         out: dict[int, Message] = {}
-        for u in sorted(u1):
+        for u in sorted(revealed):
             entries = tuple(
                 RosterEntry(
                     client=v, enc_public=a.enc_public, mask_public=a.mask_public,
-                    self_mask_commitment=a.self_mask_commitment, model_hash=a.model_hash,
-                    config_digest=a.config_digest, signature=a.signature,
+                    self_mask_commitment=a.self_mask_commitment, graph_commitment=a.graph_commitment,
+                    model_hash=a.model_hash, config_digest=a.config_digest, signature=a.signature,
                 )
-                for v in self.config.graph.of(u) if v in u1
+                for v in self._graph.of(u) if v in revealed
                 for a in (self._adverts[v],)
             )
-            out[u] = KeyRoster(**self._envelope(u), entries=entries)
+            out[u] = KeyRoster(**self._envelope(u), nonces=nonces, entries=entries)
         return out
 
     def _close_share_keys(self) -> dict[int, Message]:
@@ -302,20 +373,19 @@ class SecAggServer:
         return {
             u: ShareDelivery(
                 **self._envelope(u),
-                shares=tuple(SealedShare(v, self._sealed[v][u]) for v in self.config.graph.of(u) if v in u2),
+                shares=tuple(SealedShare(v, self._sealed[v][u]) for v in self._graph.of(u) if v in u2),
             )
             for u in sorted(u2)
         }
 
     def _close_masked_input(self) -> dict[int, Message]:
-        u3 = frozenset(self._masked)
+        u3 = frozenset(self._inputs)
         dropped = self._u2 - u3
         if not u3:
             raise BelowThreshold("no client sent a masked input. Round aborted")
-        graph = self.config.graph
         self._require_neighbours(u3, u3, "masked input", "rebuild its self-mask seed")
         # A dropped client's key seed is needed only if some survivor masked with it.
-        needed = {v for v in dropped if any(w in u3 for w in graph.of(v))}
+        needed = {v for v in dropped if any(w in u3 for w in self._graph.of(v))}
         self._require_neighbours(needed, u3, "masked input", "rebuild the key of this dropped client")
         self._require_quorum(len(u3), "masked input")
         self._u3, self._dropped = tuple(sorted(u3)), tuple(sorted(dropped))
@@ -333,16 +403,24 @@ class SecAggServer:
         self._require_quorum(len(signers), "the consistency check")
         self._askable = signers
         self._phase = Phase.UNMASK
-        return self._unmask_requests(tuple(sorted(self._signatures.items())))
+        # A quorum's worth of signatures is the certificate: more would only cost every client
+        # bandwidth and verifications (each client checks all it is sent).
+        quorum = self.config.params.signature_quorum
+        return self._unmask_requests(tuple(sorted(self._signatures.items()))[:quorum])
 
     def _unmask_requests(self, signatures: tuple[tuple[int, bytes], ...]) -> dict[int, Message]:
         return {
-            u: UnmaskRequest(**self._envelope(u), survivors=self._u3, dropped=self._dropped, signatures=signatures)
+            u: UnmaskRequest(
+                **self._envelope(u), survivors=self._u3, dropped=self._dropped, signatures=signatures,
+                self_mask_shares=tuple(
+                    SealedShare(v, self._self_shares[v][u]) for v in self._u3 if u in self._self_shares[v]
+                ),
+            )
             for u in sorted(self._askable)
         }
 
     def _close_unmask(self) -> dict[int, Message]:
-        c, graph, t = self.config, self.config.graph, self.config.params.threshold
+        c, graph, t = self.config, self._graph, self.config.params.threshold
         responders = self._responses
         revealed: dict[tuple[int, ShareKind], list[shamir.Share]] = {}
         for holder, response in sorted(responders.items()):
@@ -359,6 +437,12 @@ class SecAggServer:
                     revealed.get((u, ShareKind.SELF_MASK), []), t,
                     lambda s, u=u, commitment=commitment: self_mask_commitment(c, u, s) == commitment,
                     what=f"self-mask seed of client {u} (it left before unmasking)",
+                )
+            payload, tag = self._inputs[u]
+            if not mac_matches(input_tag_key(c, u, seed), tag, payload):
+                raise ForgedInput(
+                    f"the masked input received as client {u}'s does not carry its tag: replayed, substituted "
+                    "or spoofed. Round aborted; no sum is released"
                 )
             streams.append(MaskStream(self_mask_key(c, u, seed), -1))
         survivors = self._survivor_set
@@ -382,6 +466,7 @@ class SecAggServer:
             total=acc,
             survivors=self._u3,
             dropped=tuple(i for i in range(c.n_clients) if i not in survivors),
+            graph_seed=self._seed,
         )
         self._phase = None
         self._responses = {}

@@ -3,7 +3,10 @@
 A :class:`SessionConfig` travels to the clients with the global model. Its :attr:`digest`
 is bound into every key derivation, ciphertext, commitment and signature, and each client
 checks its neighbours advertised the same digest — so two parties that disagree on any
-parameter (dimension, ring, graph, identities) fail loudly instead of producing garbage.
+parameter (dimension, ring, bound, graph parameters, identities) fail loudly instead of
+producing garbage. The config holds no graph: who neighbours whom is derived during the round
+from nonces every client commits to (:class:`~.graph.NeighbourGraph`), so the server, which
+picks the session id, cannot pick the graph.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ from __future__ import annotations
 import enum
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
 
 from ..crypto import PUBLIC_KEY_BYTES, transcript
-from .graph import GraphParams, NeighbourGraph
+from ..errors import OverflowRefused
+from ..quantize import ring_bits as bits_for_sum
+from .graph import GraphParams
 
 SESSION_ID_BYTES = 16
 MAX_DIMENSION = (1 << 32) - 1
@@ -25,10 +30,11 @@ class Phase(enum.IntEnum):
     """Protocol phases, in order. A dropout schedule names the phase whose message a client never sends."""
 
     ADVERTISE_KEYS = 0
-    SHARE_KEYS = 1
-    MASKED_INPUT = 2
-    CONSISTENCY_CHECK = 3  # authenticated mode only
-    UNMASK = 4
+    GRAPH_SEED = 1  # the client reveals the graph nonce it committed to
+    SHARE_KEYS = 2
+    MASKED_INPUT = 3
+    CONSISTENCY_CHECK = 4  # authenticated mode only
+    UNMASK = 5
 
     @classmethod
     def parse(cls, value: Phase | str | int) -> Phase:
@@ -55,32 +61,53 @@ class SessionConfig:
 
     ``session_id`` (16 bytes) and ``round`` must never repeat for the same cohort keys.
     ``dimension``: length of every ring vector. ``ring_bits``: the ring is Z_{2^ring_bits}.
-    ``authenticated``: Bonawitz's malicious-server variant; ``identity_keys[i]`` is then client
-    i's Ed25519 public key (raw 32 bytes) from the PKI the deployment trusts.
+
+    ``input_bound`` (keyword, required): the largest magnitude M of any one client's input value,
+    read as a signed integer of the ring — ``quantizer.max_abs`` for quantized floats. The config
+    refuses (:class:`OverflowRefused`) a ring in which a sum of ``n_clients`` such values could
+    wrap, and each client refuses to mask an input beyond M. ``None`` declares that the sum is
+    wanted mod 2^ring_bits on purpose (e.g. distributed DP with modular clipping): then no
+    overflow guarantee is given and inputs are only checked to lie in the ring.
+
+    ``authenticated`` (default True): Bonawitz's malicious-server variant; ``identity_keys[i]`` is
+    then client i's Ed25519 public key (raw 32 bytes) from the PKI the deployment trusts.
+    ``authenticated=False`` is the weaker variant, private only against an honest-but-curious server.
     """
 
     session_id: bytes
     round: int
     params: GraphParams
     dimension: int
+    _: KW_ONLY
+    input_bound: int | None
     ring_bits: int = 32
-    authenticated: bool = False
+    authenticated: bool = True
     identity_keys: tuple[bytes, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if len(self.session_id) != SESSION_ID_BYTES:
-            raise ValueError(f"session_id must be {SESSION_ID_BYTES} bytes, got {len(self.session_id)}")
+        if not isinstance(self.session_id, bytes) or len(self.session_id) != SESSION_ID_BYTES:
+            raise ValueError(f"session_id must be {SESSION_ID_BYTES} bytes")
         if not 0 <= self.round < 1 << 64:
             raise ValueError(f"round must be in [0, 2^64), got {self.round}")
         if not 1 <= self.dimension <= MAX_DIMENSION:
             raise ValueError(f"dimension must be in [1, {MAX_DIMENSION}], got {self.dimension}")
         if not 1 <= self.ring_bits <= 32:
             raise ValueError(f"ring_bits must be in [1, 32], got {self.ring_bits}")
+        if self.input_bound is not None:
+            if isinstance(self.input_bound, bool) or not isinstance(self.input_bound, int) or self.input_bound < 0:
+                raise ValueError(f"input_bound must be a non-negative int or None, got {self.input_bound!r}")
+            needed = bits_for_sum(self.n_clients, self.input_bound)  # OverflowRefused beyond 32 bits
+            if needed > self.ring_bits:
+                raise OverflowRefused(
+                    f"a sum of {self.n_clients} inputs of magnitude up to {self.input_bound} needs {needed} bits; "
+                    f"the session's ring has {self.ring_bits} (raise ring_bits, or lower the bound)"
+                )
         if self.authenticated:
             if len(self.identity_keys) != self.n_clients:
                 raise ValueError(
                     f"authenticated mode needs one identity key per client: "
-                    f"{len(self.identity_keys)} keys for {self.n_clients} clients"
+                    f"{len(self.identity_keys)} keys for {self.n_clients} clients "
+                    "(authenticated=False is the weaker, honest-but-curious-server variant)"
                 )
             for i, key in enumerate(self.identity_keys):
                 if len(key) != PUBLIC_KEY_BYTES:
@@ -100,13 +127,10 @@ class SessionConfig:
             transcript(
                 "session-config",
                 self.session_id, self.round, p.n_clients, p.degree, p.threshold, p.corrupt_bound,
-                self.dimension, self.ring_bits, int(self.authenticated), *self.identity_keys,
+                self.dimension, self.ring_bits, b"" if self.input_bound is None else self.input_bound,
+                int(self.authenticated), *self.identity_keys,
             )
         ).digest()
-
-    @cached_property
-    def graph(self) -> NeighbourGraph:
-        return NeighbourGraph(self.params, self.session_id, self.round)
 
     def binding(self, label: str, *parts: bytes | int) -> bytes:
         """:func:`transcript` of ``label`` bound to this session: id, round and config digest first."""

@@ -13,12 +13,16 @@ class Round:
     """n clients and a server over the wire format; each method runs one phase and returns the outbox."""
 
     def __init__(self, n: int, *, degree: int | None = None, threshold: int, authenticated: bool = False,
-                 dimension: int = 8, ring_bits: int = 32, seed: int = 0, round_: int = 7) -> None:
-        params = GraphParams.explicit(n, degree or n - 1, threshold, corrupt_bound=0)
-        self.identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
+                 dimension: int = 8, ring_bits: int = 32, input_bound: int | None = None, seed: int = 0,
+                 round_: int = 7, corrupt_bound: int = 0, identities=None) -> None:
+        params = GraphParams.explicit(n, degree or n - 1, threshold, corrupt_bound=corrupt_bound,
+                                      authenticated=authenticated)
+        if identities is None:
+            identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
+        self.identities = identities
         self.config = SessionConfig(
             session_id=bytes(range(16)), round=round_, params=params, dimension=dimension,
-            ring_bits=ring_bits, authenticated=authenticated,
+            ring_bits=ring_bits, input_bound=input_bound, authenticated=authenticated,
             identity_keys=tuple(k.public_key().public_bytes_raw() for k in self.identities),
         )
         self.clients = [
@@ -33,11 +37,27 @@ class Round:
     def wire(message):
         return decode(encode(message))
 
-    def advertise(self, skip=()) -> dict:
+    def commit(self, skip=()) -> dict:
+        """Key advertisements (with graph commitments) in; the commitment lists out."""
         for c in self.clients:
             if c.id not in skip:
                 self.server.receive(self.wire(c.advertise_keys()))
         return self.server.close_phase()
+
+    def reveal(self, commitments: dict, skip=()) -> dict:
+        """Graph nonces in; the key rosters out."""
+        for i, listed in commitments.items():
+            if i not in skip:
+                self.server.receive(self.wire(self.clients[i].reveal_graph_nonce(self.wire(listed))))
+        return self.server.close_phase()
+
+    def advertise(self, skip=()) -> dict:
+        """Both: clients in ``skip`` never advertise; the key rosters out."""
+        return self.reveal(self.commit(skip))
+
+    @property
+    def graph(self):
+        return self.server.graph
 
     def share_keys(self, rosters: dict, skip=()) -> dict:
         for i, roster in rosters.items():

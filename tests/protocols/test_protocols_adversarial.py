@@ -190,7 +190,7 @@ def test_replays_and_misaddressed_messages_are_rejected_without_aborting(make_ro
         r.server.receive(replace(adverts[1], sender=9))
     for a in adverts[1:]:
         r.server.receive(a)
-    rosters = r.server.close_phase()
+    rosters = r.reveal(r.server.close_phase())
     client = r.clients[1]
     with pytest.raises(WrongSender, match="reached client 1"):
         client.share_keys(rosters[2])
@@ -225,7 +225,7 @@ def _fake_request(r, recipient):
 
     c = r.config
     return UnmaskRequest(session_id=c.session_id, round=c.round, sender=SERVER, recipient=recipient,
-                         survivors=(0, 1, 2, 3), dropped=(), signatures=())
+                         survivors=(0, 1, 2, 3), dropped=(), signatures=(), self_mask_shares=())
 
 
 def _fake_masked(r, sender):
@@ -233,14 +233,14 @@ def _fake_masked(r, sender):
 
     c = r.config
     return MaskedInput(session_id=c.session_id, round=c.round, sender=sender, recipient=SERVER,
-                       vector=np.zeros(c.dimension, np.uint32))
+                       vector=np.zeros(c.dimension, np.uint32), self_mask_shares=(), tag=bytes(32), signature=b"")
 
 
 def test_server_refuses_incomplete_share_sets_and_wrong_sizes(make_round):
     r = make_round(4, threshold=2)
     rosters = r.advertise()
     msg = r.clients[0].share_keys(rosters[0])
-    with pytest.raises(MalformedMessage, match="advertised neighbours are"):
+    with pytest.raises(MalformedMessage, match="neighbours that revealed nonces are"):
         r.server.receive(replace(msg, shares=msg.shares[1:]))  # would leave a mask uncancelled
     with pytest.raises(MalformedMessage, match="bytes, expected"):
         r.server.receive(replace(msg, shares=(SealedShare(msg.shares[0].peer, b"x" * 10),) + msg.shares[1:]))
@@ -276,7 +276,8 @@ def test_model_mismatch_is_refused_before_any_share_is_sent():
 
 def test_config_mismatch_is_refused_by_the_server(make_round):
     r = make_round(4, threshold=2)
-    other = SessionConfig(r.config.session_id, r.config.round, r.config.params, dimension=9)
+    other = SessionConfig(r.config.session_id, r.config.round, r.config.params, dimension=9, input_bound=None,
+                          authenticated=False)
     stray = SecAggClient(other, 1).advertise_keys()
     with pytest.raises(ConfigMismatch, match="client 1"):
         r.server.receive(stray)
@@ -311,7 +312,8 @@ def test_equivocating_survivor_sets_cannot_reach_a_quorum(make_round):
     sigs = {i: r.clients[i].consistency_check(replace(lists[i], survivors=v)).signature for i, v in shown.items()}
     c = r.config
     full = UnmaskRequest(session_id=c.session_id, round=c.round, sender=SERVER, recipient=2,
-                         survivors=(0, 1, 2, 3, 4), dropped=(), signatures=((0, sigs[0]), (1, sigs[1])))
+                         survivors=(0, 1, 2, 3, 4), dropped=(), signatures=((0, sigs[0]), (1, sigs[1])),
+                         self_mask_shares=())
     with pytest.raises(InconsistentView, match="differs from the one this client signed"):
         r.clients[2].unmask(full)  # 2 signed the other view
     short = replace(full, recipient=3, survivors=(0, 1, 2, 3), dropped=(4,), signatures=((2, sigs[2]), (3, sigs[3])))

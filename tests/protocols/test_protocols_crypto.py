@@ -9,7 +9,18 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from secfed.protocols.crypto import agree, hkdf, open_sealed, public_bytes, seal, sign, transcript, verify
+from secfed.protocols.crypto import (
+    agree,
+    hkdf,
+    mac,
+    mac_matches,
+    open_sealed,
+    public_bytes,
+    seal,
+    sign,
+    transcript,
+    verify,
+)
 from secfed.protocols.errors import DecryptionFailed, SignatureInvalid
 
 # RFC 7748 §6.1: Alice's private key, Bob's public key and their shared secret.
@@ -59,7 +70,7 @@ def test_transcript_is_injective_on_part_boundaries():
     assert transcript("l", b"ab", b"c") != transcript("l", b"a", b"bc")
     assert transcript("l", 1) != transcript("l", b"\x01" + bytes(7))
     assert transcript("l1", b"") != transcript("l", b"1")
-    assert transcript("label", 5).startswith(b"secfed/secagg/v1/label\x00")
+    assert transcript("label", 5).startswith(b"secfed/secagg/v2/label\x00")
     with pytest.raises(ValueError, match="outside"):
         transcript("l", -1)
 
@@ -91,3 +102,12 @@ def test_signature_binds_payload_and_signer():
         verify(alice_public, signature, b"payload!", who="alice")
     with pytest.raises(SignatureInvalid):
         verify(alice_public, sign(mallory, b"payload"), b"payload", who="alice")
+
+
+def test_mac_is_hmac_sha256_rfc4231_case_2_and_detects_any_change():
+    tag = mac(b"Jefe", b"what do ya want for nothing?")
+    assert tag.hex() == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    assert mac_matches(b"Jefe", tag, b"what do ya want for nothing?")
+    assert not mac_matches(b"Jefe", tag, b"what do ya want for nothing!")
+    assert not mac_matches(b"Jeff", tag, b"what do ya want for nothing?")
+    assert not mac_matches(b"Jefe", tag[:-1] + bytes([tag[-1] ^ 1]), b"what do ya want for nothing?")

@@ -9,13 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from secfed.protocols import MalformedMessage, decode, encode, encoded_size
+from secfed.protocols import MalformedMessage, UnsupportedVersion, decode, encode, encoded_size
 from secfed.protocols.secagg.messages import (
     HEADER_BYTES,
     SERVER,
     AdvertiseKeys,
     ConsistencySignature,
     EncryptedShares,
+    GraphCommitments,
+    GraphReveal,
     KeyRoster,
     MaskedInput,
     RevealedShare,
@@ -38,32 +40,43 @@ envelope = st.fixed_dictionaries(
 )
 
 
+def pairs(draw, size):
+    return tuple((c, draw(st.binary(min_size=size, max_size=size))) for c in draw(sorted_ids))
+
+
+def sealed(draw):
+    return tuple(SealedShare(p, draw(st.binary(max_size=100))) for p in draw(sorted_ids))
+
+
 @st.composite
 def messages(draw):
     env = draw(envelope)
-    kind = draw(st.integers(0, 8))
+    kind = draw(st.integers(0, 10))
     if kind == 0:
         return AdvertiseKeys(**env, enc_public=draw(b32), mask_public=draw(b32), self_mask_commitment=draw(b32),
-                             model_hash=draw(b32), config_digest=draw(b32), signature=draw(sig))
+                             graph_commitment=draw(b32), model_hash=draw(b32), config_digest=draw(b32),
+                             signature=draw(sig))
     if kind == 1:
         clients = draw(sorted_ids)
-        return KeyRoster(**env, entries=tuple(
-            RosterEntry(c, draw(b32), draw(b32), draw(b32), draw(b32), draw(b32), draw(sig)) for c in clients))
+        return KeyRoster(**env, nonces=pairs(draw, 16), entries=tuple(
+            RosterEntry(c, draw(b32), draw(b32), draw(b32), draw(b32), draw(b32), draw(b32), draw(sig))
+            for c in clients))
     if kind in (2, 3):
-        peers = draw(sorted_ids)
-        shares = tuple(SealedShare(p, draw(st.binary(max_size=100))) for p in peers)
-        return (EncryptedShares if kind == 2 else ShareDelivery)(**env, shares=shares)
+        return (EncryptedShares if kind == 2 else ShareDelivery)(**env, shares=sealed(draw))
     if kind == 4:
         vec = np.array(draw(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=20)), dtype=np.uint32)
-        return MaskedInput(**env, vector=vec)
+        return MaskedInput(**env, vector=vec, self_mask_shares=sealed(draw), tag=draw(b32), signature=draw(sig))
     if kind == 5:
         return SurvivorList(**env, survivors=draw(sorted_ids))
     if kind == 6:
         return ConsistencySignature(**env, signature=draw(st.binary(min_size=64, max_size=64)))
     if kind == 7:
-        signers = draw(sorted_ids)
-        return UnmaskRequest(**env, survivors=draw(sorted_ids), dropped=draw(sorted_ids),
-                             signatures=tuple((s, draw(st.binary(min_size=64, max_size=64))) for s in signers))
+        return UnmaskRequest(**env, survivors=draw(sorted_ids), dropped=draw(sorted_ids), signatures=pairs(draw, 64),
+                             self_mask_shares=sealed(draw))
+    if kind == 8:
+        return GraphCommitments(**env, commitments=pairs(draw, 32))
+    if kind == 9:
+        return GraphReveal(**env, nonce=draw(st.binary(min_size=16, max_size=16)))
     owners = draw(sorted_ids)
     return UnmaskResponse(**env, self_mask_seed=draw(st.binary(min_size=16, max_size=16)), shares=tuple(
         RevealedShare(o, draw(st.sampled_from(list(ShareKind))), draw(st.binary(min_size=16, max_size=16))) for o in owners))
@@ -139,8 +152,10 @@ def test_header_checks_say_what_is_wrong():
     m = SurvivorList(session_id=bytes(16), round=1, sender=SERVER, recipient=3, survivors=(1, 2))
     with pytest.raises(MalformedMessage, match="magic"):
         decode(_header(m, magic=b"JUNK"))
-    with pytest.raises(MalformedMessage, match="version 2"):
-        decode(_header(m, version=2))
+    with pytest.raises(UnsupportedVersion, match="version 1; this build speaks 2"):
+        decode(_header(m, version=1))  # the previous wire format is refused, never misread
+    with pytest.raises(UnsupportedVersion, match="version 3"):
+        decode(_header(m, version=3))
     with pytest.raises(MalformedMessage, match="unknown message type 99"):
         decode(_header(m, type=99))
     with pytest.raises(MalformedMessage, match="flags"):
@@ -163,7 +178,7 @@ def test_structural_rules_are_enforced_both_ways():
     bad_sig = ConsistencySignature(**env, signature=b"short")
     with pytest.raises(ValueError, match="signature"):
         encode(bad_sig)
-    with pytest.raises(ValueError, match="session_id must be 16 bytes"):
+    with pytest.raises(ValueError, match="session_id has 15 bytes"):
         encode(SurvivorList(**{**env, "session_id": bytes(15)}, survivors=()))
     with pytest.raises(ValueError, match="cannot encode SURVIVOR_LIST"):
         encode(SurvivorList(**env, survivors=(2**32,)))
@@ -177,7 +192,9 @@ def test_structural_rules_are_enforced_both_ways():
 
 def test_masked_vector_decodes_without_copy():
     vec = np.arange(1000, dtype=np.uint32)
-    wire = encode(MaskedInput(session_id=bytes(16), round=0, sender=1, recipient=SERVER, vector=vec))
+    wire = encode(MaskedInput(session_id=bytes(16), round=0, sender=1, recipient=SERVER, vector=vec,
+                              self_mask_shares=(), tag=bytes(32), signature=b""))
     got = decode(wire).vector
     assert np.array_equal(got, vec) and not got.flags.writeable and got.base is not None
-    assert len(wire) == HEADER_BYTES + 4 + 4 * vec.size
+    # header, share count, tag, signature length, dimension, the vector
+    assert len(wire) == HEADER_BYTES + 4 + 32 + 2 + 4 + 4 * vec.size

@@ -6,8 +6,14 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
-from secfed.protocols import OverflowRefused, Quantizer, ring_bits
+from secfed.protocols import OverflowRefused, Quantizer, ring_bits, simulate
+
+REAL_DTYPES = [np.float16, np.float32, np.float64, np.longdouble,
+               np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 
 
 def test_ring_bits_is_tight_at_the_boundary():
@@ -70,7 +76,76 @@ def test_bad_inputs_are_refused_with_their_location():
         q.to_ring(np.array([0.0, 1.0, np.nan]), np.random.default_rng(0))
     with pytest.raises(TypeError, match="Generator"):
         q.to_ring(np.zeros(3), np.random.RandomState(0))
-    with pytest.raises(TypeError, match="float"):
-        q.to_ring(np.zeros(3, dtype=np.int32), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="index 1"):
+        q.to_ring(np.array([0.0, -np.inf]), np.random.default_rng(0))  # not silently clipped
+    with pytest.raises(ValueError, match="index 0"):
+        q.to_ring(np.array([np.inf], dtype=np.longdouble), np.random.default_rng(0))
+    with pytest.raises(TypeError, match="booleans"):
+        q.to_ring(np.zeros(3, dtype=bool), np.random.default_rng(0))
+    with pytest.raises(TypeError, match="real numbers"):
+        q.to_ring(np.zeros(3, dtype=np.complex64), np.random.default_rng(0))
+    with pytest.raises(TypeError, match="real numbers"):
+        q.to_ring(np.array(["1.0"]), np.random.default_rng(0))
     with pytest.raises(TypeError, match="uint32"):
         q.from_ring(np.zeros(3, dtype=np.int64))
+
+
+def test_issue_reproducer_float32_at_the_clip_does_not_wrap():
+    """float32(0.1) > 0.1: clipped in float32 it escaped the range and the n = 2 sum wrapped to −0.2."""
+    q = Quantizer.for_cohort(2, clip=0.1)
+    total = simulate([np.full(8, 5.0, np.float32)] * 2, quantizer=q, rng=np.random.default_rng(1)).total
+    assert np.allclose(total, 0.2, atol=2 / q.scale)
+
+
+def _signed(ring: np.ndarray, bits: int) -> np.ndarray:
+    v = ring.astype(np.int64)
+    v[v >= 1 << (bits - 1)] -= 1 << bits
+    return v
+
+
+@st.composite
+def cohorts_of_any_dtype(draw):
+    dtype = np.dtype(draw(st.sampled_from(REAL_DTYPES)))
+    clip = draw(st.sampled_from([0.1, 1 / 3, 1.0, 5.0, 2.0**-20, 1e9]) | st.floats(1e-6, 1e12))
+    n = draw(st.integers(2, 6))
+    # values near the clip (on either side, in the input's precision), the dtype's extremes, and anything
+    bits = draw(st.integers(max(2, n.bit_length() + 1), 32))
+    if dtype.kind == "f":
+        info, kind = np.finfo(dtype), dtype.type
+        with np.errstate(over="ignore"):
+            near = [v for c in (kind(clip), kind(-clip), kind(2 * clip))
+                    for v in (c, np.nextafter(c, kind(np.inf)), np.nextafter(c, kind(-np.inf)))]
+        values = [v for v in near + [info.max, info.min, kind(0)] if np.isfinite(v)]
+    else:
+        info = np.iinfo(dtype)
+        values = [int(v) for v in (clip, -clip, 2 * clip, -2 * clip) if info.min <= int(v) <= info.max]
+        values += [info.max, info.min, 0]
+    specials = st.sampled_from(values).map(lambda v: np.array(v).astype(dtype))
+    elements = hnp.from_dtype(dtype, allow_nan=False, allow_infinity=False) if dtype.itemsize <= 8 else \
+        st.floats(allow_nan=False, allow_infinity=False).map(lambda v: np.longdouble(v))
+    d = draw(st.integers(1, 12))
+    inputs = [np.array([draw(specials | elements) for _ in range(d)], dtype=dtype) for _ in range(n)]
+    return dtype, clip, bits, inputs
+
+
+@settings(max_examples=400, deadline=None)
+@given(cohorts_of_any_dtype(), st.integers(0, 2**32 - 1))
+def test_every_real_dtype_gives_the_clipped_sum_without_wrapping(case, seed):
+    """Each client's integer lies in [−M, M] and is ⌊·⌋ or ⌈·⌉ of its clipped, scaled value, so the
+    ring sum of n clients decodes to the exact clipped sum within n quantization steps."""
+    dtype, clip, bits, inputs = case
+    n = len(inputs)
+    try:
+        q = Quantizer.for_cohort(n, clip, bits=bits)
+    except OverflowRefused:
+        return  # a typed refusal: n clients cannot share this small a ring
+    rng = np.random.default_rng(seed)
+    rings = [q.to_ring(x, rng) for x in inputs]
+    exact = [np.clip(x.astype(np.longdouble), -clip, clip) * np.longdouble(q.scale) for x in inputs]
+    for ring, value in zip(rings, exact):
+        ints = _signed(ring, q.bits)
+        assert np.abs(ints).max() <= q.max_abs
+        assert np.all(np.abs(ints - value) < 1 + 1e-6), (dtype, clip, ints, value)
+    total = np.bitwise_and(sum(r.astype(np.uint64) for r in rings), (1 << q.bits) - 1).astype(np.uint32)
+    reference = sum(np.clip(x.astype(np.longdouble), -clip, clip) for x in inputs)
+    assert np.all(np.abs(q.from_ring(total) - reference) <= n / q.scale * (1 + 1e-6))

@@ -1,17 +1,22 @@
 """The protocol end to end (property-based): the sum is exact in the ring for random cohorts and
 dropouts at every phase, and the round aborts exactly when some needed client keeps fewer than t
-neighbours (or, authenticated, the survivors fall below the signature quorum)."""
+neighbours (or, authenticated, the survivors fall below the signature quorum, or a sparse graph's
+nonce is withheld)."""
 
 from __future__ import annotations
+
+import importlib
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secfed.protocols import BelowThreshold, GraphParams, NeighbourGraph, Phase, Quantizer, simulate
+from secfed.protocols import BelowThreshold, GraphParams, Phase, Quantizer, SecAggServer, SeedWithheld, simulate
 
-PHASES = [Phase.ADVERTISE_KEYS, Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.UNMASK]
+simulate_module = importlib.import_module("secfed.protocols.simulate")  # the module, not the function
+PHASES = [Phase.ADVERTISE_KEYS, Phase.GRAPH_SEED, Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.UNMASK]
 
 
 @st.composite
@@ -33,23 +38,29 @@ def cohorts(draw, authenticated=False):
 
 
 def expected_abort(params, graph, dropouts, authenticated) -> bool:
-    """The spec, restated with sets: who must keep t neighbours after each phase."""
+    """The spec, restated with sets: who must keep t neighbours after each phase. ``graph()`` gives
+    the round's neighbour graph (known only once the nonces are in)."""
     n, t = params.n_clients, params.threshold
 
     def left(phase):
         return {i for i in range(n) if dropouts.get(i, 99) > phase}
 
     def thin(clients, alive):
-        return any(sum(v in alive for v in graph.of(u)) < t for u in clients)
+        return any(sum(v in alive for v in graph().of(u)) < t for u in clients)
 
-    u1, u2, u3 = left(Phase.ADVERTISE_KEYS), left(Phase.SHARE_KEYS), left(Phase.MASKED_INPUT)
+    u1, revealed = left(Phase.ADVERTISE_KEYS), left(Phase.GRAPH_SEED)
+    u2, u3 = left(Phase.SHARE_KEYS), left(Phase.MASKED_INPUT)
     quorum = params.signature_quorum if authenticated else 0
-    if not u1 or thin(u1, u1) or len(u1) < quorum:
+    if not u1 or len(u1) < quorum:
+        return True
+    if revealed != u1 and not params.complete:
+        return True  # a withheld nonce: the sparse graph cannot be derived
+    if not revealed or thin(revealed, revealed) or len(revealed) < quorum:
         return True
     if thin(u2, u2) or len(u2) < quorum:
         return True
     dropped = u2 - u3
-    needed = {v for v in dropped if any(w in u3 for w in graph.of(v))}
+    needed = {v for v in dropped if any(w in u3 for w in graph().of(v))}
     if not u3 or thin(u3, u3) or thin(needed, u3) or len(u3) < quorum:
         return True
     asked = u3 & left(Phase.CONSISTENCY_CHECK) if authenticated else u3
@@ -60,14 +71,24 @@ def expected_abort(params, graph, dropouts, authenticated) -> bool:
 
 
 def run(params, dropouts, bits, inputs, authenticated=False):
-    session = bytes(16)
-    graph = NeighbourGraph(params, session, 0)
-    must_abort = expected_abort(params, graph, dropouts, authenticated)
-    try:
-        out = simulate(inputs, dropouts=dropouts, ring_bits=bits, params=params, authenticated=authenticated,
-                       session_id=session)
-    except BelowThreshold:
-        assert must_abort, f"spurious abort with dropouts {dropouts}"
+    servers = []
+
+    class Recorded(SecAggServer):  # to read the round's graph even when the round aborts
+        def __init__(self, config):
+            super().__init__(config)
+            servers.append(self)
+
+    aborted = None
+    with mock.patch.object(simulate_module, "SecAggServer", Recorded):
+        try:
+            out = simulate(inputs, dropouts=dropouts, ring_bits=bits, params=params, authenticated=authenticated)
+        except BelowThreshold as exc:
+            aborted = exc
+    must_abort = expected_abort(params, lambda: servers[0].graph, dropouts, authenticated)
+    if aborted is not None:
+        assert must_abort, f"spurious abort with dropouts {dropouts}: {aborted}"
+        if isinstance(aborted, SeedWithheld):
+            assert not params.complete and any(p is Phase.GRAPH_SEED for p in map(Phase.parse, dropouts.values()))
         return
     assert not must_abort, f"round finished although it should have aborted (dropouts {dropouts})"
     survivors = [i for i in range(params.n_clients) if dropouts.get(i, 99) > Phase.MASKED_INPUT]
@@ -92,7 +113,7 @@ def test_authenticated_mode_same_property(case):
 def test_one_dropout_at_each_phase_is_survived(phase):
     rng = np.random.default_rng(3)
     inputs = [rng.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32) for _ in range(6)]
-    out = simulate(inputs, dropouts={2: phase}, authenticated=True, params=GraphParams.explicit(6, 5, 3, authenticated=True))
+    out = simulate(inputs, dropouts={2: phase}, params=GraphParams.explicit(6, 5, 3))  # authenticated by default
     in_sum = phase > Phase.MASKED_INPUT
     assert (2 in out.survivors) == in_sum
     expected = sum(inputs[i].astype(np.uint64) for i in out.survivors) % 2**32
@@ -105,7 +126,7 @@ def test_sparse_graph_with_many_clients_and_dropouts():
     params = GraphParams.explicit(n, 10, 4)
     inputs = [rng.integers(0, 2**16, 300, dtype=np.uint32) for _ in range(n)]
     dropouts = {0: "advertise_keys", 9: "share_keys", 17: "masked_input", 25: "masked_input", 33: "unmask"}
-    out = simulate(inputs, dropouts=dropouts, ring_bits=16, params=params)
+    out = simulate(inputs, dropouts=dropouts, ring_bits=16, params=params, authenticated=False)
     expected = sum(inputs[i].astype(np.uint64) for i in out.survivors) % 2**16
     assert len(out.survivors) == n - 4 and np.array_equal(out.total, expected)
 
@@ -113,7 +134,7 @@ def test_sparse_graph_with_many_clients_and_dropouts():
 def test_below_threshold_aborts_with_a_clear_error():
     inputs = [np.arange(4, dtype=np.uint32)] * 5
     with pytest.raises(BelowThreshold, match=r"neighbours left; 4 are needed.*Round aborted"):
-        simulate(inputs, params=GraphParams.explicit(5, 4, 4), dropouts={1: "masked_input"})
+        simulate(inputs, params=GraphParams.explicit(5, 4, 4), dropouts={1: "masked_input"}, authenticated=False)
 
 
 def test_float_aggregate_is_bit_identical_across_runs_with_fresh_keys():

@@ -31,7 +31,7 @@ def test_arguments_are_checked_before_anything_runs():
     with pytest.raises(ValueError, match="unknown phase 'vanish'.*masked_input"):
         simulate(ring(3, 4), dropouts={1: "vanish"})
     with pytest.raises(ValueError, match="only authenticated mode"):
-        simulate(ring(3, 4), dropouts={1: "consistency_check"})
+        simulate(ring(3, 4), dropouts={1: "consistency_check"}, authenticated=False)
     with pytest.raises(ValueError, match="params are for 5"):
         simulate(ring(3, 4), params=GraphParams.explicit(5, 4, 2))
 
@@ -70,17 +70,18 @@ def test_result_partitions_the_cohort():
 
 def test_random_dropouts_follow_the_rate_and_the_seed():
     assert random_dropouts(50, 0.0, np.random.default_rng(0)) == {}
-    everyone = random_dropouts(50, 1.0, np.random.default_rng(0))
+    everyone = random_dropouts(50, 1.0, np.random.default_rng(0), authenticated=False)
     assert sorted(everyone) == list(range(50)) and Phase.CONSISTENCY_CHECK not in everyone.values()
     a = random_dropouts(1000, 0.1, np.random.default_rng(7))
     assert a == random_dropouts(1000, 0.1, np.random.default_rng(7))
     assert 60 < len(a) < 140
-    assert Phase.CONSISTENCY_CHECK in random_dropouts(200, 1.0, np.random.default_rng(1), authenticated=True).values()
+    assert Phase.CONSISTENCY_CHECK in random_dropouts(200, 1.0, np.random.default_rng(1)).values()  # default
     with pytest.raises(ValueError, match="rate"):
         random_dropouts(3, 1.5, np.random.default_rng(0))
 
 
 def test_phase_parse_accepts_names_and_numbers():
     assert Phase.parse("Masked-Input") is Phase.MASKED_INPUT
-    assert Phase.parse(4) is Phase.UNMASK
+    assert Phase.parse(5) is Phase.UNMASK
+    assert Phase.parse("graph_seed") is Phase.GRAPH_SEED
     assert Phase.parse(Phase.SHARE_KEYS) is Phase.SHARE_KEYS
