@@ -61,7 +61,8 @@ def test_k_of_n_cohorts_and_dropouts_under_secure_aggregation(tiny_config: RunCo
     assert all(len(r["cohort"]) == 2 for r in history)
     assert len({tuple(r["cohort"]) for r in history}) > 1 or len(history) < 3
     for r in history:
-        early = [c for c, phase in r["dropped"].items() if phase in ("advertise_keys", "share_keys", "masked_input")]
+        early = [c for c, phase in r["dropped"].items()
+                 if phase in ("advertise_keys", "graph_seed", "share_keys", "masked_input")]
         expected = 2 - len(early)
         assert r["contributors"] == (expected if expected >= 2 else 0)  # SecAgg never "sums" one client
     assert any(r["dropped"] for r in history)
