@@ -13,7 +13,6 @@ from rich.table import Table
 from secfed.cli.common import cli_errors, emit_json, human_console
 from secfed.data.errors import DataError
 from secfed.data.registry import FORMATS, guess_format, load_dataset
-from secfed.data.split_file import SPLIT_FILE_NAME
 from secfed.data.types import ReidDataset, Sample
 
 _SHOWN_FAILURES = 10
@@ -75,7 +74,8 @@ def _verify(dataset: ReidDataset, console: Console) -> int:
               help="Seed of the drawn split, for the sets that ship none "
                    "(prid2011, cuhk01, viper, 3dpes, ilids, ilidsvid).")
 @click.option("--split-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help=f"Where the drawn split is kept. Default: ROOT/{SPLIT_FILE_NAME}.")
+              help="Keep the drawn split in this JSON file: read back if it holds this dataset and seed, "
+                   "else written there. Default: drawn in memory, nothing written (never into ROOT).")
 @click.option("--verify", is_flag=True, help="Also decode every image, to find unreadable or truncated files.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def inspect_command(
@@ -94,12 +94,12 @@ def inspect_command(
                 seeded = ", ".join(name for name, loader in FORMATS.items() if loader.seeded)
                 raise click.UsageError(f"{flag}: {fmt} ships its own split; {flag} applies to {seeded}")
     with cli_errors():
-        dataset = load_dataset(root, fmt, seed=seed, split_path=split_file)
+        dataset = load_dataset(root, fmt, name=root.resolve().name, seed=seed, split_path=split_file)
         checked = _verify(dataset, Console(stderr=True)) if verify else None
     summary = summarize(dataset, fmt)
     summary["root"] = str(root)
     if FORMATS[fmt].seeded:
-        summary["split"] = {"seed": seed, "file": str(split_file or root / SPLIT_FILE_NAME)}
+        summary["split"] = {"seed": seed, "file": None if split_file is None else str(split_file)}
     if checked is not None:
         summary["verified_images"] = checked
     if as_json:
@@ -121,6 +121,8 @@ def _print_table(summary: dict, console: Console) -> None:
     skipped = ", ".join(f"{reason} {count:,}" for reason, count in summary["skipped"].items()) or "nothing"
     console.print(f"skipped: {skipped}")
     if "split" in summary:
-        console.print(f"split: seed {summary['split']['seed']}, kept in {escape(summary['split']['file'])}")
+        split = summary["split"]
+        kept = "drawn in memory (--split-file keeps it)" if split["file"] is None else f"kept in {escape(split['file'])}"
+        console.print(f"split: seed {split['seed']}, {kept}")
     if "verified_images" in summary:
         console.print(f"verified: all {summary['verified_images']:,} images decode")

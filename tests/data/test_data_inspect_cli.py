@@ -26,14 +26,14 @@ def test_json_counts(tmp_path, layouts):
     assert "split" not in summary
 
 
-def test_table_output(tmp_path, layouts):
+def test_table_output_draws_the_split_in_memory(tmp_path, layouts):
     root = layouts.viper(tmp_path / "data", ids=6)
     result = _run(root, "--format", "viper", "--seed", "4")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert any(line.split()[:3] == ["│", "train", "│"] and "6" in line for line in lines)
-    assert "split: seed 4" in result.stdout and "splits.json" in result.stdout
-    assert json.loads((root / "splits.json").read_text())["splits"]["4"]["seed"] == 4
+    assert "split: seed 4, drawn in memory" in result.stdout
+    assert sorted(p.name for p in tmp_path.rglob("*.json")) == []  # nothing written, in ROOT or beside it
 
 
 def test_seeded_json_records_split_file(tmp_path, layouts):
@@ -41,7 +41,12 @@ def test_seeded_json_records_split_file(tmp_path, layouts):
     split_file = tmp_path / "elsewhere.json"
     summary = json.loads(_run(root, "--json", "--split-file", split_file).stdout)
     assert summary["split"] == {"seed": 0, "file": str(split_file)}
-    assert summary["train"]["images"] == 12 and split_file.is_file()
+    assert summary["train"]["images"] == 12
+    assert json.loads(split_file.read_text())["datasets"]["cuhk01"]["splits"]["0"]["seed"] == 0
+    assert not (root / "splits.json").exists()
+    again = json.loads(_run(root, "--json", "--split-file", split_file).stdout)  # read back
+    assert again["train"] == summary["train"]
+    assert json.loads(_run(root, "--json").stdout)["split"] == {"seed": 0, "file": None}
 
 
 def test_bad_data_is_a_click_error_naming_the_file(tmp_path, layouts):
