@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from secfed.data import cuhk02, fedreidbench, market, msmt17, small_sets
+from secfed.data import cuhk02, fedreidbench, market, msmt17, small_sets, unlabeled
 from secfed.data.types import ReidDataset
 
 
@@ -55,6 +55,8 @@ FORMATS: dict[str, Loader] = {
         Loader("cuhk02", "CUHK02 P1..P5, unlabeled public set (train only)", cuhk02.load_cuhk02),
         Loader("fedreidbench", "any set as FedReIDBench's data_preprocess wrote it (pytorch/<subset>/<pid>/)",
                fedreidbench.load_fedreidbench),
+        Loader("unlabeled", "a folder of person images used without labels, e.g. `secfed data synth --public` "
+               "(train only)", unlabeled.load_unlabeled),
     )
 }
 
@@ -100,6 +102,7 @@ _GUESSES: tuple[tuple[str, str], ...] = (
     (r"ilidsvid", "ilidsvid"),
     (r"(qmul)?ilids(pedestrian)?", "ilids"),
     (r"fedreidbench|pytorch", "fedreidbench"),
+    (r"unlabeled|unlabelled", "unlabeled"),
 )
 
 
