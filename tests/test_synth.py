@@ -155,19 +155,21 @@ def test_default_size_fits_the_training_budget() -> None:
     for p in plans:
         assert 2 <= p.preset.cameras <= 8
     # Evaluation splits are large but the gallery is kept small: the default stays a few thousand images.
-    assert sum(len(p.shots) for p in plans) <= 5200
+    assert sum(len(p.shots) for p in plans) <= 6000
+
+
+DESIGN_EFFECT = 1.5  # person-clustered / binomial variance of rank-1, measured on a FedPav model (1.2-1.5)
 
 
 @pytest.mark.parametrize("index", range(len(PRESETS)))
 def test_every_domain_is_evaluated_on_enough_people_for_a_3_point_standard_error(index: int) -> None:
-    """One run's rank-1 on a domain: binomial SE at p = 0.5 of at most 3 points over its queries, from
-    150 or more test persons (queries of one person are correlated; one query per person needs 280+)."""
+    """One run's rank-1 on a domain: standard error at rank-1 = 50 % of at most 3 points, counting the
+    correlation of one person's queries (one query per person: independent queries)."""
     plan = _plans(len(PRESETS))[index]
     queries, people = plan.count("query"), len(plan.test_pids)
     assert people >= 150 and queries >= 300
-    assert math.sqrt(0.25 / queries) <= 0.03
-    if queries == people:  # one query each: independent queries, and then enough people on their own
-        assert math.sqrt(0.25 / people) <= 0.03
+    design_effect = 1.0 if queries == people else DESIGN_EFFECT
+    assert math.sqrt(0.25 * design_effect / queries) <= 0.03
     gallery_people = {s.pid for s in plan.shots if s.split == "gallery"} - {0, -1}
     assert gallery_people == set(plan.test_pids)
 
@@ -313,20 +315,25 @@ def test_different_seed_different_data(tmp_path: Path) -> None:
 
 
 def test_images_of_one_person_resemble_each_other_more_than_others(small: tuple[Path, SynthManifest]) -> None:
-    """Identity is rendered consistently: mean colour of the central body region is closer within an id."""
+    """Identity is rendered consistently: mean colour of the central body region is closer within an id
+    than between ids of the same domain (every labelled person of every domain: ~200 ids)."""
     root, manifest = small
-    ds = load_market1501(root / manifest.domains[0].name)
-    feats, pids = [], []
-    for s in ds.train:
-        img = np.asarray(Image.open(s.path), dtype=np.float32)
-        h, w, _ = img.shape
-        body = img[h // 4: 3 * h // 4, w // 3: 2 * w // 3]
-        feats.append(np.concatenate([body[: h // 4].mean((0, 1)), body[h // 4:].mean((0, 1))]))
-        pids.append(s.pid)
-    f, p = np.array(feats), np.array(pids)
-    d = np.linalg.norm(f[:, None] - f[None], axis=-1)
-    same = (p[:, None] == p[None]) & ~np.eye(len(p), dtype=bool)
-    assert d[same].mean() < 0.7 * d[p[:, None] != p[None]].mean()
+    within, between = [], []
+    for domain in manifest.domains:
+        ds = load_market1501(root / domain.name)
+        feats, pids = [], []
+        for s in (s for s in ds.train + ds.query + ds.gallery if s.pid > 0):
+            img = np.asarray(Image.open(s.path), dtype=np.float32)
+            h, w, _ = img.shape
+            body = img[h // 4: 3 * h // 4, w // 3: 2 * w // 3]
+            feats.append(np.concatenate([body[: h // 4].mean((0, 1)), body[h // 4:].mean((0, 1))]))
+            pids.append(s.pid)
+        f, p = np.array(feats), np.array(pids)
+        d = np.linalg.norm(f[:, None] - f[None], axis=-1)
+        same = (p[:, None] == p[None]) & ~np.eye(len(p), dtype=bool)
+        within.append(d[same])
+        between.append(d[p[:, None] != p[None]])
+    assert np.concatenate(within).mean() < 0.7 * np.concatenate(between).mean()
 
 
 # --- output handling ---------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ PUBLIC_DOMAIN_INDEX = 99  # the public set's index in every seed purpose (domain
 # any combination in range is valid, except that domains + unseen may not exceed the nine presets.
 SYNTH_DOMAINS_RANGE = (1, len(PRESETS))
 UNSEEN_RANGE = (0, len(PRESETS) - 1)
-SCALE_RANGE = (0.05, 5.0)  # at 5, all nine presets and the largest public set fit four-digit person ids
+SCALE_RANGE = (0.05, 4.0)  # at 4, all nine presets and the largest public set fit four-digit person ids
 PUBLIC_RANGE = (0, 4000)
 HEIGHT_RANGE = (32, 1024)
 WIDTH_RANGE = (16, 512)
