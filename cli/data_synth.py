@@ -53,7 +53,7 @@ def print_domains(rows: list[Row], title: str, console: Console) -> None:
                    "evaluation only; domains + unseen ≤ 9.")
 @click.option("--public", type=click.IntRange(*PUBLIC_RANGE), default=0, show_default=True,
               help=f"Also write this many unlabelled images of new people to OUT/public, for knowledge "
-                   f"distillation ({DEFAULT_PUBLIC_IMAGES} is the size secfed uses).")
+                   f"distillation ({DEFAULT_PUBLIC_IMAGES}: about the largest client's train set).")
 @click.option("--seed", type=click.IntRange(*SEED_RANGE), default=0, show_default=True,
               help="Run seed; the same seed writes byte-identical files.")
 @click.option("--scale", type=click.FloatRange(*SCALE_RANGE), default=1.0, show_default=True,

@@ -155,17 +155,18 @@ def test_default_size_fits_the_training_budget() -> None:
     for p in plans:
         assert 2 <= p.preset.cameras <= 8
     # Evaluation splits are large but the gallery is kept small: the default stays a few thousand images.
-    assert sum(len(p.shots) for p in plans) <= 6000
+    assert sum(len(p.shots) for p in plans) <= 6500
 
 
-DESIGN_EFFECT = 1.5  # person-clustered / binomial variance of rank-1, measured on a FedPav model (1.2-1.5)
+DESIGN_EFFECT = 1.7  # person-clustered / binomial variance of rank-1, measured on FedPav models: 1.15-1.7
 
 
+@pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("index", range(len(PRESETS)))
-def test_every_domain_is_evaluated_on_enough_people_for_a_3_point_standard_error(index: int) -> None:
+def test_every_domain_is_evaluated_on_enough_people_for_a_3_point_standard_error(index: int, seed: int) -> None:
     """One run's rank-1 on a domain: standard error at rank-1 = 50 % of at most 3 points, counting the
     correlation of one person's queries (one query per person: independent queries)."""
-    plan = _plans(len(PRESETS))[index]
+    plan = _plans(len(PRESETS), seed=seed)[index]
     queries, people = plan.count("query"), len(plan.test_pids)
     assert people >= 150 and queries >= 300
     design_effect = 1.0 if queries == people else DESIGN_EFFECT
@@ -402,7 +403,7 @@ def test_cache_generates_once_and_keys_on_every_option(tmp_path: Path) -> None:
     names = {path.name} | {cached(tmp_path, **{**options, key: value})[0].name for key, value in changed.items()}
     assert len(names) == 1 + len(changed)
     unseen_path, unseen_manifest = cached(tmp_path, **{**options, "unseen": 1})
-    assert [d.name for d in unseen_manifest.unseen_domains] == [PRESETS[1].name]
+    assert [d.name for d in unseen_manifest.unseen] == [PRESETS[1].name]
 
 
 def test_ranges_hold_every_combination_within_them() -> None:
@@ -428,10 +429,10 @@ def extended(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SynthManif
 def test_unseen_domains_are_recorded_apart_and_are_the_next_presets(tmp_path: Path, extended) -> None:
     root, manifest = extended
     assert [d.name for d in manifest.domains] == [PRESETS[0].name]
-    assert [d.name for d in manifest.unseen_domains] == [PRESETS[1].name]
+    assert [d.name for d in manifest.unseen] == [PRESETS[1].name]
     assert SynthManifest.load(root) == manifest
     unseen = load_dataset(root / PRESETS[1].name, "market1501")
-    assert len(unseen.query) == manifest.unseen_domains[0].query_images
+    assert len(unseen.query) == manifest.unseen[0].query_images
     # The unseen domain is byte for byte the domain that one more client domain would train on.
     generate(tmp_path / "two", domains=2, seed=5, scale=0.12, height=64, width=32)
     name = PRESETS[1].name
@@ -442,14 +443,14 @@ def test_public_set_is_new_people_under_mixed_cameras_and_reads_without_labels(e
     root, manifest = extended
     public = manifest.public
     assert public is not None and public.images == 30 and public.format == "unlabeled"
-    ds = load_dataset(root / public.name, public.format)
+    ds = load_dataset(root / public.folder, public.format)
     assert len(ds.train) == 30 and ds.query == [] and ds.gallery == []
     assert {s.pid for s in ds.train} == {-1}  # labels unused
     named = [_parse_public(s.path.name) for s in ds.train]
     pids = {pid for pid, _ in named}
     assert len(pids) == public.ids == 8 and (min(pids), max(pids)) == public.pids  # 4 images a person
     domain_pids = set()
-    for d in (*manifest.domains, *manifest.unseen_domains):
+    for d in (*manifest.domains, *manifest.unseen):
         domain_pids |= set(range(d.pids[0], d.pids[1] + 1))
     assert not pids & domain_pids and min(pids) > max(domain_pids)
     cameras_of = defaultdict(set)

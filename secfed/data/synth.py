@@ -6,7 +6,7 @@
                                           out/<domain>/bounding_box_test/...   (with 0000_ distractors
                                                                                and -1_ junk, as Market)
     generate(..., unseen=2)           ─►  two more domains, the presets after the trained ones, in
-                                          the same format; the manifest lists them as unseen_domains
+                                          the same format; the manifest lists them as `unseen`
                                           (evaluate on them, never train on them)
     generate(..., public=400)         ─►  out/public/0731_c4s2_001234_01.jpg ... 400 images of people
                                           no domain has, under ten cameras in every domain's style:
@@ -65,7 +65,7 @@ PUBLIC_DOMAIN_INDEX = 99  # the public set's index in every seed purpose (domain
 SYNTH_DOMAINS_RANGE = (1, len(PRESETS))
 UNSEEN_RANGE = (0, len(PRESETS) - 1)
 SCALE_RANGE = (0.05, 4.0)  # at 4, all nine presets and the largest public set fit four-digit person ids
-PUBLIC_RANGE = (0, 4000)
+PUBLIC_RANGE = (0, 2000)
 HEIGHT_RANGE = (32, 1024)
 WIDTH_RANGE = (16, 512)
 SEED_RANGE = (0, 2**63 - 1)
@@ -105,9 +105,9 @@ class SynthDomain:
 
 @dataclass(frozen=True)
 class SynthPublic:
-    """The unlabelled public set as the manifest records it: ``load_dataset(OUT / name, format)``."""
+    """The unlabelled public set as the manifest records it: ``load_dataset(OUT / folder, format)``."""
 
-    name: str  # its folder under OUT
+    folder: str  # its folder under OUT
     format: str  # the registry format that reads it
     cameras: tuple[Camera, ...]
     pids: tuple[int, int]  # first and last person id (kept in the file names, unused by distillation)
@@ -119,7 +119,7 @@ class SynthPublic:
 class SynthManifest:
     """What ``OUT/manifest.json`` holds: enough to regenerate the data and to check a cache.
 
-    ``domains`` are the clients' domains (train on them, evaluate on them); ``unseen_domains`` are
+    ``domains`` are the clients' domains (train on them, evaluate on them); ``unseen`` are
     for evaluation only; ``public`` is the unlabelled distillation set, or None.
     """
 
@@ -129,7 +129,7 @@ class SynthManifest:
     height: int
     width: int
     domains: tuple[SynthDomain, ...]
-    unseen_domains: tuple[SynthDomain, ...] = ()
+    unseen: tuple[SynthDomain, ...] = ()
     public: SynthPublic | None = None
 
     @property
@@ -149,12 +149,12 @@ class SynthManifest:
             return SynthDomain(**{**d, "cameras": tuple(_camera(c) for c in d["cameras"]), "pids": tuple(d["pids"])})
 
         domains = tuple(domain(d) for d in raw.pop("domains"))
-        unseen = tuple(domain(d) for d in raw.pop("unseen_domains", ()))
+        unseen = tuple(domain(d) for d in raw.pop("unseen", ()))
         public = raw.pop("public", None)
         if public is not None:
             public = SynthPublic(**{**public, "cameras": tuple(_camera(c) for c in public["cameras"]),
                                     "pids": tuple(public["pids"])})
-        return cls(**raw, domains=domains, unseen_domains=unseen, public=public)
+        return cls(**raw, domains=domains, unseen=unseen, public=public)
 
     @classmethod
     def load(cls, root: Path) -> SynthManifest:

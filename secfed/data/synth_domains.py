@@ -11,12 +11,12 @@ with a match from another camera), adds gallery distractors (pid 0) and junk (pi
 every image a unique ``PPPP_cCsS_FFFFFF_NN.jpg`` name.
 
 Train and test sides are sized for different jobs. The train sides keep the benchmark's imbalance
-(at scale 1: about 460 images for the largest default domain, 90 for the smallest). The test sides
-are sized so that one run's rank-1 can be trusted: 160-300 test persons and 300-430 queries per
-domain. The queries of one person succeed or fail together more often than chance: on a FedPav
-model of the default domains the person-clustered variance of rank-1 was 1.2-1.5 times the
-binomial one, so domains with two or more queries per person get about 420 queries, for a standard
-error of at most 3 points at rank-1 = 50 % with that design effect; ``street`` (one query per
+(at scale 1: about 475 images for the largest default domain, 100 for the smallest). The test sides
+are sized so that one run's rank-1 can be trusted: 190-300 test persons and 300-510 queries per
+domain. The queries of one person succeed or fail together more often than chance: on FedPav
+models of the default domains the person-clustered variance of rank-1 was 1.15-1.7 times the
+binomial one, so domains with two or more queries per person get 480 queries or more, a standard
+error of at most 3.0 points at rank-1 = 50 % with a design effect of 1.7; ``street`` (one query per
 person, like PRID2011) gets 300 independent queries, 2.9 points. Test persons pass each camera in
 shorter passes than train persons (2-3 images): the standard error depends on how many people are
 queried, not on how many gallery images each has, and a smaller gallery keeps generation and
@@ -68,29 +68,29 @@ _OUTDOOR = CameraStyle(indoor=0.1, resolution=(0.5, 0.9), blur=(0.2, 1.0), noise
                        occlusion=(0.05, 0.2), brightness=(0.8, 1.3), cast=0.1, along=(0.2, 0.8))
 
 PRESETS: tuple[DomainPreset, ...] = (
-    DomainPreset("campus", "MSMT17", 8, 34, 160, (2, 4), (3, 6), (2, 3), 3,
+    DomainPreset("campus", "MSMT17", 8, 34, 190, (2, 4), (3, 6), (2, 3), 3,
                  CameraStyle(indoor=0.45, resolution=(0.45, 1.0), blur=(0.0, 1.2), noise=(0.005, 0.035),
                              occlusion=(0.05, 0.25), brightness=(0.65, 1.3), cast=0.12, along=(0.1, 0.9))),
-    DomainPreset("plaza", "Market-1501", 6, 24, 160, (2, 4), (3, 6), (2, 3), 3, _OUTDOOR),
-    DomainPreset("corridor", "VIPeR", 2, 40, 210, (2, 2), (2, 2), (2, 2), 2,
+    DomainPreset("plaza", "Market-1501", 6, 24, 190, (2, 4), (3, 6), (2, 3), 3, _OUTDOOR),
+    DomainPreset("corridor", "VIPeR", 2, 40, 240, (2, 2), (2, 2), (2, 2), 2,
                  CameraStyle(indoor=0.5, resolution=(0.5, 0.75), blur=(0.3, 1.0), noise=(0.01, 0.03),
                              occlusion=(0.0, 0.1), brightness=(0.7, 1.25), cast=0.14, along=(0.5, 0.5),
                              alternate_views=True)),
-    DomainPreset("gate", "iLIDS-VID", 2, 16, 210, (2, 2), (2, 4), (2, 3), 2,
+    DomainPreset("gate", "iLIDS-VID", 2, 16, 240, (2, 2), (2, 4), (2, 3), 2,
                  CameraStyle(indoor=1.0, resolution=(0.4, 0.6), blur=(0.5, 1.2), noise=(0.015, 0.035),
                              occlusion=(0.25, 0.4), brightness=(0.7, 1.1), cast=0.12, along=(0.5, 0.9))),
-    DomainPreset("crossing", "DukeMTMC-reID", 7, 30, 160, (2, 4), (3, 6), (2, 3), 3,
+    DomainPreset("crossing", "DukeMTMC-reID", 7, 30, 190, (2, 4), (3, 6), (2, 3), 3,
                  CameraStyle(indoor=0.0, resolution=(0.7, 1.0), blur=(0.0, 0.6), noise=(0.005, 0.02),
                              occlusion=(0.1, 0.3), brightness=(0.8, 1.3), cast=0.08, along=(0.1, 0.9))),
-    DomainPreset("lobby", "CUHK03-NP", 3, 24, 210, (2, 2), (3, 6), (2, 3), 2, _INDOOR_SHARP),
+    DomainPreset("lobby", "CUHK03-NP", 3, 24, 240, (2, 2), (3, 6), (2, 3), 2, _INDOOR_SHARP),
     DomainPreset("street", "PRID2011", 2, 26, 300, (2, 2), (2, 3), (2, 3), 1,
                  CameraStyle(indoor=0.0, resolution=(0.5, 0.8), blur=(0.3, 1.0), noise=(0.01, 0.03),
                              occlusion=(0.0, 0.15), brightness=(0.7, 1.3), cast=0.2, along=(0.1, 0.9))),
-    DomainPreset("hall", "CUHK01", 2, 20, 210, (2, 2), (2, 2), (2, 2), 2,
+    DomainPreset("hall", "CUHK01", 2, 20, 240, (2, 2), (2, 2), (2, 2), 2,
                  CameraStyle(indoor=1.0, resolution=(0.6, 0.9), blur=(0.0, 0.6), noise=(0.005, 0.02),
                              occlusion=(0.0, 0.1), brightness=(0.8, 1.2), cast=0.1, along=(0.5, 0.5),
                              alternate_views=True)),
-    DomainPreset("atrium", "3DPeS", 3, 8, 210, (2, 2), (2, 2), (2, 2), 2, _INDOOR_SHARP),
+    DomainPreset("atrium", "3DPeS", 3, 8, 240, (2, 2), (2, 2), (2, 2), 2, _INDOOR_SHARP),
 )
 
 

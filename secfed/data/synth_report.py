@@ -29,9 +29,9 @@ def _domain_row(domain: SynthDomain, role: str) -> Row:
 def recorded(manifest: SynthManifest) -> list[Row]:
     """Rows as the manifest records them: client domains, unseen domains, then the public set."""
     rows = [_domain_row(d, "client") for d in manifest.domains]
-    rows += [_domain_row(d, "unseen") for d in manifest.unseen_domains]
+    rows += [_domain_row(d, "unseen") for d in manifest.unseen]
     if (public := manifest.public) is not None:
-        rows.append({"name": public.name, "role": "public", "format": public.format,
+        rows.append({"name": public.folder, "role": "public", "format": public.format,
                      "cameras": len(public.cameras), **dict.fromkeys(COUNTS),
                      "train_ids": public.ids, "train_images": public.images})
     return rows

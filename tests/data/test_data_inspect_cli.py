@@ -115,7 +115,7 @@ def test_inspect_reads_a_synthetic_root_without_format_and_agrees_with_synth(syn
     rows = {row["name"]: row for row in inspected["domains"]}
     assert [(row["name"], row["role"]) for row in inspected["domains"]] == [
         ("campus", "client"), ("plaza", "client"), ("corridor", "unseen"), ("public", "public")]
-    for domain in (*manifest.domains, *manifest.unseen_domains):  # and as the manifest recorded them
+    for domain in (*manifest.domains, *manifest.unseen):  # and as the manifest recorded them
         row = rows[domain.name]
         assert row["cameras"] == len(domain.cameras)
         for key in ("train_ids", "train_images", "test_ids", "query_images", "gallery_images", "distractors", "junk"):
