@@ -297,12 +297,6 @@ def generate(out: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, 
     return manifest
 
 
-def cache_name(*, domains: int, seed: int, scale: float, height: int, width: int, unseen: int = 0,
-               public: int = 0) -> str:
-    """The folder name :func:`cached` uses: the generator version and every option."""
-    return f"synth-v{GENERATOR_VERSION}-d{domains}-u{unseen}-p{public}-seed{seed}-x{scale:g}-{height}x{width}"
-
-
 def cached(root: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, height: int = 128,
            width: int = 64, unseen: int = 0, public: int = 0,
            progress: Progress | None = None) -> tuple[Path, SynthManifest]:
@@ -312,13 +306,14 @@ def cached(root: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, h
     made by other settings or an older generator. Safe against concurrent callers: the loser of a
     race reads the winner's data.
     """
-    options = dict(domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
-                   public=public)
-    check_options(**options)
-    path = Path(root) / cache_name(**options)
+    check_options(domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
+                  public=public)
+    name = f"synth-v{GENERATOR_VERSION}-d{domains}-u{unseen}-p{public}-seed{seed}-x{scale:g}-{height}x{width}"
+    path = Path(root) / name
     if not (path / "manifest.json").is_file():
         try:
-            generate(path, **options, progress=progress)
+            generate(path, domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
+                     public=public, progress=progress)
         except OSError:  # another process got there first (or OUT is unusable: then re-raise)
             if not (path / "manifest.json").is_file():
                 raise
