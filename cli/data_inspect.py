@@ -1,4 +1,9 @@
-"""``secfed data inspect ROOT``: what a dataset folder holds, as the loaders read it."""
+"""``secfed data inspect ROOT``: what a dataset folder holds, as the loaders read it.
+
+ROOT is one dataset (its format named by ``--format`` or guessed from the folder name), or the
+root that ``secfed data synth`` wrote (``manifest.json`` and one folder per domain): then every
+folder is read and counted, and reported as ``data synth`` reported it.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from secfed.cli.common import cli_errors, emit_json, human_console
+from secfed.cli.data_synth import print_domains
 from secfed.data.errors import DataError
 from secfed.data.registry import FORMATS, guess_format, load_dataset
-from secfed.data.split_file import SPLIT_FILE_NAME
+from secfed.data.synth import SynthManifest
+from secfed.data.synth_report import measured, recorded
+from secfed.data.synth_report import summary as synth_summary
 from secfed.data.types import ReidDataset, Sample
 
 _SHOWN_FAILURES = 10
@@ -38,13 +46,13 @@ def summarize(dataset: ReidDataset, fmt: str) -> dict:
     }
 
 
-def _verify(dataset: ReidDataset, console: Console) -> int:
+def _verify(datasets: list[ReidDataset], console: Console) -> int:
     """Decode every image; raise naming the unreadable ones. Returns how many were checked."""
     from rich.progress import Progress
 
     from secfed.data.images import read_image  # torch is imported only when images are decoded
 
-    paths = sorted({s.path for s in (*dataset.train, *dataset.query, *dataset.gallery)})
+    paths = sorted({s.path for d in datasets for s in (*d.train, *d.query, *d.gallery)})
 
     def check(path: Path) -> str | None:
         try:
@@ -70,42 +78,85 @@ def _verify(dataset: ReidDataset, console: Console) -> int:
 @click.command("inspect")
 @click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--format", "-f", "fmt", type=click.Choice(list(FORMATS)), default=None,
-              help="Dataset layout. Default: guessed from the folder name (Market-1501-v15.09.15 → market1501).")
+              help="Dataset layout. Default: guessed from the folder name (Market-1501-v15.09.15 → market1501); "
+                   "a folder holding manifest.json is read as `secfed data synth` wrote it.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the drawn split, for the sets that ship none "
                    "(prid2011, cuhk01, viper, 3dpes, ilids, ilidsvid).")
 @click.option("--split-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help=f"Where the drawn split is kept. Default: ROOT/{SPLIT_FILE_NAME}.")
+              help="Keep the drawn split in this JSON file: read back if it holds this dataset and seed, "
+                   "else written there. Default: drawn in memory, nothing written (never into ROOT).")
 @click.option("--verify", is_flag=True, help="Also decode every image, to find unreadable or truncated files.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def inspect_command(
     root: Path, fmt: str | None, seed: int, split_file: Path | None, verify: bool, as_json: bool
 ) -> None:
-    """Count the ids, images and cameras of the dataset at ROOT, and what was skipped."""
+    """Count the ids, images and cameras of the dataset at ROOT, and what was skipped.
+
+    On a root written by `secfed data synth`, count every domain (and the public set).
+    """
+    if fmt is None and (root / "manifest.json").is_file():
+        _refuse_split_flags("a synthetic root ships its own splits")
+        _inspect_synthetic(root, verify, as_json)
+        return
     if fmt is None:
-        fmt = guess_format(root.resolve().name)
+        fmt = _guess(root)
         if fmt is None:
             raise click.UsageError(
                 f"cannot tell the format of {root} from its name; pass --format ({', '.join(FORMATS)})")
     if not FORMATS[fmt].seeded:
-        ctx = click.get_current_context()
-        for param, flag in (("seed", "--seed"), ("split_file", "--split-file")):
-            if ctx.get_parameter_source(param) is click.core.ParameterSource.COMMANDLINE:
-                seeded = ", ".join(name for name, loader in FORMATS.items() if loader.seeded)
-                raise click.UsageError(f"{flag}: {fmt} ships its own split; {flag} applies to {seeded}")
+        _refuse_split_flags(f"{fmt} ships its own split")
     with cli_errors():
-        dataset = load_dataset(root, fmt, seed=seed, split_path=split_file)
-        checked = _verify(dataset, Console(stderr=True)) if verify else None
+        dataset = load_dataset(root, fmt, name=root.resolve().name, seed=seed, split_path=split_file)
+        checked = _verify([dataset], Console(stderr=True)) if verify else None
     summary = summarize(dataset, fmt)
     summary["root"] = str(root)
     if FORMATS[fmt].seeded:
-        summary["split"] = {"seed": seed, "file": str(split_file or root / SPLIT_FILE_NAME)}
+        summary["split"] = {"seed": seed, "file": None if split_file is None else str(split_file)}
     if checked is not None:
         summary["verified_images"] = checked
     if as_json:
         emit_json(summary)
     else:
         _print_table(summary, human_console(json_mode=False))
+
+
+def _refuse_split_flags(why: str) -> None:
+    ctx = click.get_current_context()
+    for param, flag in (("seed", "--seed"), ("split_file", "--split-file")):
+        if ctx.get_parameter_source(param) is click.core.ParameterSource.COMMANDLINE:
+            seeded = ", ".join(name for name, loader in FORMATS.items() if loader.seeded)
+            raise click.UsageError(f"{flag}: {why}; {flag} applies to {seeded}")
+
+
+def _guess(root: Path) -> str | None:
+    """The format the folder's name implies, or, for a folder of a synthetic root, the manifest's."""
+    folder = root.resolve()
+    if fmt := guess_format(folder.name):
+        return fmt
+    if not (folder.parent / "manifest.json").is_file():
+        return None
+    try:
+        rows = recorded(SynthManifest.load(folder.parent))
+    except DataError:
+        return None
+    return next((row["format"] for row in rows if row["name"] == folder.name), None)
+
+
+def _inspect_synthetic(root: Path, verify: bool, as_json: bool) -> None:
+    with cli_errors():
+        manifest, rows, datasets = measured(root)
+        checked = _verify(datasets, Console(stderr=True)) if verify else None
+    summary = {**synth_summary(manifest, rows), "root": str(root)}
+    if checked is not None:
+        summary["verified_images"] = checked
+    if as_json:
+        emit_json(summary)
+        return
+    console = human_console(json_mode=False)
+    print_domains(rows, f"{root} (synthetic, seed {manifest.seed}, {manifest.height}×{manifest.width})", console)
+    if checked is not None:
+        console.print(f"verified: all {checked:,} images decode")
 
 
 def _print_table(summary: dict, console: Console) -> None:
@@ -121,6 +172,8 @@ def _print_table(summary: dict, console: Console) -> None:
     skipped = ", ".join(f"{reason} {count:,}" for reason, count in summary["skipped"].items()) or "nothing"
     console.print(f"skipped: {skipped}")
     if "split" in summary:
-        console.print(f"split: seed {summary['split']['seed']}, kept in {escape(summary['split']['file'])}")
+        split = summary["split"]
+        kept = "drawn in memory (--split-file keeps it)" if split["file"] is None else f"kept in {escape(split['file'])}"
+        console.print(f"split: seed {split['seed']}, {kept}")
     if "verified_images" in summary:
         console.print(f"verified: all {summary['verified_images']:,} images decode")

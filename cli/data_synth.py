@@ -6,35 +6,76 @@ import time
 from pathlib import Path
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from secfed.data.synth import SynthManifest, SynthOptionError, check_options, generate
+from secfed.cli.common import emit_json, human_console
+from secfed.data.synth import (
+    DEFAULT_PUBLIC_IMAGES,
+    HEIGHT_RANGE,
+    PUBLIC_RANGE,
+    SCALE_RANGE,
+    SEED_RANGE,
+    SYNTH_DOMAINS_RANGE,
+    UNSEEN_RANGE,
+    WIDTH_RANGE,
+    SynthOptionError,
+    check_options,
+    generate,
+)
 from secfed.data.synth_domains import PRESETS
+from secfed.data.synth_report import Row, recorded, summary
+
+# (header, row key): the table of `data synth` and of `data inspect` on a synthetic root
+_COLUMNS = (("domain", "name"), ("role", "role"), ("cams", "cameras"), ("train\nids", "train_ids"),
+            ("train\nimages", "train_images"), ("test\nids", "test_ids"), ("query", "query_images"),
+            ("gallery", "gallery_images"), ("distr-\nactors", "distractors"), ("junk", "junk"))
+
+
+def print_domains(rows: list[Row], title: str, console: Console) -> None:
+    """One row per folder of a synthetic root; fits 80 columns with every number whole."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for header, key in _COLUMNS:
+        table.add_column(header, justify="left" if key in ("name", "role") else "right", no_wrap=key == "name")
+    for row in rows:
+        table.add_row(*("-" if row[key] is None else f"{row[key]}" for _, key in _COLUMNS))
+    console.print(table)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--domains", type=click.IntRange(1, len(PRESETS)), default=4, show_default=True,
-              help=f"How many domains, taken in order from: {', '.join(p.name for p in PRESETS)}.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--domains", type=click.IntRange(*SYNTH_DOMAINS_RANGE), default=4, show_default=True,
+              help=f"How many client domains, taken in order from: {', '.join(p.name for p in PRESETS)}.")
+@click.option("--unseen", type=click.IntRange(*UNSEEN_RANGE), default=0, show_default=True,
+              help="Also write this many unseen domains (the presets after the client domains), for "
+                   "evaluation only; domains + unseen ≤ 9.")
+@click.option("--public", type=click.IntRange(*PUBLIC_RANGE), default=0, show_default=True,
+              help=f"Also write this many unlabelled images of new people to OUT/public, for knowledge "
+                   f"distillation ({DEFAULT_PUBLIC_IMAGES}: about the largest client's train set).")
+@click.option("--seed", type=click.IntRange(*SEED_RANGE), default=0, show_default=True,
               help="Run seed; the same seed writes byte-identical files.")
-@click.option("--scale", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+@click.option("--scale", type=click.FloatRange(*SCALE_RANGE), default=1.0, show_default=True,
               help="Multiplies the number of person ids of every domain.")
-@click.option("--height", type=click.IntRange(32, 1024), default=128, show_default=True,
+@click.option("--height", type=click.IntRange(*HEIGHT_RANGE), default=128, show_default=True,
               help="Height of the written images, in pixels.")
-@click.option("--width", type=click.IntRange(16, 512), default=64, show_default=True,
+@click.option("--width", type=click.IntRange(*WIDTH_RANGE), default=64, show_default=True,
               help="Width of the written images, in pixels.")
-def synth_command(out: Path, domains: int, seed: int, scale: float, height: int, width: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (as `data inspect --json`) instead "
+                                                      "of a table.")
+def synth_command(out: Path, domains: int, unseen: int, public: int, seed: int, scale: float, height: int,
+                  width: int, as_json: bool) -> None:
     """Generate synthetic pedestrian ReID domains into OUT (a new or empty directory).
 
     Each domain is a Market-1501-format dataset (bounding_box_train/, query/, bounding_box_test/)
     with its own cameras; people are disjoint across domains but drawn from one distribution.
-    OUT/manifest.json records the seed, the options and every camera's parameters.
+    OUT/manifest.json records the seed, the options, every camera's parameters and every count;
+    `secfed data inspect OUT` reads it back.
     """
     try:
-        check_options(domains, seed, scale, height, width)
+        check_options(domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
+                      public=public)
     except SynthOptionError as err:
         raise click.BadParameter(str(err).split(": ", 1)[1], param_hint=f"'--{err.option}'") from None
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -52,23 +93,15 @@ def synth_command(out: Path, domains: int, seed: int, scale: float, height: int,
 
         try:
             manifest = generate(out, domains=domains, seed=seed, scale=scale, height=height, width=width,
-                                progress=progress)
+                                unseen=unseen, public=public, progress=progress)
         except FileExistsError as err:
             raise click.BadParameter(str(err), param_hint="'OUT'") from None
-    _summary(manifest, out, time.perf_counter() - started)
-
-
-def _summary(manifest: SynthManifest, out: Path, seconds: float) -> None:
-    table = Table(title=f"synthetic domains in {out} (seed {manifest.seed}, {manifest.height}×{manifest.width})")
-    headers = ("domain", "like", "cameras", "train ids", "train images", "test ids", "query", "gallery",
-               "distractors", "junk")
-    for header in headers:
-        table.add_column(header, justify="left" if header in ("domain", "like") else "right")
-    for d in manifest.domains:
-        counts = (len(d.cameras), d.train_ids, d.train_images, d.test_ids, d.query_images, d.gallery_images,
-                  d.distractors, d.junk)
-        table.add_row(d.name, d.like, *(str(c) for c in counts))
-    images = sum(d.train_images + d.query_images + d.gallery_images for d in manifest.domains)
-    console = Console()
-    console.print(table)
+    seconds = time.perf_counter() - started
+    rows = recorded(manifest)
+    if as_json:
+        emit_json({**summary(manifest, rows), "root": str(out), "seconds": round(seconds, 2)})
+        return
+    console = human_console(json_mode=False)
+    print_domains(rows, f"{out} (seed {manifest.seed}, {manifest.height}×{manifest.width})", console)
+    images = sum((r["train_images"] or 0) + (r["query_images"] or 0) + (r["gallery_images"] or 0) for r in rows)
     console.print(f"wrote {images} images in {seconds:.1f} s")

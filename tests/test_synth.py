@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import defaultdict
@@ -15,16 +16,22 @@ from PIL import Image
 from secfed.cli.main import cli
 from secfed.data.errors import DataError
 from secfed.data.market import load_market1501
+from secfed.data.registry import load_dataset
 from secfed.data.synth import (
     GENERATOR_VERSION,
+    PUBLIC_RANGE,
+    SCALE_RANGE,
     SPLIT_DIRS,
+    SYNTH_DOMAINS_RANGE,
+    UNSEEN_RANGE,
     SynthManifest,
     SynthOptionError,
     cached,
+    check_options,
     generate,
 )
 from secfed.data.synth_camera import Camera, Scene, expose
-from secfed.data.synth_domains import PRESETS, Shot, _valid_queries, pid_offsets, plan_domain
+from secfed.data.synth_domains import MAX_PID, PRESETS, Shot, _valid_queries, pid_offsets, plan_domain
 from secfed.data.synth_identity import Identity, sample_identity
 from secfed.data.synth_render import Placement, render_person
 
@@ -131,9 +138,10 @@ def test_exposure_applies_white_balance_and_brightness() -> None:
 
 
 # --- domain plans (bookkeeping only: fast at full scale) ------------------------------------------
+@functools.lru_cache(maxsize=None)
 def _plans(n: int, scale: float = 1.0, seed: int = 0):
     offsets = pid_offsets(PRESETS[:n], scale)
-    return [plan_domain(seed, i, p, scale, offsets[i]) for i, p in enumerate(PRESETS[:n])]
+    return tuple(plan_domain(seed, i, p, scale, offsets[i]) for i, p in enumerate(PRESETS[:n]))
 
 
 def test_default_size_fits_the_training_budget() -> None:
@@ -145,8 +153,26 @@ def test_default_size_fits_the_training_budget() -> None:
     assert list(shares) == sorted(shares, reverse=True)
     assert shares[0] > 0.38 and shares[-1] < 0.14
     for p in plans:
-        assert 80 <= p.count("query") + p.count("gallery") <= 600  # a few hundred test images
         assert 2 <= p.preset.cameras <= 8
+    # Evaluation splits are large but the gallery is kept small: the default stays a few thousand images.
+    assert sum(len(p.shots) for p in plans) <= 6500
+
+
+DESIGN_EFFECT = 1.7  # person-clustered / binomial variance of rank-1, measured on FedPav models: 1.15-1.7
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("index", range(len(PRESETS)))
+def test_every_domain_is_evaluated_on_enough_people_for_a_3_point_standard_error(index: int, seed: int) -> None:
+    """One run's rank-1 on a domain: standard error at rank-1 = 50 % of at most 3 points, counting the
+    correlation of one person's queries (one query per person: independent queries)."""
+    plan = _plans(len(PRESETS), seed=seed)[index]
+    queries, people = plan.count("query"), len(plan.test_pids)
+    assert people >= 150 and queries >= 300
+    design_effect = 1.0 if queries == people else DESIGN_EFFECT
+    assert math.sqrt(0.25 * design_effect / queries) <= 0.03
+    gallery_people = {s.pid for s in plan.shots if s.split == "gallery"} - {0, -1}
+    assert gallery_people == set(plan.test_pids)
 
 
 @pytest.mark.parametrize("n", range(3, len(PRESETS) + 1))
@@ -290,20 +316,25 @@ def test_different_seed_different_data(tmp_path: Path) -> None:
 
 
 def test_images_of_one_person_resemble_each_other_more_than_others(small: tuple[Path, SynthManifest]) -> None:
-    """Identity is rendered consistently: mean colour of the central body region is closer within an id."""
+    """Identity is rendered consistently: mean colour of the central body region is closer within an id
+    than between ids of the same domain (every labelled person of every domain: ~200 ids)."""
     root, manifest = small
-    ds = load_market1501(root / manifest.domains[0].name)
-    feats, pids = [], []
-    for s in ds.train:
-        img = np.asarray(Image.open(s.path), dtype=np.float32)
-        h, w, _ = img.shape
-        body = img[h // 4: 3 * h // 4, w // 3: 2 * w // 3]
-        feats.append(np.concatenate([body[: h // 4].mean((0, 1)), body[h // 4:].mean((0, 1))]))
-        pids.append(s.pid)
-    f, p = np.array(feats), np.array(pids)
-    d = np.linalg.norm(f[:, None] - f[None], axis=-1)
-    same = (p[:, None] == p[None]) & ~np.eye(len(p), dtype=bool)
-    assert d[same].mean() < 0.7 * d[p[:, None] != p[None]].mean()
+    within, between = [], []
+    for domain in manifest.domains:
+        ds = load_market1501(root / domain.name)
+        feats, pids = [], []
+        for s in (s for s in ds.train + ds.query + ds.gallery if s.pid > 0):
+            img = np.asarray(Image.open(s.path), dtype=np.float32)
+            h, w, _ = img.shape
+            body = img[h // 4: 3 * h // 4, w // 3: 2 * w // 3]
+            feats.append(np.concatenate([body[: h // 4].mean((0, 1)), body[h // 4:].mean((0, 1))]))
+            pids.append(s.pid)
+        f, p = np.array(feats), np.array(pids)
+        d = np.linalg.norm(f[:, None] - f[None], axis=-1)
+        same = (p[:, None] == p[None]) & ~np.eye(len(p), dtype=bool)
+        within.append(d[same])
+        between.append(d[p[:, None] != p[None]])
+    assert np.concatenate(within).mean() < 0.7 * np.concatenate(between).mean()
 
 
 # --- output handling ---------------------------------------------------------------------------------
@@ -342,8 +373,15 @@ def test_interrupted_generation_leaves_nothing(tmp_path: Path) -> None:
         (dict(scale=0.0), "scale"),
         (dict(scale=float("nan")), "scale"),
         (dict(scale=1000.0), "scale"),  # more ids than four-digit names hold
+        (dict(scale=SCALE_RANGE[1] * 1.01), "scale"),
+        (dict(scale=0.01), "scale"),
         (dict(height=16), "height"),
         (dict(width=8), "width"),
+        (dict(unseen=-1), "unseen"),
+        (dict(domains=4, unseen=6), "unseen"),  # 10 presets asked for, 9 exist
+        (dict(public=-1), "public"),
+        (dict(public=PUBLIC_RANGE[1] + 1), "public"),
+        (dict(public=True), "public"),
     ],
 )
 def test_bad_options_name_the_option(tmp_path: Path, options: dict, option: str) -> None:
@@ -353,15 +391,88 @@ def test_bad_options_name_the_option(tmp_path: Path, options: dict, option: str)
     assert not (tmp_path / "out").exists()
 
 
-def test_cache_generates_once(tmp_path: Path) -> None:
-    path, manifest = cached(tmp_path, domains=1, seed=4, scale=0.05, height=32, width=16)
+def test_cache_generates_once_and_keys_on_every_option(tmp_path: Path) -> None:
+    options = dict(domains=1, seed=4, scale=0.05, height=32, width=16, unseen=0, public=0)
+    path, manifest = cached(tmp_path, **options)
     assert path.parent == tmp_path and f"v{GENERATOR_VERSION}" in path.name and "seed4" in path.name
     stamp = (path / "manifest.json").stat().st_mtime_ns
-    again, manifest2 = cached(tmp_path, domains=1, seed=4, scale=0.05, height=32, width=16)
+    again, manifest2 = cached(tmp_path, **options)
     assert (again, manifest2) == (path, manifest)
     assert (path / "manifest.json").stat().st_mtime_ns == stamp
-    other, _ = cached(tmp_path, domains=1, seed=5, scale=0.05, height=32, width=16)
-    assert other != path
+    changed = dict(domains=2, seed=5, scale=0.06, height=48, width=24, unseen=1, public=8)
+    names = {path.name} | {cached(tmp_path, **{**options, key: value})[0].name for key, value in changed.items()}
+    assert len(names) == 1 + len(changed)
+    unseen_path, unseen_manifest = cached(tmp_path, **{**options, "unseen": 1})
+    assert [d.name for d in unseen_manifest.unseen] == [PRESETS[1].name]
+
+
+def test_ranges_hold_every_combination_within_them() -> None:
+    """The ranges `secfed data synth` and `secfed train` share: their extremes are valid together."""
+    lo, hi = SYNTH_DOMAINS_RANGE
+    assert (lo, hi) == (1, len(PRESETS)) and UNSEEN_RANGE == (0, len(PRESETS) - 1)
+    for domains, unseen in ((lo, UNSEEN_RANGE[1]), (hi, 0)):
+        for scale in SCALE_RANGE:
+            check_options(domains=domains, seed=0, scale=scale, height=32, width=16, unseen=unseen,
+                          public=PUBLIC_RANGE[1])
+    # At the largest scale, every preset's ids and the largest public set still fit four-digit names.
+    largest = sum(sum(p.ids(SCALE_RANGE[1])) for p in PRESETS) + math.ceil(PUBLIC_RANGE[1] / 4)
+    assert largest <= MAX_PID
+
+
+# --- unseen domains and the public set ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def extended(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SynthManifest]:
+    out = tmp_path_factory.mktemp("synth") / "extended"
+    return out, generate(out, domains=1, unseen=1, public=30, seed=5, scale=0.12, height=64, width=32)
+
+
+def test_unseen_domains_are_recorded_apart_and_are_the_next_presets(tmp_path: Path, extended) -> None:
+    root, manifest = extended
+    assert [d.name for d in manifest.domains] == [PRESETS[0].name]
+    assert [d.name for d in manifest.unseen] == [PRESETS[1].name]
+    assert SynthManifest.load(root) == manifest
+    unseen = load_dataset(root / PRESETS[1].name, "market1501")
+    assert len(unseen.query) == manifest.unseen[0].query_images
+    # The unseen domain is byte for byte the domain that one more client domain would train on.
+    generate(tmp_path / "two", domains=2, seed=5, scale=0.12, height=64, width=32)
+    name = PRESETS[1].name
+    assert _files(root / name) == _files(tmp_path / "two" / name)
+
+
+def test_public_set_is_new_people_under_mixed_cameras_and_reads_without_labels(extended) -> None:
+    root, manifest = extended
+    public = manifest.public
+    assert public is not None and public.images == 30 and public.format == "unlabeled"
+    ds = load_dataset(root / public.folder, public.format)
+    assert len(ds.train) == 30 and ds.query == [] and ds.gallery == []
+    assert {s.pid for s in ds.train} == {-1}  # labels unused
+    named = [_parse_public(s.path.name) for s in ds.train]
+    pids = {pid for pid, _ in named}
+    assert len(pids) == public.ids == 8 and (min(pids), max(pids)) == public.pids  # 4 images a person
+    domain_pids = set()
+    for d in (*manifest.domains, *manifest.unseen):
+        domain_pids |= set(range(d.pids[0], d.pids[1] + 1))
+    assert not pids & domain_pids and min(pids) > max(domain_pids)
+    cameras_of = defaultdict(set)
+    for pid, cam in named:
+        cameras_of[pid].add(cam)
+    assert all(len(c) == 2 for c in cameras_of.values())  # each person seen by a pair of cameras
+    assert len(public.cameras) == 10
+    assert len({c.scene for c in public.cameras}) == 10
+    with Image.open(ds.train[0].path) as im:
+        assert im.size == (32, 64)
+
+
+def test_public_set_does_not_depend_on_the_domains(tmp_path: Path, extended) -> None:
+    root, _ = extended
+    generate(tmp_path / "other", domains=3, public=30, seed=5, scale=0.12, height=64, width=32)
+    assert _files(root / "public") == _files(tmp_path / "other" / "public")
+
+
+def _parse_public(name: str) -> tuple[int, int]:
+    m = re.match(r"^(\d{4})_c(\d+)s\d_\d{6}_\d{2}\.jpg$", name)
+    assert m is not None, name
+    return int(m[1]), int(m[2])
 
 
 # --- CLI ----------------------------------------------------------------------------------------------
@@ -390,6 +501,10 @@ def test_cli_writes_and_summarises(tmp_path: Path) -> None:
         (["--scale", "500"], "--scale"),
         (["--height", "8"], "--height"),
         (["--width", "abc"], "--width"),
+        (["--unseen", "-1"], "--unseen"),
+        (["--domains", "5", "--unseen", "5"], "--unseen"),
+        (["--public", "-2"], "--public"),
+        (["--public", "4001"], "--public"),
     ],
 )
 def test_cli_bad_flags_name_the_flag(tmp_path: Path, args: list[str], flag: str) -> None:

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from secfed.data.errors import DataError
-from secfed.data.listing import find_base, list_images, require_dir
+from secfed.data.listing import find_base, list_images, require_dir, require_some
 from secfed.data.types import ReidDataset, Sample
 
 PAIRS = ("P1", "P2", "P3", "P4", "P5")
@@ -31,7 +31,8 @@ def load_cuhk02(root: Path) -> ReidDataset:
     found: list[tuple[int, int, int, Path]] = []  # (pair, id within pair, camera, path)
     for pair_index, pair in enumerate(PAIRS):
         for cam_index, cam in enumerate(("cam1", "cam2")):
-            for path in list_images(require_dir(base / pair / cam, LAYOUT), skipped):
+            folder = require_dir(base / pair / cam, LAYOUT)
+            for path in require_some(list_images(folder, skipped), folder):
                 match = _NAME.match(path.name)
                 if match is None:
                     raise DataError(path, "file name does not start with the person id (e.g. 001_1.png)")

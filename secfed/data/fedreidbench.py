@@ -19,8 +19,9 @@ from collections import Counter
 from pathlib import Path
 
 from secfed.data.errors import DataError
-from secfed.data.listing import find_base, list_images, list_subdirs
+from secfed.data.listing import find_base, list_images, list_subdirs, require_some
 from secfed.data.types import ReidDataset, Sample
+from secfed.data.usable import unusable_reason
 
 LAYOUT = "ROOT/pytorch/{train_all,query,gallery}/<PID>/<image> (FedReIDBench data_preprocess output)"
 
@@ -50,7 +51,7 @@ def _read_id_folders(folder: Path, skipped: Counter[str]) -> list[Sample]:
         if pid < 0:
             raise DataError(person, "negative person id (only -1, junk, is allowed)")
         samples.extend(Sample(path, pid, _camera(path)) for path in images)
-    return samples
+    return require_some(samples, folder, "images in its person folders (junk, -1, aside)")
 
 
 def load_fedreidbench(root: Path) -> ReidDataset:
@@ -63,4 +64,6 @@ def load_fedreidbench(root: Path) -> ReidDataset:
     train = _read_id_folders(train_dir, skipped)
     query = _read_id_folders(base / "query", skipped)
     gallery = _read_id_folders(base / "gallery", skipped)
+    if reason := unusable_reason(train, query, gallery):
+        raise DataError(base / "query", reason)
     return ReidDataset("fedreidbench", train, query, gallery, dict(skipped))

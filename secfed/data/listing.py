@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
+from typing import TypeVar
 
 from secfed.data.errors import DataError
+
+T = TypeVar("T")
 
 # What the standard ReID sets ship. Anything else in an image folder (Thumbs.db, .DS_Store, readme
 # files, sub-folders) is counted as skipped["not_image"], never silently dropped.
@@ -74,3 +77,11 @@ def list_subdirs(folder: Path, skipped: Counter[str]) -> list[Path]:
                 skipped["not_image"] += 1
     dirs.sort(key=lambda p: p.name)
     return dirs
+
+
+def require_some(items: list[T], where: Path, what: str = "images in this folder") -> list[T]:
+    """``items`` if there are any, else a DataError naming ``where``: an empty folder (or list) is a
+    broken copy, never a subset, a camera or a domain to leave out without a word."""
+    if not items:
+        raise DataError(where, f"no {what}")
+    return items

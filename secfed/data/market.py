@@ -8,7 +8,9 @@ Layout (torchreid / fast-reid conventions)::
 
 A file name starts with ``PID_cCAM``: the person id (``-1`` = junk, ``0000`` = distractor) and the
 1-based camera. Junk images are left out and counted in ``skipped["junk"]`` (torchreid drops them
-too); distractors are kept, in the gallery only. A pid-0 image anywhere else is an error.
+too); distractors are kept, in the gallery only. A pid-0 image anywhere else is an error. A subset
+folder without usable images, or a query that no gallery image matches from another camera, is an
+error too (:mod:`secfed.data.usable`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from secfed.data.errors import DataError
 from secfed.data.listing import find_base, list_images
 from secfed.data.types import ReidDataset, Sample
+from secfed.data.usable import unusable_reason
 
 SUBSETS = {"train": "bounding_box_train", "query": "query", "gallery": "bounding_box_test"}
 LAYOUT = "ROOT/{bounding_box_train,query,bounding_box_test}/PID_cCAM*.jpg (e.g. 0002_c1s1_000451_03.jpg)"
@@ -34,9 +37,13 @@ DISTRACTOR_PID = 0
 
 
 def read_market_folder(folder: Path, subset: str, skipped: Counter[str], max_camera: int | None) -> list[Sample]:
-    """Samples of one Market-style folder; ``subset`` decides whether distractors are allowed."""
+    """Samples of one Market-style folder; ``subset`` decides whether distractors are allowed.
+
+    A folder with no usable image (empty, or junk only) is a DataError naming it.
+    """
     samples = []
-    for path in list_images(folder, skipped):
+    images = list_images(folder, skipped)
+    for path in images:
         match = _NAME.match(path.name)
         if match is None:
             raise DataError(path, "file name does not start with PID_cCAM (e.g. 0002_c1s1_000451_03.jpg)")
@@ -50,6 +57,10 @@ def read_market_folder(folder: Path, subset: str, skipped: Counter[str], max_cam
             limit = f"c1..c{max_camera}" if max_camera is not None else "c1 or above"
             raise DataError(path, f"camera c{cam} out of range ({limit})")
         samples.append(Sample(path, pid, cam - 1))
+    if not samples:
+        left_out = len(images)
+        raise DataError(folder, "no images in this folder" if not left_out else
+                        f"no usable images in this folder ({left_out} junk, pid -1)")
     return samples
 
 
@@ -61,6 +72,8 @@ def load_market_layout(
     skipped: Counter[str] = Counter()
     parts = {subset: read_market_folder(base / folder, subset, skipped, max_camera)
              for subset, folder in SUBSETS.items()}
+    if reason := unusable_reason(parts["train"], parts["query"], parts["gallery"]):
+        raise DataError(base / SUBSETS["query"], f"{reason} (gallery: {SUBSETS['gallery']}/)")
     return ReidDataset(name, parts["train"], parts["query"], parts["gallery"], dict(skipped))
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from secfed.data.errors import DataError
-from secfed.data.listing import require_dir
+from secfed.data.listing import require_dir, require_some
 from secfed.data.types import ReidDataset, Sample
+from secfed.data.usable import unusable_reason
 
 NUM_CAMERAS = 15
 _WRAPPERS = ("MSMT17_V1", "MSMT17_V2")
@@ -72,6 +73,10 @@ def load_msmt17(root: Path) -> ReidDataset:
     base = _find_base(root)
     train_dir, test_dir = _image_dir(base, "train"), _image_dir(base, "test")
     train = read_list(base / "list_train.txt", train_dir) + read_list(base / "list_val.txt", train_dir)
-    query = read_list(base / "list_query.txt", test_dir)
-    gallery = read_list(base / "list_gallery.txt", test_dir)
+    listed = "images listed in this file"
+    require_some(train, base / "list_train.txt", f"{listed} (nor in list_val.txt)")
+    query = require_some(read_list(base / "list_query.txt", test_dir), base / "list_query.txt", listed)
+    gallery = require_some(read_list(base / "list_gallery.txt", test_dir), base / "list_gallery.txt", listed)
+    if reason := unusable_reason(train, query, gallery):
+        raise DataError(base / "list_query.txt", reason)
     return ReidDataset("msmt17", train, query, gallery, {})

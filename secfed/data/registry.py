@@ -13,23 +13,25 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from secfed.data import cuhk02, fedreidbench, market, msmt17, small_sets
+from secfed.data import cuhk02, fedreidbench, market, msmt17, small_sets, unlabeled
 from secfed.data.types import ReidDataset
 
 
 @dataclass(frozen=True)
 class Loader:
-    """How to read one layout. ``seeded``: the split is drawn per seed and kept in ``splits.json``."""
+    """How to read one layout. ``seeded``: the set ships no split; one is drawn per seed."""
 
     name: str
     summary: str
     read: Callable[..., ReidDataset]
     seeded: bool = False
 
-    def __call__(self, root: Path, *, seed: int = 0, split_path: Path | None = None) -> ReidDataset:
+    def __call__(self, root: Path, *, seed: int = 0, split_path: Path | None = None,
+                 name: str | None = None) -> ReidDataset:
         if self.seeded:
-            return self.read(Path(root), seed=seed, split_path=split_path)
-        return self.read(Path(root))
+            return self.read(Path(root), seed=seed, split_path=split_path, name=name or self.name)
+        dataset = self.read(Path(root))
+        return dataset if name is None else dataclasses.replace(dataset, name=name)
 
 
 FORMATS: dict[str, Loader] = {
@@ -53,6 +55,8 @@ FORMATS: dict[str, Loader] = {
         Loader("cuhk02", "CUHK02 P1..P5, unlabeled public set (train only)", cuhk02.load_cuhk02),
         Loader("fedreidbench", "any set as FedReIDBench's data_preprocess wrote it (pytorch/<subset>/<pid>/)",
                fedreidbench.load_fedreidbench),
+        Loader("unlabeled", "a folder of person images used without labels, e.g. `secfed data synth --public` "
+               "(train only)", unlabeled.load_unlabeled),
     )
 }
 
@@ -72,14 +76,15 @@ def load_dataset(
 
     ``name`` labels the result (default: the format name; give the folder name when several
     folders share a format, e.g. synthetic domains). ``seed`` and ``split_path`` matter only for
-    the seeded formats, whose split lives in ``split_path`` (default ``root/splits.json``).
-    Raises :class:`~secfed.data.errors.DataError` naming the offending path.
+    the seeded formats (``FORMATS[fmt].seeded``): their split is drawn from ``seed``; with
+    ``split_path`` it is kept in that JSON file (read back if already there, else written, under
+    ``name``), without one it is drawn in memory and nothing is written. The dataset folder itself
+    is never written to. Raises :class:`~secfed.data.errors.DataError` naming the offending path.
     """
     loader = FORMATS.get(fmt)
     if loader is None:
         raise UnknownFormatError(fmt)
-    dataset = loader(Path(root), seed=seed, split_path=split_path)
-    return dataset if name is None else dataclasses.replace(dataset, name=name)
+    return loader(Path(root), seed=seed, split_path=split_path, name=name)
 
 
 # Checked in order on the folder name, lower-cased with everything but letters and digits removed.
@@ -97,6 +102,7 @@ _GUESSES: tuple[tuple[str, str], ...] = (
     (r"ilidsvid", "ilidsvid"),
     (r"(qmul)?ilids(pedestrian)?", "ilids"),
     (r"fedreidbench|pytorch", "fedreidbench"),
+    (r"unlabeled|unlabelled", "unlabeled"),
 )
 
 

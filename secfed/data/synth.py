@@ -5,6 +5,13 @@
                                           out/<domain>/query/...
                                           out/<domain>/bounding_box_test/...   (with 0000_ distractors
                                                                                and -1_ junk, as Market)
+    generate(..., unseen=2)           ─►  two more domains, the presets after the trained ones, in
+                                          the same format; the manifest lists them as `unseen`
+                                          (evaluate on them, never train on them)
+    generate(..., public=400)         ─►  out/public/0731_c4s2_001234_01.jpg ... 400 images of people
+                                          no domain has, under ten cameras in every domain's style:
+                                          an unlabelled set for knowledge distillation (format
+                                          "unlabeled"), like CUHK02 in FedReIDBench
 
 People are drawn from one appearance distribution shared by every domain (so what one domain teaches
 transfers to the others) but are disjoint across domains (globally unique person ids); cameras are
@@ -12,15 +19,17 @@ drawn per domain and differ in scene, light, colour, blur, resolution, viewpoint
 Domain sizes are unbalanced like FedReIDBench's nine datasets (:mod:`secfed.data.synth_domains`).
 
 Every random choice derives from (seed, purpose, domain, person, camera, image) through
-:func:`secfed.seeding.derive_seed`, so the same seed writes byte-identical files and domain 3 does
-not depend on domain 2. Output is written into ``OUT.tmp-XXXX`` and renamed into place at the end,
+:func:`secfed.seeding.derive_seed`, so the same seed writes byte-identical files, domain 3 does
+not depend on domain 2, an unseen domain is the very domain that ``domains`` one larger would
+train on, and the public set is the same whatever the domains. Person ids are unique across all
+of them: a domain's ids follow from the preset order, the public set's come after all nine
+presets'. Output is written into ``OUT.tmp-XXXX`` and renamed into place at the end,
 so an interrupted run leaves no half-written dataset behind.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import secrets
 import shutil
@@ -32,13 +41,39 @@ from PIL import Image
 
 from secfed.data.errors import DataError
 from secfed.data.synth_camera import Camera, Scene, sample_camera
-from secfed.data.synth_domains import MAX_PID, PRESETS, DomainPlan, pid_offsets, plan_domain
+from secfed.data.synth_domains import (
+    PRESETS,
+    PUBLIC_CAMERAS,
+    DomainPlan,
+    Shot,
+    pid_offsets,
+    plan_domain,
+    plan_public,
+)
 from secfed.data.synth_shot import CameraRig, ShotRenderer
 from secfed.seeding import numpy_rng
 
-GENERATOR_VERSION = 2  # bump whenever the same seed would write different pixels (cache keys use it)
+GENERATOR_VERSION = 3  # bump whenever the same seed would write different pixels (cache keys use it)
 JPEG_QUALITY = 92
 SPLIT_DIRS = {"train": "bounding_box_train", "query": "query", "gallery": "bounding_box_test"}
+PUBLIC_DIR = "public"
+PUBLIC_FORMAT = "unlabeled"  # the registry format that reads OUT/public
+PUBLIC_DOMAIN_INDEX = 99  # the public set's index in every seed purpose (domains are 0..8)
+
+# The valid options, inclusive, for every entry point (`secfed data synth`, `secfed train`, the API):
+# any combination in range is valid, except that domains + unseen may not exceed the nine presets.
+SYNTH_DOMAINS_RANGE = (1, len(PRESETS))
+UNSEEN_RANGE = (0, len(PRESETS) - 1)
+SCALE_RANGE = (0.05, 4.0)  # at 4, all nine presets and the largest public set fit four-digit person ids
+PUBLIC_RANGE = (0, 2000)
+HEIGHT_RANGE = (32, 1024)
+WIDTH_RANGE = (16, 512)
+SEED_RANGE = (0, 2**63 - 1)
+# Public images for distillation when a method needs them (MM'20 Alg. 2): about the train size of
+# the largest default domain (~450), so one distillation step (every client's forward pass on it,
+# then the server's fine-tuning) costs no more than one local epoch of the largest client on a CPU;
+# CUHK02, the paper's public set, holds 4 images per person as this one does.
+DEFAULT_PUBLIC_IMAGES = 400
 
 Progress = Callable[[str, int, int], None]  # (domain name, images written, images in the domain)
 
@@ -63,14 +98,30 @@ class SynthDomain:
     train_images: int
     test_ids: int
     query_images: int
-    gallery_images: int  # including distractors and junk
+    gallery_images: int  # files in bounding_box_test: including distractors and junk
     distractors: int
     junk: int
 
 
 @dataclass(frozen=True)
+class SynthPublic:
+    """The unlabelled public set as the manifest records it: ``load_dataset(OUT / folder, format)``."""
+
+    folder: str  # its folder under OUT
+    format: str  # the registry format that reads it
+    cameras: tuple[Camera, ...]
+    pids: tuple[int, int]  # first and last person id (kept in the file names, unused by distillation)
+    ids: int
+    images: int
+
+
+@dataclass(frozen=True)
 class SynthManifest:
-    """What ``OUT/manifest.json`` holds: enough to regenerate the data and to check a cache."""
+    """What ``OUT/manifest.json`` holds: enough to regenerate the data and to check a cache.
+
+    ``domains`` are the clients' domains (train on them, evaluate on them); ``unseen`` are
+    for evaluation only; ``public`` is the unlabelled distillation set, or None.
+    """
 
     version: int
     seed: int
@@ -78,6 +129,8 @@ class SynthManifest:
     height: int
     width: int
     domains: tuple[SynthDomain, ...]
+    unseen: tuple[SynthDomain, ...] = ()
+    public: SynthPublic | None = None
 
     @property
     def train_images(self) -> int:
@@ -91,11 +144,17 @@ class SynthManifest:
         raw = json.loads(text)
         if raw.pop("generator", None) != "secfed.data.synth":
             raise ValueError("not a secfed synthetic-data manifest")
-        domains = tuple(
-            SynthDomain(**{**d, "cameras": tuple(_camera(c) for c in d["cameras"]), "pids": tuple(d["pids"])})
-            for d in raw.pop("domains")
-        )
-        return cls(**raw, domains=domains)
+
+        def domain(d: dict) -> SynthDomain:
+            return SynthDomain(**{**d, "cameras": tuple(_camera(c) for c in d["cameras"]), "pids": tuple(d["pids"])})
+
+        domains = tuple(domain(d) for d in raw.pop("domains"))
+        unseen = tuple(domain(d) for d in raw.pop("unseen", ()))
+        public = raw.pop("public", None)
+        if public is not None:
+            public = SynthPublic(**{**public, "cameras": tuple(_camera(c) for c in public["cameras"]),
+                                    "pids": tuple(public["pids"])})
+        return cls(**raw, domains=domains, unseen=unseen, public=public)
 
     @classmethod
     def load(cls, root: Path) -> SynthManifest:
@@ -123,21 +182,27 @@ def _camera(raw: dict) -> Camera:
     })
 
 
-def check_options(domains: int, seed: int, scale: float, height: int, width: int) -> None:
-    """Raise :class:`SynthOptionError` naming the first bad option."""
-    if isinstance(domains, bool) or not isinstance(domains, int) or not 1 <= domains <= len(PRESETS):
-        raise SynthOptionError("domains", f"must be an integer from 1 to {len(PRESETS)}, got {domains!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise SynthOptionError("seed", f"must be an integer from 0 to 2**63-1, got {seed!r}")
-    if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise SynthOptionError("scale", f"must be a positive number, got {scale!r}")
-    total = sum(sum(p.ids(scale)) for p in PRESETS[:domains])
-    if total > MAX_PID:
-        raise SynthOptionError("scale", f"{scale:g} gives {total} person ids; Market-1501 names hold at most {MAX_PID}")
-    if isinstance(height, bool) or not isinstance(height, int) or not 32 <= height <= 1024:
-        raise SynthOptionError("height", f"must be an integer from 32 to 1024 pixels, got {height!r}")
-    if isinstance(width, bool) or not isinstance(width, int) or not 16 <= width <= 512:
-        raise SynthOptionError("width", f"must be an integer from 16 to 512 pixels, got {width!r}")
+def _check_int(option: str, value: object, bounds: tuple[int, int], unit: str = "") -> None:
+    lo, hi = bounds
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise SynthOptionError(option, f"must be an integer from {lo} to {hi:,}{unit}, got {value!r}")
+
+
+def check_options(*, domains: int, seed: int, scale: float, height: int, width: int, unseen: int = 0,
+                  public: int = 0) -> None:
+    """Raise :class:`SynthOptionError` naming the first bad option (ranges: ``*_RANGE`` above)."""
+    _check_int("domains", domains, SYNTH_DOMAINS_RANGE)
+    _check_int("unseen", unseen, UNSEEN_RANGE)
+    if domains + unseen > len(PRESETS):
+        raise SynthOptionError("unseen", f"{domains} domains + {unseen} unseen is more than the "
+                                         f"{len(PRESETS)} presets ({', '.join(p.name for p in PRESETS)})")
+    _check_int("seed", seed, SEED_RANGE)
+    lo, hi = SCALE_RANGE
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not lo <= scale <= hi:
+        raise SynthOptionError("scale", f"must be a number from {lo:g} to {hi:g}, got {scale!r}")
+    _check_int("public", public, PUBLIC_RANGE, " images")
+    _check_int("height", height, HEIGHT_RANGE, " pixels")
+    _check_int("width", width, WIDTH_RANGE, " pixels")
 
 
 def _prepare_out(out: Path) -> Path:
@@ -155,47 +220,73 @@ def _prepare_out(out: Path) -> Path:
             continue
 
 
-def _write_domain(root: Path, plan: DomainPlan, renderer: ShotRenderer, progress: Progress | None) -> None:
-    for folder in SPLIT_DIRS.values():
-        (root / folder).mkdir(parents=True)
-    total = len(plan.shots)
-    for done, shot in enumerate(plan.shots, 1):
-        path = root / SPLIT_DIRS[shot.split] / shot.filename
+def _write_shots(root: Path, name: str, shots: tuple[Shot, ...], folders: dict[str, str],
+                 renderer: ShotRenderer, progress: Progress | None) -> None:
+    for folder in set(folders.values()):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    for done, shot in enumerate(shots, 1):
+        path = root / folders[shot.split] / shot.filename
         Image.fromarray(renderer.render(shot)).save(path, "JPEG", quality=JPEG_QUALITY)
         if progress is not None:
-            progress(plan.preset.name, done, total)
+            progress(name, done, len(shots))
+
+
+def _write_domain(tmp: Path, seed: int, index: int, scale: float, first_pid: int, size: tuple[int, int],
+                  progress: Progress | None) -> SynthDomain:
+    preset = PRESETS[index]
+    cameras = tuple(sample_camera(numpy_rng(seed, "synth/camera", index, c), preset.style, c)
+                    for c in range(preset.cameras))
+    rigs = [CameraRig.build(cam, size, seed, index, c) for c, cam in enumerate(cameras)]
+    plan: DomainPlan = plan_domain(seed, index, preset, scale, first_pid)
+    _write_shots(tmp / preset.name, preset.name, plan.shots, SPLIT_DIRS, ShotRenderer(seed, index, rigs, size),
+                 progress)
+    return SynthDomain(
+        name=preset.name, like=preset.like, cameras=cameras,
+        pids=(first_pid + 1, first_pid + len(plan.train_pids) + len(plan.test_pids)),
+        train_ids=len(plan.train_pids), train_images=plan.count("train"),
+        test_ids=len(plan.test_pids), query_images=plan.count("query"),
+        gallery_images=plan.count("gallery"), distractors=plan.count("gallery", "distractor"),
+        junk=plan.count("gallery", "junk"),
+    )
+
+
+def _write_public(tmp: Path, seed: int, images: int, first_pid: int, size: tuple[int, int],
+                  progress: Progress | None) -> SynthPublic:
+    """The public set's cameras take the styles of all nine presets in turn: a mix of domains."""
+    cameras = tuple(sample_camera(numpy_rng(seed, "synth/camera", PUBLIC_DOMAIN_INDEX, c),
+                                  PRESETS[c % len(PRESETS)].style, c) for c in range(PUBLIC_CAMERAS))
+    rigs = [CameraRig.build(cam, size, seed, PUBLIC_DOMAIN_INDEX, c) for c, cam in enumerate(cameras)]
+    shots = plan_public(seed, images, first_pid)
+    _write_shots(tmp / PUBLIC_DIR, PUBLIC_DIR, shots, {"train": "."},
+                 ShotRenderer(seed, PUBLIC_DOMAIN_INDEX, rigs, size), progress)
+    pids = sorted({s.pid for s in shots})
+    return SynthPublic(PUBLIC_DIR, PUBLIC_FORMAT, cameras, (pids[0], pids[-1]), len(pids), len(shots))
 
 
 def generate(out: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, height: int = 128,
-             width: int = 64, progress: Progress | None = None) -> SynthManifest:
+             width: int = 64, unseen: int = 0, public: int = 0, progress: Progress | None = None) -> SynthManifest:
     """Write ``domains`` synthetic Market-1501-format datasets and a manifest under ``out``.
 
     ``out`` must not exist or be an empty directory. ``scale`` multiplies the number of ids of every
-    domain; ``height`` × ``width`` is the size of the written images. ``progress`` is called after
-    each image with (domain name, images written, images in that domain).
+    domain; ``height`` × ``width`` is the size of the written images. ``unseen`` more domains (the
+    presets after the trained ones) are written for evaluation only; ``public`` > 0 also writes
+    that many unlabelled images of new people to ``out/public``. ``progress`` is called after each
+    image with (domain name, images written, images in that domain).
     """
-    check_options(domains, seed, scale, height, width)
+    check_options(domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
+                  public=public)
     out = Path(out)
     tmp = _prepare_out(out)
     try:
-        presets = PRESETS[:domains]
-        offsets = pid_offsets(presets, scale)
-        written = []
-        for index, (preset, first_pid) in enumerate(zip(presets, offsets)):
-            cameras = tuple(sample_camera(numpy_rng(seed, "synth/camera", index, c), preset.style, c)
-                            for c in range(preset.cameras))
-            rigs = [CameraRig.build(cam, (height, width), seed, index, c) for c, cam in enumerate(cameras)]
-            plan = plan_domain(seed, index, preset, scale, first_pid)
-            _write_domain(tmp / preset.name, plan, ShotRenderer(seed, index, rigs, (height, width)), progress)
-            written.append(SynthDomain(
-                name=preset.name, like=preset.like, cameras=cameras,
-                pids=(first_pid + 1, first_pid + len(plan.train_pids) + len(plan.test_pids)),
-                train_ids=len(plan.train_pids), train_images=plan.count("train"),
-                test_ids=len(plan.test_pids), query_images=plan.count("query"),
-                gallery_images=plan.count("gallery"), distractors=plan.count("gallery", "distractor"),
-                junk=plan.count("gallery", "junk"),
-            ))
-        manifest = SynthManifest(GENERATOR_VERSION, seed, float(scale), height, width, tuple(written))
+        offsets = pid_offsets(PRESETS, scale)
+        written = [_write_domain(tmp, seed, index, scale, offsets[index], (height, width), progress)
+                   for index in range(domains + unseen)]
+        public_set = None
+        if public:
+            after_all_presets = sum(sum(p.ids(scale)) for p in PRESETS)
+            public_set = _write_public(tmp, seed, public, after_all_presets, (height, width), progress)
+        manifest = SynthManifest(GENERATOR_VERSION, seed, float(scale), height, width, tuple(written[:domains]),
+                                 tuple(written[domains:]), public_set)
         (tmp / "manifest.json").write_text(manifest.to_json())
         if out.is_dir():
             out.rmdir()  # it was checked empty; fails loudly if someone wrote into it meanwhile
@@ -207,18 +298,22 @@ def generate(out: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, 
 
 
 def cached(root: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, height: int = 128,
-           width: int = 64, progress: Progress | None = None) -> tuple[Path, SynthManifest]:
+           width: int = 64, unseen: int = 0, public: int = 0,
+           progress: Progress | None = None) -> tuple[Path, SynthManifest]:
     """The synthetic dataset for these options under ``root``, generated on first use.
 
     The folder name encodes the generator version and every option, so a cache never serves data
     made by other settings or an older generator. Safe against concurrent callers: the loser of a
     race reads the winner's data.
     """
-    check_options(domains, seed, scale, height, width)
-    path = Path(root) / f"synth-v{GENERATOR_VERSION}-d{domains}-seed{seed}-x{scale:g}-{height}x{width}"
+    check_options(domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
+                  public=public)
+    name = f"synth-v{GENERATOR_VERSION}-d{domains}-u{unseen}-p{public}-seed{seed}-x{scale:g}-{height}x{width}"
+    path = Path(root) / name
     if not (path / "manifest.json").is_file():
         try:
-            generate(path, domains=domains, seed=seed, scale=scale, height=height, width=width, progress=progress)
+            generate(path, domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
+                     public=public, progress=progress)
         except OSError:  # another process got there first (or OUT is unusable: then re-raise)
             if not (path / "manifest.json").is_file():
                 raise

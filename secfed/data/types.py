@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 
+UNLABELED = -1  # pid and camid of an image used without labels (a public set for distillation)
+
+
 class Sample(NamedTuple):
     """One image: where it is, whose it is (dataset-level person id), and which camera saw it (0-based)."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -72,18 +73,23 @@ class Layouts:
         return root
 
     @staticmethod
-    def prid2011(root: Path, *, shared: int = 6, a_only: int = 2, b_only: int = 3, frames: int = 12) -> Path:
-        """PRID2011: ids 1..shared in both cameras, then cam-a-only, then cam-b-only ids; multi-shot
-        sequences of ``frames`` frames for every cam-a id and the shared ids in cam b."""
+    def prid2011(root: Path, *, a_only: int = 4, b_only: int = 6, frames: int = 3) -> Path:
+        """PRID2011 with the real numbering: person_0001..0200 in both cameras, then persons 201..
+        in cam_a only and persons 201.. in cam_b only, who are different people sharing numbers
+        (the real set: 185 and 549 of them); a multi-shot sequence of ``frames`` frames for every
+        person and camera. Images are copies of one tiny PNG (1,000s of files in milliseconds)."""
+        png = io.BytesIO()
+        Image.new("RGB", (4, 8), (180, 40, 20)).save(png, "PNG")
         base = root / "prid_2011"
-        a_ids = list(range(1, shared + a_only + 1))
-        b_ids = list(range(1, shared + 1)) + list(range(shared + a_only + 1, shared + a_only + b_only + 1))
-        for cam, ids in (("cam_a", a_ids), ("cam_b", b_ids)):
-            for pid in ids:
-                write_image(base / "single_shot" / cam / f"person_{pid:04d}.png")
-                if cam == "cam_a" or pid <= shared:
+        for cam, last in (("cam_a", 200 + a_only), ("cam_b", 200 + b_only)):
+            (base / "single_shot" / cam).mkdir(parents=True)
+            for pid in range(1, last + 1):
+                (base / "single_shot" / cam / f"person_{pid:04d}.png").write_bytes(png.getvalue())
+                if frames:
+                    sequence = base / "multi_shot" / cam / f"person_{pid:04d}"
+                    sequence.mkdir(parents=True)
                     for frame in range(1, frames + 1):
-                        write_image(base / "multi_shot" / cam / f"person_{pid:04d}" / f"{frame:04d}.png")
+                        (sequence / f"{frame:04d}.png").write_bytes(png.getvalue())
         return root
 
     @staticmethod

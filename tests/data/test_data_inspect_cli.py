@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 
+import pytest
 from click.testing import CliRunner
 
 from secfed.cli.data_inspect import inspect_command
+from secfed.cli.data_synth import synth_command
+from secfed.data.registry import load_dataset
+from secfed.data.synth import SynthManifest
 
 
 def _run(*args):
@@ -26,14 +31,14 @@ def test_json_counts(tmp_path, layouts):
     assert "split" not in summary
 
 
-def test_table_output(tmp_path, layouts):
+def test_table_output_draws_the_split_in_memory(tmp_path, layouts):
     root = layouts.viper(tmp_path / "data", ids=6)
     result = _run(root, "--format", "viper", "--seed", "4")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert any(line.split()[:3] == ["│", "train", "│"] and "6" in line for line in lines)
-    assert "split: seed 4" in result.stdout and "splits.json" in result.stdout
-    assert json.loads((root / "splits.json").read_text())["splits"]["4"]["seed"] == 4
+    assert "split: seed 4, drawn in memory" in result.stdout
+    assert sorted(p.name for p in tmp_path.rglob("*.json")) == []  # nothing written, in ROOT or beside it
 
 
 def test_seeded_json_records_split_file(tmp_path, layouts):
@@ -41,7 +46,12 @@ def test_seeded_json_records_split_file(tmp_path, layouts):
     split_file = tmp_path / "elsewhere.json"
     summary = json.loads(_run(root, "--json", "--split-file", split_file).stdout)
     assert summary["split"] == {"seed": 0, "file": str(split_file)}
-    assert summary["train"]["images"] == 12 and split_file.is_file()
+    assert summary["train"]["images"] == 12
+    assert json.loads(split_file.read_text())["datasets"]["cuhk01"]["splits"]["0"]["seed"] == 0
+    assert not (root / "splits.json").exists()
+    again = json.loads(_run(root, "--json", "--split-file", split_file).stdout)  # read back
+    assert again["train"] == summary["train"]
+    assert json.loads(_run(root, "--json").stdout)["split"] == {"seed": 0, "file": None}
 
 
 def test_bad_data_is_a_click_error_naming_the_file(tmp_path, layouts):
@@ -79,3 +89,66 @@ def test_verify_decodes_every_image_and_names_the_bad_ones(tmp_path, layouts):
     result = _run(root, "--verify")
     assert result.exit_code == 1
     assert "1 of 12 images cannot be decoded" in result.output and str(bad) in result.output
+
+
+# --- a root written by `secfed data synth` ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synth_out(tmp_path_factory):
+    """What `secfed data synth OUT --json` wrote and printed: two client domains, one unseen, a public set."""
+    out = tmp_path_factory.mktemp("synth") / "out"
+    result = CliRunner().invoke(synth_command, [str(out), "--domains", "2", "--unseen", "1", "--public", "12",
+                                                "--scale", "0.1", "--height", "32", "--width", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    return out, json.loads(result.stdout)
+
+
+def test_inspect_reads_a_synthetic_root_without_format_and_agrees_with_synth(synth_out):
+    out, printed = synth_out
+    result = _run(out, "--json")
+    assert result.exit_code == 0, result.output
+    inspected = json.loads(result.stdout)
+    assert inspected["format"] == "synthetic" and inspected["root"] == str(out)
+    assert inspected["domains"] == printed["domains"]  # same names, roles and counts as synth printed
+    manifest = SynthManifest.load(out)
+    rows = {row["name"]: row for row in inspected["domains"]}
+    assert [(row["name"], row["role"]) for row in inspected["domains"]] == [
+        ("campus", "client"), ("plaza", "client"), ("corridor", "unseen"), ("public", "public")]
+    for domain in (*manifest.domains, *manifest.unseen):  # and as the manifest recorded them
+        row = rows[domain.name]
+        assert row["cameras"] == len(domain.cameras)
+        for key in ("train_ids", "train_images", "test_ids", "query_images", "gallery_images", "distractors", "junk"):
+            assert row[key] == getattr(domain, key), (domain.name, key)
+    assert rows["public"]["train_images"] == manifest.public.images == 12
+    # Counted from the files, by the loaders training uses.
+    campus = load_dataset(out / "campus", "market1501")
+    assert rows["campus"]["train_images"] == len(campus.train) and rows["campus"]["query_images"] == len(campus.query)
+
+
+def test_inspect_table_of_a_synthetic_root_lists_every_folder(synth_out):
+    out, _ = synth_out
+    result = CliRunner().invoke(inspect_command, [str(out)], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    for name, role in (("campus", "client"), ("plaza", "client"), ("corridor", "unseen"), ("public", "public")):
+        assert any(line.split()[:2] == [name, role] for line in result.stdout.splitlines()), name
+    assert "…" not in result.stdout  # nothing cut at 80 columns
+
+
+def test_inspect_finds_a_domain_folder_format_from_the_manifest(synth_out):
+    out, printed = synth_out
+    campus = json.loads(_run(out / "campus", "--json").stdout)
+    assert campus["format"] == "market1501" and campus["train"]["images"] == printed["domains"][0]["train_images"]
+    public = json.loads(_run(out / "public", "--json").stdout)
+    assert public["format"] == "unlabeled" and public["train"]["images"] == 12
+
+
+def test_inspect_refuses_a_synthetic_root_changed_since_synth(tmp_path, synth_out):
+    out, _ = synth_out
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    next((copy / "plaza" / "bounding_box_train").iterdir()).unlink()
+    result = _run(copy, "--json")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert str(copy / "plaza") in result.output and "train_images" in result.output
+    assert _run(copy, "--seed", "2").exit_code == 2  # no drawn split in a synthetic root
