@@ -10,7 +10,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import click
+import rich_click as click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table

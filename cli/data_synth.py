@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import click
+import rich_click as click
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn

@@ -34,6 +34,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
+# The synthetic generator's ranges, so that `secfed data synth` and `secfed train` accept the same.
+from secfed.data.synth import SCALE_RANGE, SYNTH_DOMAINS_RANGE, UNSEEN_RANGE
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -43,9 +46,6 @@ CONFIG_VERSION = 2
 BACKBONES = ("resnet18", "resnet34", "resnet50")
 ALGORITHMS = ("fedpav", "fedavg", "fedreid", "dfh")
 SCENARIOS = ("by-dataset", "by-camera", "by-identity")
-# The synthetic generator's ranges (``secfed data synth`` accepts the same).
-SYNTH_DOMAINS = (2, 9)
-SYNTH_SCALE = (0.05, 50.0)
 
 
 # ---- problems ------------------------------------------------------------------------------------
@@ -119,11 +119,11 @@ class DataConfig(Section):
     split_file: str | None = setting(None, "--split-file", "Where drawn splits of the small sets are kept "
                                      "(default: in the run directory; never in the dataset folder).")
     synth_domains: int = setting(4, "--synth-domains", "Synthetic default: number of training domains.",
-                                 ge=SYNTH_DOMAINS[0], le=SYNTH_DOMAINS[1])
+                                 ge=SYNTH_DOMAINS_RANGE[0], le=SYNTH_DOMAINS_RANGE[1])
     synth_scale: float = setting(1.0, "--synth-scale", "Synthetic default: size multiplier of every domain.",
-                                 ge=SYNTH_SCALE[0], le=SYNTH_SCALE[1])
+                                 ge=SCALE_RANGE[0], le=SCALE_RANGE[1])
     synth_unseen: int = setting(0, "--synth-unseen", "Synthetic default: extra domains never trained on, "
-                                "evaluated as unseen targets.", ge=0, le=5)
+                                "evaluated as unseen targets.", ge=UNSEEN_RANGE[0], le=UNSEEN_RANGE[1])
     test_datasets: list[str] = setting([], "--test-datasets", "NAME[:FORMAT] folders under --data-root evaluated "
                                        "as unseen domains (never trained on).")
     leave_out: list[str] = setting([], "--leave-out", "Domains held out of training and evaluated as unseen "
@@ -519,6 +519,9 @@ def _cross_field_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
         key = "data.synth_unseen" if d.synth_unseen else ("data.synth_domains" if d.synth_domains !=
                                                            SYNTH_DEFAULT_DOMAINS else "data.synth_scale")
         yield ConfigIssue(key, "applies to the synthetic default; `data.root` reads datasets from disk")
+    if d.synth_domains + d.synth_unseen > SYNTH_DOMAINS_RANGE[1]:
+        yield ConfigIssue("data.synth_unseen", f"the generator has {SYNTH_DOMAINS_RANGE[1]} domains: "
+                          f"`data.synth_domains` + `data.synth_unseen` must be ≤ {SYNTH_DOMAINS_RANGE[1]}")
     if meth.kd_public is not None and not meth.kd:
         yield ConfigIssue("method.kd_public", "has no effect without `method.kd`")
     if meth.algorithm != "dfh":

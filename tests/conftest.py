@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from secfed.config import RunConfig, RunSection
 from secfed.data.synth import generate
 
 torch.set_num_threads(2)
+# rich draws CLI errors in a box as wide as the terminal: a wide one keeps each message on one line
+os.environ.setdefault("COLUMNS", "250")
 
 
 @pytest.fixture(scope="session")

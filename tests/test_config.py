@@ -37,7 +37,7 @@ def test_the_readme_documents_every_setting_in_one_table() -> None:
     ({"privacy": {"dp_beta": -0.1}}, "privacy.dp_beta: must be ≥ 0"),
     ({"privacy": {"clip": 0.0}}, "privacy.clip: must be > 0"),
     ({"privacy": {"dp_sgd_clip": -1.0}}, "privacy.dp_sgd_clip: must be > 0"),
-    ({"data": {"synth_scale": 100.0}}, "data.synth_scale: must be ≤ 50"),
+    ({"data": {"synth_scale": 100.0}}, "data.synth_scale: must be ≤ 4"),
     ({"schedule": {"roundz": 3}}, "schedule.roundz: unknown key; known: rounds"),
     ({"train": {"rounds": 3}}, "train: unknown table"),
     ({"run": {"local_baseline": 1}}, "run.local_baseline: must be true or false"),

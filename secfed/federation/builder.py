@@ -23,7 +23,7 @@ from secfed.config import ConfigError, RunConfig, check
 from secfed.data.images import load_images
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
-from secfed.data.synth import SynthManifest, cached
+from secfed.data.synth import DEFAULT_PUBLIC_IMAGES, SynthManifest, cached
 from secfed.data.types import ReidDataset, Sample
 from secfed.federation.channel import Channel, PlainChannel
 from secfed.federation.client import ClientSide
@@ -126,7 +126,7 @@ def resolve_data(cfg: RunConfig, *, split_path: Path | None = None, root: Path |
 
 def _synthetic(cfg: RunConfig, progress: Callable[[str, int, int], None] | None) -> RunData:
     data = cfg.data
-    public_images = 0 if not cfg.method.kd or cfg.method.kd_public else None  # None: the generator's default
+    public_images = DEFAULT_PUBLIC_IMAGES if cfg.method.kd and not cfg.method.kd_public else 0
     root, manifest = cached(
         cache_dir(), domains=data.synth_domains, seed=data.seed, scale=data.synth_scale,
         height=SYNTH_IMAGE_SIZE[0], width=SYNTH_IMAGE_SIZE[1], unseen=data.synth_unseen,
