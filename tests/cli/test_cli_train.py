@@ -236,3 +236,12 @@ def test_divergence_stops_with_the_round_and_client_and_keeps_the_checkpoint(syn
     # a lower learning rate may accompany --resume
     result = invoke(["train", "--resume", str(tmp_path / "boom"), "--lr", "0.01", "--threads", "2"])
     assert result.exit_code == 0, result.output
+
+
+def test_the_privacy_statement_is_printed_once(synth_root: Path, tmp_path: Path) -> None:
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--rounds", "1", "--no-local-baseline",
+                     "--clip", "1", "--noise-multiplier", "1", "--aggregation", "unweighted", "--bn-stats", "local",
+                     "--out", str(tmp_path), "--name", "dp"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("Client-level DP (DP-FedAvg") == 1
+    assert result.output.count("fresh OS entropy") == 1
