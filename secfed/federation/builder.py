@@ -238,10 +238,13 @@ def make_shards(cfg: RunConfig, datasets: list[ReidDataset]) -> tuple[list[Clien
         raise ConfigError("data.datasets", f"{scenario} splits ONE dataset into clients; {len(datasets)} were "
                           f"given ({', '.join(d.name for d in datasets)}): name one")
     dataset = datasets[0]
-    if scenario == "by-camera":
-        shards = by_camera(dataset)
-    else:
-        shards = by_identity(dataset, cfg.data.num_clients, derive_seed(cfg.seed, "split"))
+    try:
+        if scenario == "by-camera":
+            shards = by_camera(dataset)
+        else:
+            shards = by_identity(dataset, cfg.data.num_clients, derive_seed(cfg.seed, "split"))
+    except ValueError as exc:  # more clients than identities, a dataset with no training images
+        raise ConfigError("data.num_clients" if scenario == "by-identity" else "data.scenario", str(exc)) from None
     if len(shards) < 2:
         raise ConfigError("data.scenario", f"{scenario} of {dataset.name} yields {len(shards)} client(s); need 2 or more")
     return shards, [(dataset, tuple(range(len(shards))))]

@@ -211,8 +211,8 @@ def run(
             record["eval"] = evaluate_global(fed)
             if fed.baselines:
                 record["eval_local"] = {k: v for k, v in evaluate_local_training(fed).items() if v is not None}
-        if round_number == cfg.schedule.rounds:
-            record["final"] = evaluate_final(fed, aggregate.contributors)
+        if round_number == cfg.schedule.rounds:  # the last round is always evaluated: reuse its scores
+            record["final"] = evaluate_final(fed, aggregate.contributors, record["eval"], record.get("eval_local", {}))
         t_end = time.perf_counter()
         wall += t_end - t0
         record["seconds"] = {"train": t_train - t0, "aggregate": t_agg - t_train, "eval": t_end - t_agg,
