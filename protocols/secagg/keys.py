@@ -7,20 +7,26 @@ session (id, round, config digest) and to the parties' ids, makes that hard to g
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from ..crypto import MAC_BYTES, SEAL_OVERHEAD, agree, commit, hkdf, x25519_from_seed
+from ..crypto import MAC_BYTES, SEAL_OVERHEAD, agree, commit, encode_ints, hkdf, x25519_from_seed
+from ..errors import InconsistentShares
 from ..prg import MASK_KEY_BYTES
-from .messages import SealedShare, ShareKind
+from ..shamir import SHARE_BYTES
+from .messages import GRAPH_NONCE_BYTES, SealedShare, ShareKind
 from .session import SessionConfig
 
 SHARE_CHANNEL_KEY_BYTES = 32
-SHARE_PLAINTEXT = struct.Struct("<III16s")  # inside a sealed share: owner, holder, share index, share value
+# inside a sealed share: owner, holder, share index, share value
+SHARE_PLAINTEXT = struct.Struct(f"<III{SHARE_BYTES}s")
 SEALED_SHARE_BYTES = SHARE_PLAINTEXT.size + SEAL_OVERHEAD
+# transcript() encoding of an (int, 16-byte nonce) pair of parts, for bulk hashing
+_ID_AND_NONCE = struct.Struct(f"<cQcI{GRAPH_NONCE_BYTES}s")
 
 
 def self_mask_key(config: SessionConfig, client: int, seed: bytes) -> bytes:
@@ -58,9 +64,67 @@ def graph_commitment(config: SessionConfig, client: int, nonce: bytes) -> bytes:
     return commit(config.binding("graph-nonce", client, nonce))
 
 
+def graph_commitments(config: SessionConfig, nonces: Sequence[tuple[int, bytes]]) -> list[bytes]:
+    """:func:`graph_commitment` of every (client, nonce), the shared hash prefix absorbed once."""
+    prefix = hashlib.sha256(config.binding("graph-nonce"))
+    out = []
+    for pair in nonces:
+        h = prefix.copy()
+        h.update(_id_and_nonce(*pair))
+        out.append(h.digest())
+    return out
+
+
 def graph_seed(config: SessionConfig, nonces: Sequence[tuple[int, bytes]]) -> bytes:
     """The round's graph seed: a hash of every (client, nonce) revealed, in client order."""
-    return hashlib.sha256(config.binding("graph-seed", *(part for pair in nonces for part in pair))).digest()
+    h = hashlib.sha256(config.binding("graph-seed"))
+    h.update(b"".join(itertools.starmap(_id_and_nonce, nonces)))
+    return h.digest()
+
+
+def _id_and_nonce(client: int, nonce: bytes) -> bytes:
+    """transcript()'s bytes for the parts (client, nonce)."""
+    if len(nonce) != GRAPH_NONCE_BYTES:
+        raise ValueError(f"graph nonce must be {GRAPH_NONCE_BYTES} bytes, got {len(nonce)}")
+    return _ID_AND_NONCE.pack(b"i", client, b"b", GRAPH_NONCE_BYTES, nonce)
+
+
+class ListedCommitments:
+    """The graph-nonce commitments one client was shown, kept until the nonces are revealed.
+
+    With a sparse graph every listed client must reveal, so the listed ids and one SHA-256 of the
+    whole list are enough: the revealed nonces must hash to exactly that list (4 bytes per client
+    kept instead of 36 — a client of a 10,000-cohort keeps 40 kB). The complete graph lets a client
+    that vanished stay unrevealed, so there every commitment is kept and the revealed ones are
+    checked one by one.
+    """
+
+    def __init__(self, config: SessionConfig, listed: Sequence[tuple[int, bytes]]) -> None:
+        self.ids = np.array([v for v, _ in listed], dtype=np.int64)
+        self._digest = _list_digest(listed)
+        self._each = dict(listed) if config.params.complete else None
+
+    def __contains__(self, client: int) -> bool:
+        i = int(np.searchsorted(self.ids, client))
+        return i < self.ids.size and int(self.ids[i]) == client
+
+    def check(self, config: SessionConfig, nonces: Sequence[tuple[int, bytes]]) -> None:
+        """Raise InconsistentShares unless every revealed nonce opens its listed commitment
+        (and, with the sparse graph, the nonces cover the list exactly: check the ids first)."""
+        computed = graph_commitments(config, nonces)
+        if self._each is not None:
+            for (v, _), commitment in zip(nonces, computed):
+                if commitment != self._each[v]:
+                    raise InconsistentShares(f"client {v}'s graph nonce does not match its commitment")
+        elif _list_digest(list(zip((v for v, _ in nonces), computed))) != self._digest:
+            raise InconsistentShares(
+                "the revealed graph nonces do not match the commitments listed before the reveal "
+                "(some client's graph nonce was altered)"
+            )
+
+
+def _list_digest(listed: Sequence[tuple[int, bytes]]) -> bytes:
+    return hashlib.sha256(b"".join(itertools.starmap(struct.Struct("<I32s").pack, listed))).digest()
 
 
 # ---- sealed shares ------------------------------------------------------------------------------
@@ -90,21 +154,21 @@ def advertise_payload(
     return config.binding("advertise", client, enc_public, mask_public, commitment, graph_commitment, model_hash)
 
 
-def consistency_payload(config: SessionConfig, seed: bytes, survivors: tuple[int, ...]) -> bytes:
+def consistency_payload(config: SessionConfig, seed: bytes, survivors: Sequence[int]) -> bytes:
     """What a client signs in the consistency check: the graph it used and the survivor set it was shown."""
-    return config.binding("consistency", seed, *survivors)
+    return config.binding("consistency", seed) + encode_ints(survivors)
 
 
 def masked_input_payload(
-    config: SessionConfig, client: int, seed: bytes, vector: np.ndarray, shares: Iterable[SealedShare]
+    config: SessionConfig, client: int, seed: bytes, vector_digest: bytes, shares: Iterable[SealedShare]
 ) -> bytes:
-    """What binds a masked input to its sender: session, round, config, graph, SHA-256 of the vector
-    and of the sealed self-mask shares that travel with it."""
-    vector_hash = hashlib.sha256(memoryview(np.ascontiguousarray(vector, dtype="<u4")).cast("B")).digest()
+    """What binds a masked input to its sender: session, round, config, graph, the vector's digest
+    (:func:`~..crypto.vector_digest`, computed while masking and while summing on arrival) and a
+    SHA-256 of the sealed self-mask shares that travel with it."""
     shares_hash = hashlib.sha256(b"".join(
         s.peer.to_bytes(4, "little") + len(s.ciphertext).to_bytes(2, "little") + s.ciphertext for s in shares
     )).digest()
-    return config.binding("masked-input", client, seed, vector_hash, shares_hash)
+    return config.binding("masked-input", client, seed, vector_digest, shares_hash)
 
 
 def input_tag_key(config: SessionConfig, client: int, self_mask_seed: bytes) -> bytes:

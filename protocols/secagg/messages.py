@@ -14,14 +14,23 @@ message built by hand, so the state machines — which call it on everything the
 what the decoder refuses even when an embedding skips the wire. Whether a well-formed message is
 *acceptable* (right session, round, phase, sender) is the state machines' job.
 
-Version 2 (this one) added the graph-nonce commitment and reveal messages, the self-mask shares
-and the sender binding (tag, signature) of a masked input, and the self-mask shares forwarded in
-an unmask request; version 1 messages are refused.
+Version 2 added the graph-nonce commitment and reveal messages, the self-mask shares and the
+sender binding (tag, signature) of a masked input, and the self-mask shares forwarded in an
+unmask request. Version 3 (this one) carries Shamir shares over GF(2^31 − 1): a revealed share
+value is 20 bytes (five field elements), not 16 (one GF(2^128) element), and sealed shares grow
+by the same 4 bytes; the vector digest in the input binding and the ring order of the graph are
+computed differently too. Messages of versions 1 and 2 are refused.
+
+Lists that grow with the cohort (graph commitments and nonces, survivor lists, the quorum's
+signatures) are encoded, decoded and checked with C-level passes (``struct.iter_unpack``,
+``map``), not a Python loop per entry: a client of a 10,000-cohort receives several such lists.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
+import operator
 import struct
 from dataclasses import dataclass
 
@@ -29,10 +38,10 @@ import numpy as np
 
 from ..crypto import DIGEST_BYTES, MAC_BYTES, PUBLIC_KEY_BYTES, SIGNATURE_BYTES
 from ..errors import MalformedMessage, UnsupportedVersion
-from ..shamir import SECRET_BYTES
+from ..shamir import SECRET_BYTES, SHARE_BYTES
 
 MAGIC = b"SAGG"
-VERSION = 2
+VERSION = 3
 SERVER = 0xFFFFFFFF
 _HEADER = struct.Struct("<4sBBH16sQIIQ")
 HEADER_BYTES = _HEADER.size  # 48
@@ -240,13 +249,26 @@ class _Check:
         return value
 
     def ids(self, value: object, field: str) -> None:
-        for v in self.items(value, int, field):
-            self.uint(v, 32, field)
-        _strictly_increasing(value, field, self.what)
+        if type(value) is not tuple:
+            self.fail(f"{field} must be a tuple of int")
+        if value and not (set(map(type, value)) == {int} and value[0] >= 0 and value[-1] < 1 << 32
+                          and _increasing(value)):
+            for v in self.items(value, int, field):  # slow path: say what is wrong
+                self.uint(v, 32, field)
+            _strictly_increasing(value, field, self.what)
 
     def pairs(self, value: object, size: int, field: str) -> None:
         """(id, fixed-size bytes) pairs, ids strictly increasing."""
-        for pair in self.items(value, tuple, field):
+        if type(value) is not tuple:
+            self.fail(f"{field} must be a tuple of tuple")
+        if not value:
+            return
+        if set(map(type, value)) == {tuple} and set(map(len, value)) == {2}:
+            ids, blobs = zip(*value)
+            if (set(map(type, ids)) == {int} and ids[0] >= 0 and ids[-1] < 1 << 32 and _increasing(ids)
+                    and set(map(type, blobs)) == {bytes} and set(map(len, blobs)) == {size}):
+                return
+        for pair in self.items(value, tuple, field):  # slow path: say what is wrong
             if len(pair) != 2:
                 self.fail(f"each entry of {field} must be an (id, bytes) pair")
             self.uint(pair[0], 32, f"{field} id")
@@ -300,7 +322,7 @@ def _response_valid(m: UnmaskResponse, c: _Check) -> None:
         c.uint(s.owner, 32, "share owner")
         if not isinstance(s.kind, ShareKind):
             c.fail(f"share kind must be a ShareKind, got {s.kind!r}")
-        c.raw(s.value, (SECRET_BYTES,), "share value")
+        c.raw(s.value, (SHARE_BYTES,), "share value")
     _strictly_increasing([s.owner for s in m.shares], "share owners", c.what)
 
 
@@ -331,10 +353,14 @@ def _ids(ids: tuple[int, ...]) -> bytes:
 
 
 def _pairs(pairs: tuple[tuple[int, bytes], ...]) -> list[bytes]:
-    parts = [_u32(len(pairs))]
-    for client, value in pairs:
-        parts += [_u32(client), value]
-    return parts
+    if not pairs:
+        return [_u32(0)]
+    entry = _pair_struct(len(pairs[0][1]))  # validate() has checked every value has this size
+    return [_u32(len(pairs)), b"".join(itertools.starmap(entry.pack, pairs))]
+
+
+def _pair_struct(size: int) -> struct.Struct:
+    return struct.Struct(f"<I{size}s")
 
 
 def _signature(sig: bytes) -> bytes:
@@ -449,13 +475,16 @@ class _Reader:
     def ids(self, field: str) -> tuple[int, ...]:
         n = self.count(field, 4)
         ids = struct.unpack(f"<{n}I", self.take(4 * n, field))
-        _strictly_increasing(ids, field, self.what)
+        if not _increasing(ids):
+            _strictly_increasing(ids, field, self.what)
         return ids
 
     def pairs(self, field: str, size: int) -> tuple[tuple[int, bytes], ...]:
         n = self.count(f"{field} count", 4 + size)
-        pairs = tuple((self.u32(f"{field} id"), self.fixed(size, field)) for _ in range(n))
-        _strictly_increasing([p[0] for p in pairs], f"{field} ids", self.what)
+        pairs = tuple(_pair_struct(size).iter_unpack(self.take(n * (4 + size), field)))
+        ids = [p[0] for p in pairs]
+        if not _increasing(ids):
+            _strictly_increasing(ids, f"{field} ids", self.what)
         return pairs
 
     def signature(self, field: str) -> bytes:
@@ -478,6 +507,11 @@ class _Reader:
     def end(self) -> None:
         if self.pos != len(self.data):
             raise MalformedMessage(f"{self.what}: {len(self.data) - self.pos} trailing bytes after the body")
+
+
+def _increasing(ids: tuple[int, ...] | list[int]) -> bool:
+    """Whether ``ids`` is strictly increasing (a C-level pass; the caller reports what is wrong)."""
+    return all(map(operator.lt, ids, itertools.islice(ids, 1, None)))
 
 
 def _strictly_increasing(ids: tuple[int, ...] | list[int], field: str, what: str) -> None:
@@ -562,13 +596,13 @@ def _decode_response(r: _Reader, env: dict, _: bool) -> UnmaskResponse:
     if seed_len != SECRET_BYTES:
         raise MalformedMessage(f"{r.what}: self-mask seed has {seed_len} bytes; must be {SECRET_BYTES}")
     seed = r.fixed(seed_len, "self-mask seed")
-    n = r.count("share count", 5 + SECRET_BYTES)
+    n = r.count("share count", 5 + SHARE_BYTES)
     shares = []
     for _ in range(n):
         owner, kind = r.u32("share owner"), r.u8("share kind")
         if kind not in (ShareKind.SELF_MASK, ShareKind.MASK_KEY):
             raise MalformedMessage(f"{r.what}: unknown share kind {kind}")
-        shares.append(RevealedShare(owner, ShareKind(kind), r.fixed(SECRET_BYTES, "share value")))
+        shares.append(RevealedShare(owner, ShareKind(kind), r.fixed(SHARE_BYTES, "share value")))
     _strictly_increasing([s.owner for s in shares], "share owners", r.what)
     return UnmaskResponse(**env, self_mask_seed=seed, shares=tuple(shares))
 

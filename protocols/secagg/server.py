@@ -14,9 +14,11 @@ when a masked input's tag does not verify under its sender's self-mask seed — 
 released.
 
 What the server holds at any time: public keys, graph commitments and nonces, sealed shares it
-cannot open, the running sum of masked vectors (each is added on arrival) with a 32-byte hash and
-tag per input, and at the end the seeds it needs — self-mask seeds of survivors, key seeds of
-clients that dropped after sharing keys.
+cannot open, the running sum of masked vectors (each is added on arrival, hashed in the same
+pass: memory is O(d) for the vectors, whatever the cohort) with its binding and tag per input, and
+at the end the seeds it needs — self-mask seeds of survivors, key seeds of clients that dropped
+after sharing keys. Unmasking regenerates the masks as a stream (:func:`~..prg.apply_masks`:
+groups of keys, chunks of the vector, every core), never a mask vector per client.
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ from ..errors import (
     ProtocolError,
     ReplayedMessage,
     SeedWithheld,
+    SignatureInvalid,
     UnknownClient,
     WrongPhase,
     WrongRound,
     WrongSender,
 )
-from ..prg import MaskStream, apply_masks
+from ..prg import MaskStream, accumulate, apply_masks
 from .graph import NeighbourGraph
 from .keys import (
     SEALED_SHARE_BYTES,
@@ -224,12 +227,18 @@ class SecAggServer:
         # Its self-mask seed must reach exactly the neighbours it masks with: those that shared keys.
         expected = [v for v in self._graph.of(m.sender) if v in self._u2]
         self._check_sealed(m.sender, m.self_mask_shares, expected, "self-mask shares", "neighbours that shared keys")
-        payload = masked_input_payload(c, m.sender, self._seed, m.vector, m.self_mask_shares)
-        if c.authenticated:
-            verify(c.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s masked input")
-        elif m.signature:
+        if not c.authenticated and m.signature:
             raise MalformedMessage(f"client {m.sender}'s masked input carries a signature in unauthenticated mode")
-        np.add(self._acc, m.vector, out=self._acc)  # wraps mod 2^32; reduced mod 2^b at the end
+        # Summed on arrival, hashed in the same pass (the accumulator wraps mod 2^32; reduced mod 2^b
+        # at the end): the server keeps O(d) memory whatever the cohort.
+        digest = accumulate(self._acc, m.vector)
+        payload = masked_input_payload(c, m.sender, self._seed, digest, m.self_mask_shares)
+        if c.authenticated:
+            try:
+                verify(c.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s masked input")
+            except SignatureInvalid:
+                np.subtract(self._acc, m.vector, out=self._acc)  # refused: the sum is as it was
+                raise
         self._inputs[m.sender] = (payload, m.tag)
         self._self_shares[m.sender] = {s.peer: s.ciphertext for s in m.self_mask_shares}
 
@@ -247,8 +256,8 @@ class SecAggServer:
     def _on_signature(self, m: ConsistencySignature) -> None:
         self._member(m.sender, self._askable, "is not a survivor, so it has no survivor set to sign")
         self._once(m.sender, self._signatures, "consistency signature")
-        payload = consistency_payload(self.config, self._seed, self._u3)
-        verify(self.config.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s consistency check")
+        verify(self.config.identity_keys[m.sender], m.signature, self._consistency_payload,
+               who=f"client {m.sender}'s consistency check")
         self._signatures[m.sender] = m.signature
 
     def _on_response(self, m: UnmaskResponse) -> None:
@@ -393,6 +402,7 @@ class SecAggServer:
         self._askable = u3
         self._sealed = {}
         if self.config.authenticated:
+            self._consistency_payload = consistency_payload(self.config, self._seed, self._u3)
             self._phase = Phase.CONSISTENCY_CHECK
             return {u: SurvivorList(**self._envelope(u), survivors=self._u3) for u in self._u3}
         self._phase = Phase.UNMASK
@@ -409,11 +419,13 @@ class SecAggServer:
         return self._unmask_requests(tuple(sorted(self._signatures.items()))[:quorum])
 
     def _unmask_requests(self, signatures: tuple[tuple[int, bytes], ...]) -> dict[int, Message]:
+        survivors = self._survivor_set
         return {
             u: UnmaskRequest(
                 **self._envelope(u), survivors=self._u3, dropped=self._dropped, signatures=signatures,
-                self_mask_shares=tuple(
-                    SealedShare(v, self._self_shares[v][u]) for v in self._u3 if u in self._self_shares[v]
+                self_mask_shares=tuple(  # shares sealed for u come only from its neighbours
+                    SealedShare(v, self._self_shares[v][u])
+                    for v in self._graph.of(u) if v in survivors and u in self._self_shares[v]
                 ),
             )
             for u in sorted(self._askable)
@@ -427,6 +439,8 @@ class SecAggServer:
             for s in response.shares:
                 share = shamir.Share(graph.share_index(s.owner, holder), s.value)
                 revealed.setdefault((s.owner, s.kind), []).append(share)
+        # Seeds rebuilt and tags checked first; then one streamed pass regenerates every mask
+        # (apply_masks takes the streams a group at a time, on every core).
         streams: list[MaskStream] = []
         for u in self._u3:
             if u in responders:

@@ -70,7 +70,7 @@ def test_transcript_is_injective_on_part_boundaries():
     assert transcript("l", b"ab", b"c") != transcript("l", b"a", b"bc")
     assert transcript("l", 1) != transcript("l", b"\x01" + bytes(7))
     assert transcript("l1", b"") != transcript("l", b"1")
-    assert transcript("label", 5).startswith(b"secfed/secagg/v2/label\x00")
+    assert transcript("label", 5).startswith(b"secfed/secagg/v3/label\x00")
     with pytest.raises(ValueError, match="outside"):
         transcript("l", -1)
 
