@@ -38,7 +38,7 @@ from .errors import (
     WrongRound,
     WrongSender,
 )
-from .quantize import Quantizer, ring_bits
+from .quantize import Quantizer, largest_cohort, ring_bits
 from .secagg.client import ClientState, SecAggClient
 from .secagg.graph import GraphParams, NeighbourGraph, choose_params
 from .secagg.keys import model_digest
@@ -83,6 +83,7 @@ __all__ = [
     "encode",
     "encoded_size",
     "errors",
+    "largest_cohort",
     "model_digest",
     "new_session_id",
     "random_dropouts",

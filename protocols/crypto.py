@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -44,6 +45,8 @@ VECTOR_LEAF_WORDS = 1 << 16  # 256 KiB of little-endian uint32 words per leaf ha
 _VERIFY_BATCH = 64  # signatures per job when verifying many: amortises the thread hand-off
 
 Part = bytes | int
+_INT_PART = struct.Struct("<cQ")
+_BYTES_PART = struct.Struct("<cI")
 
 
 def transcript(label: str, *parts: Part) -> bytes:
@@ -52,14 +55,21 @@ def transcript(label: str, *parts: Part) -> bytes:
     Injectivity is what makes binding work: two different (label, parts) tuples never produce the
     same bytes, so a signature, key or tag made for one context is useless in any other.
     """
-    out = [DOMAIN, label.encode("ascii"), b"\x00"]
+    return DOMAIN + label.encode("ascii") + b"\x00" + encode_parts(parts)
+
+
+def encode_parts(parts: Sequence[Part]) -> bytes:
+    """The bytes :func:`transcript` appends for ``parts`` after its label (so a fixed prefix can be
+    encoded once: ``transcript(label, *a, *b) == transcript(label, *a) + encode_parts(b)``)."""
+    out = []
     for part in parts:
         if isinstance(part, int):
             if not 0 <= part < 1 << 64:
                 raise ValueError(f"transcript integer {part} is outside [0, 2^64)")
-            out.append(b"i" + part.to_bytes(8, "little"))
+            out.append(_INT_PART.pack(b"i", part))
         else:
-            out.append(b"b" + len(part).to_bytes(4, "little") + bytes(part))
+            out.append(_BYTES_PART.pack(b"b", len(part)))
+            out.append(part)
     return b"".join(out)
 
 
@@ -72,7 +82,7 @@ def encode_ints(values: Sequence[int]) -> bytes:
     try:
         out["value"] = np.asarray(values, dtype=np.uint64)
     except OverflowError:
-        raise ValueError("transcript integers must lie in [0, 2^64)") from None
+        raise ValueError("a transcript integer is outside [0, 2^64)") from None
     return out.tobytes()
 
 
@@ -106,11 +116,16 @@ def agree(private: X25519PrivateKey, peer_public: bytes, info: bytes, length: in
     Raises :class:`DecryptionFailed` for a peer key that yields the all-zero shared secret
     (a low-order point): such a key would make the derived key predictable.
     """
+    return agree_many(private, peer_public, [info], length)[0]
+
+
+def agree_many(private: X25519PrivateKey, peer_public: bytes, infos: Sequence[bytes], length: int) -> list[bytes]:
+    """One X25519 exchange, one HKDF-SHA256 key per ``info`` (as :func:`agree` for each)."""
     try:
         shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
     except ValueError as exc:  # cryptography refuses all-zero shared secrets
         raise DecryptionFailed(f"peer public key is degenerate: {exc}") from None
-    return hkdf(shared, info, length)
+    return [hkdf(shared, info, length) for info in infos]
 
 
 def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:

@@ -28,7 +28,6 @@ are then rebuilt) and collect b_u from the others — u's input alone. (Tested i
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import enum
 import os
@@ -38,7 +37,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .. import shamir
-from ..crypto import DIGEST_BYTES, mac, open_sealed, public_bytes, seal, sign, verify, verify_all, x25519_keypair
+from ..crypto import DIGEST_BYTES, SIGNATURE_BYTES, mac, open_sealed, public_bytes, seal, sign, verify, verify_all, x25519_keypair
 from ..errors import (
     Aborted,
     BelowThreshold,
@@ -59,6 +58,7 @@ from ..errors import (
 )
 from ..prg import BoundExceeded, MaskStream, mask_into
 from .graph import NeighbourGraph
+from .idtable import IdTable, as_table
 from .keys import (
     SHARE_PLAINTEXT,
     ListedCommitments,
@@ -74,7 +74,7 @@ from .keys import (
     self_mask_commitment,
     self_mask_key,
     share_aad,
-    share_channel_key,
+    share_channel_keys,
 )
 from .messages import (
     GRAPH_NONCE_BYTES,
@@ -204,12 +204,10 @@ class SecAggClient:
         """
         self._accept(commitments, GraphCommitments, ClientState.AWAIT_COMMITMENTS)
         with self._aborting():
-            listed = commitments.commitments  # ids strictly increasing: validated
-            if listed:
-                self._check_cohort(listed[-1][0], "graph commitments")
-            at = bisect.bisect_left(listed, (self.id, b""))
-            own = graph_commitment(self.config, self.id, self._graph_nonce)
-            if at == len(listed) or listed[at] != (self.id, own):
+            listed = as_table(commitments.commitments, DIGEST_BYTES)  # validated: ids increasing
+            if len(listed):
+                self._check_cohort(int(listed.ids[-1]), "graph commitments")
+            if listed.value_of(self.id) != graph_commitment(self.config, self.id, self._graph_nonce):
                 raise InconsistentView(f"the graph commitments omit or alter client {self.id}'s own")
             self._commitments = ListedCommitments(self.config, listed)
             self._state = ClientState.AWAIT_ROSTER
@@ -223,16 +221,16 @@ class SecAggClient:
         self._accept(roster, KeyRoster, ClientState.AWAIT_ROSTER)
         with self._aborting():
             cfg, t = self.config, self.config.params.threshold
-            self._seed = self._check_nonces(roster.nonces)
+            revealed = as_table(roster.nonces, GRAPH_NONCE_BYTES)  # validated: ids increasing
+            self._seed = self._check_nonces(revealed)
             self._graph = NeighbourGraph(cfg.params, self._seed, focus=self.id)
             self.neighbours = self._graph.of(self.id)
-            revealed = _NonceLookup(roster.nonces)
             seen_keys = {public_bytes(self._enc_private), public_bytes(self._mask_private)}
             for e in roster.entries:
                 self._check_neighbour(e.client, "key roster")
-                if e.client not in revealed:
+                if revealed.position(e.client) is None:
                     raise UnknownClient(f"key roster lists neighbour {e.client}, which revealed no graph nonce")
-                if e.graph_commitment != graph_commitment(cfg, e.client, revealed[e.client]):
+                if e.graph_commitment != graph_commitment(cfg, e.client, revealed.value_of(e.client)):
                     raise InconsistentView(f"neighbour {e.client}'s graph commitment differs from the one listed")
                 if e.config_digest != cfg.digest:
                     raise ConfigMismatch(f"neighbour {e.client} runs this session with different parameters")
@@ -423,12 +421,13 @@ class SecAggClient:
 
     def _channel(self, sender: int, recipient: int) -> bytes:
         """The AES-GCM key of shares from ``sender`` to ``recipient`` (one of them is this client);
-        each direction's key is agreed once per round and reused for both kinds of share."""
+        both directions' keys come from one exchange, once per round, and serve both kinds of share."""
         key = self._channels.get((sender, recipient))
         if key is None:
             peer = recipient if sender == self.id else sender
-            key = share_channel_key(self.config, sender, recipient, self._enc_private, self._roster[peer].enc_public)
-            self._channels[(sender, recipient)] = key
+            out, back = share_channel_keys(self.config, self.id, peer, self._enc_private, self._roster[peer].enc_public)
+            self._channels[(self.id, peer)], self._channels[(peer, self.id)] = out, back
+            key = self._channels[(sender, recipient)]
         return key
 
     # ---- checks --------------------------------------------------------------------------------
@@ -487,7 +486,7 @@ class SecAggClient:
         if not self._graph.are_neighbours(self.id, client):
             raise UnknownClient(f"{where} names client {client}, not a neighbour of client {self.id}")
 
-    def _check_nonces(self, nonces: tuple[tuple[int, bytes], ...]) -> bytes:
+    def _check_nonces(self, nonces: IdTable) -> bytes:
         """The graph seed from the revealed nonces, each checked against the commitment listed earlier.
 
         A sparse graph needs every listed nonce: were some allowed to go missing, whoever
@@ -495,14 +494,12 @@ class SecAggClient:
         the graph among all the subsets. The complete graph does not depend on the seed.
         """
         cfg, listed = self.config, self._commitments
-        revealed = np.array([v for v, _ in nonces], dtype=np.int64)  # strictly increasing: validated
-        unknown = np.setdiff1d(revealed, listed.ids, assume_unique=True)
+        unknown = np.setdiff1d(nonces.ids, listed.ids, assume_unique=True)
         if unknown.size:
             raise UnknownClient(f"key roster reveals a graph nonce of client {unknown[0]}, which committed to none")
-        at = int(np.searchsorted(revealed, self.id))
-        if at == revealed.size or nonces[at] != (self.id, self._graph_nonce):
+        if nonces.value_of(self.id) != self._graph_nonce:
             raise InconsistentView(f"key roster omits or alters client {self.id}'s own graph nonce")
-        missing = np.setdiff1d(listed.ids, revealed, assume_unique=True).tolist()
+        missing = np.setdiff1d(listed.ids, nonces.ids, assume_unique=True).tolist()
         if missing and not cfg.params.complete:
             raise SeedWithheld(
                 f"clients {missing} committed to graph nonces that the key roster does not reveal; "
@@ -533,17 +530,16 @@ class SecAggClient:
         if request.survivors != self._signed_survivors:
             raise InconsistentView("unmask request's survivor set differs from the one this client signed")
         payload = consistency_payload(cfg, self._seed, request.survivors)
-        alive = set(request.survivors)
-        signers = [signer for signer, _ in request.signatures]  # strictly increasing: validated
-        strangers = sorted(set(signers) - alive)
-        if strangers:
+        signatures = as_table(request.signatures, SIGNATURE_BYTES)  # validated: signers increasing
+        strangers = np.setdiff1d(signatures.ids, np.asarray(request.survivors, dtype=np.int64), assume_unique=True)
+        if strangers.size:
             raise UnknownClient(f"consistency signature from {strangers[0]}, which is not a survivor")
         verify_all(
-            [(cfg.identity_keys[signer], signature) for signer, signature in request.signatures], payload,
-            who=lambda i: f"client {signers[i]}'s consistency check",
+            [(cfg.identity_keys[signer], signature) for signer, signature in signatures], payload,
+            who=lambda i: f"client {signatures.ids[i]}'s consistency check",
         )
         quorum = cfg.params.signature_quorum
-        signers = len(signers)
+        signers = len(signatures)
         if signers < quorum:
             raise BelowThreshold(f"{signers} clients signed the survivor set; authenticated mode needs {quorum}")
 
@@ -571,20 +567,3 @@ class SecAggClient:
 def _signed(value: int, bits: int) -> int:
     return value - (1 << bits) if value >= 1 << (bits - 1) else value
 
-
-class _NonceLookup:
-    """client → revealed graph nonce, by binary search over the (sorted) roster list: a dict of a
-    whole cohort's nonces per client would cost more than the lookups it serves (k of them)."""
-
-    def __init__(self, nonces: tuple[tuple[int, bytes], ...]) -> None:
-        self._nonces = nonces
-
-    def __contains__(self, client: int) -> bool:
-        at = bisect.bisect_left(self._nonces, (client, b""))
-        return at < len(self._nonces) and self._nonces[at][0] == client
-
-    def __getitem__(self, client: int) -> bytes:
-        at = bisect.bisect_left(self._nonces, (client, b""))
-        if at == len(self._nonces) or self._nonces[at][0] != client:
-            raise KeyError(client)
-        return self._nonces[at][1]

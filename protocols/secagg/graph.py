@@ -222,22 +222,21 @@ class NeighbourGraph:
     # ---- queries ---------------------------------------------------------------------------------
 
     def of(self, client: int) -> tuple[int, ...]:
-        n = self.params.n_clients
         if self.focus is not None:
             self._require_local(client, client)
             return self._local[0]
-        if self.params.complete:
-            return tuple(range(client)) + tuple(range(client + 1, n))
+        if self._complete:
+            return tuple(range(client)) + tuple(range(client + 1, self.params.n_clients))
         return self._lists[client]
 
     def share_index(self, owner: int, holder: int) -> int:
-        """1-based Shamir index of ``holder``'s share of ``owner``'s seeds (its place in owner's list)."""
+        """1-based Shamir index of ``holder``'s share of ``owner``'s seeds (its place in owner's list).
+        Raises KeyError when they are not neighbours."""
         if not self.are_neighbours(owner, holder):
             raise KeyError(f"client {holder} is not a neighbour of client {owner}")
-        if self.params.complete:
+        if self._complete:
             return holder + 1 if holder < owner else holder
         if self.focus is not None:
-            self._require_local(owner, holder)
             return self._local[1][owner] if holder == self.focus else self._local[0].index(holder) + 1
         return bisect.bisect_left(self._lists[owner], holder) + 1
 
@@ -245,14 +244,23 @@ class NeighbourGraph:
         n = self.params.n_clients
         if not (0 <= a < n and 0 <= b < n) or a == b:
             return False
-        if self.params.complete:
+        if self._complete:
             return True
         if self.focus is not None:
             self._require_local(a, b)
             return (b if a == self.focus else a) in self._local[1]
-        _, position = self._ring
-        gap = abs(int(position[a]) - int(position[b]))
+        position = self._positions
+        gap = abs(position[a] - position[b])  # ring distance: the shorter way round
         return min(gap, n - gap) <= self.params.degree // 2
+
+    @cached_property
+    def _complete(self) -> bool:
+        return self.params.complete
+
+    @cached_property
+    def _positions(self) -> list[int]:
+        """Ring positions as a Python list: scalar lookups in the server's hot loops."""
+        return self._ring[1].tolist()
 
     @cached_property
     def _lists(self) -> _Lists:

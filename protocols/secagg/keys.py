@@ -7,17 +7,17 @@ session (id, round, config digest) and to the parties' ids, makes that hard to g
 from __future__ import annotations
 
 import hashlib
-import itertools
 import struct
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from ..crypto import MAC_BYTES, SEAL_OVERHEAD, agree, commit, encode_ints, hkdf, x25519_from_seed
+from ..crypto import DIGEST_BYTES, MAC_BYTES, SEAL_OVERHEAD, agree, agree_many, commit, encode_ints, hkdf, x25519_from_seed
 from ..errors import InconsistentShares
 from ..prg import MASK_KEY_BYTES
 from ..shamir import SHARE_BYTES
+from .idtable import IdTable
 from .messages import GRAPH_NONCE_BYTES, SealedShare, ShareKind
 from .session import SessionConfig
 
@@ -25,8 +25,8 @@ SHARE_CHANNEL_KEY_BYTES = 32
 # inside a sealed share: owner, holder, share index, share value
 SHARE_PLAINTEXT = struct.Struct(f"<III{SHARE_BYTES}s")
 SEALED_SHARE_BYTES = SHARE_PLAINTEXT.size + SEAL_OVERHEAD
-# transcript() encoding of an (int, 16-byte nonce) pair of parts, for bulk hashing
-_ID_AND_NONCE = struct.Struct(f"<cQcI{GRAPH_NONCE_BYTES}s")
+# transcript() encoding of an (int, 16-byte nonce) pair of parts, one entry of _id_nonce_parts
+_ID_NONCE_PARTS = struct.Struct(f"{1 + 8 + 1 + 4 + GRAPH_NONCE_BYTES}s")
 
 
 def self_mask_key(config: SessionConfig, client: int, seed: bytes) -> bytes:
@@ -64,29 +64,33 @@ def graph_commitment(config: SessionConfig, client: int, nonce: bytes) -> bytes:
     return commit(config.binding("graph-nonce", client, nonce))
 
 
-def graph_commitments(config: SessionConfig, nonces: Sequence[tuple[int, bytes]]) -> list[bytes]:
-    """:func:`graph_commitment` of every (client, nonce), the shared hash prefix absorbed once."""
+def graph_commitments(config: SessionConfig, nonces: IdTable) -> list[bytes]:
+    """:func:`graph_commitment` of every (client, nonce) in ``nonces``: the shared hash prefix is
+    absorbed once, the parts of all entries are laid out by one numpy pass, and the loop runs in C."""
     prefix = hashlib.sha256(config.binding("graph-nonce"))
-    out = []
-    for pair in nonces:
-        h = prefix.copy()
-        h.update(_id_and_nonce(*pair))
-        out.append(h.digest())
-    return out
+
+    def commitment(parts: tuple[bytes], copy=prefix.copy) -> bytes:
+        h = copy()
+        h.update(parts[0])
+        return h.digest()
+
+    return list(map(commitment, _ID_NONCE_PARTS.iter_unpack(_id_nonce_parts(nonces))))
 
 
-def graph_seed(config: SessionConfig, nonces: Sequence[tuple[int, bytes]]) -> bytes:
+def graph_seed(config: SessionConfig, nonces: IdTable) -> bytes:
     """The round's graph seed: a hash of every (client, nonce) revealed, in client order."""
-    h = hashlib.sha256(config.binding("graph-seed"))
-    h.update(b"".join(itertools.starmap(_id_and_nonce, nonces)))
-    return h.digest()
+    return hashlib.sha256(config.binding("graph-seed") + _id_nonce_parts(nonces)).digest()
 
 
-def _id_and_nonce(client: int, nonce: bytes) -> bytes:
-    """transcript()'s bytes for the parts (client, nonce)."""
-    if len(nonce) != GRAPH_NONCE_BYTES:
-        raise ValueError(f"graph nonce must be {GRAPH_NONCE_BYTES} bytes, got {len(nonce)}")
-    return _ID_AND_NONCE.pack(b"i", client, b"b", GRAPH_NONCE_BYTES, nonce)
+def _id_nonce_parts(nonces: IdTable) -> bytes:
+    """transcript()'s bytes for the parts (client, nonce) of every entry, concatenated."""
+    if nonces.width != GRAPH_NONCE_BYTES:
+        raise ValueError(f"graph nonces must be {GRAPH_NONCE_BYTES} bytes, got {nonces.width}")
+    out = np.empty(len(nonces), dtype=[("int", "S1"), ("client", "<u8"), ("bytes", "S1"), ("length", "<u4"),
+                                       ("nonce", f"V{GRAPH_NONCE_BYTES}")])
+    out["int"], out["client"], out["bytes"], out["length"] = b"i", nonces.ids, b"b", GRAPH_NONCE_BYTES
+    out["nonce"] = nonces.values
+    return out.tobytes()
 
 
 class ListedCommitments:
@@ -99,42 +103,43 @@ class ListedCommitments:
     checked one by one.
     """
 
-    def __init__(self, config: SessionConfig, listed: Sequence[tuple[int, bytes]]) -> None:
-        self.ids = np.array([v for v, _ in listed], dtype=np.int64)
-        self._digest = _list_digest(listed)
-        self._each = dict(listed) if config.params.complete else None
+    def __init__(self, config: SessionConfig, listed: IdTable) -> None:
+        self.ids = listed.ids.astype(np.int64)  # a copy: the list's bytes are not kept
+        self._digest = hashlib.sha256(listed.raw).digest()
+        self._each = listed if config.params.complete else None
 
-    def __contains__(self, client: int) -> bool:
-        i = int(np.searchsorted(self.ids, client))
-        return i < self.ids.size and int(self.ids[i]) == client
-
-    def check(self, config: SessionConfig, nonces: Sequence[tuple[int, bytes]]) -> None:
+    def check(self, config: SessionConfig, nonces: IdTable) -> None:
         """Raise InconsistentShares unless every revealed nonce opens its listed commitment
         (and, with the sparse graph, the nonces cover the list exactly: check the ids first)."""
         computed = graph_commitments(config, nonces)
         if self._each is not None:
             for (v, _), commitment in zip(nonces, computed):
-                if commitment != self._each[v]:
+                if commitment != self._each.value_of(v):
                     raise InconsistentShares(f"client {v}'s graph nonce does not match its commitment")
-        elif _list_digest(list(zip((v for v, _ in nonces), computed))) != self._digest:
+            return
+        shown = np.empty(len(nonces), dtype=[("client", "<u4"), ("commitment", f"V{DIGEST_BYTES}")])
+        shown["client"], shown["commitment"] = nonces.ids, np.frombuffer(b"".join(computed), f"V{DIGEST_BYTES}")
+        if hashlib.sha256(shown.tobytes()).digest() != self._digest:  # the list rebuilt from the nonces
             raise InconsistentShares(
                 "the revealed graph nonces do not match the commitments listed before the reveal "
                 "(some client's graph nonce was altered)"
             )
 
 
-def _list_digest(listed: Sequence[tuple[int, bytes]]) -> bytes:
-    return hashlib.sha256(b"".join(itertools.starmap(struct.Struct("<I32s").pack, listed))).digest()
-
-
 # ---- sealed shares ------------------------------------------------------------------------------
 
 
-def share_channel_key(
-    config: SessionConfig, sender: int, recipient: int, private: X25519PrivateKey, peer_public: bytes
-) -> bytes:
-    """AES-256-GCM key for shares sealed by ``sender`` for ``recipient`` (one key per direction)."""
-    return agree(private, peer_public, config.binding("share-channel", sender, recipient), SHARE_CHANNEL_KEY_BYTES)
+def share_channel_keys(
+    config: SessionConfig, me: int, peer: int, private: X25519PrivateKey, peer_public: bytes
+) -> tuple[bytes, bytes]:
+    """AES-256-GCM keys for shares sealed ``me`` → ``peer`` and ``peer`` → ``me`` (one key per
+    direction, both from one X25519 exchange)."""
+    out = agree_many(
+        private, peer_public,
+        [config.binding("share-channel", me, peer), config.binding("share-channel", peer, me)],
+        SHARE_CHANNEL_KEY_BYTES,
+    )
+    return out[0], out[1]
 
 
 def share_aad(config: SessionConfig, seed: bytes, kind: ShareKind, sender: int, recipient: int) -> bytes:

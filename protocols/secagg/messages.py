@@ -21,9 +21,10 @@ value is 20 bytes (five field elements), not 16 (one GF(2^128) element), and sea
 by the same 4 bytes; the vector digest in the input binding and the ring order of the graph are
 computed differently too. Messages of versions 1 and 2 are refused.
 
-Lists that grow with the cohort (graph commitments and nonces, survivor lists, the quorum's
-signatures) are encoded, decoded and checked with C-level passes (``struct.iter_unpack``,
-``map``), not a Python loop per entry: a client of a 10,000-cohort receives several such lists.
+Lists that grow with the cohort are never walked entry by entry in Python: (id, value) lists —
+graph commitments and nonces, the quorum's signatures — decode to an :class:`~.idtable.IdTable`
+(the wire bytes and a numpy view of the ids), and id lists are packed and checked with C-level
+passes. A client of a 10,000-cohort receives several such lists.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy as np
 from ..crypto import DIGEST_BYTES, MAC_BYTES, PUBLIC_KEY_BYTES, SIGNATURE_BYTES
 from ..errors import MalformedMessage, UnsupportedVersion
 from ..shamir import SECRET_BYTES, SHARE_BYTES
+from .idtable import IdTable
 
 MAGIC = b"SAGG"
 VERSION = 3
@@ -47,6 +49,9 @@ _HEADER = struct.Struct("<4sBBH16sQIIQ")
 HEADER_BYTES = _HEADER.size  # 48
 MAX_SEALED_SHARE_BYTES = 1024
 GRAPH_NONCE_BYTES = 16
+_SEALED_HEAD = struct.Struct("<IH")  # peer id, ciphertext length
+_KEYS = struct.Struct(f"<{PUBLIC_KEY_BYTES}s{PUBLIC_KEY_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s")
+_REVEALED = struct.Struct(f"<IB{SHARE_BYTES}s")  # owner, kind, share value
 
 
 class MessageType(enum.IntEnum):
@@ -89,9 +94,12 @@ class AdvertiseKeys(Envelope):
     signature: bytes  # Ed25519 over all of the above (empty when unauthenticated)
 
 
+Pairs = tuple[tuple[int, bytes], ...] | IdTable  # (id, fixed-size bytes), ids strictly increasing
+
+
 @dataclass(frozen=True)
 class GraphCommitments(Envelope):
-    commitments: tuple[tuple[int, bytes], ...]  # (client, graph commitment) of every advertiser, by id
+    commitments: Pairs  # (client, graph commitment) of every advertiser, by id
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,7 @@ class RosterEntry:
 
 @dataclass(frozen=True)
 class KeyRoster(Envelope):
-    nonces: tuple[tuple[int, bytes], ...]  # (client, graph nonce) of every revealer: the graph seed
+    nonces: Pairs  # (client, graph nonce) of every revealer: the graph seed
     entries: tuple[RosterEntry, ...]  # the recipient's neighbours that revealed, by id
 
 
@@ -155,7 +163,7 @@ class ConsistencySignature(Envelope):
 class UnmaskRequest(Envelope):
     survivors: tuple[int, ...]  # clients whose masked input is in the sum
     dropped: tuple[int, ...]  # clients that shared keys but sent no masked input
-    signatures: tuple[tuple[int, bytes], ...]  # (signer, consistency signature), authenticated mode
+    signatures: Pairs  # (signer, consistency signature), authenticated mode
     self_mask_shares: tuple[SealedShare, ...]  # survivors' self-mask shares sealed for the recipient
 
 
@@ -258,7 +266,11 @@ class _Check:
             _strictly_increasing(value, field, self.what)
 
     def pairs(self, value: object, size: int, field: str) -> None:
-        """(id, fixed-size bytes) pairs, ids strictly increasing."""
+        """(id, fixed-size bytes) pairs, ids strictly increasing: an IdTable (checked when built) or a tuple."""
+        if isinstance(value, IdTable):
+            if value.width != size:
+                self.fail(f"{field} hold {value.width}-byte values; must be {size}")
+            return
         if type(value) is not tuple:
             self.fail(f"{field} must be a tuple of tuple")
         if not value:
@@ -276,14 +288,29 @@ class _Check:
         _strictly_increasing([p[0] for p in value], f"{field} ids", self.what)
 
     def sealed(self, shares: object, field: str = "shares") -> None:
-        for s in self.items(shares, SealedShare, field):
+        if type(shares) is tuple and all(
+            type(s) is SealedShare and type(s.peer) is int and type(s.ciphertext) is bytes
+            and len(s.ciphertext) <= MAX_SEALED_SHARE_BYTES for s in shares
+        ) and (not shares or (shares[0].peer >= 0 and shares[-1].peer < 1 << 32)) \
+                and _increasing([s.peer for s in shares]):
+            return
+        for s in self.items(shares, SealedShare, field):  # slow path: say what is wrong
             self.uint(s.peer, 32, "share peer id")
             self.raw(s.ciphertext, range(MAX_SEALED_SHARE_BYTES + 1), "ciphertext")
         _strictly_increasing([s.peer for s in shares], "share peer ids", self.what)
 
 
+_KEY_FIELDS = (("enc_public", PUBLIC_KEY_BYTES), ("mask_public", PUBLIC_KEY_BYTES),
+               ("self_mask_commitment", DIGEST_BYTES), ("graph_commitment", DIGEST_BYTES),
+               ("model_hash", DIGEST_BYTES), ("config_digest", DIGEST_BYTES))
+
+
 def _keys_valid(m: AdvertiseKeys | RosterEntry, c: _Check) -> None:
-    for field in ("enc_public", "mask_public"):
+    fields = (m.enc_public, m.mask_public, m.self_mask_commitment, m.graph_commitment, m.model_hash, m.config_digest)
+    if all(type(v) is bytes and len(v) == 32 for v in fields) and type(m.signature) is bytes \
+            and len(m.signature) in (0, SIGNATURE_BYTES):
+        return
+    for field in ("enc_public", "mask_public"):  # slow path: say what is wrong
         c.raw(getattr(m, field), (PUBLIC_KEY_BYTES,), field)
     for field in ("self_mask_commitment", "graph_commitment", "model_hash", "config_digest"):
         c.raw(getattr(m, field), (DIGEST_BYTES,), field)
@@ -352,7 +379,9 @@ def _ids(ids: tuple[int, ...]) -> bytes:
     return _u32(len(ids)) + struct.pack(f"<{len(ids)}I", *ids)
 
 
-def _pairs(pairs: tuple[tuple[int, bytes], ...]) -> list[bytes]:
+def _pairs(pairs: Pairs) -> list[bytes]:
+    if isinstance(pairs, IdTable):
+        return [_u32(len(pairs)), pairs.raw]
     if not pairs:
         return [_u32(0)]
     entry = _pair_struct(len(pairs[0][1]))  # validate() has checked every value has this size
@@ -479,13 +508,12 @@ class _Reader:
             _strictly_increasing(ids, field, self.what)
         return ids
 
-    def pairs(self, field: str, size: int) -> tuple[tuple[int, bytes], ...]:
+    def pairs(self, field: str, size: int) -> IdTable:
         n = self.count(f"{field} count", 4 + size)
-        pairs = tuple(_pair_struct(size).iter_unpack(self.take(n * (4 + size), field)))
-        ids = [p[0] for p in pairs]
-        if not _increasing(ids):
-            _strictly_increasing(ids, f"{field} ids", self.what)
-        return pairs
+        try:
+            return IdTable(bytes(self.take(n * (4 + size), field)), size)
+        except ValueError as exc:
+            raise MalformedMessage(f"{self.what}: {field} {exc}") from None
 
     def signature(self, field: str) -> bytes:
         n = self.u16(field)
@@ -497,11 +525,13 @@ class _Reader:
         n = self.count("share count", 6)
         shares = []
         for _ in range(n):
-            peer, size = self.u32("peer id"), self.u16("ciphertext length")
+            peer, size = _SEALED_HEAD.unpack(self.take(6, "share peer id and length"))
             if size > MAX_SEALED_SHARE_BYTES:
                 raise MalformedMessage(f"{self.what}: ciphertext of {size} bytes exceeds {MAX_SEALED_SHARE_BYTES}")
             shares.append(SealedShare(peer, self.fixed(size, "ciphertext")))
-        _strictly_increasing([s.peer for s in shares], "share peer ids", self.what)
+        peers = [s.peer for s in shares]
+        if not _increasing(peers):
+            _strictly_increasing(peers, "share peer ids", self.what)
         return tuple(shares)
 
     def end(self) -> None:
@@ -555,15 +585,9 @@ def _parse(data: bytes | bytearray | memoryview, *, check_only: bool) -> Message
 
 
 def _key_body(r: _Reader) -> dict:
-    return dict(
-        enc_public=r.fixed(PUBLIC_KEY_BYTES, "encryption key"),
-        mask_public=r.fixed(PUBLIC_KEY_BYTES, "mask key"),
-        self_mask_commitment=r.fixed(DIGEST_BYTES, "self-mask commitment"),
-        graph_commitment=r.fixed(DIGEST_BYTES, "graph commitment"),
-        model_hash=r.fixed(DIGEST_BYTES, "model hash"),
-        config_digest=r.fixed(DIGEST_BYTES, "config digest"),
-        signature=r.signature("signature"),
-    )
+    fields = _KEYS.unpack(r.take(_KEYS.size, "keys, commitments, model hash and config digest"))
+    return dict(zip(("enc_public", "mask_public", "self_mask_commitment", "graph_commitment", "model_hash",
+                     "config_digest"), fields), signature=r.signature("signature"))
 
 
 def _decode_roster(r: _Reader, env: dict, _: bool) -> KeyRoster:
@@ -596,13 +620,13 @@ def _decode_response(r: _Reader, env: dict, _: bool) -> UnmaskResponse:
     if seed_len != SECRET_BYTES:
         raise MalformedMessage(f"{r.what}: self-mask seed has {seed_len} bytes; must be {SECRET_BYTES}")
     seed = r.fixed(seed_len, "self-mask seed")
-    n = r.count("share count", 5 + SHARE_BYTES)
+    n = r.count("share count", _REVEALED.size)
     shares = []
     for _ in range(n):
-        owner, kind = r.u32("share owner"), r.u8("share kind")
+        owner, kind, value = _REVEALED.unpack(r.take(_REVEALED.size, "revealed share"))
         if kind not in (ShareKind.SELF_MASK, ShareKind.MASK_KEY):
             raise MalformedMessage(f"{r.what}: unknown share kind {kind}")
-        shares.append(RevealedShare(owner, ShareKind(kind), r.fixed(SHARE_BYTES, "share value")))
+        shares.append(RevealedShare(owner, ShareKind(kind), value))
     _strictly_increasing([s.owner for s in shares], "share owners", r.what)
     return UnmaskResponse(**env, self_mask_seed=seed, shares=tuple(shares))
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import shamir
-from ..crypto import mac_matches, public_bytes, verify
+from ..crypto import DIGEST_BYTES, SIGNATURE_BYTES, mac_matches, public_bytes, verify
 from ..errors import (
     Aborted,
     BelowThreshold,
@@ -47,6 +47,7 @@ from ..errors import (
 )
 from ..prg import MaskStream, accumulate, apply_masks
 from .graph import NeighbourGraph
+from .idtable import IdTable
 from .keys import (
     SEALED_SHARE_BYTES,
     advertise_payload,
@@ -62,6 +63,7 @@ from .keys import (
     self_mask_key,
 )
 from .messages import (
+    GRAPH_NONCE_BYTES,
     SERVER,
     AdvertiseKeys,
     ConsistencySignature,
@@ -71,6 +73,7 @@ from .messages import (
     KeyRoster,
     MaskedInput,
     Message,
+    Pairs,
     RosterEntry,
     SealedShare,
     ShareDelivery,
@@ -339,7 +342,8 @@ class SecAggServer:
         self._require_quorum(len(u1), "advertise keys")
         self._u1 = u1
         self._phase = Phase.GRAPH_SEED
-        commitments = tuple((v, self._adverts[v].graph_commitment) for v in sorted(u1))
+        # One table, shared by every client's message (encoding it is a copy of its bytes).
+        commitments = IdTable.from_pairs(((v, self._adverts[v].graph_commitment) for v in sorted(u1)), DIGEST_BYTES)
         return {u: GraphCommitments(**self._envelope(u), commitments=commitments) for u in sorted(u1)}
 
     def _close_graph_seed(self) -> dict[int, Message]:
@@ -352,26 +356,28 @@ class SecAggServer:
             )
         if not revealed:
             raise BelowThreshold("no client revealed its graph nonce. Round aborted")
-        nonces = tuple(sorted(self._nonces.items()))
+        nonces = IdTable.from_pairs(sorted(self._nonces.items()), GRAPH_NONCE_BYTES)
         self._seed = graph_seed(self.config, nonces)
         self._graph = NeighbourGraph(self.config.params, self._seed)
         self._require_neighbours(revealed, revealed, "the graph seed", "hold its secret shares")
         self._require_quorum(len(revealed), "the graph seed")
         self._u1r = revealed
         self._phase = Phase.SHARE_KEYS
-        out: dict[int, Message] = {}
-        for u in sorted(revealed):
-            entries = tuple(
-                RosterEntry(
-                    client=v, enc_public=a.enc_public, mask_public=a.mask_public,
-                    self_mask_commitment=a.self_mask_commitment, graph_commitment=a.graph_commitment,
-                    model_hash=a.model_hash, config_digest=a.config_digest, signature=a.signature,
-                )
-                for v in self._graph.of(u) if v in revealed
-                for a in (self._adverts[v],)
+        # Every client's entry is the same in each roster that lists it: build it once.
+        entry = {
+            v: RosterEntry(
+                client=v, enc_public=a.enc_public, mask_public=a.mask_public,
+                self_mask_commitment=a.self_mask_commitment, graph_commitment=a.graph_commitment,
+                model_hash=a.model_hash, config_digest=a.config_digest, signature=a.signature,
             )
-            out[u] = KeyRoster(**self._envelope(u), nonces=nonces, entries=entries)
-        return out
+            for v in revealed
+            for a in (self._adverts[v],)
+        }
+        return {
+            u: KeyRoster(**self._envelope(u), nonces=nonces,
+                         entries=tuple(entry[v] for v in self._graph.of(u) if v in revealed))
+            for u in sorted(revealed)
+        }
 
     def _close_share_keys(self) -> dict[int, Message]:
         u2 = frozenset(self._sealed)
@@ -406,7 +412,7 @@ class SecAggServer:
             self._phase = Phase.CONSISTENCY_CHECK
             return {u: SurvivorList(**self._envelope(u), survivors=self._u3) for u in self._u3}
         self._phase = Phase.UNMASK
-        return self._unmask_requests(())
+        return self._unmask_requests(IdTable(b"", SIGNATURE_BYTES))
 
     def _close_consistency(self) -> dict[int, Message]:
         signers = frozenset(self._signatures)
@@ -416,9 +422,9 @@ class SecAggServer:
         # A quorum's worth of signatures is the certificate: more would only cost every client
         # bandwidth and verifications (each client checks all it is sent).
         quorum = self.config.params.signature_quorum
-        return self._unmask_requests(tuple(sorted(self._signatures.items()))[:quorum])
+        return self._unmask_requests(IdTable.from_pairs(sorted(self._signatures.items())[:quorum], SIGNATURE_BYTES))
 
-    def _unmask_requests(self, signatures: tuple[tuple[int, bytes], ...]) -> dict[int, Message]:
+    def _unmask_requests(self, signatures: Pairs) -> dict[int, Message]:
         survivors = self._survivor_set
         return {
             u: UnmaskRequest(
@@ -434,11 +440,17 @@ class SecAggServer:
     def _close_unmask(self) -> dict[int, Message]:
         c, graph, t = self.config, self._graph, self.config.params.threshold
         responders = self._responses
+        survivors = self._survivor_set
+        # Shares are needed only for seeds the server must rebuild: survivors that did not answer
+        # (their own seed did not arrive), and dropped clients some survivor masked with.
+        rebuild = {u for u in self._u3 if u not in responders}
+        rebuild.update(v for v in self._dropped if any(w in survivors for w in graph.of(v)))
         revealed: dict[tuple[int, ShareKind], list[shamir.Share]] = {}
         for holder, response in sorted(responders.items()):
             for s in response.shares:
-                share = shamir.Share(graph.share_index(s.owner, holder), s.value)
-                revealed.setdefault((s.owner, s.kind), []).append(share)
+                if s.owner in rebuild:
+                    share = shamir.Share(graph.share_index(s.owner, holder), s.value)
+                    revealed.setdefault((s.owner, s.kind), []).append(share)
         # Seeds rebuilt and tags checked first; then one streamed pass regenerates every mask
         # (apply_masks takes the streams a group at a time, on every core).
         streams: list[MaskStream] = []
@@ -459,7 +471,6 @@ class SecAggServer:
                     "or spoofed. Round aborted; no sum is released"
                 )
             streams.append(MaskStream(self_mask_key(c, u, seed), -1))
-        survivors = self._survivor_set
         for v in self._dropped:
             partners = [w for w in graph.of(v) if w in survivors]
             if not partners:

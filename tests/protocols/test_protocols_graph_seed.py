@@ -124,3 +124,20 @@ def test_the_complete_graph_checks_each_revealed_nonce(make_round):
     altered = replace(rosters[0], nonces=tuple((v, bytes(16) if v == 3 else n) for v, n in rosters[0].nonces))
     with pytest.raises(InconsistentShares, match="client 3's graph nonce"):
         r.clients[0].share_keys(altered)
+
+
+def test_bulk_commitments_seed_and_consistency_payload_match_their_definitions(make_round):
+    """The bulk forms used for whole cohorts equal the one-at-a-time transcript definitions."""
+    import hashlib
+
+    from secfed.protocols.secagg import keys
+    from secfed.protocols.secagg.idtable import IdTable
+
+    cfg = make_round(5, threshold=2).config
+    pairs = tuple((v, bytes([v % 256]) * 16) for v in (0, 3, 4, 70_000))
+    nonces = IdTable.from_pairs(pairs, 16)
+    assert keys.graph_commitments(cfg, nonces) == [keys.graph_commitment(cfg, v, x) for v, x in pairs]
+    flat = [part for pair in pairs for part in pair]
+    assert keys.graph_seed(cfg, nonces) == hashlib.sha256(cfg.binding("graph-seed", *flat)).digest()
+    survivors = (0, 2, 3, 4)
+    assert keys.consistency_payload(cfg, b"s" * 32, survivors) == cfg.binding("consistency", b"s" * 32, *survivors)
