@@ -172,8 +172,12 @@ class Quantizer:
         if total.ndim != 1 or total.dtype != np.uint32:
             raise TypeError(f"from_ring takes a 1-D uint32 ring vector, got {total.shape} {total.dtype}")
         bits = self.bits
-        signed = total.astype(np.int64) & ((1 << bits) - 1)
-        signed[signed >= 1 << (bits - 1)] -= 1 << bits
+        if bits == MAX_RING_BITS:
+            signed = total.view(np.int32)  # the ring's upper half is the negatives: two's complement
+        else:  # move bit b − 1 to the sign bit, then an arithmetic shift back sign-extends
+            shift = MAX_RING_BITS - bits
+            signed = np.left_shift(total, np.uint32(shift)).view(np.int32)
+            np.right_shift(signed, shift, out=signed)
         return signed / self.scale
 
 
