@@ -59,7 +59,7 @@ def test_tails_match_scipy(n, k, c, t):
         assert math.isclose(g._split_bound(n, k, c, 0.1), min(1.0, math.comb(n, 2) * gone), rel_tol=1e-9)
 
 
-@pytest.mark.parametrize("n", [30, 100, 1000, 5000])
+@pytest.mark.parametrize("n", [30, 100, 1000, 5000, 100_000])
 @pytest.mark.parametrize("gamma", [0.05, 0.2, 1 / 3])
 def test_chosen_params_meet_both_targets_and_k_is_minimal(n, gamma):
     p = choose_params(n, dropout_rate=0.1, corrupt_fraction=gamma, authenticated=False)
@@ -160,3 +160,14 @@ def test_views_of_large_cohorts_keep_only_the_neighbourhood():
     view = NeighbourGraph(params, bytes(32), focus=123)
     assert len(view.of(123)) == 84
     assert "_ring" not in view.__dict__  # the 100,000-entry ring order was not kept
+
+
+@pytest.mark.parametrize("n", [1000, 10_000, 100_000])
+def test_authenticated_params_at_scale_meet_both_targets_including_the_quorum(n):
+    """The (k, t) of SECURITY.md's table to n = 100,000: sparse, O(log n) neighbours, both targets
+    met with the signature quorum counted; the quorum's miss probability matches the plain sum."""
+    p = choose_params(n)
+    assert not p.complete and p.degree <= 84
+    assert p.security_failure <= 2.0**-40 and p.correctness_failure <= 2.0**-20
+    plain = sum(g._binom_pmf(j, n, 0.9) for j in range(p.signature_quorum))
+    assert math.isclose(g._quorum_failure(p), plain, rel_tol=1e-12, abs_tol=1e-300)
