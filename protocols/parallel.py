@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -65,32 +65,18 @@ def set_workers(count: int) -> None:
 def run_all(jobs: Sequence[Callable[[], T]]) -> list[T]:
     """Run ``jobs`` (the first on the calling thread, the rest on the pool); results in order.
 
-    An exception in any job is re-raised here after all jobs have finished, the first one in
-    job order, so a failure never leaves a job still writing into shared buffers.
+    Every job finishes before anything is raised — a failure never leaves a job still writing into
+    shared buffers — and then the exception of the first failing job, in job order, is raised.
+    Jobs must not call ``run_all`` themselves.
     """
     if len(jobs) <= 1:
         return [job() for job in jobs]
-    pool = _get_pool(len(jobs) - 1)
-    futures = [pool.submit(job) for job in jobs[1:]]
-    first: tuple[bool, object]
+    futures = [_get_pool(len(jobs) - 1).submit(job) for job in jobs[1:]]
     try:
-        first = (True, jobs[0]())
-    except BaseException as exc:  # noqa: BLE001 — re-raised below, after the others finish
-        first = (False, exc)
-    results, error = [], None
-    ok, value = first
-    if ok:
-        results.append(value)
-    else:
-        error = value
-    for future in futures:
-        try:
-            results.append(future.result())
-        except BaseException as exc:  # noqa: BLE001
-            error = error or exc
-    if error is not None:
-        raise error
-    return results
+        first = jobs[0]()
+    finally:
+        wait(futures)
+    return [first, *(future.result() for future in futures)]
 
 
 def _get_pool(size: int) -> ThreadPoolExecutor:
