@@ -961,10 +961,7 @@ def ints(text: str, what: str, ap) -> list[int]:
     return out
 
 
-def main() -> None:
-    if sys.argv[1:] == ["--server-worker"]:
-        server_worker()
-        return
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sections", default="client",
                     help="comma-separated: client, keystream, full, server, flower-overflow, gil")
@@ -987,10 +984,10 @@ def main() -> None:
     ap.add_argument("--dropout", type=float, default=0.1, help="fraction of clients that vanish (default 0.1)")
     ap.add_argument("--corrupt-fraction", type=float, default=0.2, help="γ for the (k, t) choice")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    sections = [s.strip() for s in args.sections.split(",")]
+    args = ap.parse_args(argv)
+    args.sections = [s.strip() for s in args.sections.split(",")]
     known = ("client", "keystream", "full", "server", "flower-overflow", "gil")
-    for s in sections:
+    for s in args.sections:
         if s not in known:
             ap.error(f"--sections: unknown section {s!r} ({', '.join(known)})")
     args.dims = ints(args.dims, "--dims", ap)
@@ -1014,15 +1011,25 @@ def main() -> None:
         setattr(args, name, modes)
     if args.repeats < 1:
         ap.error(f"--repeats must be ≥ 1, got {args.repeats}")
+    return args
 
+
+SECTIONS = {"client": section_client, "keystream": section_keystream, "full": section_full,
+            "server": section_server, "flower-overflow": section_flower_overflow, "gil": section_gil}
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--server-worker"]:
+        server_worker()
+        return
+    args = parse_args()
     print(f"secfed.protocols secure aggregation bench — {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, numpy {np.__version__}; protocol threads "
           f"{parallel.workers()}")
     print(f"load average at start: {load()}")
-    for section in sections:
+    for section in args.sections:
         start = time.perf_counter()
-        {"client": section_client, "keystream": section_keystream, "full": section_full,
-         "server": section_server, "flower-overflow": section_flower_overflow, "gil": section_gil}[section](args)
+        SECTIONS[section](args)
         print(f"   [{section}: {time.perf_counter() - start:.0f} s; load average now {load()}]")
     print(f"load average at end: {load()}")
 

@@ -179,7 +179,7 @@ def _add_streams(part: np.ndarray, encryptors, buf: bytearray, words: np.ndarray
 
 
 def _stream_range(acc: np.ndarray, streams: Sequence[MaskStream], lo: int, hi: int, low: int) -> None:
-    buf = bytearray(4 * CHUNK_WORDS)
+    buf = bytearray(4 * min(CHUNK_WORDS, hi - lo))  # a short vector gets a short buffer
     words = np.frombuffer(buf, dtype="<u4")
     for group in _groups(streams):
         encryptors = _encryptors(group, lo)
@@ -193,9 +193,9 @@ def _mask_range(
     out: np.ndarray, source: np.ndarray, streams: Sequence[MaskStream], lo: int, hi: int, low: int,
     bound: int | None,
 ) -> list[bytes]:
-    buf = bytearray(4 * CHUNK_WORDS)
+    buf = bytearray(4 * min(CHUNK_WORDS, hi - lo))
     words = np.frombuffer(buf, dtype="<u4")
-    scratch = np.empty(CHUNK_WORDS, dtype=np.uint32)
+    scratch = np.empty(min(CHUNK_WORDS, hi - lo), dtype=np.uint32)
     single_group = len(streams) <= STREAM_GROUP
     encryptors = _encryptors(streams, lo) if single_group else []
     leaves, leaf = [], hashlib.sha256()

@@ -58,7 +58,7 @@ from ..errors import (
 )
 from ..prg import BoundExceeded, MaskStream, mask_into
 from .graph import NeighbourGraph
-from .idtable import IdTable, as_table
+from .idtable import IdTable, as_table, not_in
 from .keys import (
     SHARE_PLAINTEXT,
     ListedCommitments,
@@ -494,12 +494,12 @@ class SecAggClient:
         the graph among all the subsets. The complete graph does not depend on the seed.
         """
         cfg, listed = self.config, self._commitments
-        unknown = np.setdiff1d(nonces.ids, listed.ids, assume_unique=True)
+        unknown = not_in(nonces.ids, listed.ids)
         if unknown.size:
             raise UnknownClient(f"key roster reveals a graph nonce of client {unknown[0]}, which committed to none")
         if nonces.value_of(self.id) != self._graph_nonce:
             raise InconsistentView(f"key roster omits or alters client {self.id}'s own graph nonce")
-        missing = np.setdiff1d(listed.ids, nonces.ids, assume_unique=True).tolist()
+        missing = not_in(listed.ids, nonces.ids).tolist()
         if missing and not cfg.params.complete:
             raise SeedWithheld(
                 f"clients {missing} committed to graph nonces that the key roster does not reveal; "
@@ -531,7 +531,7 @@ class SecAggClient:
             raise InconsistentView("unmask request's survivor set differs from the one this client signed")
         payload = consistency_payload(cfg, self._seed, request.survivors)
         signatures = as_table(request.signatures, SIGNATURE_BYTES)  # validated: signers increasing
-        strangers = np.setdiff1d(signatures.ids, np.asarray(request.survivors, dtype=np.int64), assume_unique=True)
+        strangers = not_in(signatures.ids, np.asarray(request.survivors, dtype=np.int64))
         if strangers.size:
             raise UnknownClient(f"consistency signature from {strangers[0]}, which is not a survivor")
         verify_all(

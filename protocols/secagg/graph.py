@@ -199,9 +199,13 @@ class NeighbourGraph:
     def _window(self, client: int, ring: tuple[np.ndarray, np.ndarray]) -> tuple[int, ...]:
         """Sorted neighbours of ``client`` on the ring (k/2 either side)."""
         order, position = ring
-        n, half = self.params.n_clients, self.params.degree // 2
-        offsets = np.concatenate([np.arange(-half, 0), np.arange(1, half + 1)])
-        return tuple(sorted(order[(position[client] + offsets) % n].tolist()))
+        return tuple(sorted(order[(position[client] + self._offsets) % self.params.n_clients].tolist()))
+
+    @cached_property
+    def _offsets(self) -> np.ndarray:
+        """Ring offsets of the neighbours: −k/2 … −1, 1 … k/2."""
+        half = self.params.degree // 2
+        return np.concatenate([np.arange(-half, 0), np.arange(1, half + 1)])
 
     @cached_property
     def _local(self) -> tuple[tuple[int, ...], dict[int, int]]:
@@ -213,9 +217,7 @@ class NeighbourGraph:
         order, position = ring = self._compute_ring()
         mine = self._window(me, ring)
         # Row r: the neighbours of mine[r]; me is among them, and its place is 1 + those below it.
-        n, half = self.params.n_clients, self.params.degree // 2
-        offsets = np.concatenate([np.arange(-half, 0), np.arange(1, half + 1)])
-        rows = order[(position[list(mine)][:, None] + offsets[None, :]) % n]
+        rows = order[(position[list(mine)][:, None] + self._offsets[None, :]) % self.params.n_clients]
         places = (rows < me).sum(axis=1) + 1
         return mine, dict(zip(mine, places.tolist()))
 

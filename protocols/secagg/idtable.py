@@ -103,6 +103,17 @@ def as_table(pairs: Sequence[tuple[int, bytes]], width: int) -> IdTable:
     return pairs if isinstance(pairs, IdTable) and pairs.width == width else IdTable.from_pairs(pairs, width)
 
 
+def not_in(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The elements of ``a`` that are not in ``b`` (both sorted, without repeats): a few array
+    operations, where ``np.setdiff1d`` sorts again and costs tenths of a millisecond on short lists."""
+    if not b.size:
+        return a
+    at = np.searchsorted(b, a)
+    present = at < b.size
+    present[present] = b[at[present]] == a[present]
+    return a[~present]
+
+
 def first_repeat_or_decrease(ids: np.ndarray) -> int | None:
     """Index of the first id not greater than the one before, or None."""
     if ids.size < 2:

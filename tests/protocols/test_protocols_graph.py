@@ -59,7 +59,7 @@ def test_tails_match_scipy(n, k, c, t):
         assert math.isclose(g._split_bound(n, k, c, 0.1), min(1.0, math.comb(n, 2) * gone), rel_tol=1e-9)
 
 
-@pytest.mark.parametrize("n", [30, 100, 1000, 5000, 100_000])
+@pytest.mark.parametrize("n", [30, 100, 1000, 5000])
 @pytest.mark.parametrize("gamma", [0.05, 0.2, 1 / 3])
 def test_chosen_params_meet_both_targets_and_k_is_minimal(n, gamma):
     p = choose_params(n, dropout_rate=0.1, corrupt_fraction=gamma, authenticated=False)
@@ -135,7 +135,7 @@ def test_ring_order_is_the_sort_of_aes_ctr_keystream_words_under_a_key_from_the_
         assert graph.of(client) == tuple(expected)
 
 
-@pytest.mark.parametrize("n, k", [(30, 6), (9, 8), (200, 20)])
+@pytest.mark.parametrize("n, k", [(30, 6), (9, 8), (60, 12)])
 def test_a_clients_own_view_agrees_with_the_full_graph(n, k):
     params = GraphParams.explicit(n, k, 2)
     full = NeighbourGraph(params, b"\x07" * 32)
@@ -162,12 +162,19 @@ def test_views_of_large_cohorts_keep_only_the_neighbourhood():
     assert "_ring" not in view.__dict__  # the 100,000-entry ring order was not kept
 
 
-@pytest.mark.parametrize("n", [1000, 10_000, 100_000])
+@pytest.mark.parametrize("n", [10_000, 100_000])
 def test_authenticated_params_at_scale_meet_both_targets_including_the_quorum(n):
     """The (k, t) of SECURITY.md's table to n = 100,000: sparse, O(log n) neighbours, both targets
-    met with the signature quorum counted; the quorum's miss probability matches the plain sum."""
+    met with the signature quorum counted, no smaller degree would do; the quorum's miss
+    probability (summed until its terms stop mattering) matches the plain sum."""
     p = choose_params(n)
     assert not p.complete and p.degree <= 84
     assert p.security_failure <= 2.0**-40 and p.correctness_failure <= 2.0**-20
-    plain = sum(g._binom_pmf(j, n, 0.9) for j in range(p.signature_quorum))
+    smaller = [GraphParams.explicit(n, p.degree - 2, t, corrupt_bound=p.corrupt_bound, dropout_rate=0.1)
+               for t in range(1, p.degree - 1)]
+    assert not any(q.security_failure <= 2.0**-40 and q.correctness_failure <= 2.0**-20 for q in smaller)
+    plain = sum(g._binom_pmf(j, n, 0.9) for j in range(max(0, p.signature_quorum - 3000), p.signature_quorum))
     assert math.isclose(g._quorum_failure(p), plain, rel_tol=1e-12, abs_tol=1e-300)
+    mid = GraphParams.explicit(60, 58, 30, corrupt_bound=12, dropout_rate=0.4)  # a quorum near the mean
+    assert math.isclose(g._quorum_failure(mid), sum(g._binom_pmf(j, 60, 0.6) for j in range(mid.signature_quorum)),
+                        rel_tol=1e-12)

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from secfed.protocols.secagg.idtable import IdTable, as_table
+from secfed.protocols.secagg.idtable import IdTable, as_table, not_in
 
 
 def test_a_table_is_its_tuple_of_pairs():
@@ -51,3 +51,11 @@ def test_a_large_table_is_checked_without_a_python_step_per_entry():
     rec["id"][60_000] = rec["id"][59_999]
     with pytest.raises(ValueError, match="saw 179997 then 179997"):
         IdTable(rec.tobytes(), 16)
+
+
+def test_not_in_is_the_sorted_difference():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        a = np.unique(rng.integers(0, 60, rng.integers(0, 30)))
+        b = np.unique(rng.integers(0, 60, rng.integers(0, 30)))
+        assert not_in(a, b).tolist() == sorted(set(a.tolist()) - set(b.tolist()))
