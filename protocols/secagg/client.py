@@ -37,7 +37,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .. import shamir
-from ..crypto import DIGEST_BYTES, mac, open_sealed, public_bytes, seal, sign, verify, x25519_keypair
+from ..crypto import DIGEST_BYTES, SIGNATURE_BYTES, mac, open_sealed, public_bytes, seal, sign, verify, verify_all, x25519_keypair
 from ..errors import (
     Aborted,
     BelowThreshold,
@@ -56,10 +56,12 @@ from ..errors import (
     WrongRound,
     WrongSender,
 )
-from ..prg import MaskStream, apply_masks
+from ..prg import BoundExceeded, MaskStream, mask_into
 from .graph import NeighbourGraph
+from .idtable import IdTable, as_table, not_in
 from .keys import (
     SHARE_PLAINTEXT,
+    ListedCommitments,
     advertise_payload,
     consistency_payload,
     graph_commitment,
@@ -72,7 +74,7 @@ from .keys import (
     self_mask_commitment,
     self_mask_key,
     share_aad,
-    share_channel_key,
+    share_channel_keys,
 )
 from .messages import (
     GRAPH_NONCE_BYTES,
@@ -151,7 +153,7 @@ class SecAggClient:
         self.neighbours: tuple[int, ...] = ()
         self._identity = identity_key
         self._state = ClientState.START
-        self._commitments: dict[int, bytes] = {}  # client → graph commitment, as the server listed them
+        self._commitments: ListedCommitments | None = None  # graph commitments, as the server listed them
         self._seed = b""  # the graph seed, once known
         self._graph: NeighbourGraph | None = None
         self._roster: dict[int, RosterEntry] = {}
@@ -202,12 +204,12 @@ class SecAggClient:
         """
         self._accept(commitments, GraphCommitments, ClientState.AWAIT_COMMITMENTS)
         with self._aborting():
-            listed = dict(commitments.commitments)
-            for v in listed:
-                self._check_cohort(v, "graph commitments")
-            if listed.get(self.id) != graph_commitment(self.config, self.id, self._graph_nonce):
+            listed = as_table(commitments.commitments, DIGEST_BYTES)  # validated: ids increasing
+            if len(listed):
+                self._check_cohort(int(listed.ids[-1]), "graph commitments")
+            if listed.value_of(self.id) != graph_commitment(self.config, self.id, self._graph_nonce):
                 raise InconsistentView(f"the graph commitments omit or alter client {self.id}'s own")
-            self._commitments = listed
+            self._commitments = ListedCommitments(self.config, listed)
             self._state = ClientState.AWAIT_ROSTER
             return GraphReveal(**self._envelope(), nonce=self._graph_nonce)
 
@@ -219,16 +221,16 @@ class SecAggClient:
         self._accept(roster, KeyRoster, ClientState.AWAIT_ROSTER)
         with self._aborting():
             cfg, t = self.config, self.config.params.threshold
-            self._seed = self._check_nonces(roster.nonces)
-            self._graph = NeighbourGraph(cfg.params, self._seed)
+            revealed = as_table(roster.nonces, GRAPH_NONCE_BYTES)  # validated: ids increasing
+            self._seed = self._check_nonces(revealed)
+            self._graph = NeighbourGraph(cfg.params, self._seed, focus=self.id)
             self.neighbours = self._graph.of(self.id)
-            revealed = dict(roster.nonces)
             seen_keys = {public_bytes(self._enc_private), public_bytes(self._mask_private)}
             for e in roster.entries:
                 self._check_neighbour(e.client, "key roster")
-                if e.client not in revealed:
+                if revealed.position(e.client) is None:
                     raise UnknownClient(f"key roster lists neighbour {e.client}, which revealed no graph nonce")
-                if e.graph_commitment != self._commitments[e.client]:
+                if e.graph_commitment != graph_commitment(cfg, e.client, revealed.value_of(e.client)):
                     raise InconsistentView(f"neighbour {e.client}'s graph commitment differs from the one listed")
                 if e.config_digest != cfg.digest:
                     raise ConfigMismatch(f"neighbour {e.client} runs this session with different parameters")
@@ -252,6 +254,7 @@ class SecAggClient:
                     f"advertised keys; threshold is {t}"
                 )
             self._roster = {e.client: e for e in roster.entries}
+            self._commitments = None  # the nonces are checked: the list is no longer needed
             key_shares = shamir.split(self._mask_seed, t, len(self.neighbours))
             sealed = [self._seal_share(v, ShareKind.MASK_KEY, key_shares) for v in self._roster]
             self._state = ClientState.AWAIT_SHARES
@@ -282,15 +285,22 @@ class SecAggClient:
         (plus an Ed25519 signature in authenticated mode)."""
         self._expect_state(ClientState.AWAIT_INPUT)
         cfg = self.config
-        acc = self._ring_vector(x)
+        source = self._ring_vector(x)
         streams = [MaskStream(self_mask_key(cfg, self.id, self._self_seed), 1)]
         for v in sorted(self._held):
             key = pairwise_mask_key(cfg, self.id, v, self._mask_private, self._roster[v].mask_public)
             streams.append(MaskStream(key, pairwise_sign(self.id, v)))
-        apply_masks(acc, streams, bits=cfg.ring_bits)
+        acc = np.empty(cfg.dimension, dtype=np.uint32)
+        try:  # one pass: bound check, masks, reduction and the vector's digest
+            digest = mask_into(acc, source, streams, bits=cfg.ring_bits, bound=cfg.input_bound)
+        except BoundExceeded as exc:
+            raise ValueError(
+                f"client input at index {exc.index} is {_signed(exc.value, cfg.ring_bits)}, beyond the session's "
+                f"input bound {cfg.input_bound} (the ring was sized for it; quantize with the session's quantizer)"
+            ) from None
         self_shares = shamir.split(self._self_seed, cfg.params.threshold, len(self.neighbours))
         sealed = tuple(self._seal_share(v, ShareKind.SELF_MASK, self_shares) for v in sorted(self._held))
-        payload = masked_input_payload(cfg, self.id, self._seed, acc, sealed)
+        payload = masked_input_payload(cfg, self.id, self._seed, digest, sealed)
         tag = mac(input_tag_key(cfg, self.id, self._self_seed), payload)
         signature = sign(self._identity, payload) if cfg.authenticated else b""
         self._state = ClientState.AWAIT_SURVIVORS if cfg.authenticated else ClientState.AWAIT_UNMASK
@@ -411,12 +421,13 @@ class SecAggClient:
 
     def _channel(self, sender: int, recipient: int) -> bytes:
         """The AES-GCM key of shares from ``sender`` to ``recipient`` (one of them is this client);
-        each direction's key is agreed once per round and reused for both kinds of share."""
+        both directions' keys come from one exchange, once per round, and serve both kinds of share."""
         key = self._channels.get((sender, recipient))
         if key is None:
             peer = recipient if sender == self.id else sender
-            key = share_channel_key(self.config, sender, recipient, self._enc_private, self._roster[peer].enc_public)
-            self._channels[(sender, recipient)] = key
+            out, back = share_channel_keys(self.config, self.id, peer, self._enc_private, self._roster[peer].enc_public)
+            self._channels[(self.id, peer)], self._channels[(peer, self.id)] = out, back
+            key = self._channels[(sender, recipient)]
         return key
 
     # ---- checks --------------------------------------------------------------------------------
@@ -475,33 +486,32 @@ class SecAggClient:
         if not self._graph.are_neighbours(self.id, client):
             raise UnknownClient(f"{where} names client {client}, not a neighbour of client {self.id}")
 
-    def _check_nonces(self, nonces: tuple[tuple[int, bytes], ...]) -> bytes:
+    def _check_nonces(self, nonces: IdTable) -> bytes:
         """The graph seed from the revealed nonces, each checked against the commitment listed earlier.
 
         A sparse graph needs every listed nonce: were some allowed to go missing, whoever
         withholds them (colluding clients, or the server claiming they never arrived) could pick
         the graph among all the subsets. The complete graph does not depend on the seed.
         """
-        cfg = self.config
-        for v, nonce in nonces:
-            if v not in self._commitments:
-                raise UnknownClient(f"key roster reveals a graph nonce of client {v}, which committed to none")
-            if graph_commitment(cfg, v, nonce) != self._commitments[v]:
-                raise InconsistentShares(f"client {v}'s graph nonce does not match its commitment")
-        if dict(nonces).get(self.id) != self._graph_nonce:
+        cfg, listed = self.config, self._commitments
+        unknown = not_in(nonces.ids, listed.ids)
+        if unknown.size:
+            raise UnknownClient(f"key roster reveals a graph nonce of client {unknown[0]}, which committed to none")
+        if nonces.value_of(self.id) != self._graph_nonce:
             raise InconsistentView(f"key roster omits or alters client {self.id}'s own graph nonce")
-        missing = sorted(set(self._commitments) - {v for v, _ in nonces})
+        missing = not_in(listed.ids, nonces.ids).tolist()
         if missing and not cfg.params.complete:
             raise SeedWithheld(
                 f"clients {missing} committed to graph nonces that the key roster does not reveal; "
                 "a sparse graph cannot be derived without them. Round aborted"
             )
+        listed.check(cfg, nonces)
         return graph_seed(cfg, nonces)
 
     def _check_survivors(self, survivors: tuple[int, ...]) -> None:
         t = self.config.params.threshold
-        for v in survivors:
-            self._check_cohort(v, "survivor list")
+        if survivors:  # strictly increasing (validated): the last id is the largest
+            self._check_cohort(survivors[-1], "survivor list")
         alive = set(survivors)
         if self.id not in alive:
             raise InconsistentView(f"survivor list omits client {self.id}, which sent its masked input")
@@ -520,40 +530,33 @@ class SecAggClient:
         if request.survivors != self._signed_survivors:
             raise InconsistentView("unmask request's survivor set differs from the one this client signed")
         payload = consistency_payload(cfg, self._seed, request.survivors)
-        alive = set(request.survivors)
-        for signer, signature in request.signatures:
-            if signer not in alive:
-                raise UnknownClient(f"consistency signature from {signer}, which is not a survivor")
-            verify(cfg.identity_keys[signer], signature, payload, who=f"client {signer}'s consistency check")
+        signatures = as_table(request.signatures, SIGNATURE_BYTES)  # validated: signers increasing
+        strangers = not_in(signatures.ids, np.asarray(request.survivors, dtype=np.int64))
+        if strangers.size:
+            raise UnknownClient(f"consistency signature from {strangers[0]}, which is not a survivor")
+        verify_all(
+            [(cfg.identity_keys[signer], signature) for signer, signature in signatures], payload,
+            who=lambda i: f"client {signatures.ids[i]}'s consistency check",
+        )
         quorum = cfg.params.signature_quorum
-        signers = len({signer for signer, _ in request.signatures})
+        signers = len(signatures)
         if signers < quorum:
             raise BelowThreshold(f"{signers} clients signed the survivor set; authenticated mode needs {quorum}")
 
     def _ring_vector(self, x: np.ndarray) -> np.ndarray:
+        """``x`` as a uint32 vector (no copy when it is one); values and the input bound are checked
+        while masking (:func:`~..prg.mask_into`)."""
         cfg = self.config
         x = np.asarray(x)
         if x.shape != (cfg.dimension,):
             raise ValueError(f"client input must have shape ({cfg.dimension},), got {x.shape}")
         if not np.issubdtype(x.dtype, np.integer):
             raise TypeError(f"client input must be ring integers (uint32), got dtype {x.dtype}; quantize floats first")
-        if x.dtype != np.uint32 or cfg.ring_bits < 32:
+        if x.dtype != np.uint32:
             low, high = int(x.min()), int(x.max())
             if low < 0 or high >= 1 << cfg.ring_bits:
                 raise ValueError(f"client input values must lie in [0, 2^{cfg.ring_bits}); found [{low}, {high}]")
-        acc = np.array(x, dtype=np.uint32, copy=True, order="C")
-        if cfg.input_bound is not None:
-            # Read as signed b-bit integers, values must lie in [−M, M]: (v + M) mod 2^b ≤ 2M.
-            bound = cfg.input_bound
-            shifted = (acc + np.uint32(bound)) & np.uint32((1 << cfg.ring_bits) - 1)
-            beyond = np.flatnonzero(shifted > 2 * bound)
-            if beyond.size:
-                i = int(beyond[0])
-                raise ValueError(
-                    f"client input at index {i} is {_signed(int(acc[i]), cfg.ring_bits)}, beyond the session's "
-                    f"input bound {bound} (the ring was sized for it; quantize with the session's quantizer)"
-                )
-        return acc
+        return np.ascontiguousarray(x, dtype=np.uint32)
 
     def _forget_secrets(self) -> None:
         for name in ("_enc_private", "_mask_private", "_mask_seed", "_self_seed"):
@@ -563,3 +566,4 @@ class SecAggClient:
 
 def _signed(value: int, bits: int) -> int:
     return value - (1 << bits) if value >= 1 << (bits - 1) else value
+
