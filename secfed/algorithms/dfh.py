@@ -93,7 +93,8 @@ def identity_statistics(model: nn.Module, images: torch.Tensor, labels: torch.Te
 def check_dfs(dfs: torch.Tensor, what: str, dim: int | None = None) -> torch.Tensor:
     """``dfs`` if it is a float32 (4, d) table entry whose rows 1–3 (variances and the mean of
     variances) are non-negative, else MalformedDfs."""
-    if dfs.dtype != torch.float32 or dfs.dim() != 2 or dfs.shape[0] != len(ROWS) or (dim is not None and dfs.shape[1] != dim):
+    shaped = dfs.dim() == 2 and dfs.shape[0] == len(ROWS) and (dim is None or dfs.shape[1] == dim)
+    if dfs.dtype != torch.float32 or not shaped:
         want = f"(4, {dim})" if dim is not None else "(4, d)"
         raise MalformedDfs(f"{what}: DFS must be float32 {want}, got {dfs.dtype} {tuple(dfs.shape)}")
     if not torch.isfinite(dfs).all() or bool((dfs[1:] < 0).any()):

@@ -23,9 +23,9 @@ and replacing one identity's images by another's (N_i unchanged) moves them by a
 norm ≤ C² resp. C, and ‖a − b‖² ≤ ‖a‖² + ‖b‖² for non-negative a, b). Each sum divided by its Δ
 moves by ≤ 1, the four together by ≤ 2; adding N(0, (2z)²) to each coordinate of the divided sums —
 N(0, (2z·Δ)²) to each sum — is the Gaussian mechanism with noise multiplier z. Variances (and μ̃, a
-mean of variances) that noise pushed below zero are set to zero (post-processing). A client's DFS are released once per round it
-takes part in; the plan states ε for a client in every one of the T rounds, by the same RDP
-accountant and δ as the client-level ε (Opacus, no amplification by sampling).
+mean of variances) that noise pushed below zero are set to zero (post-processing). A client's DFS
+are released once per round it takes part in; the plan states ε for a client in every one of the T
+rounds, by the same RDP accountant and δ as the client-level ε (Opacus, no amplification by sampling).
 
 What that ε means, exactly: identity-level DP within one client (adjacency: one identity's images
 in one client replaced by another identity's), with the number of identities N_i NOT protected and

@@ -3,6 +3,7 @@ the batch-hard triplet, feature and domain hallucinating, and malformed DFS on e
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 
@@ -10,7 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from secfed.algorithms.dfh import DFH, MalformedDfs, draw_targets, hallucinate, received_table
+from secfed.algorithms import dfh as dfh_module
+from secfed.algorithms.base import Schedule, Site
+from secfed.algorithms.dfh import (DFH, MalformedDfs, draw_targets, hallucinate, hallucinated_loss,
+                                  received_table)
 from secfed.algorithms.losses import batch_hard_triplet
 from secfed.config import ConfigError, PrivacyConfig, RunConfig, check
 from secfed.data.samplers import identity_batches
@@ -218,3 +222,50 @@ def test_the_server_keeps_the_latest_dfs_of_every_client_and_refuses_malformed_o
     assert list(method.payloads(state)) == ["dfs/0", "dfs/1"]
     with pytest.raises(MalformedDfs, match="client 2"):
         method.absorb(state, Aggregate(2, {}, {}, (2,), shared={2: {DFS: _dfs(0.0, 1.0, dim=5)}}))
+
+
+# ---- the local loss (Eqs. 3.4–3.6) -----------------------------------------------------------------
+
+
+def test_hallucinated_loss_is_eq_3_6s_bracket_or_one_of_its_parts() -> None:
+    g = torch.Generator().manual_seed(4)
+    features, labels = torch.randn(8, 6, generator=g), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    targets = draw_targets({0: _dfs(0.0, 1.0), 1: _dfs(1.0, 4.0), 2: _dfs(2.0, 9.0)}, 0, 1.0,
+                           np.random.default_rng(3))
+    novel = batch_hard_triplet(hallucinate(features, *targets.novel), labels, 0.3)
+    others = [batch_hard_triplet(hallucinate(features, mu, sigma), labels, 0.3) for mu, sigma in targets.others]
+    fh = sum(others) / len(others)
+    assert hallucinated_loss(features, labels, targets, "domains", 0.3).item() == pytest.approx(novel.item())
+    assert hallucinated_loss(features, labels, targets, "features", 0.3).item() == pytest.approx(fh.item())
+    assert hallucinated_loss(features, labels, targets, "both", 0.3).item() == pytest.approx((novel + fh).item())
+
+
+def test_local_training_adds_lambda_times_the_hallucinated_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = RunConfig()
+    cfg.method.algorithm, cfg.method.ids_per_batch, cfg.method.dfh_lambda = "dfh", 2, 5.0
+    cfg.method.dfh_hallucinate = "features"
+    method = DFH(cfg)
+    images = torch.randint(0, 256, (8, 3, 32, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    torch.manual_seed(0)
+    model = method.build_model(4)
+    schedule = Schedule(lr_backbone=0.01, lr_new=0.01, epochs=1, batch_size=4)
+    seen: list[str] = []
+
+    def train(constant: float, table: dict | None) -> float:
+        def fake(features, labels, targets, mode, margin):  # type: ignore[no-untyped-def]
+            seen.append(mode)
+            return features.new_tensor(constant)
+
+        monkeypatch.setattr(dfh_module, "hallucinated_loss", fake)
+        site = Site(0, "a", images, labels, copy.deepcopy(model), 1.0)
+        if table is not None:
+            site.extra[dfh_module.TABLE] = table
+        return method.local_train(site, schedule, seed=9).loss
+
+    table = {0: _dfs(0.0, 1.0, 512), 1: _dfs(1.0, 4.0, 512)}
+    base, shifted = train(0.0, table), train(1.0, table)
+    assert shifted - base == pytest.approx(5.0, rel=1e-4)  # the same steps, the loss raised by λ·1
+    assert seen and set(seen) == {"features"}
+    seen.clear()
+    assert train(1.0, None) == pytest.approx(base, rel=1e-5) and not seen  # no DFS: L = CE + T(F) alone
