@@ -18,9 +18,10 @@ from secfed.data.transforms import normalize
 from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec
 from secfed.federation.builder import build
+from secfed.federation.messages import Contribution
 from secfed.federation.runtime import run, schedule_for
 from secfed.models.sharing import load_shared
-from secfed.privacy.dfs import DFS
+from secfed.privacy.dfs import DFS, IFS
 from secfed.seeding import derive_seed
 
 
@@ -40,12 +41,17 @@ def dfh_config(tiny_config: RunConfig) -> RunConfig:
     return tiny_config
 
 
-def _eq_3_1_by_hand(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _ifs_by_hand(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     model.eval()
     with torch.no_grad():
         features = model.backbone(normalize(images)).double()
     means = torch.stack([features[labels == c].mean(0) for c in labels.unique()])
     variances = torch.stack([features[labels == c].var(0, unbiased=False) for c in labels.unique()])
+    return torch.stack([means, variances])
+
+
+def _eq_3_1(ifs: torch.Tensor) -> torch.Tensor:
+    means, variances = ifs
     return torch.stack([means.mean(0), means.var(0, unbiased=False), variances.mean(0), variances.var(0, unbiased=False)])
 
 
@@ -56,7 +62,8 @@ def test_the_upload_leaving_a_client_carries_the_four_dfs_vectors_and_no_identit
     broadcast = codec.decode_broadcast(codec.encode_broadcast(fed.server.broadcast(0)))
     received = copy.deepcopy(client.site.model)
     load_shared(received, fed.layout, broadcast.weights)
-    expected = _eq_3_1_by_hand(received, client.site.images, client.site.labels)
+    ifs = _ifs_by_hand(received, client.site.images, client.site.labels)
+    expected = _eq_3_1(ifs)
 
     upload, _ = client.step(broadcast, schedule_for(dfh_config, 0), derive_seed(3, "train", 0, 2))
 
@@ -69,6 +76,17 @@ def test_the_upload_leaving_a_client_carries_the_four_dfs_vectors_and_no_identit
     assert {k: tuple(v.shape) for k, v in decoded.shared.items()} == {DFS: (4, dim)}
     assert decoded.summed["model"].vector.numel() == fed.layout.size
     assert "ifs" not in client.site.extra  # and nothing per identity stays behind for a later round
+
+    # `--dfs-noise` reaches the client's privacy step: the same IFS leave as noised DFS, and the run says so
+    dfh_config.method.dfs_noise = 0.5
+    dfh_config.privacy.reproducible_noise = True
+    noised = build(dfh_config, run_dir=tmp_path).clients[2].privacy
+    assert noised.plan.dfs is not None and noised.plan.dfs.noise_multiplier == 0.5
+    assert any(s.startswith("DFH:") and "NOT inside" in s for s in noised.plan.statements)
+    out = noised.upload(Contribution({"model": upload.summed["model"]}, shared={IFS: ifs.float()}), client_id=2,
+                        round_index=0)
+    assert set(out.shared) == {DFS} and out.shared[DFS].shape == (4, dim)
+    assert not torch.allclose(out.shared[DFS].double(), expected, rtol=1e-2, atol=1e-3)
 
 
 def _train(args: list[str]) -> dict:
