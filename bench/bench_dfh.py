@@ -16,6 +16,8 @@ paper's λ = 5 and margin m = 0.5 (§4.1), P = 8 identities × K = 4 images, α 
     dfh         DFH: Eq. 3.6 (FH onto every other client + DH's novel domain)
     dfh-no-dh   DFH without domain hallucinating (Table 2 row 2: FH only)
     dfh-no-fh   DFH without feature hallucinating onto the other clients (the DH term alone)
+    dfh-l0      DFH with λ = 0: L_ori alone (CE + triplet on real pool-5 features, P×K batches), the
+                control that separates hallucinating from DFH's triplet, sampler and retrieval feature
 
 Each run's unseen-domain scores go to ``--results`` (JSON lines) as it finishes, so an interrupted
 bench continues where it stopped. Scores are given for each method's own retrieval feature (FedPav:
@@ -50,6 +52,7 @@ METHODS = {
     "dfh": {"algorithm": "dfh", "dfh_hallucinate": "both"},
     "dfh-no-dh": {"algorithm": "dfh", "dfh_hallucinate": "features"},
     "dfh-no-fh": {"algorithm": "dfh", "dfh_hallucinate": "domains"},
+    "dfh-l0": {"algorithm": "dfh", "dfh_lambda": 0.0},
 }
 PAPER = {"dfh_lambda": 5.0, "triplet_margin": 0.5}  # §4.1
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results" / "dfh_runs.jsonl"
@@ -70,11 +73,9 @@ def config(method: str, target: str, seed: int, rounds: int) -> RunConfig:
     cfg.run.local_baseline = False
     cfg.run.eval_every = 0
     cfg.secagg.enabled = False
-    for key, value in METHODS[method].items():
+    settings = {**PAPER, **METHODS[method]} if METHODS[method]["algorithm"] == "dfh" else METHODS[method]
+    for key, value in settings.items():
         setattr(cfg.method, key, value)
-    if cfg.method.algorithm == "dfh":
-        for key, value in PAPER.items():
-            setattr(cfg.method, key, value)
     return cfg
 
 
@@ -103,9 +104,11 @@ def one_run(method: str, target: str, seed: int, rounds: int, tmp: Path) -> dict
             scores = evaluate_model(Retrieval(model, feature), unseen.query, unseen.gallery, unseen.query_pids,
                                     unseen.query_camids, unseen.gallery_pids, unseen.gallery_camids)
             by_feature[feature] = {"mAP": float(scores.mAP), "rank1": float(scores.rank1)}
+    losses = [json.loads(line)["loss"] for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"method": method, "target": target, "seed": seed, "rounds": rounds,
             "unseen": {"mAP": own["mAP"], "rank1": own["rank1"]}, **by_feature,
             "seen_mAP": statistics.mean(d["mAP"] for d in summary["domains"]),
+            "loss_per_round": losses,
             "cpu_seconds": time.process_time() - cpu, "wall_seconds": time.perf_counter() - wall}
 
 
@@ -192,7 +195,8 @@ def main() -> None:
                             fh.write(json.dumps(row) + "\n")
                         print(f"seed {seed} {target:9s} {method:10s} unseen mAP {100 * row['unseen']['mAP']:5.1f} "
                               f"R-1 {100 * row['unseen']['rank1']:5.1f} (pool-5 {100 * row['pool5']['mAP']:5.1f}, "
-                              f"neck {100 * row['neck']['mAP']:5.1f})  {row['cpu_seconds']:.0f} CPU-s", flush=True)
+                              f"neck {100 * row['neck']['mAP']:5.1f}) max loss {max(row['loss_per_round']):.3g}  "
+                              f"{row['cpu_seconds']:.0f} CPU-s", flush=True)
     wanted = [r for r in rows if r["method"] in args.methods and r["target"] in args.targets and r["seed"] in args.seeds]
     print(report(wanted, args.methods, args.targets))
 
