@@ -23,7 +23,8 @@ Each run's unseen-domain scores go to ``--results`` (JSON lines) as it finishes,
 bench continues where it stopped. Scores are given for each method's own retrieval feature (FedPav:
 the neck, DFH: pool-5 as the paper) and, for every method, for both features, so the choice of
 feature is not mistaken for the method's effect. The report: per target, mean and 95 % t-interval
-over seeds; overall, DFH − FedPav paired by (target, seed) with its 95 % t-interval.
+over seeds; overall, each DFH variant − FedPav and − the λ = 0 control, paired by (target, seed),
+with the 95 % t-interval of the paired differences.
 """
 
 from __future__ import annotations
@@ -147,19 +148,18 @@ def report(rows: list[dict], methods: list[str], targets: list[str]) -> str:
             lines.append(f"| {target} | " + " | ".join(cells) + " |")
         lines.append("")
     key = {(r["method"], r["target"], r["seed"]): r for r in rows}
-    for m in methods:
-        if m == "fedpav":
-            continue
-        for score_key in ("unseen", "pool5"):
-            pairs = [(key[(m, t, s)][score_key]["mAP"], key[("fedpav", t, s)][score_key]["mAP"])
-                     for (mm, t, s) in key if mm == m and ("fedpav", t, s) in key]
+    for base in ("fedpav", "dfh-l0"):
+        for m in methods:
+            if m == base or m == "fedpav" or (base == "dfh-l0" and m == "dfh-l0"):
+                continue
+            pairs = [(key[(m, t, s)]["unseen"]["mAP"], key[(base, t, s)]["unseen"]["mAP"])
+                     for (mm, t, s) in key if mm == m and (base, t, s) in key]
             if not pairs:
                 continue
             diffs = [100 * (a - b) for a, b in pairs]
             mean, half = interval(diffs)
-            wins = sum(d > 0 for d in diffs)
-            lines.append(f"{m} − fedpav, unseen mAP ({score_key}): {mean:+.1f} ± {half:.1f} points "
-                         f"(95 % t-interval over {len(diffs)} (target, seed) pairs; {m} higher in {wins})")
+            lines.append(f"{m} − {base}, unseen mAP: {mean:+.1f} ± {half:.1f} points (95 % t-interval over "
+                         f"{len(diffs)} (target, seed) pairs; {m} higher in {sum(d > 0 for d in diffs)})")
     cpu = sum(r["cpu_seconds"] for r in rows)
     lines.append(f"\n{len(rows)} runs, {cpu / 60:.1f} CPU-minutes in all")
     return "\n".join(lines)
