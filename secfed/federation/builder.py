@@ -31,6 +31,7 @@ from secfed.federation.secure_channel import RING_BITS, SecureChannel
 from secfed.federation.server import ServerSide
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.accountant import SampledGaussianAccountant
+from secfed.privacy.dfs import dfs_settings
 from secfed.privacy.dpsgd import ClientDpSgd, dp_compatible
 from secfed.privacy.noise import NoiseSource
 from secfed.privacy.policy import DESIGN_DROPOUT, DpSgdPlan, PrivacyPlan, resolve
@@ -307,7 +308,7 @@ def build(
         rounds=cfg.schedule.rounds, aggregation="weighted" if cfg.method.aggregation == "weighted" else "unweighted",
         secagg=cfg.secagg.enabled, bn_stats=cfg.model.bn_stats, extra_uploads=extra_uploads, model_dim=layout.size,
         quantiser_scale=channel.scale if isinstance(channel, SecureChannel) else None, ring_bits=RING_BITS,
-        design_dropout=max(DESIGN_DROPOUT, cfg.secagg.dropout_rate),
+        design_dropout=max(DESIGN_DROPOUT, cfg.secagg.dropout_rate), dfs=dfs_settings(cfg),
     )
     if cfg.schedule.clients_per_round > num_clients:
         raise ConfigError("schedule.clients_per_round", f"{cfg.schedule.clients_per_round} > the {num_clients} clients")

@@ -274,6 +274,7 @@ def snapshot(fed: Federation, history: list[dict[str, Any]], wall: float) -> dic
         "data_fingerprint": fed.data_info["fingerprint"],
         "global": fed.server.weights,
         "server_state": fed.method.server_state(),
+        "server_kept": dict(fed.server.state),  # what the method keeps on the server side (DFH: every client's DFS)
         "clients": {str(c.site.id): {**local_state(c.site.model, fed.layout), **prefixed(fed.method.site_state(c.site))}
                     for c in fed.clients},
         "baselines": {str(k): {**s.model.state_dict(), **prefixed(fed.method.site_state(s))}
@@ -305,6 +306,7 @@ def restore(fed: Federation, state: dict[str, Any]) -> tuple[list[dict[str, Any]
         raise ckpt.CheckpointError("checkpoint was written for another model layout (backbone or sharing rule)")
     fed.server.weights = state["global"]
     fed.method.load_server_state(state.get("server_state", {}))
+    fed.server.state = dict(state.get("server_kept", {}))
     for client in fed.clients:
         own, method = _split(state["clients"][str(client.site.id)])
         client.site.model.load_state_dict(own, strict=False)
