@@ -16,9 +16,13 @@ candidate by the log-likelihood ratio of its mean feature under the best of thre
 client — one identity N(μ̂, v), two identities ½N(μ̂+σ̂, v)+½N(μ̂−σ̂, v) per coordinate, many
 identities N(μ̂, σ̂²+v), with v = μ̃/n_c the uncertainty of the candidate's own mean — against the
 population of identities (the other candidates, leave-one-out). Members against non-members give the
-AUC, the TPR at 1 % FPR and a Mann–Whitney p-value. The fit residual: how closely the statistics of
-the top-k candidates (k ≤ 5) reproduce the shared DFS — the DFS "explained" by identities the
-adversary can name.
+AUC, the TPR at 1 % FPR and a Mann–Whitney p-value.
+
+**Linkage.** The statistics of the top-k candidates (k ≤ 5) rebuild a DFS; its relative mismatch to
+the shared one is the attack's fit residual — the DFS "explained" by identities the adversary can
+name. Its p-value compares that residual with how well candidates explain statistics none of them
+made (each candidate's own DFS, explained by the best other one; log-normal fit, t prediction
+interval). A significant linkage that names members is a leak of those people.
 
 **Inversion.** μ̂ is inverted through the backbone (:func:`secfed.attacks.model_inversion.feature_inversion`)
 and the image is re-identified like any reconstruction.
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy.stats import mannwhitneyu
+from scipy.stats import t as t_dist
 from torch import nn
 
 from secfed.attacks.verdict import LeakTest
@@ -119,10 +124,31 @@ class MembershipOutcome:
     auc: float
     tpr_at_fpr: float
     fpr: float
-    p_value: float
+    p_value: float  # Mann–Whitney, members against non-members
     residual: float
     linked: list[str]  # the candidates whose statistics best reproduce the DFS
-    test: LeakTest
+    test: LeakTest  # membership scores
+    link_test: LeakTest  # the linked identities
+
+
+def linkage_p_value(residual: float, means: torch.Tensor, variances: torch.Tensor) -> float:
+    """How likely a DFS made by someone outside the candidates is explained this well by one of them.
+
+    The null sample: each candidate's own one-identity DFS, explained by the best *other* candidate;
+    their log mismatches are near normal, and the observed one is placed in a t prediction interval."""
+    n = len(means)
+    if n < 3:
+        return 1.0
+    m, v = means.double(), variances.double()
+    scale_m = m.norm(dim=1).clamp_min(1e-12)[:, None]
+    scale_v = v.norm(dim=1).clamp_min(1e-12)[:, None]
+    # mismatch of candidate i's DFS (σ̂² = 0) rebuilt from candidate j alone: (‖μ_j − μ_i‖/‖μ_i‖ + ‖v_j − v_i‖/‖v_i‖)/3
+    cross = (torch.cdist(m, m) / scale_m + torch.cdist(v, v) / scale_v) / 3
+    cross.fill_diagonal_(math.inf)
+    null = cross.min(dim=1).values.clamp_min(1e-300).log().numpy()
+    spread = null.std(ddof=1) * math.sqrt(1 + 1 / n)
+    z = (null.mean() - math.log(max(residual, 1e-300))) / max(spread, 1e-12)
+    return float(t_dist.sf(z, df=n - 1))
 
 
 def _normal_logpdf(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
@@ -161,15 +187,20 @@ def membership(dfs: DomainStatistics, names: list[str], means: torch.Tensor, var
     fpr = float((neg > threshold).mean())
     hits = int((pos > threshold).sum())
     test = LeakTest(True, hits, len(pos), max(fpr, 1 / (len(neg) + 1)), float(mw.pvalue),
-                    f"member identities scored above every non-member's {100 * (1 - FPR):g}th percentile "
-                    f"(Mann–Whitney p over all scores)")
+                    f"member identities above the non-members' {100 * (1 - FPR):g}th percentile; p: Mann–Whitney, "
+                    "members' scores against non-members'")
     order = sorted(range(n), key=lambda i: -s[i])
-    best_residual, linked = math.inf, []
+    best_residual, linked, best_k = math.inf, [], 1
     for k in range(1, min(LINK_MAX, n) + 1):
         chosen = order[:k]
         explained = DomainStatistics.from_identities(means[chosen], variances[chosen])
         residual = dfs.mismatch(explained)
         if residual < best_residual:
-            best_residual, linked = residual, [names[i] for i in chosen]
+            best_residual, linked, best_k = residual, [names[i] for i in chosen], k
+    linked_members = [name for name in linked if name in members]
+    link_p = linkage_p_value(best_residual, means, variances) if linked_members else 1.0
+    link_test = LeakTest(True, len(linked_members), len(linked), best_k / n, link_p,
+                         "linked identities that are members; p: how well candidates explain statistics none of "
+                         "them made (each one's DFS by the others), log-normal tail")
     return MembershipOutcome(scores, sorted(members & set(names)), auc, hits / len(pos), fpr, float(mw.pvalue),
-                             best_residual, linked, test)
+                             best_residual, linked, test, link_test)

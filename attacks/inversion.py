@@ -202,6 +202,34 @@ def _observed_gradient(problem: InversionProblem, sim: _Simulator, steps: LocalS
     return torch.cat([grad[n].reshape(-1) for n in sim.trainable]).to(sim.device)
 
 
+def _observed(problem: InversionProblem, sim: _Simulator, one_step: bool) -> torch.Tensor:
+    """What the simulation is matched with: the gradient of one step (weight decay and scale removed),
+    or the update itself when several steps are unrolled."""
+    if not one_step:
+        return sim.observed_w / problem.scale
+    total_w = sum(c.weight for c in problem.clients)
+    observed = torch.zeros_like(sim.observed_w)
+    for c in problem.clients:
+        observed = observed + c.weight * _observed_gradient(problem, sim, c.steps)
+    return observed / total_w
+
+
+def fit_residual(problem: InversionProblem, image_shape: tuple[int, int, int], images: list[list[torch.Tensor]],
+                 trunk_gradients: list[list[torch.Tensor]]) -> tuple[float, float | None]:
+    """The attack's two fit measures — 1 − cos(simulated, observed) and the BatchNorm-statistics
+    residual — at given normalised images and trunk gradients (per client, per step). At the truth
+    both are ~0: the check that the adversary's simulation is the client's real step."""
+    sim = _Simulator(problem, image_shape)
+    try:
+        one_step = all(len(steps) == 1 for steps in images)
+        predicted, stats = sim.run(images, trunk_gradients)
+        residual = float(1 - F.cosine_similarity(predicted.detach(), _observed(problem, sim, one_step), dim=0))
+        bn = _bn_residual(problem, sim, stats)
+        return residual, None if bn is None else float(bn.detach())
+    finally:
+        sim.close()
+
+
 def _bn_residual(problem: InversionProblem, sim: _Simulator,
                  stats: list[list[list[tuple[torch.Tensor, torch.Tensor]]]]) -> torch.Tensor | None:
     """Relative error of the simulated running-statistic changes against the observed ones (mean over layers)."""
@@ -262,14 +290,7 @@ def _invert(problem: InversionProblem, sim: _Simulator, image_shape: tuple[int, 
                      f"steps×images); the budget allows {max_dummies}: modelled as one step on {sum(per)} dummies "
                      "(an approximation)")
     one_step = all(len(steps) == 1 for steps in layout)
-    if one_step:
-        observed = torch.zeros_like(sim.observed_w)
-        total_w = sum(c.weight for c in problem.clients)
-        for c in problem.clients:
-            observed = observed + c.weight * _observed_gradient(problem, sim, c.steps)
-        observed = observed / total_w
-    else:
-        observed = sim.observed_w / problem.scale
+    observed = _observed(problem, sim, one_step)
     lo, hi = _box(sim.device)
     use_features = problem.neck_features is not None and one_step and len(problem.clients) == 1 \
         and problem.neck_features.shape[0] == layout[0][0]

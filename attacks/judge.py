@@ -4,11 +4,12 @@ A :class:`Judge` holds a gallery (the client's own images plus distractors: peop
 saw) embedded twice, with the run's own ReID embedding (:func:`secfed.evaluation.features.extract_features`
 of the global model) and by raw pixels (:func:`secfed.evaluation.raw_pixels.raw_pixel_features`).
 Given reconstructions and the victims they came from (the images the attacked update was computed
-on), it asks for each reconstruction: is its nearest gallery image a picture of one of the victims'
-identities? The victims' own images are left out of the gallery, so a hit means the person was
-recognised in *other* pictures of them — an exact copy of a noise image identifies no one. Chance is
-the share of the remaining gallery those identities hold; the count of hits is tested against it
-(:func:`secfed.attacks.verdict.binomial_tail`).
+on), it ranks the gallery by similarity to each reconstruction and asks how high the first picture of
+one of the victims' identities comes. The victims' own images are left out of the gallery, so a
+good rank means the person was recognised in *other* pictures of them — an exact copy of a noise
+image identifies no one. Against a random ranking the chance of a first match at rank ≤ r is a
+hypergeometric tail; the per-image p-values are combined with Fisher's method (scipy), and rank-1
+hits are reported beside them (chance: the share of the gallery the identities hold).
 
 When no other picture of the victims exists (every image of theirs was in the update) each
 reconstruction is paired with the victim it resembles most in pixels and only that one image is
@@ -20,17 +21,21 @@ augmentation's shift and mirror (the reconstruction is of the augmented view).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import copy
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.stats import combine_pvalues, hypergeom
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from secfed.attacks.verdict import LeakTest, binomial_tail, no_test
+from secfed.attacks.verdict import LeakTest, no_test
 from secfed.data.augment import crop_flip, scaled_pad
+from secfed.data.transforms import normalize
 from secfed.evaluation.features import extract_features
 from secfed.evaluation.raw_pixels import raw_pixel_features
 
@@ -66,15 +71,33 @@ class Judge:
 
     def embed_neck_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
         """Recovered neck inputs (pooled backbone features) → the run's ReID feature (the neck's output)."""
-        modes = [(m, m.training) for m in self.model.modules()]
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                device = next(self.model.parameters()).device
-                return F.normalize(self.model.neck(inputs.to(device)).float(), dim=1).cpu()
-        finally:
-            for m, training in modes:
-                m.training = training
+        with _eval(self.model), torch.no_grad():
+            device = next(self.model.parameters()).device
+            return F.normalize(self.model.neck(inputs.to(device)).float(), dim=1).cpu()
+
+    def embed_under_batch_statistics(self, stats: dict[str, tuple[torch.Tensor, torch.Tensor]], batch: int,
+                                     height: int, width: int) -> torch.Tensor:
+        """The gallery as a training step on a batch of ``batch`` images with these per-layer batch
+        statistics would have embedded it: the backbone's BatchNorms normalise with ``stats`` (the
+        victims' batch, revealed by the update) instead of the running ones, then the neck as usual.
+        Recovered neck inputs are comparable with this, not with the eval-mode gallery."""
+        model = copy.deepcopy(self.model)
+        sizes = _batchnorm_input_sizes(model, height, width)
+        with torch.no_grad():
+            for name, m in model.named_modules():
+                if name in stats and name.startswith("backbone") and name in sizes:
+                    mean, var = stats[name]
+                    count = batch * sizes[name]  # values per channel in that batch
+                    m.running_mean.copy_(mean)
+                    m.running_var.copy_(var * (count - 1) / count)  # BatchNorm normalises by the biased variance
+        model.eval()
+        device = next(model.parameters()).device
+        chunks = []
+        with torch.no_grad():
+            for i in range(0, len(self.gallery.images), 256):
+                x = normalize(self.gallery.images[i:i + 256].to(device))
+                chunks.append(F.normalize(model.neck(model.backbone(x)).float(), dim=1).cpu())
+        return torch.cat(chunks)
 
     # ---- judging ---------------------------------------------------------------------------------
 
@@ -109,16 +132,18 @@ class Judge:
         tests["reid-pixels"] = self._reid(pixels, self.pixels, targets, left_out, matched, rows, "pixels")
         return rows, tests
 
-    def judge_features(self, embedding: torch.Tensor, victims: Sequence[int]) -> tuple[list[dict[str, Any]], dict[str, LeakTest]]:
-        """Re-identification of recovered ReID features (no pixels to compare)."""
+    def judge_features(self, embedding: torch.Tensor, victims: Sequence[int], gallery_embedding: torch.Tensor | None = None
+                       ) -> tuple[list[dict[str, Any]], dict[str, LeakTest]]:
+        """Re-identification of recovered ReID features (no pixels to compare), against the gallery's
+        eval-mode embedding or ``gallery_embedding`` (e.g. :meth:`embed_under_batch_statistics`)."""
         victims = list(victims)
+        gallery = self.embedding if gallery_embedding is None else gallery_embedding
         # Without pixels, pair each feature with the victim whose embedding it is closest to.
-        sims = embedding @ self.embedding[victims].T
+        sims = embedding @ gallery[victims].T
         matched = [victims[j] for j in sims.argmax(1).tolist()]
         rows = [{"victim": int(v), "victim_identity": str(self.ids[v])} for v in matched]
         targets = self._targets(len(rows), victims, None)
-        return rows, {"reid-embedding": self._reid(embedding, self.embedding, targets, victims, matched, rows,
-                                                   "embedding")}
+        return rows, {"reid-embedding": self._reid(embedding, gallery, targets, victims, matched, rows, "embedding")}
 
     def _targets(self, n: int, victims: list[int], identities: Sequence[set[str]] | None) -> list[set[str]]:
         if identities is None:
@@ -139,36 +164,45 @@ class Judge:
         keep = np.ones(n, dtype=bool)
         keep[exclude] = False
         sims = query @ gallery.T
-        chances = [float(np.isin(self.ids[keep], list(t)).mean()) if keep.any() else 0.0 for t in targets]
-        if max(chances) > 0:
-            rule = ("nearest gallery image" + (" (the victims' own images left out)" if exclude else "")
-                    + " shows a target identity")
-            masked = sims.clone()
-            masked[:, torch.from_numpy(~keep)] = -torch.inf
-            top = masked.argmax(1).tolist()
-            hits = [self.ids[t] in target for t, target in zip(top, targets)]
-        else:
-            # every picture of the victims was excluded: leave out only the image each one matched
-            rule = "nearest gallery image other than the matched victim shows the matched victim's identity"
-            top, hits, chances = [], [], []
-            for i, v in enumerate(matched):
-                row = sims[i].clone()
-                row[v] = -torch.inf
-                t = int(row.argmax())
-                top.append(t)
-                hits.append(self.ids[t] == self.ids[v])
-                others = np.ones(n, dtype=bool)
-                others[v] = False
-                chances.append(float((self.ids[others] == self.ids[v]).mean()))
-            if max(chances, default=0.0) == 0:
+        wanted = [np.isin(self.ids, list(t)) & keep for t in targets]
+        rule = "a target identity's first image in the ranking" + (" (the victims' own images left out)" if exclude else "")
+        if not any(w.any() for w in wanted):
+            # every picture of the victims was left out: leave out only the image each one matched
+            rule = "the matched victim's identity's first other image in the ranking"
+            wanted, keep_rows = [], []
+            for v in matched:
+                mask = np.ones(n, dtype=bool)
+                mask[v] = False
+                wanted.append((self.ids == self.ids[v]) & mask)
+                keep_rows.append(mask)
+            if not any(w.any() for w in wanted):
                 return no_test("no other picture of any victim's identity in the gallery")
-        for row, t, hit in zip(rows, top, hits):
-            row[f"{space}_nearest_identity"] = str(self.ids[t])
-            row[f"{space}_nearest_index"] = int(t)
-            row[f"{space}_hit"] = bool(hit)
-        p0 = max(chances)
-        k = int(sum(hits))
-        return LeakTest(True, k, len(hits), p0, binomial_tail(k, len(hits), p0), f"re-identified by {space}: {rule}")
+        else:
+            keep_rows = [keep] * len(targets)
+        hits, p_values, chances = [], [], []
+        for i, (w, k) in enumerate(zip(wanted, keep_rows)):
+            row = sims[i].clone()
+            row[torch.from_numpy(~k)] = -torch.inf
+            order = row.argsort(descending=True).numpy()[: int(k.sum())]
+            positions = np.flatnonzero(w[order])
+            total, good = int(k.sum()), int(w.sum())
+            if good == 0:
+                continue
+            rank = int(positions[0]) + 1
+            top = int(order[0])
+            # P(a random ranking puts a target image at least this high): the hypergeometric tail
+            p = float(hypergeom(total, good, rank).sf(0))
+            hits.append(rank == 1)
+            p_values.append(p)
+            chances.append(good / total)
+            rows[i][f"{space}_nearest_identity"] = str(self.ids[top])
+            rows[i][f"{space}_nearest_index"] = top
+            rows[i][f"{space}_first_match_rank"] = rank
+            rows[i][f"{space}_rank_p"] = p
+            rows[i][f"{space}_hit"] = rank == 1
+        combined = float(combine_pvalues(p_values, method="fisher").pvalue) if len(p_values) > 1 else p_values[0]
+        return LeakTest(True, int(sum(hits)), len(hits), max(chances), combined,
+                        f"rank-1 by {space}; p: Fisher-combined rank of {rule}, against a random ranking")
 
     def aligned_psnr_ssim(self, reconstruction: torch.Tensor, victim: torch.Tensor) -> tuple[float, float]:
         """Best PSNR and SSIM over the training augmentation's shifts and mirror of ``victim``."""
@@ -188,6 +222,35 @@ class Judge:
         best_psnr, best_ssim = -np.inf, -np.inf
         for view in shifted:
             ref = view.permute(1, 2, 0).numpy()
-            best_psnr = max(best_psnr, float(peak_signal_noise_ratio(ref, rec, data_range=255)))
+            with np.errstate(divide="ignore"):  # an exact match has an infinite PSNR
+                best_psnr = max(best_psnr, float(peak_signal_noise_ratio(ref, rec, data_range=255)))
             best_ssim = max(best_ssim, float(structural_similarity(ref, rec, channel_axis=2, data_range=255)))
         return best_psnr, best_ssim
+
+
+@contextlib.contextmanager
+def _eval(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode for the block, each submodule's own mode restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _batchnorm_input_sizes(model: torch.nn.Module, height: int, width: int) -> dict[str, int]:
+    """Spatial positions per channel at every BatchNorm's input, for one image of height × width."""
+    sizes: dict[str, int] = {}
+    hooks = [m.register_forward_hook(lambda m, i, o, name=name: sizes.__setitem__(
+        name, int(i[0][0, 0].numel()))) for name, m in model.named_modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    device = next(model.parameters()).device
+    try:
+        with _eval(model), torch.no_grad():
+            model.embed(torch.zeros(1, 3, height, width, device=device))
+    finally:
+        for h in hooks:
+            h.remove()
+    return sizes

@@ -33,6 +33,7 @@ from secfed.attacks.local_training import LocalSteps
 from secfed.models.sharing import SharedLayout
 
 RANK_TOLERANCE = 1e-3  # singular values below this fraction of the largest count as zero
+BIAS_VANISHES = 1e-3  # ‖∇b‖ below this fraction of ‖∇W‖: no bias gradient to divide by
 
 
 @dataclass
@@ -76,8 +77,9 @@ def bias_ratio_probe(name: str, grad_w: torch.Tensor, grad_b: torch.Tensor, *, s
                      max_inputs: int = 64) -> ProbeOutput:
     """x = ∇W[i] / ∇b[i] on the rows where the bias gradient is not negligible."""
     gw, gb = grad_w.double(), grad_b.double()
-    scale = gw.norm() / max(1, gw.shape[0]) ** 0.5
-    if gb.abs().max() <= 1e-5 * scale:
+    # A real bias gradient is ∇W's rows divided by inputs of moderate norm; one a thousand times
+    # smaller than ∇W is rounding noise around zero (Σ_n δ_n = 0 under BatchNorm).
+    if gb.norm() <= BIAS_VANISHES * gw.norm():
         return ProbeOutput("linear-bias", name, False,
                            "the bias gradient vanishes (a BatchNorm in training mode follows the layer: Σ_n δ_n = 0)",
                            space=space)
@@ -131,3 +133,17 @@ def neck_probe(model: nn.Module, layout: SharedLayout, linear: str, batchnorm: s
         details["note"] = f"the client took {steps.steps} local steps; the probe models one"
     return ProbeOutput("neck-bn", linear, True, f"batch mean exact for one step; weight-gradient rank {rank} → "
                        f"batch of ~{rank + 1}", residual, inputs, x_mean.float(), rank + 1, "neck-input", details)
+
+
+def revealed_batch_statistics(model: nn.Module, layout: SharedLayout, start: dict[str, torch.Tensor],
+                              delta: dict[str, torch.Tensor], scale: float = 1.0) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per shared BatchNorm layer, the batch mean and unbiased batch variance of its input that one
+    training step's running-statistic update reveals: mean = old + Δ/momentum (likewise the variance)."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and f"{name}.running_mean" in delta:
+            momentum = m.momentum if m.momentum is not None else 0.1
+            mean = start[f"{name}.running_mean"] + delta[f"{name}.running_mean"] / (momentum * scale)
+            var = start[f"{name}.running_var"] + delta[f"{name}.running_var"] / (momentum * scale)
+            out[name] = (mean.float(), var.float().clamp_min(0))
+    return out

@@ -10,14 +10,14 @@
 An attack that did not fit its target never says "safe". A target's verdict is LEAK if any of its
 attacks says LEAK, NO-LEAK-AT-THIS-STRENGTH if one says so and none leaks, INCONCLUSIVE otherwise.
 
-"Significantly" is a one-sided test at level :data:`ALPHA`: the number of reconstructions whose
-nearest gallery identity is a victim's, against the binomial tail at the chance rate (the share of
-the gallery those identities hold), or a rank test for membership scores.
+"Significantly" is a one-sided test at level :data:`ALPHA`: for reconstructions, how high the first
+picture of a victim's identity ranks among the gallery, against a random ranking (per image, then
+combined: :mod:`secfed.attacks.judge`); for membership, a rank test of member against non-member
+scores.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -39,17 +39,6 @@ class Verdict(str, Enum):
 SEVERITY = {Verdict.LEAK: 2, Verdict.INCONCLUSIVE: 1, Verdict.NO_LEAK: 0}
 
 
-def binomial_tail(hits: int, trials: int, chance: float) -> float:
-    """P[X ≥ hits] for X ~ Binomial(trials, chance): how surprising ``hits`` is under chance alone."""
-    if hits <= 0:
-        return 1.0
-    if chance <= 0.0:
-        return 0.0
-    if chance >= 1.0:
-        return 1.0
-    return min(1.0, sum(math.comb(trials, k) * chance**k * (1 - chance) ** (trials - k) for k in range(hits, trials + 1)))
-
-
 @dataclass(frozen=True)
 class LeakTest:
     """Whether an attack's output identifies people better than chance."""
@@ -63,7 +52,7 @@ class LeakTest:
 
     @property
     def significant(self) -> bool:
-        return self.measurable and self.hits > 0 and self.p_value < ALPHA
+        return self.measurable and self.p_value < ALPHA
 
     def to_dict(self) -> dict[str, Any]:
         return {"measurable": self.measurable, "hits": self.hits, "trials": self.trials, "chance": self.chance,
@@ -119,8 +108,8 @@ def decide(tests: dict[str, LeakTest], residual: float | None, fit_threshold: fl
     """The verdict of one attack from its leak tests and its own fit."""
     for name, test in tests.items():
         if test.significant:
-            return Verdict.LEAK, (f"{name}: {test.hits}/{test.trials} {test.statistic} (chance {test.chance:.3g}, "
-                                  f"p = {test.p_value:.2g} < {ALPHA})")
+            return Verdict.LEAK, (f"{name}: p = {test.p_value:.2g} < {ALPHA} ({test.hits}/{test.trials} at rank 1, "
+                                  f"chance {test.chance:.2g})")
     fitted = residual is not None and fit_threshold is not None and residual <= fit_threshold
     if not fitted:
         shown = "n/a" if residual is None else f"{residual:.3g}"

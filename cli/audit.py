@@ -47,7 +47,9 @@ class AuditUsageError(click.ClickException):
               help="Exit 1 when a target the run exposes gets this verdict (inconclusive: or LEAK).")
 @click.option("--save-images", is_flag=True, help="Write image grids (victim | reconstruction | nearest match) "
               "under --out. They are as sensitive as the images.")
-@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="torch CPU threads. The attacks optimise tiny batches: one thread ran a ResNet-18 step on two "
+              "64×32 images 9× faster than two on a busy 2-core machine (bench/RESULTS.md).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the attacks' "
               "initialisations and of the distractor draw.")
 def audit_command(run: Path, attack: str, target: str | None, round_: int | None, client: str | None, budget: str,
