@@ -174,7 +174,7 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
         elif target == "sum":
             reports.append(_sum(run, evidence, cohort, judge, where, budget, watch, request.seed))
         elif target == "weights":
-            reports.append(_weights(run, k, weights_judge, where, budget, watch, request.seed))
+            reports.extend(_weights(run, k, weights_judge, where, budget, watch, request.seed))
         elif target == "dfs":
             reports.append(_dfs(run, evidence, k, judge, where, budget, watch, request.seed, shares_dfs))
     site = run.fed.clients[k].site
@@ -278,21 +278,35 @@ def _sum(run: AuditedRun, evidence: RoundEvidence, cohort: list[int], judge: Jud
 
 
 def _weights(run: AuditedRun, k: int, judge: Judge, where: dict[int, list[int]], budget: Budget, watch: Stopwatch,
-             seed: int) -> TargetReport:
+             seed: int) -> list[TargetReport]:
+    """The global model as everyone holds it; and, when the classifier stays local, what it gives away
+    together with the audited client's classifier (reported apart: that classifier is not shared)."""
     model = judge.model
     layout_names = set(run.fed.layout.names)
     bn_shared = any(n.endswith(".running_mean") for n in layout_names)
+    head_shared = any(n.startswith("classifier.") for n in layout_names)
     site = run.fed.clients[k].site
-    head_source = ("the shared classifier" if any(n.startswith("classifier.") for n in layout_names)
-                   else f"client {site.name}'s own classifier (an adversary holding that client's model)")
     # what maps the model's embedding to identities (FedReID's embedding skips its local mapping network)
     head = torch.nn.Sequential(model.neck, model.classifier) if isinstance(model, MappedReIDModel) else model.classifier
+    facts = [f"global model after round {run.rounds_done}"]
     results, notes = attack_weights(model=model, judge=judge, client_images=where[k], bn_shared=bn_shared,
-                                    head=head, head_labels=site.labels, head_source=head_source, budget=budget,
-                                    watch=watch, seed=seed)
+                                    head=head if head_shared else None, head_labels=site.labels,
+                                    head_source="the shared classifier", budget=budget,
+                                    watch=watch.share(1.0 if head_shared else 0.6), seed=seed)
     verdict, reason = target_verdict(results)
-    return TargetReport("weights", verdict, reason, True, "every client receives the global model each round",
-                        results, notes=[f"global model after round {run.rounds_done}"] + notes)
+    reports = [TargetReport("weights", verdict, reason, True, "every client receives the global model each round",
+                            results, notes=facts + notes)]
+    if not head_shared:
+        results, notes = attack_weights(model=model, judge=judge, client_images=where[k], bn_shared=bn_shared,
+                                        head=head, head_labels=site.labels,
+                                        head_source=f"client {site.name}'s own classifier", budget=budget,
+                                        watch=Stopwatch(watch.remaining), seed=seed, unconditional=False)
+        verdict, reason = target_verdict(results)
+        reports.append(TargetReport(
+            "weights+head", verdict, reason, False, f"client {site.name}'s classifier never leaves the client; shown "
+            "for what the global model and that classifier give away together (a stolen or published client model)",
+            results, notes=facts + notes))
+    return reports
 
 
 def _dfs(run: AuditedRun, evidence: RoundEvidence, k: int, judge: Judge, where: dict[int, list[int]], budget: Budget,

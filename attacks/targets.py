@@ -161,16 +161,18 @@ def _grid_images(judge: Judge, reconstructions: torch.Tensor, rows: list[dict[st
 
 def attack_weights(*, model: nn.Module, judge: Judge, client_images: Sequence[int], bn_shared: bool,
                    head: nn.Module | None, head_labels: torch.Tensor | None, head_source: str, budget: Budget,
-                   watch: Stopwatch, seed: int = 0) -> tuple[list[AttackResult], list[str]]:
-    """DeepInversion of the global model (server's view) and, with a head, class-conditional inversion."""
-    results, notes = [], []
+                   watch: Stopwatch, seed: int = 0, unconditional: bool = True) -> tuple[list[AttackResult], list[str]]:
+    """DeepInversion of the global model (unconditional) and, with a head, class-conditional inversion
+    towards the head's classes with the most images."""
+    results: list[AttackResult] = []
+    notes: list[str] = []
     shape = tuple(judge.gallery.images.shape[1:])
     client_images = list(client_images)
     client_ids = {judge.ids[i] for i in client_images}
     base = {"adversary": "anyone holding the global model (server, every client)",
             "bn_statistics": "shared: the global running statistics are matched" if bn_shared
             else "local: the global model holds none (the attack has nothing to match)"}
-    if bn_shared:
+    if unconditional and bn_shared:
         w = watch.share(0.5 if head is not None else 1.0)
         out = deep_inversion(model, images=budget.model_inversion_images, image_shape=shape,  # type: ignore[arg-type]
                              iterations=budget.model_inversion_iterations, restarts=1, stopwatch=w, seed=seed)
@@ -183,7 +185,7 @@ def attack_weights(*, model: nn.Module, judge: Judge, client_images: Sequence[in
             MODEL_INVERSION_FIT, True, out.iterations, out.restarts, assumptions={**base, "head": "none"},
             metrics=_image_summary(rows), tests=tests, per_image=rows,
             images=_grid_images(judge, out.images, rows)), w))
-    else:
+    elif unconditional:
         notes.append("inversion:model: BatchNorm statistics are local, the global model carries none to match")
     if head is not None and head_labels is not None:
         w = Stopwatch(watch.remaining)

@@ -14,7 +14,7 @@ from secfed.cli.main import cli
 from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec
 
-TARGETS = {"protocol", "update", "sum", "weights", "dfs"}
+TARGETS = {"protocol", "update", "sum", "weights", "weights+head", "dfs"}
 
 
 def _audit(*args: str) -> tuple[int, str, str]:
@@ -48,6 +48,8 @@ def test_a_quick_audit_writes_its_report_and_gates_on_the_verdict(recorded_run: 
     report = json.loads(stdout)
     verdicts = report["verdicts"]
     assert set(verdicts) == TARGETS and verdicts["dfs"] is None
+    exposed = {t["target"]: t["exposed"] for t in report["targets"]}
+    assert exposed["update"] and not exposed["weights+head"]  # plain channel; FedPav keeps its classifier
     # the run shares no DFS; nothing else is NO-LEAK at toy budgets, so --fail-on inconclusive fails the gate
     assert code == 1, output
     assert verdicts["sum"] != "LEAK"  # negative control: the sum of three clients' hundreds of steps
