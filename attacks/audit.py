@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from secfed.attacks.budget import BUDGETS, Budget, Stopwatch
+from secfed.attacks.budget import BUDGETS, REPORT_RESERVE, Budget, Stopwatch
 from secfed.attacks.dfs import DFS_KEY
 from secfed.attacks.evidence import (AuditedRun, AuditError, RoundEvidence, client_index, float_update, gallery_for,
                                      model_with, next_cohort, open_for_audit, read_recorded, recorded_rounds,
@@ -121,14 +121,17 @@ def plan_targets(attack: str, target: str | None) -> list[str]:
     return (["protocol"] if attack == "all" else []) + chosen
 
 
-def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = None) -> AuditReport:
+def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = None,
+              started: float | None = None) -> AuditReport:
+    """The audit ``request`` asks for; ``started`` (``time.monotonic()``) is when the budget began
+    (the command's start: loading torch counts too)."""
     say = progress or (lambda message: None)
     if request.budget not in BUDGETS:
         raise AuditError("--budget", f"{request.budget!r} is not one of {', '.join(BUDGETS)}")
     budget = BUDGETS[request.budget]
     if request.time_limit is not None:
         budget = budget.with_seconds(request.time_limit)
-    total = Stopwatch(budget.seconds)
+    total = Stopwatch(budget.seconds * (1 - REPORT_RESERVE), since=started)
     targets = plan_targets(request.attack, request.target)
     try:
         run = open_for_audit(request.run, data_root=request.data_root, device=request.device)

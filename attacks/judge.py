@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +131,55 @@ class Judge:
                 row["note"] = emb_note
         tests["reid-pixels"] = self._reid(pixels, self.pixels, targets, left_out, rows, "pixels")
         return rows, tests
+
+    def judge_targeted(self, reconstructions: torch.Tensor, targets: Sequence[str], victims: Sequence[int], *,
+                       use_embedding: bool = False) -> tuple[list[dict[str, Any]], dict[str, LeakTest]]:
+        """Reconstructions each aimed at one identity (class-conditional inversion). Tested crosswise:
+        is each image's own target ranked earlier than the other images' targets? Every image is
+        ranked against every target, and the sum of the aimed-at ranks is compared with all
+        reassignments of targets to images (exact permutation test). An identity that is close to
+        everything (a "hub") is then close to the other images too, and proves nothing."""
+        victims = list(victims)
+        pixels = raw_pixel_features(reconstructions)
+        matched = self._match_victims(pixels, victims)
+        rows = []
+        for i, (v, t) in enumerate(zip(matched, targets)):
+            psnr, ssim = self.aligned_psnr_ssim(reconstructions[i], self.gallery.images[v])
+            rows.append({"target_identity": t, "victim": int(v), "victim_identity": str(self.ids[v]), "psnr": psnr,
+                         "ssim": ssim})
+        tests = {}
+        for space, query, gallery in (("embedding", self.embed_images(reconstructions), self.embedding),
+                                      ("pixels", pixels, self.pixels)):
+            test = self._crossed(query, gallery, list(targets), rows, space)
+            if space == "pixels" or use_embedding:
+                tests[f"reid-{space}"] = test
+        return rows, tests
+
+    def _crossed(self, query: torch.Tensor, gallery: torch.Tensor, targets: list[str], rows: list[dict[str, Any]],
+                 space: str) -> LeakTest:
+        k = len(targets)
+        if k < 2 or len(set(targets)) < k:
+            return no_test("a crossed test needs at least two distinct targets")
+        order = (query @ gallery.T).argsort(dim=1, descending=True).numpy()
+        ranks = np.zeros((k, k))
+        for i in range(k):
+            ranked_ids = self.ids[order[i]]
+            for j, t in enumerate(targets):
+                ranks[i, j] = int(np.flatnonzero(ranked_ids == t)[0]) + 1
+        for i, row in enumerate(rows):
+            row.update({f"{space}_first_match_rank": int(ranks[i, i]), f"{space}_hit": bool(ranks[i, i] == 1),
+                        f"{space}_nearest_identity": str(self.ids[order[i][0]])})
+        observed = float(np.trace(ranks))
+        if k <= 8:
+            perms = np.array(list(itertools.permutations(range(k))))
+        else:
+            gen = np.random.default_rng(0)
+            perms = np.array([gen.permutation(k) for _ in range(20_000)])
+        totals = ranks[np.arange(k)[None, :], perms].sum(axis=1)
+        p = float((totals <= observed).mean())
+        hits = int((np.diag(ranks) == 1).sum())
+        return LeakTest(True, hits, k, 1.0 / k, p, f"rank-1 by {space}; p: each image's own target ranked earlier "
+                        f"than the others' targets (exact permutation test over {len(perms)} assignments)")
 
     def judge_features(self, embedding: torch.Tensor, victims: Sequence[int], gallery_embedding: torch.Tensor | None = None
                        ) -> tuple[list[dict[str, Any]], dict[str, LeakTest]]:

@@ -36,6 +36,7 @@ INVERSION_FIT = 0.05  # gradient inversion: 1 − cos(predicted, observed update
 MODEL_INVERSION_FIT = 0.25  # DeepInversion: relative BatchNorm-statistics mismatch
 FEATURE_FIT = 0.05  # feature inversion: 1 − cos(feature, target)
 DFS_FIT = 0.1  # DFS linkage: relative mismatch of the DFS rebuilt from the linked identities
+JUDGING = 0.1  # share of an attack's time kept for judging its reconstructions
 
 
 def _timed(result: AttackResult, watch: Stopwatch) -> AttackResult:
@@ -118,7 +119,7 @@ def attack_update(*, model: nn.Module, layout: SharedLayout, start: torch.Tensor
             assumptions={**assumptions, "model": "one local step"},
             metrics={"inputs_recovered": probe.batch_estimate}, tests=tests, per_image=rows), w))
 
-    w = Stopwatch(watch.remaining)
+    w = Stopwatch(watch.remaining * (1 - JUDGING))
     problem = InversionProblem(copy.deepcopy(model), layout, start_d, observed_d, clients, scale,
                                seed_features, seed_linear)
     c, h, wd = judge.gallery.images.shape[1:]
@@ -196,9 +197,9 @@ def attack_weights(*, model: nn.Module, judge: Judge, client_images: Sequence[in
         out = deep_inversion(model, images=len(targets), image_shape=shape, iterations=budget.model_inversion_iterations,  # type: ignore[arg-type]
                              restarts=1, stopwatch=w, head=head, targets=targets, seed=seed + 1)
         names = [judge.ids[client_images[int((labels == c).nonzero()[0])]] for c in targets.tolist()]
-        victims_of = [[client_images[i] for i in (labels == c).nonzero().squeeze(1).tolist()] for c in targets.tolist()]
-        rows, tests = judge.judge_images(out.images, [v for vs in victims_of for v in vs],
-                                         identities=[{n} for n in names], exclude=[], use_embedding=False)
+        victims = [client_images[i] for c in targets.tolist() for i in (labels == c).nonzero().squeeze(1).tolist()]
+        # optimised through the head and the embedding: only pixels may judge it
+        rows, tests = judge.judge_targeted(out.images, names, victims, use_embedding=False)
         verdict, reason = decide(tests, out.residual, MODEL_INVERSION_FIT, complete=True)
         results.append(_timed(AttackResult(
             "inversion:model+head", "weights", verdict, reason, out.residual,

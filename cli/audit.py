@@ -62,6 +62,7 @@ def audit_command(run: Path, attack: str, target: str | None, round_: int | None
     pixels, against the client's images plus distractors. An attack that did not fit its target
     never says NO-LEAK.
     """
+    started = time.monotonic()
     from secfed.attacks.audit import AuditRequest, run_audit
     from secfed.attacks.evidence import AuditError
     from secfed.attacks.report import verdict_table, write_report
@@ -74,7 +75,7 @@ def audit_command(run: Path, attack: str, target: str | None, round_: int | None
     set_threads(threads)
     request = AuditRequest(run, attack, target, round_, client, budget, time_limit, device, data_root, seed)
     try:
-        report = run_audit(request, progress=lambda message: log.print(f"[dim]{message}[/]"))
+        report = run_audit(request, progress=lambda message: log.print(f"[dim]{message}[/]"), started=started)
     except AuditError as exc:
         raise AuditUsageError(str(exc)) from None
     except (ConfigError, DataError, PretrainedWeightsUnavailable) as exc:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from secfed.algorithms import base_method
+from secfed.attacks.controls import gallery_of
 from secfed.attacks.judge import Judge
 from secfed.attacks.verdict import ALPHA
 from secfed.config import RunConfig
@@ -69,3 +71,18 @@ def test_psnr_and_ssim_undo_the_training_augmentation(two_people, toy_config: Ru
     assert math.isinf(psnr) and ssim > 0.999
     shifted_psnr, _ = judge.aligned_psnr_ssim(view.roll(5, dims=1), images[0])
     assert shifted_psnr < 30
+
+
+def test_aimed_reconstructions_are_tested_crosswise_so_a_hub_proves_nothing(people, toy_config: RunConfig) -> None:
+    """Class-conditional images: each is ranked against every target; identical images (a blob near
+    one "hub" identity for every class) cannot beat the permutation test, pictures of the targets can."""
+    groups = people["campus"] + people["distractors"]
+    gallery, where = gallery_of(groups, own=[True] * len(people["campus"]) + [False] * len(people["distractors"]))
+    judge = _judge(gallery, toy_config)
+    targets = [groups[i][0] for i in range(4)]
+    pictures = torch.stack([gallery.images[where[i][0]] for i in range(4)])
+    _, tests = judge.judge_targeted(pictures, targets, [i for w in where[:4] for i in w])
+    assert tests["reid-pixels"].p_value == pytest.approx(1 / 24) and tests["reid-pixels"].hits == 4
+    _, hub = judge.judge_targeted(pictures[:1].expand(4, -1, -1, -1).contiguous(), targets,
+                                  [i for w in where[:4] for i in w])
+    assert hub["reid-pixels"].p_value > 0.2
