@@ -83,23 +83,33 @@ def bias_ratio_probe(name: str, grad_w: torch.Tensor, grad_b: torch.Tensor, *, s
         return ProbeOutput("linear-bias", name, False,
                            "the bias gradient vanishes (a BatchNorm in training mode follows the layer: Σ_n δ_n = 0)",
                            space=space)
-    rows = (gb.abs() > 1e-3 * gb.abs().max()).nonzero().squeeze(1)
-    candidates = gw[rows] / gb[rows, None]
-    # Rows dominated by the same sample give the same input: keep one of each (cosine > 0.999).
-    order = gb[rows].abs().argsort(descending=True)
-    distinct: list[torch.Tensor] = []
-    for i in order.tolist():
-        c = candidates[i]
-        if all(torch.nn.functional.cosine_similarity(c, d, dim=0) < 0.999 for d in distinct):
-            distinct.append(c)
-        if len(distinct) >= max_inputs:
-            break
+    present = gb < 0
+    if present.any() and int((~present).sum()) >= 2:
+        # A softmax cross-entropy head (Zhao et al.'s iDLG; Fowl et al.): a label in the batch makes
+        # its row's bias gradient negative (Σ_n p_nc − count_c). The other rows are Σ_n p_nc·x_n, a
+        # background that is subtracted before dividing — one input (the label's mean) per label.
+        background_w, background_b = gw[~present].mean(0), gb[~present].mean()
+        distinct = list((background_w - gw[present]) / (background_b - gb[present])[:, None])[:max_inputs]
+        reason = f"{len(distinct)} label row(s) of a cross-entropy head, background rows subtracted"
+    else:
+        rows = (gb.abs() > 1e-3 * gb.abs().max()).nonzero().squeeze(1)
+        candidates = gw[rows] / gb[rows, None]
+        # Rows dominated by the same sample give the same input: keep one of each (cosine > 0.999).
+        order = gb[rows].abs().argsort(descending=True)
+        distinct = []
+        for i in order.tolist():
+            c = candidates[i]
+            if all(torch.nn.functional.cosine_similarity(c, d, dim=0) < 0.999 for d in distinct):
+                distinct.append(c)
+            if len(distinct) >= max_inputs:
+                break
+        reason = f"{len(distinct)} distinct input(s) from {len(rows)} rows"
     x = torch.stack(distinct)
     # How much of ∇W the recovered inputs explain: ∇W ≈ Δ·X with Δ by least squares.
     coef = torch.linalg.lstsq(x.T, gw.T).solution  # (k, rows)
     residual = float((gw - (x.T @ coef).T).norm() / gw.norm())
-    return ProbeOutput("linear-bias", name, True, f"{len(distinct)} distinct input(s) from {len(rows)} rows",
-                       residual, x.float(), space=space, batch_estimate=len(distinct))
+    return ProbeOutput("linear-bias", name, True, reason, residual, x.float(), space=space,
+                       batch_estimate=len(distinct))
 
 
 def neck_probe(model: nn.Module, layout: SharedLayout, linear: str, batchnorm: str, start: dict[str, torch.Tensor],

@@ -114,3 +114,23 @@ def test_revealed_batch_statistics_are_the_batch_statistics(two_people, toy_conf
     mean, var = stats["neck.1"]
     torch.testing.assert_close(mean, z.mean(0), rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(var, z.var(0, unbiased=True), rtol=1e-3, atol=1e-4)
+
+
+def test_a_shared_classifier_hands_over_each_label_s_feature(people, toy_config: RunConfig) -> None:
+    """FedAvg shares the classifier: its label rows, background subtracted, give the batch's features."""
+    toy_config.method.algorithm = "fedavg"
+    method = base_method(toy_config)
+    torch.manual_seed(0)
+    model = method.build_model(40)
+    images = torch.cat([imgs[:1] for _, imgs in people["campus"][:3]])
+    seen: list[torch.Tensor] = []
+    hook = model.classifier.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach().clone()))
+    ctl = client_update(toy_config, model, images, torch.tensor([3, 17, 30]), seed=2, batch_size=3)
+    hook.remove()
+    start, delta = ctl.layout.unflatten(ctl.start), ctl.layout.unflatten(ctl.update)
+    grads = ctl.steps.gradient_of_one_step({k: delta[k] for k in ("classifier.weight", "classifier.bias")}, start)
+    probe = bias_ratio_probe("classifier", grads["classifier.weight"], grads["classifier.bias"], space="embedding")
+    assert probe.applicable and probe.inputs is not None and len(probe.inputs) == 3
+    truth = seen[0]  # the deep copy the client trained carries the hook along
+    for x in probe.inputs:
+        assert float(((truth - x).norm(dim=1) / truth.norm(dim=1)).min()) < 1e-2
