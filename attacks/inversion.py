@@ -91,10 +91,21 @@ class _Trunk(nn.Module):
         return self.model(x) if self.logits else self.model.embed(x)
 
 
-def _box(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def image_box(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
     return (0 - mean) / std, (1 - mean) / std
+
+
+def image_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LRScheduler,
+               images: list[torch.Tensor], lo: torch.Tensor, hi: torch.Tensor) -> None:
+    """One optimiser step on dummy images, kept inside the valid (normalised) pixel box."""
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    with torch.no_grad():
+        for x in images:
+            x.copy_(torch.maximum(torch.minimum(x, hi), lo))
 
 
 def to_uint8(x: torch.Tensor) -> torch.Tensor:
@@ -291,7 +302,7 @@ def _invert(problem: InversionProblem, sim: _Simulator, image_shape: tuple[int, 
                      "(an approximation)")
     one_step = all(len(steps) == 1 for steps in layout)
     observed = _observed(problem, sim, one_step)
-    lo, hi = _box(sim.device)
+    lo, hi = image_box(sim.device)
     use_features = problem.neck_features is not None and one_step and len(problem.clients) == 1 \
         and problem.neck_features.shape[0] == layout[0][0]
     best: tuple[float, torch.Tensor, float | None] | None = None
@@ -331,13 +342,7 @@ def _invert(problem: InversionProblem, sim: _Simulator, image_shape: tuple[int, 
                 loss = loss + FEATURE_WEIGHT * (1 - F.cosine_similarity(
                     sim.features[0], problem.neck_features.to(sim.device), dim=1)).mean()
             sim.features.clear()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            with torch.no_grad():
-                for row in xs:
-                    for x in row:
-                        x.copy_(torch.maximum(torch.minimum(x, hi), lo))
+            image_step(loss, optimizer, schedule, [x for row in xs for x in row], lo, hi)
             residual = float(1 - cos.detach())
             total_iterations += 1
             if progress is not None:
@@ -390,12 +395,7 @@ def _feature_phase(problem: InversionProblem, sim: _Simulator, x: torch.Tensor, 
         bn = _bn_residual(problem, sim, [[list(sim.captured)]])
         if bn is not None:
             loss = loss + BN_WEIGHT * bn
-        loss = loss + TV_WEIGHT * total_variation(x)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        with torch.no_grad():
-            x.copy_(torch.maximum(torch.minimum(x, hi), lo))
+        image_step(loss + TV_WEIGHT * total_variation(x), optimizer, schedule, [x], lo, hi)
         done += 1
     sim.captured.clear()
     sim.features.clear()

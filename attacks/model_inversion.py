@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from secfed.attacks.budget import Stopwatch
-from secfed.attacks.inversion import _box, to_uint8, total_variation
+from secfed.attacks.inversion import image_box, image_step, to_uint8, total_variation
 
 TV_WEIGHT = 0.05
 L2_WEIGHT = 1e-3
@@ -67,7 +67,7 @@ def _optimise(model: nn.Module, objective: Callable[[torch.Tensor], tuple[torch.
               iterations: int, restarts: int, watch: Stopwatch, seed: int) -> tuple[torch.Tensor, float, int, int]:
     """Adam on images in the normalised box; returns the best restart's images, its residual, iterations, restarts."""
     device = next(model.parameters()).device
-    lo, hi = _box(device)
+    lo, hi = image_box(device)
     best: tuple[float, torch.Tensor] | None = None
     done = runs = 0
     for r in range(max(1, restarts)):
@@ -84,11 +84,7 @@ def _optimise(model: nn.Module, objective: Callable[[torch.Tensor], tuple[torch.
                 break
             optimizer.zero_grad(set_to_none=True)
             loss, _ = objective(x)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            with torch.no_grad():
-                x.copy_(torch.maximum(torch.minimum(x, hi), lo))
+            image_step(loss, optimizer, schedule, [x], lo, hi)
             done += 1
         with torch.no_grad():
             _, residual = objective(x)

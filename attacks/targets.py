@@ -27,8 +27,7 @@ from secfed.attacks.judge import Judge
 from secfed.attacks.model_inversion import deep_inversion, feature_inversion
 from secfed.attacks.probes import (bias_ratio_probe, linear_then_batchnorm, linear_with_bias, neck_probe,
                                    revealed_batch_statistics)
-from secfed.attacks.verdict import AttackResult, Verdict, decide
-from secfed.data.transforms import normalize
+from secfed.attacks.verdict import AttackResult, decide
 from secfed.models.sharing import SharedLayout
 
 PROBE_FIT = 1e-2  # an analytic probe "fits" when its model explains the layer to this relative error (float32)
@@ -260,5 +259,3 @@ def attack_dfs(*, model: nn.Module, dfs: torch.Tensor, judge: Judge, client_imag
         metrics=_image_summary(rows), tests=tests, per_image=rows, images=_grid_images(judge, out.images, rows)), w))
     return results, []
 
-
-__all__ = ["attack_dfs", "attack_update", "attack_weights", "normalize", "Verdict"]
