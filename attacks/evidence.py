@@ -193,7 +193,9 @@ def float_update(run: AuditedRun, upload: Upload) -> torch.Tensor:
 def gallery_for(run: AuditedRun, client_ids: list[int], *, max_distractors: int = 1000, seed: int = 0
                 ) -> tuple[Gallery, dict[int, list[int]]]:
     """The clients' own images (identity ``client/label``) and up to ``max_distractors`` evaluation
-    images of people no client trained on. Returns the gallery and, per client, its images' indices."""
+    images of people no client trained on, from the clients' own domains (same cameras: a
+    reconstruction that only looks like the domain is then no closer to the victims than to
+    anyone). Returns the gallery and, per client, its images' indices."""
     images, ids, own = [], [], []
     where: dict[int, list[int]] = {}
     for k in client_ids:
@@ -203,8 +205,9 @@ def gallery_for(run: AuditedRun, client_ids: list[int], *, max_distractors: int 
         ids += [f"{site.name}/{int(label)}" for label in site.labels.tolist()]
         own += [True] * site.num_examples
         where[k] = list(range(start, len(ids)))
+    domains = [d for d in run.fed.domains if set(d.client_ids) & set(client_ids)] or run.fed.domains
     pool_images, pool_ids = [], []
-    for d in run.fed.domains:
+    for d in domains:
         for part, pids in ((d.query, d.query_pids), (d.gallery, d.gallery_pids)):
             pool_images.append(part)
             # pid 0 marks Market-style distractor images: each is nobody in particular

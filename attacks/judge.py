@@ -1,7 +1,8 @@
 """How the audit measures success: the way a ReID adversary does — by identifying the person.
 
 A :class:`Judge` holds a gallery (the client's own images plus distractors: people the client never
-saw) embedded twice, with the run's own ReID embedding (:func:`secfed.evaluation.features.extract_features`
+saw, from the same cameras — a reconstruction that only looks like the domain is then no closer to
+the victims than to anyone) embedded twice, with the run's own ReID embedding (:func:`secfed.evaluation.features.extract_features`
 of the global model) and by raw pixels (:func:`secfed.evaluation.raw_pixels.raw_pixel_features`).
 Given reconstructions and the victims they came from (the images the attacked update was computed
 on), it ranks the gallery by similarity to each reconstruction and asks how high the first picture of

@@ -52,7 +52,6 @@ from secfed.models.sharing import load_shared
 from secfed.privacy.clipping import clip_l2
 
 DOMAINS = ("campus", "plaza", "corridor", "gate")
-MAX_DISTRACTORS = 1000
 
 
 # ---- data and models ---------------------------------------------------------------------------------
@@ -63,7 +62,7 @@ class People:
 
     def __init__(self, root: Path, height: int, width: int) -> None:
         self.by_domain: dict[str, list[tuple[str, torch.Tensor]]] = {}
-        distractors: list[tuple[str, torch.Tensor]] = []
+        self.tests: dict[str, list[tuple[str, torch.Tensor]]] = {}
         for name in DOMAINS:
             ds = load_dataset(root / name, "market1501", name=name)
             train: dict[int, list] = defaultdict(list)
@@ -75,21 +74,12 @@ class People:
             for s in ds.query + ds.gallery:
                 if s.pid > 0:
                     test[s.pid].append(s)
-            distractors += [(f"{name}:test/{pid}", load_images(ss, height, width)) for pid, ss in sorted(test.items())]
-        rng = np.random.default_rng(0)
-        order = rng.permutation(len(distractors))
-        kept, count = [], 0
-        for i in order:
-            if count >= MAX_DISTRACTORS:
-                break
-            kept.append(distractors[i])
-            count += len(distractors[i][1])
-        self.distractors = kept
+            self.tests[name] = [(f"{name}:test/{pid}", load_images(ss, height, width)) for pid, ss in sorted(test.items())]
 
     def scene(self, picks: dict[str, list[int]]) -> tuple[Any, list[int], torch.Tensor, list[int]]:
         """Victims: the first image of each picked person (per domain); gallery: those, the rest of
-        their domains' training images, distractors. Returns (gallery, victim indices, victim images,
-        victims per domain)."""
+        their domains' training images, and those domains' test people as distractors (same cameras).
+        Returns (gallery, victim indices, victim images, victims per domain)."""
         groups, own, victims_at = [], [], []
         for domain, people in picks.items():
             persons = self.by_domain[domain]
@@ -102,8 +92,9 @@ class People:
                 if len(rest):
                     groups.append((name, rest))
                     own.append(True)
-        groups += self.distractors
-        own += [False] * len(self.distractors)
+        distractors = [g for d in picks for g in self.tests[d]]
+        groups += distractors
+        own += [False] * len(distractors)
         gallery, where = gallery_of(groups, own=own)
         victims = [where[g][0] for g in victims_at]
         return gallery, victims, gallery.images[victims], [len(p) for p in picks.values()]
@@ -188,8 +179,8 @@ def section_positive(people: People, run: Path | None, pairs: int, seconds: floa
         small = People.__new__(People)
         small.by_domain = {d: [(n, torch.nn.functional.interpolate(i.float(), size=(h, w), mode="area").round().to(
             torch.uint8)) for n, i in v] for d, v in people.by_domain.items()}
-        small.distractors = [(n, torch.nn.functional.interpolate(i.float(), size=(h, w), mode="area").round().to(
-            torch.uint8)) for n, i in people.distractors]
+        small.tests = {d: [(n, torch.nn.functional.interpolate(i.float(), size=(h, w), mode="area").round().to(
+            torch.uint8)) for n, i in v] for d, v in people.tests.items()}
         cfg = config(h, w)
         model = model_for(cfg, run)
         gallery, victims, images, _ = small.scene({"campus": candidates[:2]})
@@ -264,7 +255,8 @@ def section_probes(people: People, run: Path | None) -> dict[str, Any]:
 def section_dfs(people: People, run: Path | None, seconds: float) -> dict[str, Any]:
     cfg = config()
     model = model_for(cfg, run)
-    groups = [g for d in DOMAINS for g in people.by_domain[d]] + people.distractors
+    # candidates from the client's own cameras: its people, the domain's other people, its test people
+    groups = people.by_domain["campus"] + people.tests["campus"]
     out = {}
     for count in (1, 2, 5, 20):
         own = [False] * len(groups)
@@ -296,12 +288,13 @@ def section_dfs(people: People, run: Path | None, seconds: float) -> dict[str, A
 def section_negative(people: People, seconds: float) -> dict[str, Any]:
     cfg = config()
     model = model_for(cfg, None)
-    noise = noise_images(8, 64, 32, seed=5)
-    groups = [("noise/0", noise[:1]), ("noise/1", noise[1:2]), ("noise/0", noise[2:5]), ("noise/1", noise[5:8])]
-    groups += people.distractors
-    gallery, where = gallery_of(groups, own=[True] * 4 + [False] * len(people.distractors))
-    summary, _ = audit_update(model, cfg, gallery, where[0] + where[1], noise[:2], torch.tensor([0, 1]),
-                              BUDGETS["standard"], seconds)
+    # six "people" of four noise images each; the victims are one image of the first two
+    noise = noise_images(24, 64, 32, seed=5)
+    groups = [("noise/0", noise[:1]), ("noise/1", noise[4:5]), ("noise/0", noise[1:4]), ("noise/1", noise[5:8])]
+    groups += [(f"noise/{k}", noise[4 * k: 4 * k + 4]) for k in range(2, 6)]
+    gallery, where = gallery_of(groups, own=[True] * len(groups))
+    summary, _ = audit_update(model, cfg, gallery, where[0] + where[1], torch.cat([noise[:1], noise[4:5]]),
+                              torch.tensor([0, 1]), BUDGETS["standard"], seconds)
     print(f"negative noise/untrained: {summary['verdict']} "
           + " ".join(f"{a}={v['verdict']}(res {v['residual']:.3g}, p {v['p']:.2g})" for a, v in summary["attacks"].items()),
           flush=True)

@@ -39,8 +39,8 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def people(synth_root: Path) -> dict[str, list[tuple[str, torch.Tensor]]]:
-    """Per synthetic domain, (identity, images) of its training people (≥ 2 images each) and, under
-    "distractors", the test people of every domain."""
+    """Per synthetic domain, (identity, images) of its training people (≥ 2 images each), under
+    "DOMAIN:test" its test people, and under "distractors" the test people of every domain."""
     out: dict[str, list[tuple[str, torch.Tensor]]] = {"distractors": []}
     for folder in sorted(p for p in synth_root.iterdir() if p.is_dir()):
         ds = load_dataset(folder, "market1501", name=folder.name)
@@ -51,21 +51,24 @@ def people(synth_root: Path) -> dict[str, list[tuple[str, torch.Tensor]]]:
         for s in ds.query + ds.gallery:
             if s.pid > 0:
                 tests.setdefault(s.pid, []).append(s)
-        out["distractors"] += [(f"{folder.name}:test/{pid}", load_images(ss, HEIGHT, WIDTH)) for pid, ss in sorted(tests.items())]
+        out[f"{folder.name}:test"] = [(f"{folder.name}:test/{pid}", load_images(ss, HEIGHT, WIDTH))
+                                      for pid, ss in sorted(tests.items())]
+        out["distractors"] += out[f"{folder.name}:test"]
     return out
 
 
 @pytest.fixture(scope="session")
 def two_people(people: dict[str, list[tuple[str, torch.Tensor]]]) -> tuple[Gallery, list[int], torch.Tensor]:
     """One training image of each of two people (the victims), and a gallery: those images, the rest of
-    their domain's training images, and distractors. Returns (gallery, victim indices, victim images).
+    their domain's training images, and that domain's test people (same cameras) as distractors.
+    Returns (gallery, victim indices, victim images).
     (Corridor's people have four images each: a rank-1 re-identification is then unlikely by chance.)"""
     domain = people["corridor"]
     groups = [(name, imgs[:1]) for name, imgs in domain[:2]]
     groups += [(name, imgs[1:]) for name, imgs in domain[:2]] + domain[2:]
     own = [True] * len(groups)
-    groups += people["distractors"]
-    own += [False] * len(people["distractors"])
+    groups += people["corridor:test"]
+    own += [False] * len(people["corridor:test"])
     gallery, where = gallery_of(groups, own=own)
     victims = where[0] + where[1]
     return gallery, victims, gallery.images[victims]

@@ -41,13 +41,15 @@ def test_positive_control_one_step_on_two_people_is_never_called_safe(two_people
         assert r.iterations >= 0 and r.cpu_seconds >= 0 and r.assumptions["labels"].startswith("unknown")
 
 
-def test_negative_control_untrained_model_on_noise_is_never_a_leak(people, toy_config: RunConfig) -> None:
-    """An untrained model's step on two noise images: their 'identities' are other noise images."""
-    noise = noise_images(8, 32, 16, seed=5)
-    groups = [("noise/0", noise[:1]), ("noise/1", noise[1:2]), ("noise/0", noise[2:5]), ("noise/1", noise[5:8])]
-    groups += people["distractors"]
-    gallery, where = gallery_of(groups, own=[True] * 4 + [False] * len(people["distractors"]))
-    ctl = client_update(toy_config, _untrained(toy_config), noise[:2], torch.tensor([0, 1]), seed=4)
+def test_negative_control_untrained_model_on_noise_is_never_a_leak(toy_config: RunConfig) -> None:
+    """An untrained model's step on two noise images: their 'identities' are other noise images, among
+    four more noise 'people' (distractors of the same kind: noise looks like noise, not like anyone)."""
+    noise = noise_images(24, 32, 16, seed=5)
+    groups = [("noise/0", noise[:1]), ("noise/1", noise[4:5]), ("noise/0", noise[1:4]), ("noise/1", noise[5:8])]
+    groups += [(f"noise/{k}", noise[4 * k: 4 * k + 4]) for k in range(2, 6)]
+    gallery, where = gallery_of(groups, own=[True] * len(groups))
+    ctl = client_update(toy_config, _untrained(toy_config), torch.cat([noise[:1], noise[4:5]]), torch.tensor([0, 1]),
+                        seed=4)
     results, _ = attack_update(model=ctl.model, layout=ctl.layout, start=ctl.start, observed=ctl.update,
                                clients=[SimulatedClient(ctl.steps)], judge=Judge(ctl.model, gallery),
                                victims=where[0] + where[1], budget=TOY, watch=Stopwatch(TOY.seconds))

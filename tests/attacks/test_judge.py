@@ -47,7 +47,7 @@ def test_other_pictures_of_the_victims_identify_them_and_noise_does_not(two_peop
     gallery, victims, _ = two_people
     judge = _judge(gallery, toy_config)
     ids = gallery.identities
-    copies = [i for v in victims for i in range(len(ids)) if ids[i] == ids[v] and i not in victims][:4]
+    copies = [i for v in victims for i in range(len(ids)) if ids[i] == ids[v] and i not in victims]
     rows, tests = judge.judge_images(gallery.images[copies], victims)
     assert tests["reid-pixels"].hits == len(copies) and tests["reid-pixels"].p_value < ALPHA
     assert all(r["pixels_nearest_index"] not in victims for r in rows)  # the victims' own images are left out
