@@ -19,6 +19,8 @@ and against each claim whether it reproduces:
 
     nice -n 19 python bench/bench_methods.py [--seeds 3] [--unseen 2] [--methods ...] [--out bench/results]
 
+Finished runs are kept in ``methods.json`` as they end; a rerun continues where it stopped.
+
 Writes ``methods.json`` (every run's per-round scores) and ``methods.md`` (the tables) under --out.
 """
 
@@ -155,18 +157,24 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--unseen", type=int, default=2)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--threads", type=int, default=2)
+    # One thread: on the shared 2-core machine two torch threads per run spin against each other.
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = []
+    results = args.out / "methods.json"
+    # An interrupted bench continues where it stopped: finished runs of the same setting are kept.
+    runs = [r for r in json.loads(results.read_text()) if len(r["unseen"]) == args.unseen] if results.exists() else []
+    done = {(r["method"], r["seed"]) for r in runs}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):  # seeds outermost: an interrupted bench still has every method
             for method in args.methods:
-                runs.append(one_run(method, seed, args.unseen, Path(tmp)))
-                (args.out / "methods.json").write_text(json.dumps(runs, indent=1))
-    text = report(runs, args.seeds)
+                if (method, seed) not in done:
+                    runs.append(one_run(method, seed, args.unseen, Path(tmp)))
+                    results.write_text(json.dumps(runs, indent=1))
+    runs = [r for r in runs if r["method"] in args.methods and r["seed"] < args.seeds]
+    text = report(runs, len({r["seed"] for r in runs}))
     (args.out / "methods.md").write_text(text + "\n")
     print(text)
 

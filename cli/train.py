@@ -13,11 +13,12 @@ import rich_click as click
 from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
 from secfed.cli.options import config_options, given_overrides, option_panels, render
 from secfed.config import ConfigError, RunConfig, check, from_dict, load_toml, with_overrides
+from secfed.federation.leave_one_out import SWEEP_FILE, is_sweep
 
 # Settings that do not change what is trained, or that repair a run (a lower learning rate after a
 # divergence, the data's new place), so they may accompany --resume.
 RESUME_COMPATIBLE = {"run.threads", "run.device", "data.root", "schedule.lr", "schedule.lr_backbone"}
-COMMAND_OPTIONS = ["--config", "--resume", "--json", "--help"]
+COMMAND_OPTIONS = ["--config", "--resume", "--leave-one-out", "--json", "--help"]
 # the type goes after the help, not in a column of its own: more room in 80 columns
 click.rich_click.OPTIONS_TABLE_COLUMN_TYPES = ["required", "opt_short", "opt_long", "help"]
 click.rich_click.OPTIONS_TABLE_HELP_SECTIONS = ["help", "deprecated", "envvar", "default", "required", "metavar"]
@@ -66,7 +67,8 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
         raise click.UsageError(f"{flags} cannot be combined with --resume: a resumed run keeps the configuration "
                                f"saved in its run directory (only {', '.join(sorted(flag_name(k) for k in RESUME_COMPATIBLE))} "
                                "may change)")
-    config_file = run_dir / "config.json"
+    sweep = is_sweep(run_dir)
+    config_file = run_dir / (SWEEP_FILE if sweep else "config.json")
     if not config_file.is_file():
         raise click.BadParameter(
             f"{run_dir} has no config.json: it is not a secfed run directory, or it was interrupted before its "
@@ -74,7 +76,8 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
             param_hint="--resume")
     try:
         raw = json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        raw = raw["config"] if sweep else raw
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
         raise click.BadParameter(f"{config_file} cannot be read ({exc})", param_hint="--resume") from None
     try:
         cfg = with_overrides(from_dict(raw), overrides)
@@ -87,6 +90,9 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), help="TOML file; flags override it.")
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path),
               help="Continue the run in this directory (starts it afresh if no round had finished).")
+@click.option("--leave-one-out", is_flag=True,
+              help="Train once per training domain, holding each out in turn and scoring it as an unseen target "
+                   "(FedDG protocol); one run directory per target under the run's.")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON object on stdout; the rest on stderr.")
 @config_options
 @option_panels(COMMAND_OPTIONS)
@@ -107,6 +113,9 @@ def train_command(**params: Any) -> None:
     if resuming and not ckpt.list_checkpoints(run_dir):
         console.print(f"[yellow]{run_dir}: no round had finished before the interruption; starting from round 1 "
                       "with its saved configuration.[/]")
+    if params["leave_one_out"] or (resuming and is_sweep(run_dir)):
+        sweep(console, cfg, run_dir, resuming, data_root, params["json_output"])
+        return
     with cli_errors(), RichReporter(human_console(True)) as reporter:
         try:
             result = run(cfg, run_dir, resume=resuming, reporter=reporter, data_root=data_root)
@@ -119,6 +128,32 @@ def train_command(**params: Any) -> None:
     console.print(f"run directory: {run_dir}")
     if params["json_output"]:
         emit_json(result.summary)
+
+
+def sweep(console: Any, cfg: RunConfig, run_dir: Path, resuming: bool, data_root: Path | None,
+          json_output: bool) -> None:
+    """--leave-one-out: every training domain held out in turn; a table of the held-out scores."""
+    from rich.table import Table
+
+    from secfed.cli.progress import RichReporter
+    from secfed.federation.leave_one_out import leave_one_out
+
+    with cli_errors(), RichReporter(human_console(True)) as reporter:
+        try:
+            result = leave_one_out(cfg, run_dir, resume=resuming, reporter=reporter, data_root=data_root)
+        except KeyboardInterrupt:
+            reporter.console.print(f"[yellow]interrupted; continue with: secfed train --resume {run_dir}[/]")
+            sys.exit(130)
+    table = Table(title="Leave-one-domain-out: each domain scored by the model trained without it")
+    for column in ("held-out domain", "rank-1", "mAP", "run"):
+        table.add_column(column, justify="left" if column in ("held-out domain", "run") else "right")
+    for t in result.targets:
+        table.add_row(t["name"], f"{100 * t['rank1']:.1f}", f"{100 * t['mAP']:.1f}", t["run"])
+    table.add_row("mean", f"{100 * result.mean['rank1']:.1f}", f"{100 * result.mean['mAP']:.1f}", "", style="bold")
+    console.print(table)
+    console.print(f"run directory: {run_dir}")
+    if json_output:
+        emit_json(result.to_dict())
 
 
 def print_domains(console: Any, seen: list[dict[str, Any]], unseen: list[dict[str, Any]]) -> None:

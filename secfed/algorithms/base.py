@@ -144,7 +144,7 @@ def train_loop(
         optimizer.zero_grad(set_to_none=True)  # before the forward: DP-SGD's per-example grads must be clear
         loss, logits = loss_fn(model, images[index], targets, generator)
         if not torch.isfinite(loss):
-            raise TrainingDiverged(steps + 1, float(loss))
+            raise TrainingDiverged(steps + 1, float(loss.detach()))
         loss.backward()
         optimizer.step()
         total_loss += loss.detach() * len(index)

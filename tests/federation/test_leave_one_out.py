@@ -1,0 +1,63 @@
+"""`secfed train --leave-one-out`: every training domain held out in turn (FedDG protocol), each
+training an ordinary run directory, interruptible and resumable as a whole."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from secfed.cli.main import cli
+from secfed.federation import leave_one_out as loo
+
+TINY = ["--height", "32", "--width", "16", "--rounds", "1", "--batch-size", "8", "--threads", "2",
+        "--no-secagg", "--no-local-baseline", "--eval-every", "0"]
+
+
+def _invoke(args: list[str]):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli, ["train", *args], env={"COLUMNS": "250"})
+
+
+def test_each_domain_is_held_out_once_and_an_interrupted_sweep_resumes_where_it_stopped(
+        synth_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_run = loo.run
+    held_out: list[list[str]] = []
+
+    def interrupting(cfg, run_dir, **kwargs):  # type: ignore[no-untyped-def]
+        held_out.append(list(cfg.data.leave_out))
+        if len(held_out) == 2 and not kwargs.get("resume"):
+            raise KeyboardInterrupt  # Ctrl-C during the second training
+        return real_run(cfg, run_dir, **kwargs)
+
+    monkeypatch.setattr(loo, "run", interrupting)
+    args = ["--data-root", str(synth_root), *TINY, "--out", str(tmp_path), "--name", "sweep", "--leave-one-out"]
+    cut = _invoke(args)
+    assert cut.exit_code == 130, cut.output
+    assert f"secfed train --resume {tmp_path / 'sweep'}" in cut.output
+
+    resumed = _invoke(["--resume", str(tmp_path / "sweep"), "--json"])
+    assert resumed.exit_code == 0, resumed.output
+    result = json.loads(resumed.stdout)
+    names = [t["name"] for t in result["targets"]]
+    assert sorted(names) == sorted(p.name for p in synth_root.iterdir() if p.is_dir())
+    # the first training finished before the interruption and is not repeated
+    assert held_out == [[names[0]], [names[1]], [names[1]], [names[2]]]
+    for target in result["targets"]:
+        summary = json.loads((tmp_path / "sweep" / target["run"] / "summary.json").read_text())
+        assert [d["name"] for d in summary["unseen"]] == [target["name"]]
+        assert target["name"] not in [d["name"] for d in summary["domains"]]
+        assert target["mAP"] == summary["unseen"][0]["mAP"]
+    assert result["mean"]["mAP"] == pytest.approx(sum(t["mAP"] for t in result["targets"]) / 3)
+    assert json.loads((tmp_path / "sweep" / "leave-one-out.json").read_text()) == result
+
+
+def test_leave_one_out_refuses_a_held_out_list_and_too_few_domains(synth_root: Path, tmp_path: Path) -> None:
+    names = sorted(p.name for p in synth_root.iterdir() if p.is_dir())
+    both = _invoke(["--data-root", str(synth_root), *TINY, "--out", str(tmp_path), "--leave-one-out",
+                    "--leave-out", names[0]])
+    assert both.exit_code == 2 and "--leave-out" in both.output and "Traceback" not in both.output
+    two = _invoke(["--data-root", str(synth_root), *TINY, "--out", str(tmp_path), "--leave-one-out",
+                   "--datasets", ",".join(names[:2])])
+    assert two.exit_code == 2 and "--datasets" in two.output and "at least three" in two.output
