@@ -45,13 +45,18 @@ class Neck(nn.Sequential):
     """FedReIDBench's bottleneck: Linear(in, 512) + BatchNorm1d + Dropout(0.5). Its output is the feature."""
 
     def __init__(self, in_features: int, dim: int = 512, dropout: float = 0.5) -> None:
-        linear = nn.Linear(in_features, dim)
-        nn.init.kaiming_normal_(linear.weight, a=0, mode="fan_out")
-        nn.init.zeros_(linear.bias)
-        bn = nn.BatchNorm1d(dim)
-        nn.init.normal_(bn.weight, 1.0, 0.02)
-        nn.init.zeros_(bn.bias)
-        super().__init__(linear, bn, nn.Dropout(dropout))
+        super().__init__(*linear_bn(in_features, dim), nn.Dropout(dropout))
+
+
+def linear_bn(in_features: int, dim: int) -> tuple[nn.Linear, nn.BatchNorm1d]:
+    """Linear + BatchNorm1d with both reference codes' initialisation (Kaiming fan-out; BN γ ~ N(1, 0.02))."""
+    linear = nn.Linear(in_features, dim)
+    nn.init.kaiming_normal_(linear.weight, a=0, mode="fan_out")
+    nn.init.zeros_(linear.bias)
+    bn = nn.BatchNorm1d(dim)
+    nn.init.normal_(bn.weight, 1.0, 0.02)
+    nn.init.zeros_(bn.bias)
+    return linear, bn
 
 
 def make_classifier(dim: int, num_classes: int) -> nn.Linear:
@@ -101,18 +106,11 @@ class ReIDModel(nn.Module):
         return self.classifier(self.embed(images))
 
 
-
 class MappingNetwork(nn.Sequential):
     """FedReID's mapping network head (Wu & Gong 2021): FC → BN → ReLU → Dropout; a classifier follows."""
 
     def __init__(self, in_features: int, dim: int = 512, dropout: float = 0.5) -> None:
-        linear = nn.Linear(in_features, dim)
-        nn.init.kaiming_normal_(linear.weight, a=0, mode="fan_out")
-        nn.init.zeros_(linear.bias)
-        bn = nn.BatchNorm1d(dim)
-        nn.init.normal_(bn.weight, 1.0, 0.02)
-        nn.init.zeros_(bn.bias)
-        super().__init__(linear, bn, nn.ReLU(inplace=True), nn.Dropout(dropout))
+        super().__init__(*linear_bn(in_features, dim), nn.ReLU(inplace=True), nn.Dropout(dropout))
 
 
 class MappedReIDModel(ReIDModel):
