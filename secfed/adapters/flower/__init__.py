@@ -7,28 +7,29 @@
 * :class:`Cohort` — the identity keys a deployment trusts (authenticated mode, the default).
 
 ``secfed train --flower`` (and ``secfed flower local``) run secfed's own training on SuperNodes.
+Names are imported on first use: a ClientApp process that needs only the mod (a fresh process
+per message) does not pay for the server side's imports.
 """
+
+from importlib import import_module
+from typing import Any
 
 try:
     import flwr  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("secfed.adapters.flower needs Flower: pip install 'secfed[flower]'") from exc
 
-from .encoding import Encoding, ReplyRefused
-from .mod import SecAggMod, SessionRefused
-from .node import Cohort, NodeSetupError
-from .strategy import SecAggStrategy, is_weighted_mean
-from .workflow import SecAggResult, SecAggWorkflow
+_WHERE = {
+    "Cohort": "node", "NodeSetupError": "node",
+    "Encoding": "encoding", "ReplyRefused": "encoding",
+    "SecAggMod": "mod", "SessionRefused": "mod",
+    "SecAggResult": "workflow", "SecAggWorkflow": "workflow",
+    "SecAggStrategy": "strategy", "is_weighted_mean": "strategy",
+}
+__all__ = sorted(_WHERE)
 
-__all__ = [
-    "Cohort",
-    "Encoding",
-    "NodeSetupError",
-    "ReplyRefused",
-    "SecAggMod",
-    "SecAggResult",
-    "SecAggStrategy",
-    "SecAggWorkflow",
-    "SessionRefused",
-    "is_weighted_mean",
-]
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -59,6 +59,7 @@ def state_dir(node_config: Mapping[str, object]) -> Path:
 
 def _create_once(path: Path, make: bytes) -> bytes:
     """``path``'s bytes; when it does not exist, ``make`` is written there first (0600, atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not path.exists():
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:

@@ -127,12 +127,14 @@ class SecAggWorkflow:
                     key, proof = typed(ctl, "identity", bytes), typed(ctl, "proof", bytes)
                     if key not in self.cohort:
                         raise WrongSender(f"node {n} enrols with an identity key outside the cohort")
-                    if key in self.identities.values():
-                        raise WrongSender(f"node {n} enrols with the identity of another node")
                     verify(key, proof, enrol_payload(reply.metadata.run_id, n, nonces[n]), who=f"node {n}'s enrolment")
                 except ProtocolError as exc:
                     log.warning("node %s not enrolled: %s", n, exc)
                     continue
+                # A site whose SuperNode restarted comes back under a new node id: the newest proof wins.
+                for old in [m for m, k in self.identities.items() if k == key]:
+                    log.info("node %s now holds %s's identity (was node %s)", n, self.cohort.name_of(key), old)
+                    del self.identities[old]
                 self.identities[n] = key
         return {n: self.identities[n] for n in node_ids if n in self.identities}
 
