@@ -8,6 +8,7 @@ from secfed import __version__
 from secfed.cli.data_inspect import inspect_command
 from secfed.cli.data_synth import synth_command
 from secfed.cli.evaluate import evaluate_command
+from secfed.cli.flower import flower_group
 from secfed.cli.train import train_command
 
 
@@ -24,6 +25,7 @@ def data() -> None:
 
 cli.add_command(train_command)
 cli.add_command(evaluate_command)
+cli.add_command(flower_group)
 data.add_command(synth_command, "synth")
 data.add_command(inspect_command, "inspect")
 

@@ -17,7 +17,7 @@ from secfed.config import ConfigError, RunConfig, check, from_dict, load_toml, w
 # Settings that do not change what is trained, or that repair a run (a lower learning rate after a
 # divergence, the data's new place), so they may accompany --resume.
 RESUME_COMPATIBLE = {"run.threads", "run.device", "data.root", "schedule.lr", "schedule.lr_backbone"}
-COMMAND_OPTIONS = ["--config", "--resume", "--json", "--help"]
+COMMAND_OPTIONS = ["--config", "--resume", "--flower", "--json", "--help"]
 # the type goes after the help, not in a column of its own: more room in 80 columns
 click.rich_click.OPTIONS_TABLE_COLUMN_TYPES = ["required", "opt_short", "opt_long", "help"]
 click.rich_click.OPTIONS_TABLE_HELP_SECTIONS = ["help", "deprecated", "envvar", "default", "required", "metavar"]
@@ -87,6 +87,8 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), help="TOML file; flags override it.")
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path),
               help="Continue the run in this directory (starts it afresh if no round had finished).")
+@click.option("--flower", type=click.Path(dir_okay=False, path_type=Path), metavar="CONNECTION",
+              help="Run the clients on Flower SuperNodes: a connection file (`secfed flower --help`).")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON object on stdout; the rest on stderr.")
 @config_options
 @option_panels(COMMAND_OPTIONS)
@@ -102,6 +104,12 @@ def train_command(**params: Any) -> None:
 
     console = human_console(params["json_output"])
     cfg, run_dir, resuming = resolve_config(params)
+    if params["flower"] is not None:
+        from secfed.cli.flower import Connection, train_on_flower
+
+        train_on_flower(cfg, run_dir, Connection.load(params["flower"]), json_output=params["json_output"],
+                        resuming=resuming)
+        return
     set_threads(cfg.run.threads)
     data_root = Path(cfg.data.root) if resuming and "data.root" in given_overrides(params) else None
     if resuming and not ckpt.list_checkpoints(run_dir):

@@ -178,27 +178,33 @@ class SecAggWorkflow:
 
     def _exchange(self, grid: Grid, contents: Mapping[int, RecordDict], timeout: float,
                   group: str) -> dict[int, Message]:
-        """Send one train message per node; the replies (errors left out) that arrive before the deadline."""
-        out = [Message(c, dst_node_id=n, message_type=MessageType.TRAIN, group_id=group, ttl=timeout + 60)
-               for n, c in contents.items()]
-        ids = list(grid.push_messages(out))
-        pending = {mid: n for mid, n in zip(ids, contents) if mid}
-        replies: dict[int, Message] = {}
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            for reply in grid.pull_messages(list(pending)):
-                node = pending.pop(reply.metadata.reply_to_message_id, None)
-                if node is None:
-                    continue
-                if reply.has_error():
-                    log.warning("node %s: %s", node, reply.error.reason)
-                else:
-                    replies[node] = reply
-            if pending:
-                time.sleep(self.poll_interval)
-        for node in pending.values():
-            log.warning("node %s did not answer within %.0f s", node, timeout)
-        return replies
+        return exchange(grid, contents, timeout=timeout, poll=self.poll_interval, group=group)
+
+
+def exchange(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, poll: float = 0.2, group: str = "",
+             message_type: str = MessageType.TRAIN) -> dict[int, Message]:
+    """Send one message per node (``contents``: node id → content); the replies that arrive before
+    the deadline, by node. Error replies and silence are logged and left out."""
+    out = [Message(c, dst_node_id=n, message_type=message_type, group_id=group, ttl=timeout + 60)
+           for n, c in contents.items()]
+    ids = list(grid.push_messages(out))
+    pending = {mid: n for mid, n in zip(ids, contents) if mid}
+    replies: dict[int, Message] = {}
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for reply in grid.pull_messages(list(pending)):
+            node = pending.pop(reply.metadata.reply_to_message_id, None)
+            if node is None:
+                continue
+            if reply.has_error():
+                log.warning("node %s: %s", node, reply.error.reason)
+            else:
+                replies[node] = reply
+        if pending:
+            time.sleep(poll)
+    for node in pending.values():
+        log.warning("node %s did not answer within %.0f s", node, timeout)
+    return replies
 
 
 class _Session:
