@@ -12,10 +12,11 @@ For a real deployment drive the state machines yourself — :class:`SecAggClient
 :class:`SecAggServer` take and return typed messages; :func:`encode` / :func:`decode` move them
 as bytes over whatever transport you have. Authenticated mode (Ed25519 identities from the
 deployment's PKI) is the default; ``authenticated=False`` is private only against an
-honest-but-curious server. This package never imports torch.
+honest-but-curious server. Bulk work — keystreams, hashing, signature batches — runs on every core
+in threads (:func:`parallel.set_workers` to change how many). This package never imports torch.
 """
 
-from . import errors
+from . import errors, parallel
 from .errors import (
     Aborted,
     BelowThreshold,
@@ -38,7 +39,7 @@ from .errors import (
     WrongRound,
     WrongSender,
 )
-from .quantize import Quantizer, ring_bits
+from .quantize import Quantizer, largest_cohort, ring_bits
 from .secagg.client import ClientState, SecAggClient
 from .secagg.graph import GraphParams, NeighbourGraph, choose_params
 from .secagg.keys import model_digest
@@ -83,8 +84,10 @@ __all__ = [
     "encode",
     "encoded_size",
     "errors",
+    "largest_cohort",
     "model_digest",
     "new_session_id",
+    "parallel",
     "random_dropouts",
     "ring_bits",
     "simulate",

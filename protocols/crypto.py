@@ -4,16 +4,25 @@
   derived from or authenticated: a domain label plus length-prefixed parts. Session id, round and
   party ids are always among the parts, so nothing from one session, round or pair of parties
   is valid in another.
-* X25519 agreement + HKDF-SHA256 (:func:`agree`), Ed25519 signatures (:func:`sign`/:func:`verify`),
-  AES-256-GCM sealing (:func:`seal`/:func:`open_sealed`), SHA-256 commitments (:func:`commit`),
-  HMAC-SHA256 tags (:func:`mac`/:func:`mac_matches`).
+* X25519 agreement + HKDF-SHA256 (:func:`agree`), Ed25519 signatures (:func:`sign`/:func:`verify`,
+  and :func:`verify_all` for a batch, on every core), AES-256-GCM sealing (:func:`seal`/
+  :func:`open_sealed`), SHA-256 commitments (:func:`commit`), HMAC-SHA256 tags (:func:`mac`/
+  :func:`mac_matches`).
+* :func:`vector_digest` — SHA-256 of a ring vector as a two-level hash: one SHA-256 per leaf of
+  ``VECTOR_LEAF_WORDS`` words, then one over the vector's length and the leaf digests. Collision
+  resistant whenever SHA-256 is (a collision of the top hash is one of the leaf-digest lists, so of
+  some leaf), and the leaves can be hashed in parallel, each while the pass that writes it still
+  has it in cache (see :mod:`.prg`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import struct
+from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -21,9 +30,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from . import parallel
 from .errors import DecryptionFailed, SignatureInvalid
 
-DOMAIN = b"secfed/secagg/v2/"
+DOMAIN = b"secfed/secagg/v3/"
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 DIGEST_BYTES = 32
@@ -31,8 +41,12 @@ MAC_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
 SEAL_OVERHEAD = NONCE_BYTES + TAG_BYTES
+VECTOR_LEAF_WORDS = 1 << 16  # 256 KiB of little-endian uint32 words per leaf hash
+_VERIFY_BATCH = 64  # signatures per job when verifying many: amortises the thread hand-off
 
 Part = bytes | int
+_INT_PART = struct.Struct("<cQ")
+_BYTES_PART = struct.Struct("<cI")
 
 
 def transcript(label: str, *parts: Part) -> bytes:
@@ -41,15 +55,35 @@ def transcript(label: str, *parts: Part) -> bytes:
     Injectivity is what makes binding work: two different (label, parts) tuples never produce the
     same bytes, so a signature, key or tag made for one context is useless in any other.
     """
-    out = [DOMAIN, label.encode("ascii"), b"\x00"]
+    return DOMAIN + label.encode("ascii") + b"\x00" + encode_parts(parts)
+
+
+def encode_parts(parts: Sequence[Part]) -> bytes:
+    """The bytes :func:`transcript` appends for ``parts`` after its label (so a fixed prefix can be
+    encoded once: ``transcript(label, *a, *b) == transcript(label, *a) + encode_parts(b)``)."""
+    out = []
     for part in parts:
         if isinstance(part, int):
             if not 0 <= part < 1 << 64:
                 raise ValueError(f"transcript integer {part} is outside [0, 2^64)")
-            out.append(b"i" + part.to_bytes(8, "little"))
+            out.append(_INT_PART.pack(b"i", part))
         else:
-            out.append(b"b" + len(part).to_bytes(4, "little") + bytes(part))
+            out.append(_BYTES_PART.pack(b"b", len(part)))
+            out.append(part)
     return b"".join(out)
+
+
+def encode_ints(values: Sequence[int]) -> bytes:
+    """The bytes :func:`transcript` appends for ``values`` as int parts, built in one numpy pass
+    (``transcript(label, *ints) == transcript(label) + encode_ints(ints)``): for id lists as long
+    as a whole cohort."""
+    out = np.empty(len(values), dtype=[("kind", "S1"), ("value", "<u8")])
+    out["kind"] = b"i"
+    try:
+        out["value"] = np.asarray(values, dtype=np.uint64)
+    except OverflowError:
+        raise ValueError("a transcript integer is outside [0, 2^64)") from None
+    return out.tobytes()
 
 
 def hkdf(secret: bytes, info: bytes, length: int) -> bytes:
@@ -82,11 +116,16 @@ def agree(private: X25519PrivateKey, peer_public: bytes, info: bytes, length: in
     Raises :class:`DecryptionFailed` for a peer key that yields the all-zero shared secret
     (a low-order point): such a key would make the derived key predictable.
     """
+    return agree_many(private, peer_public, [info], length)[0]
+
+
+def agree_many(private: X25519PrivateKey, peer_public: bytes, infos: Sequence[bytes], length: int) -> list[bytes]:
+    """One X25519 exchange, one HKDF-SHA256 key per ``info`` (as :func:`agree` for each)."""
     try:
         shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
     except ValueError as exc:  # cryptography refuses all-zero shared secrets
         raise DecryptionFailed(f"peer public key is degenerate: {exc}") from None
-    return hkdf(shared, info, length)
+    return [hkdf(shared, info, length) for info in infos]
 
 
 def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
@@ -115,6 +154,51 @@ def verify(identity_public: bytes, signature: bytes, payload: bytes, *, who: str
         Ed25519PublicKey.from_public_bytes(identity_public).verify(signature, payload)
     except (InvalidSignature, ValueError):
         raise SignatureInvalid(f"signature of {who} does not verify") from None
+
+
+def verify_all(
+    items: Sequence[tuple[bytes, bytes]], payload: bytes, *, who: Callable[[int], str]
+) -> None:
+    """Verify many Ed25519 signatures on one ``payload``: ``items[i]`` is (public key, signature).
+
+    Batches run on every core (verification releases the GIL). Raises :class:`SignatureInvalid`
+    for the first item, in order, that does not verify, naming it with ``who(i)``.
+    """
+
+    def batch(lo: int, hi: int) -> int | None:
+        for i in range(lo, hi):
+            public, signature = items[i]
+            try:
+                Ed25519PublicKey.from_public_bytes(public).verify(signature, payload)
+            except (InvalidSignature, ValueError):
+                return i
+        return None
+
+    size = max(_VERIFY_BATCH, -(-len(items) // parallel.workers()))
+    jobs = [lambda lo=lo: batch(lo, min(lo + size, len(items))) for lo in range(0, len(items), size)]
+    failures = [i for i in parallel.run_all(jobs) if i is not None]
+    if failures:
+        raise SignatureInvalid(f"signature of {who(failures[0])} does not verify")
+
+
+def vector_digest(words: np.ndarray) -> bytes:
+    """SHA-256 two-level digest of a 1-D uint32 ring vector (little-endian words), leaf by leaf."""
+    words = np.ascontiguousarray(words, dtype="<u4")
+    leaves = (leaf_digest(words[lo : lo + VECTOR_LEAF_WORDS]) for lo in range(0, words.size, VECTOR_LEAF_WORDS))
+    return digest_of_leaves(words.size, leaves)
+
+
+def leaf_digest(words: np.ndarray) -> bytes:
+    """SHA-256 of one leaf (at most ``VECTOR_LEAF_WORDS`` contiguous little-endian uint32 words)."""
+    return hashlib.sha256(memoryview(words).cast("B")).digest()
+
+
+def digest_of_leaves(count: int, leaves: Iterable[bytes]) -> bytes:
+    """The top hash of :func:`vector_digest`: the vector's length, then its leaf digests in order."""
+    top = hashlib.sha256(DOMAIN + b"vector\x00" + count.to_bytes(8, "little"))
+    for leaf in leaves:
+        top.update(leaf)
+    return top.digest()
 
 
 def commit(payload: bytes) -> bytes:

@@ -30,7 +30,8 @@ def ring_bits(n_clients: int, max_abs: int) -> int:
     """Smallest b such that any sum of ``n_clients`` integers in [−max_abs, max_abs] survives mod 2^b.
 
     Integrators adding their own integers (e.g. discrete noise with a tail bound) call this with
-    their per-client bound. Raises :class:`OverflowRefused` when b would exceed 32.
+    their per-client bound. Raises :class:`OverflowRefused` when b would exceed 32, naming the
+    largest cohort that fits at this bound.
     """
     if n_clients < 1:
         raise ValueError(f"n_clients must be >= 1, got {n_clients}")
@@ -39,10 +40,21 @@ def ring_bits(n_clients: int, max_abs: int) -> int:
     bits = max(1, (n_clients * max_abs).bit_length() + 1)  # n·M ≤ 2^(b−1) − 1
     if bits > MAX_RING_BITS:
         raise OverflowRefused(
-            f"a sum of {n_clients} values of magnitude up to {max_abs} needs {bits} bits; "
-            f"the ring has at most {MAX_RING_BITS} (lower the scale or the clip, or split the cohort)"
+            f"a sum of {n_clients} values of magnitude up to {max_abs} needs {bits} bits; the ring has at most "
+            f"{MAX_RING_BITS}: the largest safe cohort at this bound is {largest_cohort(max_abs):,} clients "
+            "(lower the scale or the clip, or split the cohort)"
         )
     return bits
+
+
+def largest_cohort(max_abs: int, bits: int = MAX_RING_BITS) -> int:
+    """The most clients whose sum of values in [−max_abs, max_abs] cannot wrap Z_{2^bits}:
+    ⌊(2^(bits−1) − 1) / max_abs⌋. (At bound 0 every cohort fits; ``max_abs`` must be ≥ 1 here.)"""
+    if not 1 <= bits <= MAX_RING_BITS:
+        raise ValueError(f"bits must be in [1, {MAX_RING_BITS}], got {bits}")
+    if max_abs < 1:
+        raise ValueError(f"max_abs must be >= 1 for a cohort limit, got {max_abs}")
+    return ((1 << (bits - 1)) - 1) // max_abs
 
 
 @dataclass(frozen=True)
@@ -63,7 +75,18 @@ class Quantizer:
             raise ValueError(f"clip must be a positive finite number, got {self.clip}")
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"scale must be a positive finite number, got {self.scale}")
-        ring_bits(self.n_clients, self.max_abs)  # refuses an overflowing configuration now
+        try:
+            ring_bits(self.n_clients, self.max_abs)  # refuses an overflowing configuration now
+        except OverflowRefused:
+            needed = (self.n_clients * self.max_abs).bit_length() + 1
+            largest = largest_cohort(self.max_abs)
+            reach = (f"the largest safe cohort for this clip and scale is {largest:,}" if largest
+                     else "no cohort fits: one value alone is beyond the ring")
+            raise OverflowRefused(
+                f"a sum over {self.n_clients:,} clients at clip {self.clip:g} and scale {self.scale:g} (values up to "
+                f"{self.max_abs:,} ring units) needs {needed} bits, more than the ring's {MAX_RING_BITS}: {reach} "
+                "(Quantizer.for_cohort picks the finest scale that fits a cohort)"
+            ) from None
 
     @classmethod
     def for_cohort(cls, n_clients: int, clip: float, *, bits: int = MAX_RING_BITS) -> Quantizer:
@@ -76,7 +99,10 @@ class Quantizer:
             raise ValueError(f"n_clients must be >= 1, got {n_clients}")
         max_abs = ((1 << (bits - 1)) - 1) // n_clients
         if max_abs < 1:
-            raise OverflowRefused(f"{n_clients} clients cannot share a {bits}-bit ring")
+            raise OverflowRefused(
+                f"{n_clients:,} clients cannot share a {bits}-bit ring at clip {clip:g}: the largest safe cohort is "
+                f"{largest_cohort(1, bits):,}, and only at one ring unit per clip"
+            )
         scale = max_abs / clip
         while math.ceil(clip * scale) > max_abs:  # float rounding may push clip·scale just past
             scale = math.nextafter(scale, 0.0)
@@ -146,8 +172,12 @@ class Quantizer:
         if total.ndim != 1 or total.dtype != np.uint32:
             raise TypeError(f"from_ring takes a 1-D uint32 ring vector, got {total.shape} {total.dtype}")
         bits = self.bits
-        signed = total.astype(np.int64) & ((1 << bits) - 1)
-        signed[signed >= 1 << (bits - 1)] -= 1 << bits
+        if bits == MAX_RING_BITS:
+            signed = total.view(np.int32)  # the ring's upper half is the negatives: two's complement
+        else:  # move bit b − 1 to the sign bit, then an arithmetic shift back sign-extends
+            shift = MAX_RING_BITS - bits
+            signed = np.left_shift(total, np.uint32(shift)).view(np.int32)
+            np.right_shift(signed, shift, out=signed)
         return signed / self.scale
 
 

@@ -105,3 +105,8 @@ def test_flag_text_is_parsed_strictly() -> None:
     assert (cfg.schedule.rounds, cfg.schedule.lr, cfg.data.datasets, cfg.secagg.enabled) == (3, 0.5, ["a", "b", "c"], False)
     with pytest.raises(ConfigError, match="schedule.rounds: must be an integer"):
         with_overrides(RunConfig(), {"schedule.rounds": "2.7"})
+
+
+def test_the_shipped_examples_are_valid_configurations() -> None:
+    for toml in (README.parent / "examples").glob("*.toml"):
+        check(load_toml(toml))

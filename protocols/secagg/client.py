@@ -39,7 +39,19 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from .. import shamir
-from ..crypto import DIGEST_BYTES, PUBLIC_KEY_BYTES, mac, open_sealed, public_bytes, seal, sign, verify, x25519_keypair
+from ..crypto import (
+    DIGEST_BYTES,
+    PUBLIC_KEY_BYTES,
+    SIGNATURE_BYTES,
+    mac,
+    open_sealed,
+    public_bytes,
+    seal,
+    sign,
+    verify,
+    verify_all,
+    x25519_keypair,
+)
 from ..errors import (
     Aborted,
     BelowThreshold,
@@ -59,10 +71,12 @@ from ..errors import (
     WrongRound,
     WrongSender,
 )
-from ..prg import MaskStream, apply_masks
+from ..prg import BoundExceeded, MaskStream, mask_into
 from .graph import NeighbourGraph
+from .idtable import IdTable, as_table, not_in
 from .keys import (
     SHARE_PLAINTEXT,
+    ListedCommitments,
     advertise_payload,
     consistency_payload,
     graph_commitment,
@@ -75,7 +89,7 @@ from .keys import (
     self_mask_commitment,
     self_mask_key,
     share_aad,
-    share_channel_key,
+    share_channel_keys,
 )
 from .messages import (
     GRAPH_NONCE_BYTES,
@@ -160,7 +174,7 @@ class SecAggClient:
         self.neighbours: tuple[int, ...] = ()
         self._identity = identity_key
         self._state = ClientState.START
-        self._commitments: dict[int, bytes] = {}  # client → graph commitment, as the server listed them
+        self._commitments: ListedCommitments | None = None  # graph commitments, as the server listed them
         self._seed = b""  # the graph seed, once known
         self._graph: NeighbourGraph | None = None
         self._roster: dict[int, RosterEntry] = {}
@@ -178,21 +192,28 @@ class SecAggClient:
         """This client's protocol state as bytes, for embeddings that keep no process alive between
         messages (a Flower ClientApp is a fresh process per message); :meth:`from_state` restores it.
 
-        The bytes hold the round's secrets — both private keys' seeds, the self-mask seed, the
-        shares held for neighbours — so store them sealed (e.g. AES-GCM under a key that never
-        leaves the client's machine), never in the clear. Left out: the session configuration (its
-        digest is kept and checked on restore) and the long-term identity key; pass both to
-        :meth:`from_state`. Explicit, versioned, length-checked layout (``_STATE_HEADER``), no pickle.
+        The bytes hold the round's secrets — the encryption key, the key seed, the self-mask seed,
+        the graph nonce, the shares held for neighbours — so store them sealed (e.g. AES-GCM under
+        a key that never leaves the client's machine), never in the clear. Left out: the session
+        configuration (its digest is kept and checked on restore), the long-term identity key (pass
+        both to :meth:`from_state`) and what is derived again on demand (the mask key from its seed,
+        the share-channel keys, the graph from its seed). Explicit, versioned, length-checked
+        layout (``_STATE_HEADER``), no pickle.
         """
         secrets = "_enc_private" in self.__dict__
+        listed = self._commitments if self._state is ClientState.AWAIT_ROSTER else None
         flags = (_HAS_SECRETS if secrets else 0) | (_HAS_SEED if self._seed else 0) | (
-            _HAS_SIGNED if self._signed_survivors is not None else 0)
+            _HAS_SIGNED if self._signed_survivors is not None else 0) | (_HAS_LISTED if listed is not None else 0)
         body: list[bytes] = [self.model_hash]
         if secrets:
             body += [self._enc_private.private_bytes_raw(), self._mask_seed, self._self_seed, self._graph_nonce]
+        if listed is not None:  # graph commitments as shown: ids, digest, and (complete graph) each one
+            ids = listed.ids.astype("<u4")
+            body += [struct.pack("<I", len(ids)), ids.tobytes(), listed.digest]
+            if listed.each is not None:
+                body += _pairs(listed.each)
         if self._seed:
             body.append(self._seed)
-        body += _pairs(tuple(sorted(self._commitments.items())))
         body.append(struct.pack("<I", len(self._roster)))
         for v in sorted(self._roster):
             body += [struct.pack("<I", v), *_key_fields(self._roster[v])]
@@ -225,7 +246,7 @@ class SecAggClient:
             raise UnsupportedVersion(f"client state layout {version}; this build reads {_STATE_VERSION} only")
         if length != len(view) - _STATE_HEADER.size:
             raise MalformedMessage(f"client state: header says {length} body bytes, {len(view) - _STATE_HEADER.size} present")
-        if state_index >= len(_ORDER) or flags & ~(_HAS_SECRETS | _HAS_SEED | _HAS_SIGNED):
+        if state_index >= len(_ORDER) or flags & ~(_HAS_SECRETS | _HAS_SEED | _HAS_SIGNED | _HAS_LISTED):
             raise MalformedMessage(f"client state: unknown state {state_index} or flags {flags:#06x}")
         if digest != config.digest:
             raise ConfigMismatch("client state was saved in a session with other parameters")
@@ -235,7 +256,8 @@ class SecAggClient:
         live = state not in (ClientState.START, ClientState.DONE, ClientState.ABORTED)
         seeded = _ORDER.index(ClientState.AWAIT_SHARES) <= state_index <= _ORDER.index(ClientState.AWAIT_UNMASK)
         if bool(flags & _HAS_SECRETS) != live or (seeded and not flags & _HAS_SEED) or (
-                flags & _HAS_SEED and state_index < _ORDER.index(ClientState.AWAIT_SHARES)):
+                flags & _HAS_SEED and state_index < _ORDER.index(ClientState.AWAIT_SHARES)) or (
+                bool(flags & _HAS_LISTED) != (state is ClientState.AWAIT_ROSTER)):
             raise MalformedMessage(f"client state: flags {flags:#06x} do not fit state {state.value}")
         r = _Reader(view[_STATE_HEADER.size :], "client state")
         client = cls(config, client_id, model_hash=r.fixed(DIGEST_BYTES, "model hash"), identity_key=identity_key)
@@ -246,19 +268,30 @@ class SecAggClient:
             client._mask_private = mask_private_key(config, client_id, client._mask_seed)
             client._self_seed = r.fixed(shamir.SECRET_BYTES, "self-mask seed")
             client._graph_nonce = r.fixed(GRAPH_NONCE_BYTES, "graph nonce")
+        if flags & _HAS_LISTED:
+            ids = np.asarray(r.ids("listed clients"), dtype=np.int64)
+            listed_digest = r.fixed(DIGEST_BYTES, "graph commitments digest")
+            each = r.pairs("graph commitments", DIGEST_BYTES) if config.params.complete else None
+            if len(ids) and ids[-1] >= config.n_clients:
+                raise MalformedMessage(f"client state: listed client {ids[-1]} is outside the cohort")
+            try:
+                client._commitments = ListedCommitments.restore(config, ids, listed_digest, each)
+            except ValueError as exc:
+                raise MalformedMessage(f"client state: {exc}") from None
         if flags & _HAS_SEED:
             client._seed = r.fixed(DIGEST_BYTES, "graph seed")
-            client._graph = NeighbourGraph(config.params, client._seed)
+            client._graph = NeighbourGraph(config.params, client._seed, focus=client_id)
             client.neighbours = client._graph.of(client_id)
-        client._commitments = dict(r.pairs("graph commitments", DIGEST_BYTES))
         for _ in range(r.count("roster entries", 4 + 2 * PUBLIC_KEY_BYTES + 4 * DIGEST_BYTES + 2)):
             entry = RosterEntry(client=r.u32("roster client"), **_key_body(r))
             if client._graph is None or not client._graph.are_neighbours(client_id, entry.client):
                 raise MalformedMessage(f"client state: roster entry {entry.client} is not a neighbour")
+            if entry.client in client._roster:
+                raise MalformedMessage(f"client state: roster entry {entry.client} appears twice")
             client._roster[entry.client] = entry
         for _ in range(r.count("held shares", _HELD.size)):
             peer, index, value = _HELD.unpack(r.fixed(_HELD.size, "held share"))
-            if peer not in client._roster or index != client._graph.share_index(peer, client_id):
+            if peer not in client._roster or peer in client._held or index != client._graph.share_index(peer, client_id):
                 raise MalformedMessage(f"client state: held share of {peer} does not fit the roster")
             client._held[peer] = shamir.Share(index, value)
         if flags & _HAS_SIGNED:
@@ -305,12 +338,12 @@ class SecAggClient:
         """
         self._accept(commitments, GraphCommitments, ClientState.AWAIT_COMMITMENTS)
         with self._aborting():
-            listed = dict(commitments.commitments)
-            for v in listed:
-                self._check_cohort(v, "graph commitments")
-            if listed.get(self.id) != graph_commitment(self.config, self.id, self._graph_nonce):
+            listed = as_table(commitments.commitments, DIGEST_BYTES)  # validated: ids increasing
+            if len(listed):
+                self._check_cohort(int(listed.ids[-1]), "graph commitments")
+            if listed.value_of(self.id) != graph_commitment(self.config, self.id, self._graph_nonce):
                 raise InconsistentView(f"the graph commitments omit or alter client {self.id}'s own")
-            self._commitments = listed
+            self._commitments = ListedCommitments(self.config, listed)
             self._state = ClientState.AWAIT_ROSTER
             return GraphReveal(**self._envelope(), nonce=self._graph_nonce)
 
@@ -322,16 +355,16 @@ class SecAggClient:
         self._accept(roster, KeyRoster, ClientState.AWAIT_ROSTER)
         with self._aborting():
             cfg, t = self.config, self.config.params.threshold
-            self._seed = self._check_nonces(roster.nonces)
-            self._graph = NeighbourGraph(cfg.params, self._seed)
+            revealed = as_table(roster.nonces, GRAPH_NONCE_BYTES)  # validated: ids increasing
+            self._seed = self._check_nonces(revealed)
+            self._graph = NeighbourGraph(cfg.params, self._seed, focus=self.id)
             self.neighbours = self._graph.of(self.id)
-            revealed = dict(roster.nonces)
             seen_keys = {public_bytes(self._enc_private), public_bytes(self._mask_private)}
             for e in roster.entries:
                 self._check_neighbour(e.client, "key roster")
-                if e.client not in revealed:
+                if revealed.position(e.client) is None:
                     raise UnknownClient(f"key roster lists neighbour {e.client}, which revealed no graph nonce")
-                if e.graph_commitment != self._commitments[e.client]:
+                if e.graph_commitment != graph_commitment(cfg, e.client, revealed.value_of(e.client)):
                     raise InconsistentView(f"neighbour {e.client}'s graph commitment differs from the one listed")
                 if e.config_digest != cfg.digest:
                     raise ConfigMismatch(f"neighbour {e.client} runs this session with different parameters")
@@ -355,6 +388,7 @@ class SecAggClient:
                     f"advertised keys; threshold is {t}"
                 )
             self._roster = {e.client: e for e in roster.entries}
+            self._commitments = None  # the nonces are checked: the list is no longer needed
             key_shares = shamir.split(self._mask_seed, t, len(self.neighbours))
             sealed = [self._seal_share(v, ShareKind.MASK_KEY, key_shares) for v in self._roster]
             self._state = ClientState.AWAIT_SHARES
@@ -385,15 +419,22 @@ class SecAggClient:
         (plus an Ed25519 signature in authenticated mode)."""
         self._expect_state(ClientState.AWAIT_INPUT)
         cfg = self.config
-        acc = self._ring_vector(x)
+        source = self._ring_vector(x)
         streams = [MaskStream(self_mask_key(cfg, self.id, self._self_seed), 1)]
         for v in sorted(self._held):
             key = pairwise_mask_key(cfg, self.id, v, self._mask_private, self._roster[v].mask_public)
             streams.append(MaskStream(key, pairwise_sign(self.id, v)))
-        apply_masks(acc, streams, bits=cfg.ring_bits)
+        acc = np.empty(cfg.dimension, dtype=np.uint32)
+        try:  # one pass: bound check, masks, reduction and the vector's digest
+            digest = mask_into(acc, source, streams, bits=cfg.ring_bits, bound=cfg.input_bound)
+        except BoundExceeded as exc:
+            raise ValueError(
+                f"client input at index {exc.index} is {_signed(exc.value, cfg.ring_bits)}, beyond the session's "
+                f"input bound {cfg.input_bound} (the ring was sized for it; quantize with the session's quantizer)"
+            ) from None
         self_shares = shamir.split(self._self_seed, cfg.params.threshold, len(self.neighbours))
         sealed = tuple(self._seal_share(v, ShareKind.SELF_MASK, self_shares) for v in sorted(self._held))
-        payload = masked_input_payload(cfg, self.id, self._seed, acc, sealed)
+        payload = masked_input_payload(cfg, self.id, self._seed, digest, sealed)
         tag = mac(input_tag_key(cfg, self.id, self._self_seed), payload)
         signature = sign(self._identity, payload) if cfg.authenticated else b""
         self._state = ClientState.AWAIT_SURVIVORS if cfg.authenticated else ClientState.AWAIT_UNMASK
@@ -514,12 +555,13 @@ class SecAggClient:
 
     def _channel(self, sender: int, recipient: int) -> bytes:
         """The AES-GCM key of shares from ``sender`` to ``recipient`` (one of them is this client);
-        each direction's key is agreed once per round and reused for both kinds of share."""
+        both directions' keys come from one exchange, once per round, and serve both kinds of share."""
         key = self._channels.get((sender, recipient))
         if key is None:
             peer = recipient if sender == self.id else sender
-            key = share_channel_key(self.config, sender, recipient, self._enc_private, self._roster[peer].enc_public)
-            self._channels[(sender, recipient)] = key
+            out, back = share_channel_keys(self.config, self.id, peer, self._enc_private, self._roster[peer].enc_public)
+            self._channels[(self.id, peer)], self._channels[(peer, self.id)] = out, back
+            key = self._channels[(sender, recipient)]
         return key
 
     # ---- checks --------------------------------------------------------------------------------
@@ -578,33 +620,32 @@ class SecAggClient:
         if not self._graph.are_neighbours(self.id, client):
             raise UnknownClient(f"{where} names client {client}, not a neighbour of client {self.id}")
 
-    def _check_nonces(self, nonces: tuple[tuple[int, bytes], ...]) -> bytes:
+    def _check_nonces(self, nonces: IdTable) -> bytes:
         """The graph seed from the revealed nonces, each checked against the commitment listed earlier.
 
         A sparse graph needs every listed nonce: were some allowed to go missing, whoever
         withholds them (colluding clients, or the server claiming they never arrived) could pick
         the graph among all the subsets. The complete graph does not depend on the seed.
         """
-        cfg = self.config
-        for v, nonce in nonces:
-            if v not in self._commitments:
-                raise UnknownClient(f"key roster reveals a graph nonce of client {v}, which committed to none")
-            if graph_commitment(cfg, v, nonce) != self._commitments[v]:
-                raise InconsistentShares(f"client {v}'s graph nonce does not match its commitment")
-        if dict(nonces).get(self.id) != self._graph_nonce:
+        cfg, listed = self.config, self._commitments
+        unknown = not_in(nonces.ids, listed.ids)
+        if unknown.size:
+            raise UnknownClient(f"key roster reveals a graph nonce of client {unknown[0]}, which committed to none")
+        if nonces.value_of(self.id) != self._graph_nonce:
             raise InconsistentView(f"key roster omits or alters client {self.id}'s own graph nonce")
-        missing = sorted(set(self._commitments) - {v for v, _ in nonces})
+        missing = not_in(listed.ids, nonces.ids).tolist()
         if missing and not cfg.params.complete:
             raise SeedWithheld(
                 f"clients {missing} committed to graph nonces that the key roster does not reveal; "
                 "a sparse graph cannot be derived without them. Round aborted"
             )
+        listed.check(cfg, nonces)
         return graph_seed(cfg, nonces)
 
     def _check_survivors(self, survivors: tuple[int, ...]) -> None:
         t = self.config.params.threshold
-        for v in survivors:
-            self._check_cohort(v, "survivor list")
+        if survivors:  # strictly increasing (validated): the last id is the largest
+            self._check_cohort(survivors[-1], "survivor list")
         alive = set(survivors)
         if self.id not in alive:
             raise InconsistentView(f"survivor list omits client {self.id}, which sent its masked input")
@@ -623,40 +664,33 @@ class SecAggClient:
         if request.survivors != self._signed_survivors:
             raise InconsistentView("unmask request's survivor set differs from the one this client signed")
         payload = consistency_payload(cfg, self._seed, request.survivors)
-        alive = set(request.survivors)
-        for signer, signature in request.signatures:
-            if signer not in alive:
-                raise UnknownClient(f"consistency signature from {signer}, which is not a survivor")
-            verify(cfg.identity_keys[signer], signature, payload, who=f"client {signer}'s consistency check")
+        signatures = as_table(request.signatures, SIGNATURE_BYTES)  # validated: signers increasing
+        strangers = not_in(signatures.ids, np.asarray(request.survivors, dtype=np.int64))
+        if strangers.size:
+            raise UnknownClient(f"consistency signature from {strangers[0]}, which is not a survivor")
+        verify_all(
+            [(cfg.identity_keys[signer], signature) for signer, signature in signatures], payload,
+            who=lambda i: f"client {signatures.ids[i]}'s consistency check",
+        )
         quorum = cfg.params.signature_quorum
-        signers = len({signer for signer, _ in request.signatures})
+        signers = len(signatures)
         if signers < quorum:
             raise BelowThreshold(f"{signers} clients signed the survivor set; authenticated mode needs {quorum}")
 
     def _ring_vector(self, x: np.ndarray) -> np.ndarray:
+        """``x`` as a uint32 vector (no copy when it is one); values and the input bound are checked
+        while masking (:func:`~..prg.mask_into`)."""
         cfg = self.config
         x = np.asarray(x)
         if x.shape != (cfg.dimension,):
             raise ValueError(f"client input must have shape ({cfg.dimension},), got {x.shape}")
         if not np.issubdtype(x.dtype, np.integer):
             raise TypeError(f"client input must be ring integers (uint32), got dtype {x.dtype}; quantize floats first")
-        if x.dtype != np.uint32 or cfg.ring_bits < 32:
+        if x.dtype != np.uint32:
             low, high = int(x.min()), int(x.max())
             if low < 0 or high >= 1 << cfg.ring_bits:
                 raise ValueError(f"client input values must lie in [0, 2^{cfg.ring_bits}); found [{low}, {high}]")
-        acc = np.array(x, dtype=np.uint32, copy=True, order="C")
-        if cfg.input_bound is not None:
-            # Read as signed b-bit integers, values must lie in [−M, M]: (v + M) mod 2^b ≤ 2M.
-            bound = cfg.input_bound
-            shifted = (acc + np.uint32(bound)) & np.uint32((1 << cfg.ring_bits) - 1)
-            beyond = np.flatnonzero(shifted > 2 * bound)
-            if beyond.size:
-                i = int(beyond[0])
-                raise ValueError(
-                    f"client input at index {i} is {_signed(int(acc[i]), cfg.ring_bits)}, beyond the session's "
-                    f"input bound {bound} (the ring was sized for it; quantize with the session's quantizer)"
-                )
-        return acc
+        return np.ascontiguousarray(x, dtype=np.uint32)
 
     def _forget_secrets(self) -> None:
         for name in ("_enc_private", "_mask_private", "_mask_seed", "_self_seed"):
@@ -665,14 +699,15 @@ class SecAggClient:
 
 
 _STATE_MAGIC = b"SACS"
-_STATE_VERSION = 1  # roster entries are laid out as in wire version 2
+_STATE_VERSION = 2  # roster entries as in wire version 3; shares of GF(2^31 − 1) (20 bytes)
 # magic | version u8 | state u8 (index in ClientState) | flags u16 | config digest 32B | client id u32
 # | body length u32 (48 bytes, like a message header); the body follows export_state's order.
 _STATE_HEADER = struct.Struct("<4sBBH32sII")
 assert _STATE_HEADER.size == HEADER_BYTES  # so _Reader's offsets in errors are the state's own
-_HAS_SECRETS, _HAS_SEED, _HAS_SIGNED = 1, 2, 4
-_HELD = struct.Struct("<II16s")  # peer, share index, share value
+_HAS_SECRETS, _HAS_SEED, _HAS_SIGNED, _HAS_LISTED = 1, 2, 4, 8
+_HELD = struct.Struct(f"<II{shamir.SHARE_BYTES}s")  # peer, share index, share value
 
 
 def _signed(value: int, bits: int) -> int:
     return value - (1 << bits) if value >= 1 << (bits - 1) else value
+

@@ -13,14 +13,20 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from ..crypto import MAC_BYTES, SEAL_OVERHEAD, agree, commit, hkdf, x25519_from_seed
+from ..crypto import DIGEST_BYTES, MAC_BYTES, SEAL_OVERHEAD, agree, agree_many, commit, encode_ints, hkdf, x25519_from_seed
+from ..errors import InconsistentShares
 from ..prg import MASK_KEY_BYTES
-from .messages import SealedShare, ShareKind
+from ..shamir import SHARE_BYTES
+from .idtable import IdTable
+from .messages import GRAPH_NONCE_BYTES, SealedShare, ShareKind
 from .session import SessionConfig
 
 SHARE_CHANNEL_KEY_BYTES = 32
-SHARE_PLAINTEXT = struct.Struct("<III16s")  # inside a sealed share: owner, holder, share index, share value
+# inside a sealed share: owner, holder, share index, share value
+SHARE_PLAINTEXT = struct.Struct(f"<III{SHARE_BYTES}s")
 SEALED_SHARE_BYTES = SHARE_PLAINTEXT.size + SEAL_OVERHEAD
+# transcript() encoding of an (int, 16-byte nonce) pair of parts, one entry of _id_nonce_parts
+_ID_NONCE_PARTS = struct.Struct(f"{1 + 8 + 1 + 4 + GRAPH_NONCE_BYTES}s")
 
 
 def self_mask_key(config: SessionConfig, client: int, seed: bytes) -> bytes:
@@ -58,19 +64,106 @@ def graph_commitment(config: SessionConfig, client: int, nonce: bytes) -> bytes:
     return commit(config.binding("graph-nonce", client, nonce))
 
 
-def graph_seed(config: SessionConfig, nonces: Sequence[tuple[int, bytes]]) -> bytes:
+def graph_commitments(config: SessionConfig, nonces: IdTable) -> list[bytes]:
+    """:func:`graph_commitment` of every (client, nonce) in ``nonces``: the shared hash prefix is
+    absorbed once, the parts of all entries are laid out by one numpy pass, and the loop runs in C."""
+    prefix = hashlib.sha256(config.binding("graph-nonce"))
+
+    def commitment(parts: tuple[bytes], copy=prefix.copy) -> bytes:
+        h = copy()
+        h.update(parts[0])
+        return h.digest()
+
+    return list(map(commitment, _ID_NONCE_PARTS.iter_unpack(_id_nonce_parts(nonces))))
+
+
+def graph_seed(config: SessionConfig, nonces: IdTable) -> bytes:
     """The round's graph seed: a hash of every (client, nonce) revealed, in client order."""
-    return hashlib.sha256(config.binding("graph-seed", *(part for pair in nonces for part in pair))).digest()
+    return hashlib.sha256(config.binding("graph-seed") + _id_nonce_parts(nonces)).digest()
+
+
+def _id_nonce_parts(nonces: IdTable) -> bytes:
+    """transcript()'s bytes for the parts (client, nonce) of every entry, concatenated."""
+    if nonces.width != GRAPH_NONCE_BYTES:
+        raise ValueError(f"graph nonces must be {GRAPH_NONCE_BYTES} bytes, got {nonces.width}")
+    out = np.empty(len(nonces), dtype=[("int", "S1"), ("client", "<u8"), ("bytes", "S1"), ("length", "<u4"),
+                                       ("nonce", f"V{GRAPH_NONCE_BYTES}")])
+    out["int"], out["client"], out["bytes"], out["length"] = b"i", nonces.ids, b"b", GRAPH_NONCE_BYTES
+    out["nonce"] = nonces.values
+    return out.tobytes()
+
+
+class ListedCommitments:
+    """The graph-nonce commitments one client was shown, kept until the nonces are revealed.
+
+    With a sparse graph every listed client must reveal, so the listed ids and one SHA-256 of the
+    whole list are enough: the revealed nonces must hash to exactly that list (4 bytes per client
+    kept instead of 36 — a client of a 10,000-cohort keeps 40 kB). The complete graph lets a client
+    that vanished stay unrevealed, so there every commitment is kept and the revealed ones are
+    checked one by one.
+    """
+
+    def __init__(self, config: SessionConfig, listed: IdTable) -> None:
+        self.ids = listed.ids.astype(np.int64)  # a copy: the list's bytes are not kept
+        self._digest = hashlib.sha256(listed.raw).digest()
+        self._each = listed if config.params.complete else None
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of the list's bytes as shown (what the revealed nonces must rebuild)."""
+        return self._digest
+
+    @property
+    def each(self) -> IdTable | None:
+        """Every listed commitment (complete graph only; None with a sparse graph)."""
+        return self._each
+
+    @classmethod
+    def restore(cls, config: SessionConfig, ids: np.ndarray, digest: bytes, each: IdTable | None) -> ListedCommitments:
+        """The list a client kept, from its parts (a client's saved state); ``each`` is required
+        exactly when the graph is complete and must be the list the ids and digest describe."""
+        if (each is not None) != config.params.complete:
+            raise ValueError("the complete graph keeps every commitment, a sparse one only ids and digest")
+        if each is not None and (not np.array_equal(each.ids, ids) or hashlib.sha256(each.raw).digest() != digest):
+            raise ValueError("listed commitments do not match their ids and digest")
+        listed = cls.__new__(cls)
+        listed.ids = np.asarray(ids, dtype=np.int64)
+        listed._digest = bytes(digest)
+        listed._each = each
+        return listed
+
+    def check(self, config: SessionConfig, nonces: IdTable) -> None:
+        """Raise InconsistentShares unless every revealed nonce opens its listed commitment
+        (and, with the sparse graph, the nonces cover the list exactly: check the ids first)."""
+        computed = graph_commitments(config, nonces)
+        if self._each is not None:
+            for (v, _), commitment in zip(nonces, computed):
+                if commitment != self._each.value_of(v):
+                    raise InconsistentShares(f"client {v}'s graph nonce does not match its commitment")
+            return
+        shown = np.empty(len(nonces), dtype=[("client", "<u4"), ("commitment", f"V{DIGEST_BYTES}")])
+        shown["client"], shown["commitment"] = nonces.ids, np.frombuffer(b"".join(computed), f"V{DIGEST_BYTES}")
+        if hashlib.sha256(shown.tobytes()).digest() != self._digest:  # the list rebuilt from the nonces
+            raise InconsistentShares(
+                "the revealed graph nonces do not match the commitments listed before the reveal "
+                "(some client's graph nonce was altered)"
+            )
 
 
 # ---- sealed shares ------------------------------------------------------------------------------
 
 
-def share_channel_key(
-    config: SessionConfig, sender: int, recipient: int, private: X25519PrivateKey, peer_public: bytes
-) -> bytes:
-    """AES-256-GCM key for shares sealed by ``sender`` for ``recipient`` (one key per direction)."""
-    return agree(private, peer_public, config.binding("share-channel", sender, recipient), SHARE_CHANNEL_KEY_BYTES)
+def share_channel_keys(
+    config: SessionConfig, me: int, peer: int, private: X25519PrivateKey, peer_public: bytes
+) -> tuple[bytes, bytes]:
+    """AES-256-GCM keys for shares sealed ``me`` → ``peer`` and ``peer`` → ``me`` (one key per
+    direction, both from one X25519 exchange)."""
+    out = agree_many(
+        private, peer_public,
+        [config.binding("share-channel", me, peer), config.binding("share-channel", peer, me)],
+        SHARE_CHANNEL_KEY_BYTES,
+    )
+    return out[0], out[1]
 
 
 def share_aad(config: SessionConfig, seed: bytes, kind: ShareKind, sender: int, recipient: int) -> bytes:
@@ -90,21 +183,21 @@ def advertise_payload(
     return config.binding("advertise", client, enc_public, mask_public, commitment, graph_commitment, model_hash)
 
 
-def consistency_payload(config: SessionConfig, seed: bytes, survivors: tuple[int, ...]) -> bytes:
+def consistency_payload(config: SessionConfig, seed: bytes, survivors: Sequence[int]) -> bytes:
     """What a client signs in the consistency check: the graph it used and the survivor set it was shown."""
-    return config.binding("consistency", seed, *survivors)
+    return config.binding("consistency", seed) + encode_ints(survivors)
 
 
 def masked_input_payload(
-    config: SessionConfig, client: int, seed: bytes, vector: np.ndarray, shares: Iterable[SealedShare]
+    config: SessionConfig, client: int, seed: bytes, vector_digest: bytes, shares: Iterable[SealedShare]
 ) -> bytes:
-    """What binds a masked input to its sender: session, round, config, graph, SHA-256 of the vector
-    and of the sealed self-mask shares that travel with it."""
-    vector_hash = hashlib.sha256(memoryview(np.ascontiguousarray(vector, dtype="<u4")).cast("B")).digest()
+    """What binds a masked input to its sender: session, round, config, graph, the vector's digest
+    (:func:`~..crypto.vector_digest`, computed while masking and while summing on arrival) and a
+    SHA-256 of the sealed self-mask shares that travel with it."""
     shares_hash = hashlib.sha256(b"".join(
         s.peer.to_bytes(4, "little") + len(s.ciphertext).to_bytes(2, "little") + s.ciphertext for s in shares
     )).digest()
-    return config.binding("masked-input", client, seed, vector_hash, shares_hash)
+    return config.binding("masked-input", client, seed, vector_digest, shares_hash)
 
 
 def input_tag_key(config: SessionConfig, client: int, self_mask_seed: bytes) -> bytes:

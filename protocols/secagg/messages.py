@@ -14,14 +14,24 @@ message built by hand, so the state machines — which call it on everything the
 what the decoder refuses even when an embedding skips the wire. Whether a well-formed message is
 *acceptable* (right session, round, phase, sender) is the state machines' job.
 
-Version 2 (this one) added the graph-nonce commitment and reveal messages, the self-mask shares
-and the sender binding (tag, signature) of a masked input, and the self-mask shares forwarded in
-an unmask request; version 1 messages are refused.
+Version 2 added the graph-nonce commitment and reveal messages, the self-mask shares and the
+sender binding (tag, signature) of a masked input, and the self-mask shares forwarded in an
+unmask request. Version 3 (this one) carries Shamir shares over GF(2^31 − 1): a revealed share
+value is 20 bytes (five field elements), not 16 (one GF(2^128) element), and sealed shares grow
+by the same 4 bytes; the vector digest in the input binding and the ring order of the graph are
+computed differently too. Messages of versions 1 and 2 are refused.
+
+Lists that grow with the cohort are never walked entry by entry in Python: (id, value) lists —
+graph commitments and nonces, the quorum's signatures — decode to an :class:`~.idtable.IdTable`
+(the wire bytes and a numpy view of the ids), and id lists are packed and checked with C-level
+passes. A client of a 10,000-cohort receives several such lists.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
+import operator
 import struct
 from dataclasses import dataclass
 
@@ -29,15 +39,19 @@ import numpy as np
 
 from ..crypto import DIGEST_BYTES, MAC_BYTES, PUBLIC_KEY_BYTES, SIGNATURE_BYTES
 from ..errors import MalformedMessage, UnsupportedVersion
-from ..shamir import SECRET_BYTES
+from ..shamir import SECRET_BYTES, SHARE_BYTES
+from .idtable import IdTable
 
 MAGIC = b"SAGG"
-VERSION = 2
+VERSION = 3
 SERVER = 0xFFFFFFFF
 _HEADER = struct.Struct("<4sBBH16sQIIQ")
 HEADER_BYTES = _HEADER.size  # 48
 MAX_SEALED_SHARE_BYTES = 1024
 GRAPH_NONCE_BYTES = 16
+_SEALED_HEAD = struct.Struct("<IH")  # peer id, ciphertext length
+_KEYS = struct.Struct(f"<{PUBLIC_KEY_BYTES}s{PUBLIC_KEY_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s")
+_REVEALED = struct.Struct(f"<IB{SHARE_BYTES}s")  # owner, kind, share value
 
 
 class MessageType(enum.IntEnum):
@@ -80,9 +94,12 @@ class AdvertiseKeys(Envelope):
     signature: bytes  # Ed25519 over all of the above (empty when unauthenticated)
 
 
+Pairs = tuple[tuple[int, bytes], ...] | IdTable  # (id, fixed-size bytes), ids strictly increasing
+
+
 @dataclass(frozen=True)
 class GraphCommitments(Envelope):
-    commitments: tuple[tuple[int, bytes], ...]  # (client, graph commitment) of every advertiser, by id
+    commitments: Pairs  # (client, graph commitment) of every advertiser, by id
 
 
 @dataclass(frozen=True)
@@ -104,7 +121,7 @@ class RosterEntry:
 
 @dataclass(frozen=True)
 class KeyRoster(Envelope):
-    nonces: tuple[tuple[int, bytes], ...]  # (client, graph nonce) of every revealer: the graph seed
+    nonces: Pairs  # (client, graph nonce) of every revealer: the graph seed
     entries: tuple[RosterEntry, ...]  # the recipient's neighbours that revealed, by id
 
 
@@ -146,7 +163,7 @@ class ConsistencySignature(Envelope):
 class UnmaskRequest(Envelope):
     survivors: tuple[int, ...]  # clients whose masked input is in the sum
     dropped: tuple[int, ...]  # clients that shared keys but sent no masked input
-    signatures: tuple[tuple[int, bytes], ...]  # (signer, consistency signature), authenticated mode
+    signatures: Pairs  # (signer, consistency signature), authenticated mode
     self_mask_shares: tuple[SealedShare, ...]  # survivors' self-mask shares sealed for the recipient
 
 
@@ -240,13 +257,30 @@ class _Check:
         return value
 
     def ids(self, value: object, field: str) -> None:
-        for v in self.items(value, int, field):
-            self.uint(v, 32, field)
-        _strictly_increasing(value, field, self.what)
+        if type(value) is not tuple:
+            self.fail(f"{field} must be a tuple of int")
+        if value and not (set(map(type, value)) == {int} and value[0] >= 0 and value[-1] < 1 << 32
+                          and _increasing(value)):
+            for v in self.items(value, int, field):  # slow path: say what is wrong
+                self.uint(v, 32, field)
+            _strictly_increasing(value, field, self.what)
 
     def pairs(self, value: object, size: int, field: str) -> None:
-        """(id, fixed-size bytes) pairs, ids strictly increasing."""
-        for pair in self.items(value, tuple, field):
+        """(id, fixed-size bytes) pairs, ids strictly increasing: an IdTable (checked when built) or a tuple."""
+        if isinstance(value, IdTable):
+            if value.width != size:
+                self.fail(f"{field} hold {value.width}-byte values; must be {size}")
+            return
+        if type(value) is not tuple:
+            self.fail(f"{field} must be a tuple of tuple")
+        if not value:
+            return
+        if set(map(type, value)) == {tuple} and set(map(len, value)) == {2}:
+            ids, blobs = zip(*value)
+            if (set(map(type, ids)) == {int} and ids[0] >= 0 and ids[-1] < 1 << 32 and _increasing(ids)
+                    and set(map(type, blobs)) == {bytes} and set(map(len, blobs)) == {size}):
+                return
+        for pair in self.items(value, tuple, field):  # slow path: say what is wrong
             if len(pair) != 2:
                 self.fail(f"each entry of {field} must be an (id, bytes) pair")
             self.uint(pair[0], 32, f"{field} id")
@@ -254,14 +288,29 @@ class _Check:
         _strictly_increasing([p[0] for p in value], f"{field} ids", self.what)
 
     def sealed(self, shares: object, field: str = "shares") -> None:
-        for s in self.items(shares, SealedShare, field):
+        if type(shares) is tuple and all(
+            type(s) is SealedShare and type(s.peer) is int and type(s.ciphertext) is bytes
+            and len(s.ciphertext) <= MAX_SEALED_SHARE_BYTES for s in shares
+        ) and (not shares or (shares[0].peer >= 0 and shares[-1].peer < 1 << 32)) \
+                and _increasing([s.peer for s in shares]):
+            return
+        for s in self.items(shares, SealedShare, field):  # slow path: say what is wrong
             self.uint(s.peer, 32, "share peer id")
             self.raw(s.ciphertext, range(MAX_SEALED_SHARE_BYTES + 1), "ciphertext")
         _strictly_increasing([s.peer for s in shares], "share peer ids", self.what)
 
 
+_KEY_FIELDS = (("enc_public", PUBLIC_KEY_BYTES), ("mask_public", PUBLIC_KEY_BYTES),
+               ("self_mask_commitment", DIGEST_BYTES), ("graph_commitment", DIGEST_BYTES),
+               ("model_hash", DIGEST_BYTES), ("config_digest", DIGEST_BYTES))
+
+
 def _keys_valid(m: AdvertiseKeys | RosterEntry, c: _Check) -> None:
-    for field in ("enc_public", "mask_public"):
+    fields = (m.enc_public, m.mask_public, m.self_mask_commitment, m.graph_commitment, m.model_hash, m.config_digest)
+    if all(type(v) is bytes and len(v) == 32 for v in fields) and type(m.signature) is bytes \
+            and len(m.signature) in (0, SIGNATURE_BYTES):
+        return
+    for field in ("enc_public", "mask_public"):  # slow path: say what is wrong
         c.raw(getattr(m, field), (PUBLIC_KEY_BYTES,), field)
     for field in ("self_mask_commitment", "graph_commitment", "model_hash", "config_digest"):
         c.raw(getattr(m, field), (DIGEST_BYTES,), field)
@@ -300,7 +349,7 @@ def _response_valid(m: UnmaskResponse, c: _Check) -> None:
         c.uint(s.owner, 32, "share owner")
         if not isinstance(s.kind, ShareKind):
             c.fail(f"share kind must be a ShareKind, got {s.kind!r}")
-        c.raw(s.value, (SECRET_BYTES,), "share value")
+        c.raw(s.value, (SHARE_BYTES,), "share value")
     _strictly_increasing([s.owner for s in m.shares], "share owners", c.what)
 
 
@@ -330,11 +379,17 @@ def _ids(ids: tuple[int, ...]) -> bytes:
     return _u32(len(ids)) + struct.pack(f"<{len(ids)}I", *ids)
 
 
-def _pairs(pairs: tuple[tuple[int, bytes], ...]) -> list[bytes]:
-    parts = [_u32(len(pairs))]
-    for client, value in pairs:
-        parts += [_u32(client), value]
-    return parts
+def _pairs(pairs: Pairs) -> list[bytes]:
+    if isinstance(pairs, IdTable):
+        return [_u32(len(pairs)), pairs.raw]
+    if not pairs:
+        return [_u32(0)]
+    entry = _pair_struct(len(pairs[0][1]))  # validate() has checked every value has this size
+    return [_u32(len(pairs)), b"".join(itertools.starmap(entry.pack, pairs))]
+
+
+def _pair_struct(size: int) -> struct.Struct:
+    return struct.Struct(f"<I{size}s")
 
 
 def _signature(sig: bytes) -> bytes:
@@ -449,14 +504,16 @@ class _Reader:
     def ids(self, field: str) -> tuple[int, ...]:
         n = self.count(field, 4)
         ids = struct.unpack(f"<{n}I", self.take(4 * n, field))
-        _strictly_increasing(ids, field, self.what)
+        if not _increasing(ids):
+            _strictly_increasing(ids, field, self.what)
         return ids
 
-    def pairs(self, field: str, size: int) -> tuple[tuple[int, bytes], ...]:
+    def pairs(self, field: str, size: int) -> IdTable:
         n = self.count(f"{field} count", 4 + size)
-        pairs = tuple((self.u32(f"{field} id"), self.fixed(size, field)) for _ in range(n))
-        _strictly_increasing([p[0] for p in pairs], f"{field} ids", self.what)
-        return pairs
+        try:
+            return IdTable(bytes(self.take(n * (4 + size), field)), size)
+        except ValueError as exc:
+            raise MalformedMessage(f"{self.what}: {field} {exc}") from None
 
     def signature(self, field: str) -> bytes:
         n = self.u16(field)
@@ -468,16 +525,23 @@ class _Reader:
         n = self.count("share count", 6)
         shares = []
         for _ in range(n):
-            peer, size = self.u32("peer id"), self.u16("ciphertext length")
+            peer, size = _SEALED_HEAD.unpack(self.take(6, "share peer id and length"))
             if size > MAX_SEALED_SHARE_BYTES:
                 raise MalformedMessage(f"{self.what}: ciphertext of {size} bytes exceeds {MAX_SEALED_SHARE_BYTES}")
             shares.append(SealedShare(peer, self.fixed(size, "ciphertext")))
-        _strictly_increasing([s.peer for s in shares], "share peer ids", self.what)
+        peers = [s.peer for s in shares]
+        if not _increasing(peers):
+            _strictly_increasing(peers, "share peer ids", self.what)
         return tuple(shares)
 
     def end(self) -> None:
         if self.pos != len(self.data):
             raise MalformedMessage(f"{self.what}: {len(self.data) - self.pos} trailing bytes after the body")
+
+
+def _increasing(ids: tuple[int, ...] | list[int]) -> bool:
+    """Whether ``ids`` is strictly increasing (a C-level pass; the caller reports what is wrong)."""
+    return all(map(operator.lt, ids, itertools.islice(ids, 1, None)))
 
 
 def _strictly_increasing(ids: tuple[int, ...] | list[int], field: str, what: str) -> None:
@@ -521,15 +585,9 @@ def _parse(data: bytes | bytearray | memoryview, *, check_only: bool) -> Message
 
 
 def _key_body(r: _Reader) -> dict:
-    return dict(
-        enc_public=r.fixed(PUBLIC_KEY_BYTES, "encryption key"),
-        mask_public=r.fixed(PUBLIC_KEY_BYTES, "mask key"),
-        self_mask_commitment=r.fixed(DIGEST_BYTES, "self-mask commitment"),
-        graph_commitment=r.fixed(DIGEST_BYTES, "graph commitment"),
-        model_hash=r.fixed(DIGEST_BYTES, "model hash"),
-        config_digest=r.fixed(DIGEST_BYTES, "config digest"),
-        signature=r.signature("signature"),
-    )
+    fields = _KEYS.unpack(r.take(_KEYS.size, "keys, commitments, model hash and config digest"))
+    return dict(zip(("enc_public", "mask_public", "self_mask_commitment", "graph_commitment", "model_hash",
+                     "config_digest"), fields), signature=r.signature("signature"))
 
 
 def _decode_roster(r: _Reader, env: dict, _: bool) -> KeyRoster:
@@ -562,13 +620,13 @@ def _decode_response(r: _Reader, env: dict, _: bool) -> UnmaskResponse:
     if seed_len != SECRET_BYTES:
         raise MalformedMessage(f"{r.what}: self-mask seed has {seed_len} bytes; must be {SECRET_BYTES}")
     seed = r.fixed(seed_len, "self-mask seed")
-    n = r.count("share count", 5 + SECRET_BYTES)
+    n = r.count("share count", _REVEALED.size)
     shares = []
     for _ in range(n):
-        owner, kind = r.u32("share owner"), r.u8("share kind")
+        owner, kind, value = _REVEALED.unpack(r.take(_REVEALED.size, "revealed share"))
         if kind not in (ShareKind.SELF_MASK, ShareKind.MASK_KEY):
             raise MalformedMessage(f"{r.what}: unknown share kind {kind}")
-        shares.append(RevealedShare(owner, ShareKind(kind), r.fixed(SECRET_BYTES, "share value")))
+        shares.append(RevealedShare(owner, ShareKind(kind), value))
     _strictly_increasing([s.owner for s in shares], "share owners", r.what)
     return UnmaskResponse(**env, self_mask_seed=seed, shares=tuple(shares))
 

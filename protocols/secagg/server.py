@@ -14,9 +14,11 @@ when a masked input's tag does not verify under its sender's self-mask seed — 
 released.
 
 What the server holds at any time: public keys, graph commitments and nonces, sealed shares it
-cannot open, the running sum of masked vectors (each is added on arrival) with a 32-byte hash and
-tag per input, and at the end the seeds it needs — self-mask seeds of survivors, key seeds of
-clients that dropped after sharing keys.
+cannot open, the running sum of masked vectors (each is added on arrival, hashed in the same
+pass: memory is O(d) for the vectors, whatever the cohort) with its binding and tag per input, and
+at the end the seeds it needs — self-mask seeds of survivors, key seeds of clients that dropped
+after sharing keys. Unmasking regenerates the masks as a stream (:func:`~..prg.apply_masks`:
+groups of keys, chunks of the vector, every core), never a mask vector per client.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import shamir
-from ..crypto import mac_matches, public_bytes, verify
+from ..crypto import DIGEST_BYTES, SIGNATURE_BYTES, mac_matches, public_bytes, verify
 from ..errors import (
     Aborted,
     BelowThreshold,
@@ -37,13 +39,15 @@ from ..errors import (
     ProtocolError,
     ReplayedMessage,
     SeedWithheld,
+    SignatureInvalid,
     UnknownClient,
     WrongPhase,
     WrongRound,
     WrongSender,
 )
-from ..prg import MaskStream, apply_masks
+from ..prg import MaskStream, accumulate, apply_masks
 from .graph import NeighbourGraph
+from .idtable import IdTable
 from .keys import (
     SEALED_SHARE_BYTES,
     advertise_payload,
@@ -59,6 +63,7 @@ from .keys import (
     self_mask_key,
 )
 from .messages import (
+    GRAPH_NONCE_BYTES,
     SERVER,
     AdvertiseKeys,
     ConsistencySignature,
@@ -68,6 +73,7 @@ from .messages import (
     KeyRoster,
     MaskedInput,
     Message,
+    Pairs,
     RosterEntry,
     SealedShare,
     ShareDelivery,
@@ -224,12 +230,18 @@ class SecAggServer:
         # Its self-mask seed must reach exactly the neighbours it masks with: those that shared keys.
         expected = [v for v in self._graph.of(m.sender) if v in self._u2]
         self._check_sealed(m.sender, m.self_mask_shares, expected, "self-mask shares", "neighbours that shared keys")
-        payload = masked_input_payload(c, m.sender, self._seed, m.vector, m.self_mask_shares)
-        if c.authenticated:
-            verify(c.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s masked input")
-        elif m.signature:
+        if not c.authenticated and m.signature:
             raise MalformedMessage(f"client {m.sender}'s masked input carries a signature in unauthenticated mode")
-        np.add(self._acc, m.vector, out=self._acc)  # wraps mod 2^32; reduced mod 2^b at the end
+        # Summed on arrival, hashed in the same pass (the accumulator wraps mod 2^32; reduced mod 2^b
+        # at the end): the server keeps O(d) memory whatever the cohort.
+        digest = accumulate(self._acc, m.vector)
+        payload = masked_input_payload(c, m.sender, self._seed, digest, m.self_mask_shares)
+        if c.authenticated:
+            try:
+                verify(c.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s masked input")
+            except SignatureInvalid:
+                np.subtract(self._acc, m.vector, out=self._acc)  # refused: the sum is as it was
+                raise
         self._inputs[m.sender] = (payload, m.tag)
         self._self_shares[m.sender] = {s.peer: s.ciphertext for s in m.self_mask_shares}
 
@@ -247,8 +259,8 @@ class SecAggServer:
     def _on_signature(self, m: ConsistencySignature) -> None:
         self._member(m.sender, self._askable, "is not a survivor, so it has no survivor set to sign")
         self._once(m.sender, self._signatures, "consistency signature")
-        payload = consistency_payload(self.config, self._seed, self._u3)
-        verify(self.config.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s consistency check")
+        verify(self.config.identity_keys[m.sender], m.signature, self._consistency_payload,
+               who=f"client {m.sender}'s consistency check")
         self._signatures[m.sender] = m.signature
 
     def _on_response(self, m: UnmaskResponse) -> None:
@@ -330,7 +342,8 @@ class SecAggServer:
         self._require_quorum(len(u1), "advertise keys")
         self._u1 = u1
         self._phase = Phase.GRAPH_SEED
-        commitments = tuple((v, self._adverts[v].graph_commitment) for v in sorted(u1))
+        # One table, shared by every client's message (encoding it is a copy of its bytes).
+        commitments = IdTable.from_pairs(((v, self._adverts[v].graph_commitment) for v in sorted(u1)), DIGEST_BYTES)
         return {u: GraphCommitments(**self._envelope(u), commitments=commitments) for u in sorted(u1)}
 
     def _close_graph_seed(self) -> dict[int, Message]:
@@ -343,26 +356,28 @@ class SecAggServer:
             )
         if not revealed:
             raise BelowThreshold("no client revealed its graph nonce. Round aborted")
-        nonces = tuple(sorted(self._nonces.items()))
+        nonces = IdTable.from_pairs(sorted(self._nonces.items()), GRAPH_NONCE_BYTES)
         self._seed = graph_seed(self.config, nonces)
         self._graph = NeighbourGraph(self.config.params, self._seed)
         self._require_neighbours(revealed, revealed, "the graph seed", "hold its secret shares")
         self._require_quorum(len(revealed), "the graph seed")
         self._u1r = revealed
         self._phase = Phase.SHARE_KEYS
-        out: dict[int, Message] = {}
-        for u in sorted(revealed):
-            entries = tuple(
-                RosterEntry(
-                    client=v, enc_public=a.enc_public, mask_public=a.mask_public,
-                    self_mask_commitment=a.self_mask_commitment, graph_commitment=a.graph_commitment,
-                    model_hash=a.model_hash, config_digest=a.config_digest, signature=a.signature,
-                )
-                for v in self._graph.of(u) if v in revealed
-                for a in (self._adverts[v],)
+        # Every client's entry is the same in each roster that lists it: build it once.
+        entry = {
+            v: RosterEntry(
+                client=v, enc_public=a.enc_public, mask_public=a.mask_public,
+                self_mask_commitment=a.self_mask_commitment, graph_commitment=a.graph_commitment,
+                model_hash=a.model_hash, config_digest=a.config_digest, signature=a.signature,
             )
-            out[u] = KeyRoster(**self._envelope(u), nonces=nonces, entries=entries)
-        return out
+            for v in revealed
+            for a in (self._adverts[v],)
+        }
+        return {
+            u: KeyRoster(**self._envelope(u), nonces=nonces,
+                         entries=tuple(entry[v] for v in self._graph.of(u) if v in revealed))
+            for u in sorted(revealed)
+        }
 
     def _close_share_keys(self) -> dict[int, Message]:
         u2 = frozenset(self._sealed)
@@ -393,10 +408,11 @@ class SecAggServer:
         self._askable = u3
         self._sealed = {}
         if self.config.authenticated:
+            self._consistency_payload = consistency_payload(self.config, self._seed, self._u3)
             self._phase = Phase.CONSISTENCY_CHECK
             return {u: SurvivorList(**self._envelope(u), survivors=self._u3) for u in self._u3}
         self._phase = Phase.UNMASK
-        return self._unmask_requests(())
+        return self._unmask_requests(IdTable(b"", SIGNATURE_BYTES))
 
     def _close_consistency(self) -> dict[int, Message]:
         signers = frozenset(self._signatures)
@@ -406,14 +422,16 @@ class SecAggServer:
         # A quorum's worth of signatures is the certificate: more would only cost every client
         # bandwidth and verifications (each client checks all it is sent).
         quorum = self.config.params.signature_quorum
-        return self._unmask_requests(tuple(sorted(self._signatures.items()))[:quorum])
+        return self._unmask_requests(IdTable.from_pairs(sorted(self._signatures.items())[:quorum], SIGNATURE_BYTES))
 
-    def _unmask_requests(self, signatures: tuple[tuple[int, bytes], ...]) -> dict[int, Message]:
+    def _unmask_requests(self, signatures: Pairs) -> dict[int, Message]:
+        survivors = self._survivor_set
         return {
             u: UnmaskRequest(
                 **self._envelope(u), survivors=self._u3, dropped=self._dropped, signatures=signatures,
-                self_mask_shares=tuple(
-                    SealedShare(v, self._self_shares[v][u]) for v in self._u3 if u in self._self_shares[v]
+                self_mask_shares=tuple(  # shares sealed for u come only from its neighbours
+                    SealedShare(v, self._self_shares[v][u])
+                    for v in self._graph.of(u) if v in survivors and u in self._self_shares[v]
                 ),
             )
             for u in sorted(self._askable)
@@ -422,11 +440,19 @@ class SecAggServer:
     def _close_unmask(self) -> dict[int, Message]:
         c, graph, t = self.config, self._graph, self.config.params.threshold
         responders = self._responses
+        survivors = self._survivor_set
+        # Shares are needed only for seeds the server must rebuild: survivors that did not answer
+        # (their own seed did not arrive), and dropped clients some survivor masked with.
+        rebuild = {u for u in self._u3 if u not in responders}
+        rebuild.update(v for v in self._dropped if any(w in survivors for w in graph.of(v)))
         revealed: dict[tuple[int, ShareKind], list[shamir.Share]] = {}
         for holder, response in sorted(responders.items()):
             for s in response.shares:
-                share = shamir.Share(graph.share_index(s.owner, holder), s.value)
-                revealed.setdefault((s.owner, s.kind), []).append(share)
+                if s.owner in rebuild:
+                    share = shamir.Share(graph.share_index(s.owner, holder), s.value)
+                    revealed.setdefault((s.owner, s.kind), []).append(share)
+        # Seeds rebuilt and tags checked first; then one streamed pass regenerates every mask
+        # (apply_masks takes the streams a group at a time, on every core).
         streams: list[MaskStream] = []
         for u in self._u3:
             if u in responders:
@@ -445,7 +471,6 @@ class SecAggServer:
                     "or spoofed. Round aborted; no sum is released"
                 )
             streams.append(MaskStream(self_mask_key(c, u, seed), -1))
-        survivors = self._survivor_set
         for v in self._dropped:
             partners = [w for w in graph.of(v) if w in survivors]
             if not partners:

@@ -17,8 +17,9 @@ import os
 from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
 
-from ..crypto import PUBLIC_KEY_BYTES, transcript
+from ..crypto import PUBLIC_KEY_BYTES, encode_parts, transcript
 from ..errors import OverflowRefused
+from ..quantize import largest_cohort
 from ..quantize import ring_bits as bits_for_sum
 from .graph import GraphParams
 
@@ -100,7 +101,8 @@ class SessionConfig:
             if needed > self.ring_bits:
                 raise OverflowRefused(
                     f"a sum of {self.n_clients} inputs of magnitude up to {self.input_bound} needs {needed} bits; "
-                    f"the session's ring has {self.ring_bits} (raise ring_bits, or lower the bound)"
+                    f"the session's ring has {self.ring_bits}: the largest safe cohort at this bound is "
+                    f"{largest_cohort(self.input_bound, self.ring_bits):,} (raise ring_bits, or lower the bound)"
                 )
         if self.authenticated:
             if len(self.identity_keys) != self.n_clients:
@@ -134,4 +136,11 @@ class SessionConfig:
 
     def binding(self, label: str, *parts: bytes | int) -> bytes:
         """:func:`transcript` of ``label`` bound to this session: id, round and config digest first."""
-        return transcript(label, self.session_id, self.round, self.digest, *parts)
+        prefix = self._binding_prefixes.get(label)
+        if prefix is None:  # a handful of labels, each encoded once per session
+            prefix = self._binding_prefixes[label] = transcript(label, self.session_id, self.round, self.digest)
+        return prefix + encode_parts(parts)
+
+    @cached_property
+    def _binding_prefixes(self) -> dict[str, bytes]:
+        return {}

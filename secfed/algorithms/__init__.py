@@ -13,6 +13,7 @@ from torch import nn
 
 from secfed.algorithms.base import Method, MethodWrapper, Schedule, Site, step_lr
 from secfed.algorithms.cdw import CosineDistanceWeight
+from secfed.algorithms.dfh import DFH
 from secfed.algorithms.fedavg import FedAvg
 from secfed.algorithms.fedpav import FedPav
 from secfed.algorithms.fedreid import FedReID
@@ -22,7 +23,7 @@ from secfed.models.sharing import SharedLayout
 if TYPE_CHECKING:
     from secfed.config import RunConfig
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (FedPav, FedAvg, FedReID)}
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (FedPav, FedAvg, FedReID, DFH)}
 
 
 def base_method(cfg: RunConfig) -> Method:

@@ -31,6 +31,7 @@ from secfed.federation.secure_channel import RING_BITS, SecureChannel
 from secfed.federation.server import ServerSide
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.accountant import SampledGaussianAccountant
+from secfed.privacy.dfs import dfs_settings
 from secfed.privacy.dpsgd import ClientDpSgd, dp_compatible
 from secfed.privacy.noise import NoiseSource
 from secfed.privacy.policy import DESIGN_DROPOUT, DpSgdPlan, PrivacyPlan, resolve
@@ -238,10 +239,13 @@ def make_shards(cfg: RunConfig, datasets: list[ReidDataset]) -> tuple[list[Clien
         raise ConfigError("data.datasets", f"{scenario} splits ONE dataset into clients; {len(datasets)} were "
                           f"given ({', '.join(d.name for d in datasets)}): name one")
     dataset = datasets[0]
-    if scenario == "by-camera":
-        shards = by_camera(dataset)
-    else:
-        shards = by_identity(dataset, cfg.data.num_clients, derive_seed(cfg.seed, "split"))
+    try:
+        if scenario == "by-camera":
+            shards = by_camera(dataset)
+        else:
+            shards = by_identity(dataset, cfg.data.num_clients, derive_seed(cfg.seed, "split"))
+    except ValueError as exc:  # more clients than identities, a dataset with no training images
+        raise ConfigError("data.num_clients" if scenario == "by-identity" else "data.scenario", str(exc)) from None
     if len(shards) < 2:
         raise ConfigError("data.scenario", f"{scenario} of {dataset.name} yields {len(shards)} client(s); need 2 or more")
     return shards, [(dataset, tuple(range(len(shards))))]
@@ -304,7 +308,7 @@ def build(
         rounds=cfg.schedule.rounds, aggregation="weighted" if cfg.method.aggregation == "weighted" else "unweighted",
         secagg=cfg.secagg.enabled, bn_stats=cfg.model.bn_stats, extra_uploads=extra_uploads, model_dim=layout.size,
         quantiser_scale=channel.scale if isinstance(channel, SecureChannel) else None, ring_bits=RING_BITS,
-        design_dropout=max(DESIGN_DROPOUT, cfg.secagg.dropout_rate),
+        design_dropout=max(DESIGN_DROPOUT, cfg.secagg.dropout_rate), dfs=dfs_settings(cfg),
     )
     if cfg.schedule.clients_per_round > num_clients:
         raise ConfigError("schedule.clients_per_round", f"{cfg.schedule.clients_per_round} > the {num_clients} clients")

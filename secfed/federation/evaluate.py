@@ -72,19 +72,26 @@ def evaluate_local_training(fed: Federation) -> dict[str, dict[str, float] | Non
     }
 
 
-def evaluate_final(fed: Federation, last_cohort: Iterable[int]) -> dict[str, dict[str, dict[str, float] | None]]:
-    """Everything the end-of-run tables show, per domain.
+def evaluate_final(
+    fed: Federation,
+    last_cohort: Iterable[int],
+    federated: Mapping[str, dict[str, float]] | None = None,
+    local: Mapping[str, dict[str, float] | None] | None = None,
+) -> dict[str, dict[str, dict[str, float] | None]]:
+    """Everything the end-of-run tables show, per domain (``federated`` and ``local``: scores the
+    last round already computed, so they are not computed twice).
 
     ``local_model`` is the seed paper's "local model": a client's model right after its local
     training in the last round, before aggregation — measured for the clients of the last cohort.
     """
     cohort = set(last_cohort)
-    local = evaluate_local_training(fed)
+    federated = federated if federated is not None else evaluate_global(fed)
+    local = local if local is not None else evaluate_local_training(fed)
     out: dict[str, dict[str, dict[str, float] | None]] = {}
     for d in fed.domains:
         with torch.no_grad():
             out[d.name] = {
-                "federated": score_global(fed, d),
+                "federated": federated[d.name],
                 "local": local.get(d.name),
                 "local_model": mean_scores(score(fed.clients[k].site.model, d) for k in d.client_ids if k in cohort),
                 "raw_pixels": _rates(raw_pixel_scores(

@@ -11,7 +11,7 @@ every client, uploads go through the channel (the codec, or secure aggregation's
     RUN/splits.json        drawn splits of the small sets (when the run uses one)
     RUN/metrics.jsonl      one line per round: losses, bytes up/down, seconds, ε, evaluation when run
     RUN/checkpoints/       round-NNNN.pt after every round, written atomically (newest kept)
-    RUN/uploads/           with `run.record_uploads`: every upload of every round (for the audit)
+    RUN/uploads/           with `run.record_uploads`: every upload and broadcast of every round (for the audit)
     RUN/summary.json       the final results (also what `--json` prints)
     RUN/history.png        rank-1 and mAP per round, federated and local-only, and the training loss
 """
@@ -154,11 +154,14 @@ def run(
 
         # Every selected client decodes the broadcast, runs the method and its privacy step.
         uploads: list[Upload] = []
+        personal_wires: dict[int, bytes] = {}
         client_stats: dict[str, dict[str, float]] = {}
         for k in cohort:
             client = fed.clients[k]
             personal = fed.server.received(broadcast, k)  # Eq. 15 noise, when asked for
             data = wire if personal is broadcast else codec.encode_broadcast(personal)
+            if personal is not broadcast:
+                personal_wires[k] = data
             try:
                 upload, stats = client.step(codec.decode_broadcast(data), schedule, derive_seed(cfg.seed, "train", t, k))
             except TrainingDiverged as exc:
@@ -178,7 +181,7 @@ def run(
                                   schedule.lr_new) from None
             baseline_stats[alone.name] = {"loss": stats.loss, "accuracy": stats.accuracy}
         if cfg.run.record_uploads:
-            record_uploads(run_dir, round_number, uploads)
+            record_uploads(run_dir, round_number, uploads, wire, personal_wires)
         t_train = time.perf_counter()
 
         dropouts = dropout_schedule(cfg, t, cohort, fed.channel.phases)
@@ -211,8 +214,8 @@ def run(
             record["eval"] = evaluate_global(fed)
             if fed.baselines:
                 record["eval_local"] = {k: v for k, v in evaluate_local_training(fed).items() if v is not None}
-        if round_number == cfg.schedule.rounds:
-            record["final"] = evaluate_final(fed, aggregate.contributors)
+        if round_number == cfg.schedule.rounds:  # the last round is always evaluated: reuse its scores
+            record["final"] = evaluate_final(fed, aggregate.contributors, record["eval"], record.get("eval_local", {}))
         t_end = time.perf_counter()
         wall += t_end - t0
         record["seconds"] = {"train": t_train - t0, "aggregate": t_agg - t_train, "eval": t_end - t_agg,
@@ -240,10 +243,18 @@ def dp_record(record: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def record_uploads(run_dir: Path, round_number: int, uploads: list[Upload]) -> None:
-    """Keep every upload of the round, encoded as the wire carries it (read by ``secfed audit``)."""
+def record_uploads(run_dir: Path, round_number: int, uploads: list[Upload], broadcast: bytes,
+                   personal: dict[int, bytes] | None = None) -> None:
+    """Keep every upload of the round and the broadcast it answered, encoded as the wire carries them
+    (read by ``secfed audit``: an update means nothing without the weights it started from).
+
+    ``broadcast.bin`` is what every client received; ``client-KKKK.broadcast`` replaces it for a client
+    that received its own (Eq. 15 noise)."""
     folder = run_dir / "uploads" / f"round-{round_number:04d}"
     folder.mkdir(parents=True, exist_ok=True)
+    atomic_file.write_bytes(folder / "broadcast.bin", broadcast)
+    for client_id, data in (personal or {}).items():
+        atomic_file.write_bytes(folder / f"client-{client_id:04d}.broadcast", data)
     for upload in uploads:
         atomic_file.write_bytes(folder / f"client-{upload.client_id:04d}.upload", codec.encode_upload(upload))
 
@@ -274,6 +285,7 @@ def snapshot(fed: Federation, history: list[dict[str, Any]], wall: float) -> dic
         "data_fingerprint": fed.data_info["fingerprint"],
         "global": fed.server.weights,
         "server_state": fed.method.server_state(),
+        "server_kept": dict(fed.server.state),  # what the method keeps on the server side (DFH: every client's DFS)
         "clients": {str(c.site.id): {**local_state(c.site.model, fed.layout), **prefixed(fed.method.site_state(c.site))}
                     for c in fed.clients},
         "baselines": {str(k): {**s.model.state_dict(), **prefixed(fed.method.site_state(s))}
@@ -305,6 +317,7 @@ def restore(fed: Federation, state: dict[str, Any]) -> tuple[list[dict[str, Any]
         raise ckpt.CheckpointError("checkpoint was written for another model layout (backbone or sharing rule)")
     fed.server.weights = state["global"]
     fed.method.load_server_state(state.get("server_state", {}))
+    fed.server.state = dict(state.get("server_kept", {}))
     for client in fed.clients:
         own, method = _split(state["clients"][str(client.site.id)])
         client.site.model.load_state_dict(own, strict=False)

@@ -53,6 +53,7 @@ import torch
 from secfed.config import ConfigError, ConfigIssue, PrivacyConfig
 from secfed.privacy import distributed
 from secfed.privacy.accountant import gaussian_epsilon, noise_for_target_epsilon
+from secfed.privacy.dfs import DfsPlan, plan_dfs
 from secfed.privacy.distributed import RingTooSmall, SkellamParams, skellam_params
 from secfed.privacy.dpsgd import poisson_schedule
 from secfed.privacy.ledger import PrivacyLedger
@@ -167,6 +168,7 @@ class PrivacyPlan:
     rounds: int
     reproducible_noise: bool
     statements: tuple[str, ...]
+    dfs: DfsPlan | None = None  # DFH's per-client statistics channel (outside every client-level ε)
 
     def ledger(self) -> PrivacyLedger | None:
         """A fresh client-level ledger, or None when no ε is claimed."""
@@ -218,6 +220,10 @@ def static_issues(cfg: RunConfig) -> list[ConfigIssue]:
         if m.algorithm in ("fedreid", "dfh"):
             issues.append(ConfigIssue(KEY["dp_sgd"], f"DP-SGD is implemented for fedpav and fedavg; {m.algorithm}'s "
                                       "local losses (expert distillation, batch-hard triplets) are not per-example"))
+    if m.algorithm == "dfh" and m.dfs_noise > 0 and cfg.model.bn_stats == "local":
+        issues.append(ConfigIssue("method.dfs_noise", "the DFS mechanism treats the feature extractor as public, but "
+                                  "local BatchNorm statistics come from the client's own images; use `model.bn_stats` "
+                                  "shared"))
     if p.dp_beta_mode == "double" and m.cdw:
         issues.append(ConfigIssue(KEY["dp_beta_mode"], "Eq. 15's correction needs the aggregation weights, which "
                                   "cosine distance weights keep secret inside the masked sum"))
@@ -321,12 +327,15 @@ def resolve(
     quantiser_scale: float | None = None,
     ring_bits: int = 32,
     design_dropout: float = DESIGN_DROPOUT,
+    dfs: tuple[float, float] | None = None,
 ) -> PrivacyPlan:
     """Check ``cfg`` against the run and derive the privacy plan.
 
     ``clients_per_round``: K, 0 = every client. ``aggregation``: "weighted" when the method's
     aggregation weights depend on client data (n_k, cosine distance). ``extra_uploads``: names of
-    anything else a client uploads that client-level noise does not cover (KD soft labels).
+    anything else a client uploads that client-level noise does not cover (KD soft labels); such
+    uploads refuse a client-level ε. ``dfs``: (noise multiplier, clip) of DFH's statistics channel,
+    which has its own statement and ε (:mod:`.dfs`) and never enters the client-level one.
     ``model_dim`` (length of the shared vector) is needed for ``distributed`` and, with
     ``quantiser_scale`` (secure aggregation's ring units per 1.0), for central noise under secure
     aggregation. ``design_dropout``: the dropout rate secure aggregation is dimensioned for.
@@ -478,6 +487,9 @@ def resolve(
         statements.append(REPRODUCIBLE_NOISE if cfg.reproducible_noise else SECURE_NOISE)
     if claims or dp_sgd is not None:
         statements.append(NOT_COVERED)
+    dfs_plan = plan_dfs(dfs, rounds=rounds, delta=delta if claims else cfg.delta)
+    if dfs_plan is not None:
+        statements.append(dfs_plan.statement())
 
     unit_weights = claims
     return PrivacyPlan(
@@ -505,6 +517,7 @@ def resolve(
         rounds=rounds,
         reproducible_noise=cfg.reproducible_noise,
         statements=tuple(statements),
+        dfs=dfs_plan,
     )
 
 

@@ -2,7 +2,8 @@
 
     client:  Contribution ──ClientPrivacy.upload──► Upload     clip the shared update (weight 1 under
                                                                 DP); under distributed DP encode it with
-                                                                the client's Skellam noise share
+                                                                the client's Skellam noise share; DFH:
+                                                                IFS → DFS, clipped and noised (`.dfs`)
     server:  Aggregate ──ServerPrivacy.decode──► float sums     (distributed DP: decode the ring sum)
              mean ──ServerPrivacy.finish──► new weights         Eq. 15 correction, central noise
              ServerPrivacy.cohort / received / account           who takes part, Eq. 15 broadcast noise, ε
@@ -23,6 +24,7 @@ import torch
 from secfed.federation.messages import MODEL, Aggregate, Contribution, Summand, Upload
 from secfed.privacy.beta import BetaNoise
 from secfed.privacy.clipping import clip_l2
+from secfed.privacy.dfs import release_shared
 from secfed.privacy.distributed import decode_sum, encode, rotation_seed
 from secfed.privacy.ledger import PrivacyLedger
 from secfed.privacy.noise import NoiseSource
@@ -53,7 +55,9 @@ class ClientPrivacy:
                              rng=self.noise.generator("dp-distributed", round_index, client_id))
             model = Summand(torch.from_numpy(encoded), 1.0, "ring")
         summed[MODEL] = model
-        return Upload(client_id, round_index, summed, dict(contribution.shared), model_hash)
+        shared = release_shared(contribution.shared, self.plan.dfs, self.noise, round_index=round_index,
+                                client_id=client_id)  # DFH: per-identity statistics in, the four DFS vectors out
+        return Upload(client_id, round_index, summed, shared, model_hash)
 
 
 @dataclasses.dataclass

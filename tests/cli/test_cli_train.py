@@ -236,3 +236,48 @@ def test_divergence_stops_with_the_round_and_client_and_keeps_the_checkpoint(syn
     # a lower learning rate may accompany --resume
     result = invoke(["train", "--resume", str(tmp_path / "boom"), "--lr", "0.01", "--threads", "2"])
     assert result.exit_code == 0, result.output
+
+
+def test_the_privacy_statement_is_printed_once(synth_root: Path, tmp_path: Path) -> None:
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--rounds", "1", "--no-local-baseline",
+                     "--clip", "1", "--noise-multiplier", "1", "--aggregation", "unweighted", "--bn-stats", "local",
+                     "--out", str(tmp_path), "--name", "dp"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("Client-level DP (DP-FedAvg") == 1
+    assert result.output.count("fresh OS entropy") == 1
+
+
+@pytest.fixture(scope="module")
+def synth_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("synth-cache")
+
+
+@pytest.mark.parametrize("args, clients", [
+    (["--scenario", "by-camera"], None),  # no --datasets: the largest synthetic domain (campus), per camera
+    (["--scenario", "by-identity", "--num-clients", "3", "--datasets", "plaza"], 3),
+    (["--datasets", "campus,gate"], 2),  # --datasets selects synthetic domains
+])
+def test_scenarios_and_dataset_choice_work_on_the_synthetic_default(synth_cache: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   args: list[str], clients: int) -> None:
+    monkeypatch.setenv("SECFED_CACHE", str(synth_cache))
+    result = invoke(["train", "--synth-domains", "4", "--synth-scale", "0.3", *TINY, "--rounds", "1",
+                     "--no-local-baseline", "--out", str(tmp_path), "--name", "s", "--json", *args])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    names = [d["name"] for d in summary["domains"]]
+    assert names == (["campus", "gate"] if clients == 2 else ["plaza"] if clients == 3 else ["campus"])
+    data = json.loads((tmp_path / "s" / "data.json").read_text())
+    if clients is None:  # one client per camera of campus that has training images
+        assert summary["clients"] == len(data["clients"]) >= 4
+        assert all(c["name"].startswith("campus/cam") for c in data["clients"])
+    else:
+        assert summary["clients"] == clients
+
+
+def test_too_many_identity_clients_is_a_usage_error(synth_cache: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SECFED_CACHE", str(synth_cache))
+    result = invoke(["train", "--synth-domains", "4", "--synth-scale", "0.3", *TINY, "--scenario", "by-identity",
+                     "--num-clients", "500", "--datasets", "gate", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--num-clients" in result.output and "identities" in result.output

@@ -34,6 +34,7 @@ from secfed.protocols import (
     simulate,
 )
 from secfed.protocols.secagg.messages import RevealedShare, SealedShare
+from secfed.protocols.shamir import SHARE_BYTES
 
 replace = dataclasses.replace
 
@@ -83,7 +84,7 @@ def test_bad_revealed_share_is_routed_around_when_spares_exist(make_round):
         response = r.clients[i].unmask(r.wire(request))
         if i == 0:
             response = replace(response, shares=tuple(
-                replace(s, value=bytes(16)) if s.owner == 4 else s for s in response.shares))
+                replace(s, value=bytes(SHARE_BYTES)) if s.owner == 4 else s for s in response.shares))
         r.server.receive(response)
     r.server.close_phase()
     assert np.array_equal(r.server.result.total, r.expected_sum(range(4)))

@@ -36,9 +36,11 @@ def revive_all(r) -> None:
         revive(r, i)
 
 
-@pytest.mark.parametrize("authenticated", [True, False])
-def test_a_round_restored_between_every_step_gives_the_exact_sum(make_round, authenticated):
-    r = make_round(6, degree=4, threshold=2, authenticated=authenticated, dimension=32)
+@pytest.mark.parametrize("authenticated,degree", [(True, 4), (False, 4), (False, None)])
+def test_a_round_restored_between_every_step_gives_the_exact_sum(make_round, authenticated, degree):
+    """Sparse (degree 4) and complete graph: the listed graph commitments are kept as ids and a
+    digest, or one by one, and both survive the trip through bytes."""
+    r = make_round(6, degree=degree, threshold=2, authenticated=authenticated, dimension=32)
     revive_all(r)
     commitments = r.commit()
     revive_all(r)
@@ -95,7 +97,7 @@ def test_every_truncation_and_any_trailing_byte_is_refused(saved):
 def test_other_versions_magic_flags_and_states_are_refused(saved):
     r, data = saved
     with pytest.raises(UnsupportedVersion):
-        load(r, data[:4] + bytes([2]) + data[5:])
+        load(r, data[:4] + bytes([data[4] + 1]) + data[5:])
     with pytest.raises(MalformedMessage, match="magic"):
         load(r, b"SAGG" + data[4:])
     with pytest.raises(MalformedMessage, match="unknown state"):
@@ -125,3 +127,28 @@ def test_a_held_share_that_does_not_fit_the_roster_is_refused(saved):
     bad = data[:at] + struct.pack("<II", peer, client._held[peer].index + 1) + data[at + 8 :]
     with pytest.raises(MalformedMessage, match="held share"):
         load(r, bad)
+
+
+@pytest.mark.parametrize("degree", [2, None])
+def test_a_listed_commitment_altered_in_the_saved_state_is_refused(make_round, degree):
+    """Between the commitments and the roster the client keeps the list it was shown; a saved
+    list whose digest was changed is refused on restore (complete graph, where every commitment
+    is kept) or when the nonces are revealed (sparse graph, which keeps only ids and digest)."""
+    from secfed.protocols import InconsistentShares
+
+    r = make_round(5, degree=degree, threshold=2)
+    commitments = r.commit()
+    r.server.receive(r.wire(r.clients[0].reveal_graph_nonce(r.wire(commitments[0]))))
+    data = r.clients[0].export_state()
+    assert r.clients[0].state is ClientState.AWAIT_ROSTER
+    assert struct.unpack_from("<H", data, 6)[0] & 8  # the listed commitments are in the state
+    digest_at = data.index(struct.pack("<6I", 5, 0, 1, 2, 3, 4)) + 4 * 6
+    bad = data[:digest_at] + bytes([data[digest_at] ^ 1]) + data[digest_at + 1 :]
+    if degree is None:
+        with pytest.raises(MalformedMessage, match="do not match"):
+            SecAggClient.from_state(r.config, bad)
+        return
+    r.clients[0] = SecAggClient.from_state(r.config, bad)
+    rosters = r.reveal(commitments, skip={0})  # client 0 revealed above
+    with pytest.raises(InconsistentShares):
+        r.clients[0].share_keys(rosters[0])

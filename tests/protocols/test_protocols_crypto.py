@@ -5,12 +5,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from secfed.protocols.crypto import (
+    VECTOR_LEAF_WORDS,
     agree,
+    encode_ints,
     hkdf,
     mac,
     mac_matches,
@@ -19,7 +22,9 @@ from secfed.protocols.crypto import (
     seal,
     sign,
     transcript,
+    vector_digest,
     verify,
+    verify_all,
 )
 from secfed.protocols.errors import DecryptionFailed, SignatureInvalid
 
@@ -70,7 +75,7 @@ def test_transcript_is_injective_on_part_boundaries():
     assert transcript("l", b"ab", b"c") != transcript("l", b"a", b"bc")
     assert transcript("l", 1) != transcript("l", b"\x01" + bytes(7))
     assert transcript("l1", b"") != transcript("l", b"1")
-    assert transcript("label", 5).startswith(b"secfed/secagg/v2/label\x00")
+    assert transcript("label", 5).startswith(b"secfed/secagg/v3/label\x00")
     with pytest.raises(ValueError, match="outside"):
         transcript("l", -1)
 
@@ -111,3 +116,41 @@ def test_mac_is_hmac_sha256_rfc4231_case_2_and_detects_any_change():
     assert not mac_matches(b"Jefe", tag, b"what do ya want for nothing!")
     assert not mac_matches(b"Jeff", tag, b"what do ya want for nothing?")
     assert not mac_matches(b"Jefe", tag[:-1] + bytes([tag[-1] ^ 1]), b"what do ya want for nothing?")
+
+
+def test_encode_ints_is_what_transcript_appends_for_int_parts():
+    ids = (0, 1, 7, 2**32 - 1, 2**63)
+    assert transcript("x", b"s", *ids) == transcript("x", b"s") + encode_ints(ids)
+    assert encode_ints(()) == b""
+    with pytest.raises(ValueError, match="outside"):
+        encode_ints((1, -1))
+
+
+def test_vector_digest_is_sha256_over_the_length_and_each_leafs_sha256():
+    """Written out with hashlib: leaves of 2^16 little-endian words, then one hash over the domain,
+    the length and the leaf digests; the last leaf may be short."""
+    words = np.arange(2 * VECTOR_LEAF_WORDS + 5, dtype=np.uint32) * np.uint32(2654435761)
+    raw = words.astype("<u4").tobytes()
+    leaves = [hashlib.sha256(raw[i : i + 4 * VECTOR_LEAF_WORDS]).digest() for i in range(0, len(raw), 4 * VECTOR_LEAF_WORDS)]
+    expected = hashlib.sha256(b"secfed/secagg/v3/vector\x00" + words.size.to_bytes(8, "little") + b"".join(leaves)).digest()
+    assert len(leaves) == 3 and vector_digest(words) == expected
+    changed = words.copy()
+    changed[-1] ^= 1
+    assert vector_digest(changed) != expected
+    assert vector_digest(words[:-1]) != vector_digest(words)  # the length is bound too
+
+
+def test_verify_all_checks_every_signature_and_names_the_first_bad_one():
+    payload = b"survivors"
+    keys = [Ed25519PrivateKey.generate() for _ in range(150)]
+    items = [(k.public_key().public_bytes_raw(), k.sign(payload)) for k in keys]
+    verify_all(items, payload, who=lambda i: f"client {i}")
+    for bad in (0, 70, 149):  # in the first, a middle and the last batch
+        tampered = list(items)
+        tampered[bad] = (items[bad][0], items[(bad + 1) % 150][1])
+        with pytest.raises(SignatureInvalid, match=f"client {bad}'s|client {bad} "):
+            verify_all(tampered, payload, who=lambda i: f"client {i}")
+    two_bad = list(items)
+    two_bad[90], two_bad[20] = (items[90][0], bytes(64)), (items[20][0], bytes(64))
+    with pytest.raises(SignatureInvalid, match="client 20 "):
+        verify_all(two_bad, payload, who=lambda i: f"client {i}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -115,3 +116,65 @@ def test_two_clients_use_the_complete_graph_and_a_lone_survivor_is_never_unmaske
     assert simulate(inputs).total.tolist() == [7, 8, 9, 10]
     with pytest.raises(BelowThreshold):  # the "sum" of one client would be its input
         simulate(inputs, dropouts={0: "masked_input"})
+
+
+def test_ring_order_is_the_sort_of_aes_ctr_keystream_words_under_a_key_from_the_seed():
+    """Written out: key = HKDF(seed, transcript("ring-order", n)), client i's sort key is the i-th
+    little-endian 64-bit word of AES-128-CTR from a zero counter, ties broken by id."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from secfed.protocols.crypto import hkdf, transcript
+
+    n, k, seed = 50, 6, bytes(range(32))
+    key = hkdf(seed, transcript("ring-order", n), 16)
+    words = np.frombuffer(Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update(bytes(8 * n)), "<u8")
+    order = sorted(range(n), key=lambda i: (int(words[i]), i))
+    graph = NeighbourGraph(GraphParams.explicit(n, k, 3), seed)
+    for p, client in enumerate(order):
+        expected = sorted(order[(p + off) % n] for off in (-3, -2, -1, 1, 2, 3))
+        assert graph.of(client) == tuple(expected)
+
+
+@pytest.mark.parametrize("n, k", [(30, 6), (9, 8), (60, 12)])
+def test_a_clients_own_view_agrees_with_the_full_graph(n, k):
+    params = GraphParams.explicit(n, k, 2)
+    full = NeighbourGraph(params, b"\x07" * 32)
+    for me in range(n):
+        view = NeighbourGraph(params, b"\x07" * 32, focus=me)
+        assert view.of(me) == full.of(me)
+        for other in range(n):
+            assert view.are_neighbours(me, other) == full.are_neighbours(me, other) == (other in full.of(me))
+            assert view.are_neighbours(other, me) == full.are_neighbours(other, me)
+        for holder in full.of(me):
+            assert view.share_index(me, holder) == full.share_index(me, holder) == full.of(me).index(holder) + 1
+            assert view.share_index(holder, me) == full.share_index(holder, me) == full.of(holder).index(me) + 1
+    with pytest.raises(ValueError, match="neighbourhood only"):
+        NeighbourGraph(params, b"\x07" * 32, focus=0).of(1)
+    stranger = next((v for v in range(1, n) if v not in full.of(0)), 0)  # 0 itself in the complete graph
+    with pytest.raises(KeyError):
+        full.share_index(0, stranger)
+
+
+def test_views_of_large_cohorts_keep_only_the_neighbourhood():
+    params = GraphParams.explicit(100_000, 84, 53)
+    view = NeighbourGraph(params, bytes(32), focus=123)
+    assert len(view.of(123)) == 84
+    assert "_ring" not in view.__dict__  # the 100,000-entry ring order was not kept
+
+
+@pytest.mark.parametrize("n", [10_000, 100_000])
+def test_authenticated_params_at_scale_meet_both_targets_including_the_quorum(n):
+    """The (k, t) of SECURITY.md's table to n = 100,000: sparse, O(log n) neighbours, both targets
+    met with the signature quorum counted, no smaller degree would do; the quorum's miss
+    probability (summed until its terms stop mattering) matches the plain sum."""
+    p = choose_params(n)
+    assert not p.complete and p.degree <= 84
+    assert p.security_failure <= 2.0**-40 and p.correctness_failure <= 2.0**-20
+    smaller = [GraphParams.explicit(n, p.degree - 2, t, corrupt_bound=p.corrupt_bound, dropout_rate=0.1)
+               for t in range(1, p.degree - 1)]
+    assert not any(q.security_failure <= 2.0**-40 and q.correctness_failure <= 2.0**-20 for q in smaller)
+    plain = sum(g._binom_pmf(j, n, 0.9) for j in range(max(0, p.signature_quorum - 3000), p.signature_quorum))
+    assert math.isclose(g._quorum_failure(p), plain, rel_tol=1e-12, abs_tol=1e-300)
+    mid = GraphParams.explicit(60, 58, 30, corrupt_bound=12, dropout_rate=0.4)  # a quorum near the mean
+    assert math.isclose(g._quorum_failure(mid), sum(g._binom_pmf(j, 60, 0.6) for j in range(mid.signature_quorum)),
+                        rel_tol=1e-12)

@@ -75,8 +75,9 @@ def test_the_complete_graph_does_not_need_every_nonce(make_round):
 def test_the_server_cannot_alter_or_omit_nonces(revealed):
     r, rosters = revealed
     altered = replace(rosters[0], nonces=tuple((v, bytes(16) if v == 3 else n) for v, n in rosters[0].nonces))
-    with pytest.raises(InconsistentShares, match="client 3's graph nonce"):
+    with pytest.raises(InconsistentShares, match="graph nonces do not match the commitments"):
         r.clients[0].share_keys(altered)
+    assert r.clients[0].state is ClientState.ABORTED
     own_missing = replace(rosters[1], nonces=tuple(p for p in rosters[1].nonces if p[0] != 1))
     with pytest.raises(InconsistentView, match="own graph nonce"):
         r.clients[1].share_keys(own_missing)
@@ -113,3 +114,30 @@ def test_a_roster_entry_must_carry_the_listed_graph_commitment(revealed):
     forged = replace(roster, entries=(replace(entry, graph_commitment=bytes(32)),) + roster.entries[1:])
     with pytest.raises(InconsistentView, match=f"neighbour {entry.client}'s graph commitment"):
         r.clients[0].share_keys(forged)
+
+
+def test_the_complete_graph_checks_each_revealed_nonce(make_round):
+    """The complete graph keeps every listed commitment (nonces may go unrevealed there) and names
+    the client whose nonce was altered."""
+    r = make_round(6, threshold=2)
+    rosters = r.reveal(r.commit(), skip=(5,))
+    altered = replace(rosters[0], nonces=tuple((v, bytes(16) if v == 3 else n) for v, n in rosters[0].nonces))
+    with pytest.raises(InconsistentShares, match="client 3's graph nonce"):
+        r.clients[0].share_keys(altered)
+
+
+def test_bulk_commitments_seed_and_consistency_payload_match_their_definitions(make_round):
+    """The bulk forms used for whole cohorts equal the one-at-a-time transcript definitions."""
+    import hashlib
+
+    from secfed.protocols.secagg import keys
+    from secfed.protocols.secagg.idtable import IdTable
+
+    cfg = make_round(5, threshold=2).config
+    pairs = tuple((v, bytes([v % 256]) * 16) for v in (0, 3, 4, 70_000))
+    nonces = IdTable.from_pairs(pairs, 16)
+    assert keys.graph_commitments(cfg, nonces) == [keys.graph_commitment(cfg, v, x) for v, x in pairs]
+    flat = [part for pair in pairs for part in pair]
+    assert keys.graph_seed(cfg, nonces) == hashlib.sha256(cfg.binding("graph-seed", *flat)).digest()
+    survivors = (0, 2, 3, 4)
+    assert keys.consistency_payload(cfg, b"s" * 32, survivors) == cfg.binding("consistency", b"s" * 32, *survivors)

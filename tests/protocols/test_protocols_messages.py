@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from secfed.protocols import MalformedMessage, UnsupportedVersion, decode, encode, encoded_size
+from secfed.protocols.shamir import SHARE_BYTES
 from secfed.protocols.secagg.messages import (
     HEADER_BYTES,
     SERVER,
@@ -79,7 +81,8 @@ def messages(draw):
         return GraphReveal(**env, nonce=draw(st.binary(min_size=16, max_size=16)))
     owners = draw(sorted_ids)
     return UnmaskResponse(**env, self_mask_seed=draw(st.binary(min_size=16, max_size=16)), shares=tuple(
-        RevealedShare(o, draw(st.sampled_from(list(ShareKind))), draw(st.binary(min_size=16, max_size=16))) for o in owners))
+        RevealedShare(o, draw(st.sampled_from(list(ShareKind))), draw(st.binary(min_size=SHARE_BYTES, max_size=SHARE_BYTES)))
+        for o in owners))
 
 
 def same(a, b) -> bool:
@@ -152,10 +155,11 @@ def test_header_checks_say_what_is_wrong():
     m = SurvivorList(session_id=bytes(16), round=1, sender=SERVER, recipient=3, survivors=(1, 2))
     with pytest.raises(MalformedMessage, match="magic"):
         decode(_header(m, magic=b"JUNK"))
-    with pytest.raises(UnsupportedVersion, match="version 1; this build speaks 2"):
-        decode(_header(m, version=1))  # the previous wire format is refused, never misread
-    with pytest.raises(UnsupportedVersion, match="version 3"):
-        decode(_header(m, version=3))
+    for old in (1, 2):  # the previous wire formats are refused, never misread
+        with pytest.raises(UnsupportedVersion, match=f"version {old}; this build speaks 3"):
+            decode(_header(m, version=old))
+    with pytest.raises(UnsupportedVersion, match="version 4"):
+        decode(_header(m, version=4))
     with pytest.raises(MalformedMessage, match="unknown message type 99"):
         decode(_header(m, type=99))
     with pytest.raises(MalformedMessage, match="flags"):
@@ -198,3 +202,47 @@ def test_masked_vector_decodes_without_copy():
     assert np.array_equal(got, vec) and not got.flags.writeable and got.base is not None
     # header, share count, tag, signature length, dimension, the vector
     assert len(wire) == HEADER_BYTES + 4 + 32 + 2 + 4 + 4 * vec.size
+
+
+def test_a_version_2_unmask_response_is_refused_not_misread():
+    """Version 2 carried 16-byte GF(2^128) share values. The same bytes with 20-byte values would
+    shift every field after the first share; a v2 message must be refused as a whole, before any
+    field is read — what a receiver of both versions' bytes relies on."""
+    env = dict(session_id=bytes(16), round=3, sender=4, recipient=SERVER)
+    v3 = UnmaskResponse(**env, self_mask_seed=bytes(16), shares=(
+        RevealedShare(1, ShareKind.SELF_MASK, bytes(range(SHARE_BYTES))),))
+    # What protocol v2 put on the wire for one 16-byte share value (header version 2).
+    body = struct.pack("<B", 16) + bytes(16) + struct.pack("<I", 1) + struct.pack("<IB", 1, 0) + bytes(range(16))
+    v2 = struct.pack("<4sBBH16sQIIQ", b"SAGG", 2, 9, 0, bytes(16), 3, 4, SERVER, len(body)) + body
+    with pytest.raises(UnsupportedVersion, match="version 2"):
+        decode(v2)
+    wire = encode(v3)
+    assert wire[4] == 3 and decode(wire) == v3
+    with pytest.raises(MalformedMessage, match="cannot fit"):  # a 16-byte value in a v3 message
+        decode(wire[:HEADER_BYTES - 8] + struct.pack("<Q", len(body)) + body)
+
+
+def test_long_id_lists_round_trip_and_refuse_repeats_at_any_position():
+    """The array passes over cohort-sized lists keep every rule the per-entry loop had: order,
+    repeats, sizes, types."""
+    env = dict(session_id=bytes(16), round=0, sender=SERVER, recipient=0)
+    n = 2_000
+    commitments = tuple((2 * i, i.to_bytes(32, "little")) for i in range(n))
+    m = GraphCommitments(**env, commitments=commitments)
+    assert decode(encode(m)) == m
+    survivors = SurvivorList(**env, survivors=tuple(range(0, 3 * n, 3)))
+    assert decode(encode(survivors)) == survivors
+    for at in (1, n // 2, n - 1):
+        repeated = commitments[:at] + ((commitments[at - 1][0], bytes(32)),) + commitments[at + 1 :]
+        with pytest.raises(ValueError, match="strictly increasing"):
+            encode(replace(m, commitments=repeated))
+        wire = bytearray(encode(m))
+        struct.pack_into("<I", wire, HEADER_BYTES + 4 + 36 * at, commitments[at - 1][0])
+        with pytest.raises(MalformedMessage, match="strictly increasing"):
+            decode(bytes(wire))
+    with pytest.raises(ValueError, match="has 31 bytes"):
+        encode(replace(m, commitments=commitments[:-1] + ((commitments[-1][0], bytes(31)),)))
+    with pytest.raises(ValueError, match="must be an int"):
+        encode(replace(m, commitments=commitments[:-1] + ((True, bytes(32)),)))
+    with pytest.raises(ValueError, match="outside"):
+        encode(replace(survivors, survivors=survivors.survivors[:-1] + (2**32,)))

@@ -1,4 +1,5 @@
-"""Mask expansion: NIST known answers, streaming across chunks, ring reduction, uniformity."""
+"""Mask expansion: NIST known answers, streaming across chunks, ring reduction, uniformity; counter
+offsets, threads and the fused passes (mask + bound + digest, sum + digest)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy import stats
 
-from secfed.protocols.prg import CHUNK_WORDS, MaskStream, apply_masks, mask_words
+from secfed.protocols import parallel, prg
+from secfed.protocols.crypto import vector_digest
+from secfed.protocols.prg import (
+    CHUNK_WORDS,
+    MIN_WORDS_PER_WORKER,
+    MaskStream,
+    accumulate,
+    apply_masks,
+    counter_block,
+    mask_into,
+    mask_words,
+)
 
 # NIST SP 800-38A F.5.1 (CTR-AES128.Encrypt), first two blocks.
 NIST_KEY = bytes.fromhex("2b7e151628aed2a6abf7158809cf4f3c")
@@ -69,3 +81,81 @@ def test_masked_constant_vector_is_uniform(bits):
     top = acc >> (bits - 2)
     pairs = np.bincount(4 * top[:-1:2] + top[1::2], minlength=16)
     assert stats.chisquare(pairs).pvalue > 1e-4
+
+
+# ---- ranges, threads, fused passes -----------------------------------------------------------------
+
+
+def test_counter_block_adds_the_block_offset_as_a_128_bit_big_endian_integer():
+    assert counter_block(bytes(16), 0) == bytes(16)
+    assert counter_block(bytes(16), 4 * 258) == bytes(14) + b"\x01\x02"
+    assert counter_block(b"\xff" * 16, 4) == bytes(16)  # wraps like OpenSSL's counter
+    with pytest.raises(ValueError, match="16-byte block"):
+        counter_block(bytes(16), 6)
+
+
+def test_a_keystream_started_mid_vector_is_the_slice_of_the_whole_one():
+    """What lets each thread start every stream at its own range: the keystream from word w (a
+    multiple of 4) is AES-CTR from counter block iv + w/4 — checked against OpenSSL's own stream."""
+    key, n, offset = bytes(range(16)), 3 * CHUNK_WORDS, CHUNK_WORDS + 4
+    whole = np.frombuffer(Cipher(algorithms.AES(key), modes.CTR(NIST_IV)).encryptor().update(bytes(4 * n)), "<u4")
+    tail = mask_words(key, n - offset, iv=counter_block(NIST_IV, offset))
+    assert np.array_equal(tail, whole[offset:])
+
+
+@pytest.fixture
+def two_workers():
+    before = parallel.workers()
+    parallel.set_workers(2)
+    yield
+    parallel.set_workers(before)
+
+
+def test_every_pass_is_bit_identical_on_one_thread_and_on_two(two_workers):
+    n = 2 * MIN_WORDS_PER_WORKER + 3 * CHUNK_WORDS + 17  # two ranges, the second ragged
+    assert len(prg._ranges(n)) == 2
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 1 << 20, n, dtype=np.uint32)
+    streams = [MaskStream(bytes([i]) * 16, (-1) ** i) for i in range(5)]
+    results = []
+    for workers in (1, 2):
+        parallel.set_workers(workers)
+        acc = x.copy()
+        apply_masks(acc, streams, bits=20)
+        out = np.empty_like(x)
+        digest = mask_into(out, x, streams, bits=20, bound=None)
+        total = np.ones(n, dtype=np.uint32)
+        added = accumulate(total, out)
+        results.append((acc, out, digest, total, added))
+    (acc1, out1, d1, t1, a1), (acc2, out2, d2, t2, a2) = results
+    expected = (x.astype(np.int64) + sum(s.sign * mask_words(s.key, n).astype(np.int64) for s in streams)) % (1 << 20)
+    assert np.array_equal(acc1, expected) and np.array_equal(acc2, expected)
+    assert np.array_equal(out1, expected) and np.array_equal(out2, expected)
+    assert d1 == d2 == a1 == a2 == vector_digest(expected.astype(np.uint32))
+    assert np.array_equal(t1, t2) and np.array_equal(t1, (expected + 1).astype(np.uint32))
+
+
+def test_more_streams_than_a_group_are_all_applied():
+    streams = [MaskStream(i.to_bytes(16, "little"), 1) for i in range(prg.STREAM_GROUP + 3)]
+    acc = np.zeros(40, dtype=np.uint32)
+    apply_masks(acc, streams, bits=32)
+    expected = sum(mask_words(s.key, 40).astype(np.uint64) for s in streams) % (1 << 32)
+    assert np.array_equal(acc, expected)
+    out = np.empty(40, dtype=np.uint32)
+    assert mask_into(out, np.zeros(40, np.uint32), streams, bits=32, bound=None) == vector_digest(acc)
+    assert np.array_equal(out, acc)
+
+
+def test_mask_into_checks_the_ring_and_the_bound_and_names_the_first_index(two_workers):
+    n = 2 * MIN_WORDS_PER_WORKER + 5
+    x = np.zeros(n, dtype=np.uint32)
+    x[n - 3] = (1 << 10) - 101  # −101 in Z_2^10: beyond a bound of 100, in the second thread's range
+    out = np.empty_like(x)
+    with pytest.raises(prg.BoundExceeded) as caught:
+        mask_into(out, x, [], bits=10, bound=100)
+    assert (caught.value.index, caught.value.value) == (n - 3, (1 << 10) - 101)
+    x[n - 3] = (1 << 10) - 100  # −100: allowed
+    mask_into(out, x, [], bits=10, bound=100)
+    x[7] = 1 << 10  # outside Z_2^10
+    with pytest.raises(ValueError, match="index 7"):
+        mask_into(out, x, [], bits=10, bound=None)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from secfed.protocols import OverflowRefused, Quantizer, ring_bits, simulate
+from secfed.protocols import OverflowRefused, Quantizer, SessionConfig, choose_params, largest_cohort, ring_bits, simulate
 
 REAL_DTYPES = [np.float16, np.float32, np.float64, np.longdouble,
                np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
@@ -40,6 +40,31 @@ def test_for_cohort_picks_the_largest_scale_that_fits(n, clip):
     assert n * math.ceil(clip * q.scale) <= 2**31 - 1
     with pytest.raises(OverflowRefused):
         Quantizer(clip=clip, scale=q.scale * (1 + 1e-6) + 1.0 / clip, n_clients=n)
+
+
+def test_an_overflowing_cohort_is_refused_naming_the_largest_safe_cohort():
+    """The refusal says how far the configuration reaches: at the clip and scale sized for 1,000
+    clients, 1,000 is the largest cohort whose sum cannot wrap 32 bits (1,001 could)."""
+    q = Quantizer.for_cohort(1000, clip=1.0)
+    assert largest_cohort(q.max_abs) == 1000 and 1001 * q.max_abs > 2**31 - 1
+    with pytest.raises(OverflowRefused, match="largest safe cohort for this clip and scale is 1,000"):
+        Quantizer(clip=1.0, scale=q.scale, n_clients=1001)
+    with pytest.raises(OverflowRefused, match="largest safe cohort at this bound is 1,000 clients"):
+        ring_bits(1001, q.max_abs)
+    params = choose_params(11, authenticated=False)
+    with pytest.raises(OverflowRefused, match="largest safe cohort at this bound is 5 "):
+        SessionConfig(bytes(16), 0, params, dimension=4, ring_bits=10, input_bound=100, authenticated=False)
+    with pytest.raises(OverflowRefused, match="largest safe cohort is 2,147,483,647"):
+        Quantizer.for_cohort(2**31, clip=1.0)
+    with pytest.raises(OverflowRefused, match="largest safe cohort is 127"):
+        Quantizer.for_cohort(128, clip=0.5, bits=8)
+
+
+def test_cohorts_up_to_100_000_quantize_at_the_finest_scale_that_fits():
+    for n in (10_000, 100_000):
+        q = Quantizer.for_cohort(n, clip=1.0)
+        assert q.bits == 32 and largest_cohort(q.max_abs) >= n > largest_cohort(q.max_abs + 1)
+        assert q.scale >= 21_474  # resolution 1/scale: ≤ 4.7e-5 of the clip at n = 100,000
 
 
 def test_worst_case_sums_decode_exactly_without_wrapping():

@@ -147,3 +147,22 @@ def test_float_aggregate_is_bit_identical_across_runs_with_fresh_keys():
     assert np.array_equal(runs[0].total, runs[1].total)
     plain = sum(np.clip(updates[i], -0.5, 0.5) for i in runs[0].survivors)
     assert np.abs(runs[0].total - plain).max() < 6 / q.scale
+
+
+def test_the_server_keeps_no_masked_vector_once_it_is_summed(make_round):
+    """Server memory is O(d): each masked vector is added into the running sum on arrival (and
+    hashed in the same pass) and then dropped — none is referenced after ``receive`` returns."""
+    import weakref
+
+    r = make_round(5, threshold=2, dimension=1000)
+    deliveries = r.share_keys(r.advertise())
+    vectors = []
+    for i, delivery in deliveries.items():
+        r.clients[i].receive_shares(delivery)
+        message = r.clients[i].mask(r.inputs[i])
+        vectors.append(weakref.ref(message.vector))
+        r.server.receive(message)
+        del message  # the last reference outside the server: no cycles, so freed now unless the server kept it
+    assert [ref() for ref in vectors] == [None] * 5
+    r.unmask(r.server.close_phase())
+    assert np.array_equal(r.server.result.total, r.expected_sum(range(5)))

@@ -1,0 +1,239 @@
+"""What a run shared, as the audit reads it from the run directory or re-derives it.
+
+    recorded     RUN/uploads/round-NNNN/client-KKKK.upload (codec bytes) and broadcast.bin, kept by
+                 ``--record-uploads``: exactly what left each client and what it started from
+    re-derived   when nothing was recorded: the client's real step — the method's ``client_step`` and
+                 the privacy step, through :meth:`secfed.federation.client.ClientSide.step` — on the
+                 client's own data, from the checkpoint's global weights and the client's local state.
+                 A checkpoint keeps only the state after the last round N, so what is re-derived is the
+                 upload of round N + 1: what the client would send if the run went on.
+
+Every result says which of the two it attacked. The gallery the judge searches is built here too:
+the client's own images and distractors — the evaluation domains' query and gallery images, people
+no client trained on.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from secfed.algorithms.base import Schedule
+from secfed.attacks.judge import Gallery
+from secfed.config import RunConfig, from_dict
+from secfed.federation import checkpoint as ckpt
+from secfed.federation import codec
+from secfed.federation.builder import Federation, build
+from secfed.federation.messages import MODEL, Aggregate, Broadcast, Upload
+from secfed.federation.runtime import check_data, restore, schedule_for
+from secfed.models.sharing import load_shared
+from secfed.seeding import derive_seed, numpy_rng
+
+_UPLOAD = re.compile(r"client-(\d{4,})\.upload$")
+_ROUND = re.compile(r"round-(\d{4,})$")
+
+
+class AuditError(ValueError):
+    """A request the run cannot answer (a round not recorded, an unknown client, no DFS). ``option``
+    names the flag it concerns."""
+
+    def __init__(self, option: str, message: str) -> None:
+        self.option = option
+        super().__init__(f"{option}: {message}")
+
+
+@dataclass
+class AuditedRun:
+    run_dir: Path
+    checkpoint: Path
+    checkpoint_sha256: str
+    rounds_done: int
+    config: RunConfig
+    fed: Federation
+    history: list[dict[str, Any]]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def open_for_audit(path: Path, *, data_root: Path | None = None, device: str | None = None) -> AuditedRun:
+    """The run's newest checkpoint loaded into a federation rebuilt with every client's training images."""
+    path = Path(path)
+    if not path.exists():
+        raise AuditError("RUN", f"{path}: no such run directory or checkpoint")
+    checkpoint = ckpt.latest_checkpoint(path) if path.is_dir() else path
+    state = ckpt.load_checkpoint(checkpoint)
+    cfg = from_dict(state["config"])
+    if device is not None:
+        cfg.run.device = device
+    run_dir = checkpoint.parent.parent
+    fed = build(cfg, run_dir=run_dir, data_root=data_root, train_images=True)
+    check_data(fed, state, data_root)
+    history, rounds_done, _ = restore(fed, state)
+    return AuditedRun(run_dir, checkpoint, sha256_file(checkpoint), rounds_done, cfg, fed, history)
+
+
+def client_index(run: AuditedRun, client: str | None) -> int:
+    """``--client`` as a name or an id; by default the client with the fewest images (its images are
+    spread over the fewest local steps: the most exposed)."""
+    clients = run.fed.clients
+    if client is None:
+        return min(range(len(clients)), key=lambda k: (clients[k].site.num_examples, k))
+    for k, c in enumerate(clients):
+        if c.site.name == client:
+            return k
+    if client.isdigit() and int(client) < len(clients):
+        return int(client)
+    names = ", ".join(f"{k} ({c.site.name})" for k, c in enumerate(clients))
+    raise AuditError("--client", f"no client {client!r}; this run has {names}")
+
+
+# ---- rounds ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class RoundEvidence:
+    """One round as the server (and the audit) sees it."""
+
+    round: int  # 1-based
+    source: str  # "recorded" | "re-derived"
+    broadcast: Broadcast
+    uploads: dict[int, Upload]
+    schedule: Schedule
+    personal: dict[int, Broadcast] = field(default_factory=dict)
+
+    def start(self, client_id: int) -> torch.Tensor:
+        return self.personal.get(client_id, self.broadcast).weights
+
+
+def recorded_rounds(run_dir: Path) -> list[int]:
+    folder = Path(run_dir) / "uploads"
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _ROUND.search(p.name)) and p.is_dir())
+
+
+def read_recorded(run: AuditedRun, round_number: int) -> RoundEvidence:
+    folder = run.run_dir / "uploads" / f"round-{round_number:04d}"
+    if not (folder / "broadcast.bin").is_file():
+        raise AuditError("--round", f"round {round_number}'s uploads were recorded without the broadcast they "
+                         f"answered ({folder / 'broadcast.bin'} is missing: a run from before secfed kept it), so "
+                         "the weights they started from are unknown; audit the re-derived next round instead "
+                         f"(--round {run.rounds_done + 1})")
+    try:
+        broadcast = codec.decode_broadcast((folder / "broadcast.bin").read_bytes())
+        uploads = {}
+        personal = {}
+        for p in sorted(folder.iterdir()):
+            if m := _UPLOAD.search(p.name):
+                upload = codec.decode_upload(p.read_bytes())
+                uploads[upload.client_id] = upload
+            elif p.suffix == ".broadcast":
+                personal[int(p.stem.split("-")[1])] = codec.decode_broadcast(p.read_bytes())
+    except codec.CodecError as exc:
+        raise AuditError("--round", f"{folder}: {exc}") from None
+    if not uploads:
+        raise AuditError("--round", f"{folder} holds no upload")
+    return RoundEvidence(round_number, "recorded", broadcast, uploads, schedule_for(run.config, round_number - 1),
+                         personal)
+
+
+def rederive_next(run: AuditedRun, client_ids: list[int]) -> RoundEvidence:
+    """The uploads of round N + 1 of ``client_ids``: their real client step from the checkpoint.
+
+    Trains the clients' models in place (the audit's copies of them)."""
+    fed, cfg = run.fed, run.config
+    t = run.rounds_done
+    broadcast = fed.server.broadcast(t)
+    schedule = schedule_for(cfg, t)
+    uploads, personal = {}, {}
+    for k in client_ids:
+        received = fed.server.received(broadcast, k)
+        if received is not broadcast:
+            personal[k] = received
+        wire = codec.encode_broadcast(received)  # as the client would decode it
+        upload, _ = fed.clients[k].step(codec.decode_broadcast(wire), schedule, derive_seed(cfg.seed, "train", t, k))
+        uploads[k] = upload
+    return RoundEvidence(t + 1, "re-derived", broadcast, uploads, schedule, personal)
+
+
+def next_cohort(run: AuditedRun) -> list[int]:
+    """The cohort round N + 1 would have (the run's own selection rule); all clients if that is empty."""
+    fed, cfg = run.fed, run.config
+    cohort = fed.server.cohort(run.rounds_done, cfg.schedule.clients_per_round, cfg.seed)
+    return cohort or list(range(len(fed.clients)))
+
+
+def float_update(run: AuditedRun, upload: Upload) -> torch.Tensor:
+    """The model summand as floats: ring-encoded (distributed DP) uploads are decoded as the server
+    would decode a sum of one, noise share included."""
+    summand = upload.summed[MODEL]
+    if summand.encoding == "float":
+        return summand.vector.float()
+    one = Aggregate(upload.round, {MODEL: summand.vector}, {MODEL: 1.0}, (upload.client_id,))
+    return run.fed.server.privacy.decode(one).sums[MODEL].float()
+
+
+# ---- what the judge searches --------------------------------------------------------------------
+
+
+def gallery_for(run: AuditedRun, client_ids: list[int], *, max_distractors: int = 1000, seed: int = 0
+                ) -> tuple[Gallery, dict[int, list[int]]]:
+    """The clients' own images (identity ``client/label``) and up to ``max_distractors`` evaluation
+    images of people no client trained on, from the clients' own domains (same cameras: a
+    reconstruction that only looks like the domain is then no closer to the victims than to
+    anyone). Returns the gallery and, per client, its images' indices."""
+    images, ids, own = [], [], []
+    where: dict[int, list[int]] = {}
+    for k in client_ids:
+        site = run.fed.clients[k].site
+        start = len(ids)
+        images.append(site.images.cpu())
+        ids += [f"{site.name}/{int(label)}" for label in site.labels.tolist()]
+        own += [True] * site.num_examples
+        where[k] = list(range(start, len(ids)))
+    domains = [d for d in run.fed.domains if set(d.client_ids) & set(client_ids)] or run.fed.domains
+    pool_images, pool_ids = [], []
+    for d in domains:
+        for part, pids in ((d.query, d.query_pids), (d.gallery, d.gallery_pids)):
+            pool_images.append(part)
+            # pid 0 marks Market-style distractor images: each is nobody in particular
+            pool_ids += [f"{d.name}:test/{int(p)}" if p > 0 else f"{d.name}:junk/{len(pool_ids) + i}"
+                         for i, p in enumerate(pids.tolist())]
+    if pool_ids:
+        pool = torch.cat(pool_images)
+        rng = numpy_rng(seed, "audit/distractors")
+        chosen = np.sort(rng.choice(len(pool_ids), size=min(max_distractors, len(pool_ids)), replace=False))
+        images.append(pool[torch.from_numpy(chosen)])
+        ids += [pool_ids[i] for i in chosen]
+        own += [False] * len(chosen)
+    return Gallery(torch.cat(images), ids, np.array(own, dtype=bool)), where
+
+
+def model_with(run: AuditedRun, client_id: int, weights: torch.Tensor) -> torch.nn.Module:
+    """A private copy of the client's model (its local tensors) holding ``weights`` as the shared part."""
+    model = copy.deepcopy(run.fed.clients[client_id].site.model)
+    load_shared(model, run.fed.layout, weights.to(next(model.parameters()).device))
+    model.eval()
+    return model
+
+
+def run_facts(run: AuditedRun) -> dict[str, Any]:
+    return {"run_dir": str(run.run_dir), "checkpoint": str(run.checkpoint), "checkpoint_sha256": run.checkpoint_sha256,
+            "rounds_done": run.rounds_done, "algorithm": run.fed.method.describe(),
+            "channel": run.fed.channel.name, "clients": [{"id": c.site.id, "name": c.site.name,
+                                                         "images": c.site.num_examples} for c in run.fed.clients],
+            "config": json.loads(run.config.to_json())}

@@ -1,0 +1,301 @@
+"""How the audit measures success: the way a ReID adversary does — by identifying the person.
+
+A :class:`Judge` holds a gallery (the client's own images plus distractors: people the client never
+saw, from the same cameras — a reconstruction that only looks like the domain is then no closer to
+the victims than to anyone) embedded twice, with the run's own ReID embedding (:func:`secfed.evaluation.features.extract_features`
+of the global model) and by raw pixels (:func:`secfed.evaluation.raw_pixels.raw_pixel_features`).
+Given reconstructions and the victims they came from (the images the attacked update was computed
+on), it ranks the gallery by similarity to each reconstruction and asks how high the first picture of
+one of the victims' identities comes. The victims' own images are left out of the gallery, so a
+good rank means the person was recognised in *other* pictures of them — an exact copy of a noise
+image identifies no one. Against a random ranking the chance of a first match at rank ≤ r is a
+hypergeometric tail; the per-image p-values are combined with Fisher's method (scipy), and rank-1
+hits are reported beside them (chance: the share of the gallery the identities hold).
+
+When no other picture of the victims exists (every image of theirs was in the update), finding the
+victims' own images counts instead; the result says which rule was used. Reconstructions that share
+their nearest gallery image count once: a "hub" image close to every blob is one piece of evidence.
+
+PSNR and SSIM (scikit-image) are taken against the best-matching victim after undoing the training
+augmentation's shift and mirror (the reconstruction is of the augmented view).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.stats import combine_pvalues, hypergeom
+from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
+from secfed.attacks.verdict import LeakTest, no_test
+from secfed.data.augment import crop_flip, scaled_pad
+from secfed.data.transforms import normalize
+from secfed.evaluation.features import extract_features
+from secfed.evaluation.raw_pixels import raw_pixel_features
+
+
+@dataclass
+class Gallery:
+    """Images an adversary searches, and whose identity each one shows."""
+
+    images: torch.Tensor  # uint8 (G, 3, H, W)
+    identities: list[str]
+    from_client: np.ndarray  # bool (G,): the client's own images (the rest are distractors)
+
+    def __post_init__(self) -> None:
+        if len(self.identities) != len(self.images) or len(self.from_client) != len(self.images):
+            raise ValueError("a gallery needs one identity and one origin per image")
+
+
+class Judge:
+    """Re-identification, PSNR and SSIM of reconstructions against a gallery."""
+
+    def __init__(self, model: torch.nn.Module, gallery: Gallery, *, batch_size: int = 256) -> None:
+        self.model = model
+        self.gallery = gallery
+        self.ids = np.array(gallery.identities, dtype=object)
+        self.embedding = extract_features(model, gallery.images, batch_size)
+        self.pixels = raw_pixel_features(gallery.images)
+        self.pad = scaled_pad(gallery.images.shape[2], gallery.images.shape[3])
+
+    # ---- embeddings of what attacks produce ------------------------------------------------------
+
+    def embed_images(self, images: torch.Tensor) -> torch.Tensor:
+        return extract_features(self.model, images)
+
+    def embed_neck_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Recovered neck inputs (pooled backbone features) → the run's ReID feature (the neck's output)."""
+        with _eval(self.model), torch.no_grad():
+            device = next(self.model.parameters()).device
+            return F.normalize(self.model.neck(inputs.to(device)).float(), dim=1).cpu()
+
+    def embed_under_batch_statistics(self, stats: dict[str, tuple[torch.Tensor, torch.Tensor]], batch: int,
+                                     height: int, width: int) -> torch.Tensor:
+        """The gallery as a training step on a batch of ``batch`` images with these per-layer batch
+        statistics would have embedded it: the backbone's BatchNorms normalise with ``stats`` (the
+        victims' batch, revealed by the update) instead of the running ones, then the neck as usual.
+        Recovered neck inputs are comparable with this, not with the eval-mode gallery."""
+        model = copy.deepcopy(self.model)
+        sizes = _batchnorm_input_sizes(model, height, width)
+        with torch.no_grad():
+            for name, m in model.named_modules():
+                if name in stats and name.startswith("backbone") and name in sizes:
+                    mean, var = stats[name]
+                    count = batch * sizes[name]  # values per channel in that batch
+                    m.running_mean.copy_(mean)
+                    m.running_var.copy_(var * (count - 1) / count)  # BatchNorm normalises by the biased variance
+        model.eval()
+        device = next(model.parameters()).device
+        chunks = []
+        with torch.no_grad():
+            for i in range(0, len(self.gallery.images), 256):
+                x = normalize(self.gallery.images[i:i + 256].to(device))
+                chunks.append(F.normalize(model.neck(model.backbone(x)).float(), dim=1).cpu())
+        return torch.cat(chunks)
+
+    # ---- judging ---------------------------------------------------------------------------------
+
+    def judge_images(self, reconstructions: torch.Tensor, victims: Sequence[int], *,
+                     identities: Sequence[set[str]] | None = None, exclude: Sequence[int] | None = None,
+                     use_embedding: bool = True) -> tuple[list[dict[str, Any]], dict[str, LeakTest]]:
+        """Per-image values and the leak tests for reconstructed images (uint8).
+
+        ``victims``: gallery indices of the images the reconstructions may be of (PSNR and SSIM are
+        taken against the best-matching one); ``identities``: per reconstruction, the identities a
+        hit must show (default: the victims' identities); ``exclude``: gallery images left out of the
+        search (default: the victims). ``use_embedding=False`` keeps the embedding test out of the
+        verdict — for an attack that optimised through the same embedding it would grade itself."""
+        victims = list(victims)
+        pixels = raw_pixel_features(reconstructions)
+        matched = self._match_victims(pixels, victims)
+        rows = []
+        for i, v in enumerate(matched):
+            psnr, ssim = self.aligned_psnr_ssim(reconstructions[i], self.gallery.images[v])
+            rows.append({"victim": int(v), "victim_identity": str(self.ids[v]), "psnr": psnr, "ssim": ssim})
+        targets = self._targets(len(rows), victims, identities)
+        left_out = victims if exclude is None else list(exclude)
+        tests = {}
+        emb = self._reid(self.embed_images(reconstructions), self.embedding, targets, left_out, rows, "embedding")
+        if use_embedding:
+            tests["reid-embedding"] = emb
+        else:
+            emb_note = "embedding hit not counted: the attack optimised through this embedding"
+            for row in rows:
+                row["note"] = emb_note
+        tests["reid-pixels"] = self._reid(pixels, self.pixels, targets, left_out, rows, "pixels")
+        return rows, tests
+
+    def judge_targeted(self, reconstructions: torch.Tensor, targets: Sequence[str], victims: Sequence[int], *,
+                       use_embedding: bool = False) -> tuple[list[dict[str, Any]], dict[str, LeakTest]]:
+        """Reconstructions each aimed at one identity (class-conditional inversion). Tested crosswise:
+        is each image's own target ranked earlier than the other images' targets? Every image is
+        ranked against every target, and the sum of the aimed-at ranks is compared with all
+        reassignments of targets to images (exact permutation test). An identity that is close to
+        everything (a "hub") is then close to the other images too, and proves nothing."""
+        victims = list(victims)
+        pixels = raw_pixel_features(reconstructions)
+        matched = self._match_victims(pixels, victims)
+        rows = []
+        for i, (v, t) in enumerate(zip(matched, targets)):
+            psnr, ssim = self.aligned_psnr_ssim(reconstructions[i], self.gallery.images[v])
+            rows.append({"target_identity": t, "victim": int(v), "victim_identity": str(self.ids[v]), "psnr": psnr,
+                         "ssim": ssim})
+        tests = {}
+        for space, query, gallery in (("embedding", self.embed_images(reconstructions), self.embedding),
+                                      ("pixels", pixels, self.pixels)):
+            test = self._crossed(query, gallery, list(targets), rows, space)
+            if space == "pixels" or use_embedding:
+                tests[f"reid-{space}"] = test
+        return rows, tests
+
+    def _crossed(self, query: torch.Tensor, gallery: torch.Tensor, targets: list[str], rows: list[dict[str, Any]],
+                 space: str) -> LeakTest:
+        k = len(targets)
+        if k < 2 or len(set(targets)) < k:
+            return no_test("a crossed test needs at least two distinct targets")
+        order = (query @ gallery.T).argsort(dim=1, descending=True).numpy()
+        ranks = np.zeros((k, k))
+        for i in range(k):
+            ranked_ids = self.ids[order[i]]
+            for j, t in enumerate(targets):
+                ranks[i, j] = int(np.flatnonzero(ranked_ids == t)[0]) + 1
+        for i, row in enumerate(rows):
+            row.update({f"{space}_first_match_rank": int(ranks[i, i]), f"{space}_hit": bool(ranks[i, i] == 1),
+                        f"{space}_nearest_identity": str(self.ids[order[i][0]])})
+        observed = float(np.trace(ranks))
+        if k <= 8:
+            perms = np.array(list(itertools.permutations(range(k))))
+        else:
+            gen = np.random.default_rng(0)
+            perms = np.array([gen.permutation(k) for _ in range(20_000)])
+        totals = ranks[np.arange(k)[None, :], perms].sum(axis=1)
+        p = float((totals <= observed).mean())
+        hits = int((np.diag(ranks) == 1).sum())
+        return LeakTest(True, hits, k, 1.0 / k, p, f"rank-1 by {space}; p: each image's own target ranked earlier "
+                        f"than the others' targets (exact permutation test over {len(perms)} assignments)")
+
+    def judge_features(self, embedding: torch.Tensor, victims: Sequence[int], gallery_embedding: torch.Tensor | None = None
+                       ) -> tuple[list[dict[str, Any]], dict[str, LeakTest]]:
+        """Re-identification of recovered ReID features (no pixels to compare), against the gallery's
+        eval-mode embedding or ``gallery_embedding`` (e.g. :meth:`embed_under_batch_statistics`)."""
+        victims = list(victims)
+        gallery = self.embedding if gallery_embedding is None else gallery_embedding
+        # Without pixels, pair each feature with the victim whose embedding it is closest to.
+        sims = embedding @ gallery[victims].T
+        matched = [victims[j] for j in sims.argmax(1).tolist()]
+        rows = [{"victim": int(v), "victim_identity": str(self.ids[v])} for v in matched]
+        targets = self._targets(len(rows), victims, None)
+        return rows, {"reid-embedding": self._reid(embedding, gallery, targets, victims, rows, "embedding")}
+
+    def _targets(self, n: int, victims: list[int], identities: Sequence[set[str]] | None) -> list[set[str]]:
+        if identities is None:
+            return [{self.ids[v] for v in victims}] * n
+        if len(identities) != n:
+            raise ValueError(f"{len(identities)} identity sets for {n} reconstructions")
+        return [set(s) for s in identities]
+
+    def _match_victims(self, pixels: torch.Tensor, victims: list[int]) -> list[int]:
+        """The victim each reconstruction resembles most (pixel correlation, mirror allowed)."""
+        mirrored = raw_pixel_features(self.gallery.images[victims].flip(3))
+        sims = torch.maximum(pixels @ self.pixels[victims].T, pixels @ mirrored.T)
+        return [victims[j] for j in sims.argmax(1).tolist()]
+
+    def _reid(self, query: torch.Tensor, gallery: torch.Tensor, targets: list[set[str]], exclude: list[int],
+              rows: list[dict[str, Any]], space: str) -> LeakTest:
+        n = len(self.ids)
+        keep = np.ones(n, dtype=bool)
+        keep[exclude] = False
+        wanted = [np.isin(self.ids, list(t)) & keep for t in targets]
+        rule = "first image of a target identity" + (", the victims' own images left out" if exclude else "")
+        if not any(w.any() for w in wanted):
+            # Every picture of the victims was in the update: then finding the victims' own images counts.
+            keep[:] = True
+            wanted = [np.isin(self.ids, list(t)) for t in targets]
+            rule = "first image of a target identity, the victims' own images included (no other picture of them)"
+        sims = query @ gallery.T
+        sims[:, torch.from_numpy(~keep)] = -torch.inf
+        total = int(keep.sum())
+        by_top: dict[int, float] = {}
+        hits, chances = [], []
+        for i, w in enumerate(wanted):
+            good = int(w.sum())
+            if good == 0:
+                continue
+            order = sims[i].argsort(descending=True).numpy()[:total]
+            rank = int(np.flatnonzero(w[order])[0]) + 1
+            top = int(order[0])
+            # P(a random ranking puts a target image at least this high): the hypergeometric tail
+            p = float(hypergeom(total, good, rank).sf(0))
+            # Reconstructions sharing a nearest image are one piece of evidence, not several (a "hub"
+            # image near every blob would otherwise look significant): keep the least significant.
+            by_top[top] = max(by_top.get(top, 0.0), p)
+            hits.append(rank == 1)
+            chances.append(good / total)
+            rows[i].update({f"{space}_nearest_identity": str(self.ids[top]), f"{space}_nearest_index": top,
+                            f"{space}_first_match_rank": rank, f"{space}_rank_p": p, f"{space}_hit": rank == 1})
+        if not by_top:
+            return no_test("no picture of a target identity in the gallery")
+        p_values = list(by_top.values())
+        combined = float(combine_pvalues(p_values, method="fisher").pvalue) if len(p_values) > 1 else p_values[0]
+        return LeakTest(True, int(sum(hits)), len(hits), max(chances), combined,
+                        f"rank-1 by {space}; p: rank of the {rule} against a random ranking, Fisher-combined over "
+                        f"{len(p_values)} distinct nearest image(s)")
+
+    def aligned_psnr_ssim(self, reconstruction: torch.Tensor, victim: torch.Tensor) -> tuple[float, float]:
+        """Best PSNR and SSIM over the training augmentation's shifts and mirror of ``victim``."""
+        pad = self.pad
+        views = []
+        for flip in (False, True):
+            for top in range(2 * pad + 1):
+                for left in range(2 * pad + 1):
+                    views.append((top, left, flip))
+        n = len(views)
+        batch = victim.unsqueeze(0).expand(n, -1, -1, -1).contiguous()
+        top = torch.tensor([v[0] for v in views])
+        left = torch.tensor([v[1] for v in views])
+        flip = torch.tensor([v[2] for v in views])
+        shifted = crop_flip(batch, pad, top, left, flip)
+        rec = reconstruction.permute(1, 2, 0).numpy()
+        best_psnr, best_ssim = -np.inf, -np.inf
+        for view in shifted:
+            ref = view.permute(1, 2, 0).numpy()
+            with np.errstate(divide="ignore"):  # an exact match has an infinite PSNR
+                best_psnr = max(best_psnr, float(peak_signal_noise_ratio(ref, rec, data_range=255)))
+            best_ssim = max(best_ssim, float(structural_similarity(ref, rec, channel_axis=2, data_range=255)))
+        return best_psnr, best_ssim
+
+
+@contextlib.contextmanager
+def _eval(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode for the block, each submodule's own mode restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _batchnorm_input_sizes(model: torch.nn.Module, height: int, width: int) -> dict[str, int]:
+    """Spatial positions per channel at every BatchNorm's input, for one image of height × width."""
+    sizes: dict[str, int] = {}
+    hooks = [m.register_forward_hook(lambda m, i, o, name=name: sizes.__setitem__(
+        name, int(i[0][0, 0].numel()))) for name, m in model.named_modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    device = next(model.parameters()).device
+    try:
+        with _eval(model), torch.no_grad():
+            model.embed(torch.zeros(1, 3, height, width, device=device))
+    finally:
+        for h in hooks:
+            h.remove()
+    return sizes

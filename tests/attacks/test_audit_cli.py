@@ -1,0 +1,96 @@
+"""`secfed audit` end to end on a tiny recorded run: outputs, exit codes, refusals, and the run seam."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from secfed.cli.main import cli
+from secfed.federation import checkpoint as ckpt
+from secfed.federation import codec
+
+TARGETS = {"protocol", "update", "sum", "weights", "weights+head", "dfs"}
+
+
+def _audit(*args: str) -> tuple[int, str, str]:
+    """(exit code, stdout, everything printed)."""
+    result = CliRunner().invoke(cli, ["audit", *args])
+    return result.exit_code, result.stdout, result.output
+
+
+def _files(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def test_recorded_broadcasts_and_uploads_rebuild_the_round(recorded_run: Path) -> None:
+    """The seam the audit stands on: the recorded broadcast of round 1 + the weighted mean of its
+    uploads = the global model after round 1 (plain channel, no noise)."""
+    folder = recorded_run / "uploads" / "round-0001"
+    broadcast = codec.decode_broadcast((folder / "broadcast.bin").read_bytes())
+    uploads = [codec.decode_upload(p.read_bytes()) for p in sorted(folder.glob("client-*.upload"))]
+    assert len(uploads) == 3 and all(u.round == 0 for u in uploads)
+    total = sum(u.summed["model"].weight for u in uploads)
+    mean = sum(u.summed["model"].weight * u.summed["model"].vector for u in uploads) / total
+    final = ckpt.load_checkpoint(ckpt.latest_checkpoint(recorded_run))["global"]
+    torch.testing.assert_close(broadcast.weights + mean, final, rtol=0, atol=1e-5)
+
+
+def test_a_quick_audit_writes_its_report_and_gates_on_the_verdict(recorded_run: Path, tmp_path: Path) -> None:
+    before = _files(recorded_run)
+    out = tmp_path / "report"
+    code, stdout, output = _audit(str(recorded_run), "--budget", "quick", "--time-limit", "6", "--out", str(out),
+                                  "--json", "--save-images", "--fail-on", "inconclusive")
+    report = json.loads(stdout)
+    verdicts = report["verdicts"]
+    assert set(verdicts) == TARGETS and verdicts["dfs"] is None
+    exposed = {t["target"]: t["exposed"] for t in report["targets"]}
+    assert exposed["update"] and not exposed["weights+head"]  # plain channel; FedPav keeps its classifier
+    # the run shares no DFS; nothing else is NO-LEAK at toy budgets, so --fail-on inconclusive fails the gate
+    assert code == 1, output
+    assert verdicts["sum"] != "LEAK"  # negative control: the sum of three clients' hundreds of steps
+    assert report["source"] == "recorded" and report["round"] == 1 and report["lower_bound"] is True
+    checkpoint = Path(report["run"]["checkpoint"])
+    assert report["run"]["checkpoint_sha256"] == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+    assert report["request"]["budget"] == "quick" and report["run"]["config"]["schedule"]["rounds"] == 1
+    results = [r for t in report["targets"] for r in t["results"]]
+    assert results
+    for r in results:
+        assert {"residual", "iterations", "restarts", "cpu_seconds", "assumptions", "verdict"} <= set(r)
+    markdown = (out / "audit.md").read_text().splitlines()
+    assert markdown[0].startswith("# secfed audit") and markdown[2].startswith("| target | verdict |")
+    assert any(p.startswith("images/") and p.endswith(".png") for p in _files(out))
+    assert _files(recorded_run) == before  # nothing written next to the run
+
+
+def test_the_next_round_is_re_derived_from_the_clients_real_step(recorded_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "next"
+    code, _, output = _audit(str(recorded_run), "--round", "2", "--attack", "inversion", "--target", "update",
+                          "--client", "corridor", "--time-limit", "3", "--out", str(out), "--fail-on", "leak")
+    assert code == 0, output
+    report = json.loads((out / "audit.json").read_text())
+    assert report["source"] == "re-derived" and report["round"] == 2 and report["client"]["name"] == "corridor"
+    assert [t["target"] for t in report["targets"]] == ["update"]
+    assert "images" not in {p.split("/")[0] for p in _files(out)}  # no --save-images, no pictures
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--attack", "membership", "--target", "update"], "use --target dfs"),
+    (["--target", "dfs"], "shares no DFS"),
+    (["--round", "9"], "cannot be audited"),
+    (["--client", "nobody"], "no client 'nobody'"),
+])
+def test_requests_the_run_cannot_answer_are_usage_errors(recorded_run: Path, tmp_path: Path, args: list[str],
+                                                         message: str) -> None:
+    code, _, output = _audit(str(recorded_run), "--out", str(tmp_path / "x"), *args)
+    assert code == 2 and message in output, output
+    assert "Traceback" not in output
+
+
+def test_a_missing_run_is_a_usage_error(tmp_path: Path) -> None:
+    code, _, output = _audit(str(tmp_path / "nowhere"))
+    assert code == 2 and "no such run directory" in output

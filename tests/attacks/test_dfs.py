@@ -1,0 +1,78 @@
+"""DFS (the contract DFH's uploads carry in shared["dfs"]): positive control (b) and its negative."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from secfed.algorithms import base_method
+from secfed.attacks.budget import Budget, Stopwatch
+from secfed.attacks.controls import gallery_of
+from secfed.attacks.dfs import DomainStatistics, identity_statistics, pool5_features
+from secfed.attacks.judge import Judge
+from secfed.attacks.targets import attack_dfs
+from secfed.attacks.verdict import Verdict
+from secfed.config import RunConfig
+
+TINY = Budget("test", 10.0, inversion_iterations=4, restarts=1, max_dummies=4, feature_iterations=5,
+              model_inversion_iterations=4, model_inversion_images=2, lower_bound=True)
+
+
+@pytest.fixture(scope="module")
+def client_and_population(people) -> tuple[Judge, list[list[int]]]:
+    """Four campus people as the DFH client's candidates, every other person as a non-member."""
+    cfg = RunConfig()
+    cfg.data.height, cfg.data.width = 32, 16
+    torch.manual_seed(0)
+    model = base_method(cfg).build_model(4)
+    groups = people["campus"][:4] + people["plaza"] + people["corridor"] + people["distractors"]
+    own = [True] * 4 + [False] * (len(groups) - 4)
+    gallery, where = gallery_of(groups, own=own)
+    return Judge(model, gallery), where
+
+
+def _dfs_of(judge: Judge, indices: list[int]) -> torch.Tensor:
+    """The four d-vectors a DFH client of exactly these images would share (Eq. 3.1)."""
+    features = pool5_features(judge.model, judge.gallery.images[indices])
+    _, means, variances, _ = identity_statistics(features, [judge.ids[i] for i in indices])
+    return DomainStatistics.from_identities(means, variances).as_tensor()
+
+
+@pytest.mark.parametrize("identities", [1, 2])
+def test_the_dfs_of_a_client_with_one_or_two_people_leak_them(client_and_population, identities: int) -> None:
+    judge, where = client_and_population
+    images = [i for group in where[:identities] for i in group]
+    results, _ = attack_dfs(model=judge.model, dfs=_dfs_of(judge, images), judge=judge, client_images=images,
+                            budget=TINY, watch=Stopwatch(5.0))
+    membership = next(r for r in results if r.attack == "membership:dfs")
+    assert membership.verdict is Verdict.LEAK
+    assert membership.metrics["auc"] == 1.0
+    assert membership.fitted and sorted(membership.metrics["linked_members"]) == sorted(
+        {judge.ids[i] for i in images})
+
+
+def test_statistics_of_other_people_link_no_member(client_and_population) -> None:
+    """Negative: DFS built from two non-members, audited as if they were client 0's → no leak of client 0."""
+    judge, where = client_and_population
+    strangers = where[10] + where[11]
+    members = where[0] + where[1]
+    results, _ = attack_dfs(model=judge.model, dfs=_dfs_of(judge, strangers), judge=judge, client_images=members,
+                            budget=TINY, watch=Stopwatch(5.0))
+    membership = next(r for r in results if r.attack == "membership:dfs")
+    assert membership.verdict is not Verdict.LEAK
+    assert not set(membership.metrics["linked_members"])
+
+
+def test_the_contract_is_four_d_vectors() -> None:
+    stats = DomainStatistics.from_shared(torch.arange(8.0))
+    assert stats.dim == 2 and stats.var_of_vars.tolist() == [6.0, 7.0]
+    torch.testing.assert_close(DomainStatistics.from_shared(stats.as_tensor()).as_tensor(), stats.as_tensor())
+    with pytest.raises(ValueError, match="four d-vectors"):
+        DomainStatistics.from_shared(torch.zeros(3, 5))
+
+
+def test_one_identity_makes_the_domain_mean_that_persons_mean() -> None:
+    means, variances = torch.rand(1, 6), torch.rand(1, 6)
+    stats = DomainStatistics.from_identities(means, variances)
+    torch.testing.assert_close(stats.mean_of_means, means[0].double())
+    assert float(stats.var_of_means.abs().max()) == 0.0

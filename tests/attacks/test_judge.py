@@ -1,0 +1,88 @@
+"""The judge: re-identification against a random ranking, the victims left out, PSNR/SSIM aligned."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from secfed.algorithms import base_method
+from secfed.attacks.controls import gallery_of
+from secfed.attacks.judge import Judge
+from secfed.attacks.verdict import ALPHA
+from secfed.config import RunConfig
+from secfed.data.augment import crop_flip
+
+
+def _judge(gallery, cfg: RunConfig) -> Judge:
+    torch.manual_seed(0)
+    return Judge(base_method(cfg).build_model(2), gallery)
+
+
+def test_the_rank_p_value_is_the_chance_of_so_early_a_match(two_people, toy_config: RunConfig) -> None:
+    """Known answer: a first match at rank r among N images, M of the wanted identity, has
+    p = 1 − C(N−M, r)/C(N, r) under a random ranking."""
+    gallery, victims, _ = two_people
+    judge = _judge(gallery, toy_config)
+    n = len(gallery.identities)
+    target = gallery.identities[victims[0]]
+    others = [i for i in range(n) if i not in victims and gallery.identities[i] != target]
+    same = [i for i in range(n) if i not in victims and gallery.identities[i] == target]
+    # a gallery embedding where the query's similarity falls with the index in `order`
+    order = others[:4] + same + others[4:] + victims
+    space = torch.zeros(n, n)
+    space[order, torch.arange(n)] = 1.0
+    query = F.normalize(torch.linspace(1.0, 0.01, n), dim=0).unsqueeze(0)
+    rows, tests = judge.judge_features(query, victims[:1], gallery_embedding=space)
+    big_n, m = n - 1, len(same)  # only the queried victim is left out
+    assert rows[0]["embedding_first_match_rank"] == 5
+    expected = 1 - math.comb(big_n - m, 5) / math.comb(big_n, 5)
+    assert math.isclose(tests["reid-embedding"].p_value, expected, rel_tol=1e-9)
+    assert not rows[0]["embedding_hit"] and tests["reid-embedding"].hits == 0
+
+
+def test_other_pictures_of_the_victims_identify_them_and_noise_does_not(two_people, toy_config: RunConfig) -> None:
+    gallery, victims, _ = two_people
+    judge = _judge(gallery, toy_config)
+    ids = gallery.identities
+    copies = [i for v in victims for i in range(len(ids)) if ids[i] == ids[v] and i not in victims]
+    rows, tests = judge.judge_images(gallery.images[copies], victims)
+    assert tests["reid-pixels"].hits == len(copies) and tests["reid-pixels"].p_value < ALPHA
+    assert all(r["pixels_nearest_index"] not in victims for r in rows)  # the victims' own images are left out
+    noise = torch.randint(0, 256, (4, 3, 32, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    _, tests = judge.judge_images(noise, victims)
+    assert all(not t.significant for t in tests.values())
+
+
+def test_an_exact_copy_of_a_victim_is_not_a_match_with_itself(two_people, toy_config: RunConfig) -> None:
+    gallery, victims, images = two_people
+    rows, _ = _judge(gallery, toy_config).judge_images(images, victims)
+    assert all(r["embedding_nearest_index"] not in victims and r["pixels_nearest_index"] not in victims for r in rows)
+    assert all(r["ssim"] > 0.999 and math.isinf(r["psnr"]) for r in rows)
+
+
+def test_psnr_and_ssim_undo_the_training_augmentation(two_people, toy_config: RunConfig) -> None:
+    gallery, victims, images = two_people
+    judge = _judge(gallery, toy_config)
+    view = crop_flip(images[:1], judge.pad, torch.tensor([0]), torch.tensor([2 * judge.pad]), torch.tensor([True]))[0]
+    psnr, ssim = judge.aligned_psnr_ssim(view, images[0])
+    assert math.isinf(psnr) and ssim > 0.999
+    shifted_psnr, _ = judge.aligned_psnr_ssim(view.roll(5, dims=1), images[0])
+    assert shifted_psnr < 30
+
+
+def test_aimed_reconstructions_are_tested_crosswise_so_a_hub_proves_nothing(people, toy_config: RunConfig) -> None:
+    """Class-conditional images: each is ranked against every target; identical images (a blob near
+    one "hub" identity for every class) cannot beat the permutation test, pictures of the targets can."""
+    groups = people["campus"] + people["distractors"]
+    gallery, where = gallery_of(groups, own=[True] * len(people["campus"]) + [False] * len(people["distractors"]))
+    judge = _judge(gallery, toy_config)
+    targets = [groups[i][0] for i in range(4)]
+    pictures = torch.stack([gallery.images[where[i][0]] for i in range(4)])
+    _, tests = judge.judge_targeted(pictures, targets, [i for w in where[:4] for i in w])
+    assert tests["reid-pixels"].p_value == pytest.approx(1 / 24) and tests["reid-pixels"].hits == 4
+    _, hub = judge.judge_targeted(pictures[:1].expand(4, -1, -1, -1).contiguous(), targets,
+                                  [i for w in where[:4] for i in w])
+    assert hub["reid-pixels"].p_value > 0.2

@@ -1,0 +1,54 @@
+"""The verdict rule: a leak is a leak whatever the fit; "safe" only from an attack that fitted all of its target."""
+
+from __future__ import annotations
+
+import pytest
+
+from secfed.attacks.verdict import ALPHA, AttackResult, LeakTest, Verdict, decide, no_test, target_verdict
+
+SIGNIFICANT = LeakTest(True, 2, 2, 0.01, ALPHA / 10, "rank-1")
+CHANCE = LeakTest(True, 0, 4, 0.05, 0.7, "rank-1")
+
+
+def test_a_significant_identification_is_a_leak_even_without_a_fit() -> None:
+    verdict, reason = decide({"reid-pixels": SIGNIFICANT}, residual=0.9, fit_threshold=0.05, complete=True)
+    assert verdict is Verdict.LEAK and "reid-pixels" in reason
+
+
+@pytest.mark.parametrize("residual", [None, 0.06, 1.0])
+def test_an_attack_that_did_not_fit_never_says_no_leak(residual: float | None) -> None:
+    verdict, reason = decide({"reid-embedding": CHANCE}, residual=residual, fit_threshold=0.05, complete=True)
+    assert verdict is Verdict.INCONCLUSIVE and "did not fit" in reason
+
+
+def test_a_fitted_complete_attack_that_finds_nothing_says_no_leak_at_this_strength() -> None:
+    verdict, _ = decide({"reid-embedding": CHANCE}, residual=0.01, fit_threshold=0.05, complete=True)
+    assert verdict is Verdict.NO_LEAK
+
+
+def test_a_fitted_probe_of_part_of_the_target_proves_nothing() -> None:
+    verdict, reason = decide({"reid-embedding": CHANCE}, residual=1e-6, fit_threshold=1e-3, complete=False)
+    assert verdict is Verdict.INCONCLUSIVE and "part of the target" in reason
+
+
+def test_a_fit_without_a_measurable_test_is_inconclusive() -> None:
+    verdict, _ = decide({"reid-embedding": no_test("no other picture")}, residual=0.0, fit_threshold=0.05,
+                        complete=True)
+    assert verdict is Verdict.INCONCLUSIVE
+
+
+def test_a_p_value_at_the_level_is_not_significant() -> None:
+    assert not LeakTest(True, 1, 1, 0.5, ALPHA, "").significant
+    assert not LeakTest(False, 3, 3, 0.0, 0.0, "").significant  # nothing measured, nothing claimed
+
+
+def _result(verdict: Verdict, residual: float | None = 0.5) -> AttackResult:
+    return AttackResult("a", "update", verdict, str(verdict), residual, "r", 0.1, True)
+
+
+def test_target_verdict_takes_the_worst_news_first() -> None:
+    assert target_verdict([_result(Verdict.NO_LEAK), _result(Verdict.LEAK)])[0] is Verdict.LEAK
+    assert target_verdict([_result(Verdict.INCONCLUSIVE), _result(Verdict.NO_LEAK)])[0] is Verdict.NO_LEAK
+    verdict, reason = target_verdict([_result(Verdict.INCONCLUSIVE, 0.3), _result(Verdict.INCONCLUSIVE, 0.9)])
+    assert verdict is Verdict.INCONCLUSIVE and "0.3" in reason
+    assert target_verdict([])[0] is Verdict.INCONCLUSIVE
