@@ -27,6 +27,17 @@ from secfed.federation.runtime import run
 from fakegrid import FakeGrid
 
 
+@pytest.fixture
+def small_config(tiny_config):
+    """tiny_config at 16×8 pixels with a 32-wide neck, evaluated after the last round only: the
+    same code paths at a quarter of the arithmetic (these tests run every ClientApp message)."""
+    cfg = tiny_config
+    cfg.data.height, cfg.data.width = 16, 8
+    cfg.model.neck_dim = 32
+    cfg.run.eval_every = 0
+    return cfg
+
+
 def flower_nodes(tmp_path: Path, n: int) -> tuple[FakeGrid, Path]:
     cohort_file, sites, nodes = tmp_path / "cohort.toml", {}, {}
     for p in range(n):
@@ -38,8 +49,8 @@ def flower_nodes(tmp_path: Path, n: int) -> tuple[FakeGrid, Path]:
     return FakeGrid(nodes), cohort_file
 
 
-def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_directory(tiny_config, tmp_path):
-    cfg = tiny_config
+def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_directory(small_config, tmp_path):
+    cfg = small_config
     cfg.secagg.enabled = True  # authenticated, the default
     cfg.run.local_baseline = False  # halves the cost; the baselines' state is checked below
     local = run(cfg, tmp_path / "in-process")
@@ -64,7 +75,7 @@ def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_dire
     # The same global model, to the quantiser's resolution (each node rounds its own sites' sums).
     g_ours = ckpt.load_checkpoint(ours / "checkpoints" / "round-0002.pt")["global"]
     g_theirs = ckpt.load_checkpoint(theirs / "checkpoints" / "round-0002.pt")["global"]
-    torch.testing.assert_close(g_ours, g_theirs, atol=1e-4, rtol=0)
+    torch.testing.assert_close(g_ours, g_theirs, atol=1e-4, rtol=1e-4)  # round 2 trains from round 1's rounding
     s_ours, s_theirs = (json.loads((d / "summary.json").read_text()) for d in (ours, theirs))
     assert set(s_ours) == set(s_theirs) and s_ours["channel"] == s_theirs["channel"] == "secagg"
     for x, y in zip(s_ours["domains"], s_theirs["domains"]):
@@ -77,12 +88,12 @@ def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_dire
     assert not list(tmp_path.glob("node-*/pending/*"))  # every masked input was fetched once, then deleted
 
 
-def test_a_sites_state_survives_the_process(tiny_config, tmp_path):
+def test_a_sites_state_survives_the_process(small_config, tmp_path):
     """What one message's process saves, the next one's loads: model (shared and local tensors),
     the method's site state and the local-only baseline."""
     config = {"partition-id": 1, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path)}
     token = secrets.token_hex(16)
-    first = NodeSites.open(tiny_config, config, token, train=False)
+    first = NodeSites.open(small_config, config, token, train=False)
     assert first.sites == [1]
     gen = torch.Generator().manual_seed(1)
     for model in (first.fed.clients[1].site.model, first.fed.baselines[1].model):
@@ -90,19 +101,19 @@ def test_a_sites_state_survives_the_process(tiny_config, tmp_path):
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen))
     first.save(1)
-    second = NodeSites.open(tiny_config, config, token, train=False)
+    second = NodeSites.open(small_config, config, token, train=False)
     for a, b in ((first.fed.clients[1].site.model, second.fed.clients[1].site.model),
                  (first.fed.baselines[1].model, second.fed.baselines[1].model)):
         for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
             torch.testing.assert_close(x, y, msg=name)
-    other = NodeSites.open(tiny_config, config, secrets.token_hex(16), train=False)  # another run starts afresh
+    other = NodeSites.open(small_config, config, secrets.token_hex(16), train=False)  # another run starts afresh
     assert not torch.equal(next(other.fed.clients[1].site.model.parameters()),
                            next(first.fed.clients[1].site.model.parameters()))
 
 
 @pytest.mark.parametrize("bn_stats", ["shared", "local"])
-def test_evaluation_jobs_reproduce_evaluate_py(tiny_config, bn_stats):
-    cfg = tiny_config
+def test_evaluation_jobs_reproduce_evaluate_py(small_config, bn_stats):
+    cfg = small_config
     cfg.model.bn_stats = bn_stats
     cfg.data.leave_out = ["corridor"]  # an unseen domain too
     fed = build(cfg)
