@@ -33,6 +33,7 @@ bench: setup
 	$(BIN)/python bench/bench_eval.py
 	$(BIN)/python bench/bench_runtime.py
 	$(BIN)/python bench/bench_secagg.py
+	$(BIN)/python bench/bench_flower.py
 	$(BIN)/python bench/bench_privacy.py
 
 clean:

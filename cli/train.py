@@ -18,7 +18,7 @@ from secfed.federation.leave_one_out import SWEEP_FILE, is_sweep
 # Settings that do not change what is trained, or that repair a run (a lower learning rate after a
 # divergence, the data's new place), so they may accompany --resume.
 RESUME_COMPATIBLE = {"run.threads", "run.device", "data.root", "schedule.lr", "schedule.lr_backbone"}
-COMMAND_OPTIONS = ["--config", "--resume", "--leave-one-out", "--json", "--help"]
+COMMAND_OPTIONS = ["--config", "--resume", "--leave-one-out", "--flower", "--json", "--help"]
 # the type goes after the help, not in a column of its own: more room in 80 columns
 click.rich_click.OPTIONS_TABLE_COLUMN_TYPES = ["required", "opt_short", "opt_long", "help"]
 click.rich_click.OPTIONS_TABLE_HELP_SECTIONS = ["help", "deprecated", "envvar", "default", "required", "metavar"]
@@ -93,6 +93,8 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
 @click.option("--leave-one-out", is_flag=True,
               help="Train once per training domain, holding each out in turn and scoring it as an unseen target "
                    "(FedDG protocol); one run directory per target under the run's.")
+@click.option("--flower", type=click.Path(dir_okay=False, path_type=Path), metavar="CONNECTION",
+              help="Run the clients on Flower SuperNodes: a connection file (`secfed flower --help`).")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON object on stdout; the rest on stderr.")
 @config_options
 @option_panels(COMMAND_OPTIONS)
@@ -108,14 +110,22 @@ def train_command(**params: Any) -> None:
 
     console = human_console(params["json_output"])
     cfg, run_dir, resuming = resolve_config(params)
+    if params["flower"] is not None and params["leave_one_out"]:
+        raise click.UsageError("--leave-one-out runs in-process only; on Flower, hold domains out with --leave-out")
+    if params["flower"] is not None:
+        from secfed.cli.flower import Connection, train_on_flower
+
+        train_on_flower(cfg, run_dir, Connection.load(params["flower"]), json_output=params["json_output"],
+                        resuming=resuming)
+        return
     set_threads(cfg.run.threads)
     data_root = Path(cfg.data.root) if resuming and "data.root" in given_overrides(params) else None
-    if resuming and not ckpt.list_checkpoints(run_dir):
-        console.print(f"[yellow]{run_dir}: no round had finished before the interruption; starting from round 1 "
-                      "with its saved configuration.[/]")
     if params["leave_one_out"] or (resuming and is_sweep(run_dir)):
         sweep(console, cfg, run_dir, resuming, data_root, params["json_output"])
         return
+    if resuming and not ckpt.list_checkpoints(run_dir):
+        console.print(f"[yellow]{run_dir}: no round had finished before the interruption; starting from round 1 "
+                      "with its saved configuration.[/]")
     with cli_errors(), RichReporter(human_console(True)) as reporter:
         try:
             result = run(cfg, run_dir, resume=resuming, reporter=reporter, data_root=data_root)

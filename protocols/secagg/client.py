@@ -31,13 +31,27 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import struct
 from collections.abc import Iterator
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from .. import shamir
-from ..crypto import DIGEST_BYTES, SIGNATURE_BYTES, mac, open_sealed, public_bytes, seal, sign, verify, verify_all, x25519_keypair
+from ..crypto import (
+    DIGEST_BYTES,
+    PUBLIC_KEY_BYTES,
+    SIGNATURE_BYTES,
+    mac,
+    open_sealed,
+    public_bytes,
+    seal,
+    sign,
+    verify,
+    verify_all,
+    x25519_keypair,
+)
 from ..errors import (
     Aborted,
     BelowThreshold,
@@ -52,6 +66,7 @@ from ..errors import (
     ReplayedMessage,
     SeedWithheld,
     UnknownClient,
+    UnsupportedVersion,
     WrongPhase,
     WrongRound,
     WrongSender,
@@ -78,6 +93,7 @@ from .keys import (
 )
 from .messages import (
     GRAPH_NONCE_BYTES,
+    HEADER_BYTES,
     SERVER,
     AdvertiseKeys,
     ConsistencySignature,
@@ -95,6 +111,11 @@ from .messages import (
     SurvivorList,
     UnmaskRequest,
     UnmaskResponse,
+    _ids,
+    _key_body,
+    _key_fields,
+    _pairs,
+    _Reader,
     validate,
 )
 from .session import SessionConfig
@@ -164,6 +185,119 @@ class SecAggClient:
     @property
     def state(self) -> ClientState:
         return self._state
+
+    # ---- between messages: the whole state as bytes ---------------------------------------------
+
+    def export_state(self) -> bytes:
+        """This client's protocol state as bytes, for embeddings that keep no process alive between
+        messages (a Flower ClientApp is a fresh process per message); :meth:`from_state` restores it.
+
+        The bytes hold the round's secrets — the encryption key, the key seed, the self-mask seed,
+        the graph nonce, the shares held for neighbours — so store them sealed (e.g. AES-GCM under
+        a key that never leaves the client's machine), never in the clear. Left out: the session
+        configuration (its digest is kept and checked on restore), the long-term identity key (pass
+        both to :meth:`from_state`) and what is derived again on demand (the mask key from its seed,
+        the share-channel keys, the graph from its seed). Explicit, versioned, length-checked
+        layout (``_STATE_HEADER``), no pickle.
+        """
+        secrets = "_enc_private" in self.__dict__
+        listed = self._commitments if self._state is ClientState.AWAIT_ROSTER else None
+        flags = (_HAS_SECRETS if secrets else 0) | (_HAS_SEED if self._seed else 0) | (
+            _HAS_SIGNED if self._signed_survivors is not None else 0) | (_HAS_LISTED if listed is not None else 0)
+        body: list[bytes] = [self.model_hash]
+        if secrets:
+            body += [self._enc_private.private_bytes_raw(), self._mask_seed, self._self_seed, self._graph_nonce]
+        if listed is not None:  # graph commitments as shown: ids, digest, and (complete graph) each one
+            ids = listed.ids.astype("<u4")
+            body += [struct.pack("<I", len(ids)), ids.tobytes(), listed.digest]
+            if listed.each is not None:
+                body += _pairs(listed.each)
+        if self._seed:
+            body.append(self._seed)
+        body.append(struct.pack("<I", len(self._roster)))
+        for v in sorted(self._roster):
+            body += [struct.pack("<I", v), *_key_fields(self._roster[v])]
+        body.append(struct.pack("<I", len(self._held)))
+        for v in sorted(self._held):
+            body.append(_HELD.pack(v, self._held[v].index, self._held[v].value))
+        if self._signed_survivors is not None:
+            body.append(_ids(self._signed_survivors))
+        payload = b"".join(body)
+        header = _STATE_HEADER.pack(_STATE_MAGIC, _STATE_VERSION, _ORDER.index(self._state), flags,
+                                    self.config.digest, self.id, len(payload))
+        return header + payload
+
+    @classmethod
+    def from_state(
+        cls, config: SessionConfig, data: bytes, *, identity_key: Ed25519PrivateKey | None = None
+    ) -> SecAggClient:
+        """The client :meth:`export_state` saved, in the same session ``config`` (else ConfigMismatch).
+
+        Bytes that do not parse, or whose parts contradict each other or the config, raise
+        :class:`MalformedMessage` (:class:`UnsupportedVersion` for another layout version).
+        """
+        view = memoryview(data).cast("B")
+        if len(view) < _STATE_HEADER.size:
+            raise MalformedMessage(f"client state of {len(view)} bytes is shorter than its {_STATE_HEADER.size}-byte header")
+        magic, version, state_index, flags, digest, client_id, length = _STATE_HEADER.unpack_from(view)
+        if magic != _STATE_MAGIC:
+            raise MalformedMessage(f"client state: bad magic {magic!r}; expected {_STATE_MAGIC!r}")
+        if version != _STATE_VERSION:
+            raise UnsupportedVersion(f"client state layout {version}; this build reads {_STATE_VERSION} only")
+        if length != len(view) - _STATE_HEADER.size:
+            raise MalformedMessage(f"client state: header says {length} body bytes, {len(view) - _STATE_HEADER.size} present")
+        if state_index >= len(_ORDER) or flags & ~(_HAS_SECRETS | _HAS_SEED | _HAS_SIGNED | _HAS_LISTED):
+            raise MalformedMessage(f"client state: unknown state {state_index} or flags {flags:#06x}")
+        if digest != config.digest:
+            raise ConfigMismatch("client state was saved in a session with other parameters")
+        if not 0 <= client_id < config.n_clients:
+            raise MalformedMessage(f"client state: client {client_id} is outside the cohort of {config.n_clients}")
+        state = _ORDER[state_index]
+        live = state not in (ClientState.START, ClientState.DONE, ClientState.ABORTED)
+        seeded = _ORDER.index(ClientState.AWAIT_SHARES) <= state_index <= _ORDER.index(ClientState.AWAIT_UNMASK)
+        if bool(flags & _HAS_SECRETS) != live or (seeded and not flags & _HAS_SEED) or (
+                flags & _HAS_SEED and state_index < _ORDER.index(ClientState.AWAIT_SHARES)) or (
+                bool(flags & _HAS_LISTED) != (state is ClientState.AWAIT_ROSTER)):
+            raise MalformedMessage(f"client state: flags {flags:#06x} do not fit state {state.value}")
+        r = _Reader(view[_STATE_HEADER.size :], "client state")
+        client = cls(config, client_id, model_hash=r.fixed(DIGEST_BYTES, "model hash"), identity_key=identity_key)
+        client._state = state
+        if flags & _HAS_SECRETS:
+            client._enc_private = X25519PrivateKey.from_private_bytes(r.fixed(32, "encryption key"))
+            client._mask_seed = r.fixed(shamir.SECRET_BYTES, "mask seed")
+            client._mask_private = mask_private_key(config, client_id, client._mask_seed)
+            client._self_seed = r.fixed(shamir.SECRET_BYTES, "self-mask seed")
+            client._graph_nonce = r.fixed(GRAPH_NONCE_BYTES, "graph nonce")
+        if flags & _HAS_LISTED:
+            ids = np.asarray(r.ids("listed clients"), dtype=np.int64)
+            listed_digest = r.fixed(DIGEST_BYTES, "graph commitments digest")
+            each = r.pairs("graph commitments", DIGEST_BYTES) if config.params.complete else None
+            if len(ids) and ids[-1] >= config.n_clients:
+                raise MalformedMessage(f"client state: listed client {ids[-1]} is outside the cohort")
+            try:
+                client._commitments = ListedCommitments.restore(config, ids, listed_digest, each)
+            except ValueError as exc:
+                raise MalformedMessage(f"client state: {exc}") from None
+        if flags & _HAS_SEED:
+            client._seed = r.fixed(DIGEST_BYTES, "graph seed")
+            client._graph = NeighbourGraph(config.params, client._seed, focus=client_id)
+            client.neighbours = client._graph.of(client_id)
+        for _ in range(r.count("roster entries", 4 + 2 * PUBLIC_KEY_BYTES + 4 * DIGEST_BYTES + 2)):
+            entry = RosterEntry(client=r.u32("roster client"), **_key_body(r))
+            if client._graph is None or not client._graph.are_neighbours(client_id, entry.client):
+                raise MalformedMessage(f"client state: roster entry {entry.client} is not a neighbour")
+            if entry.client in client._roster:
+                raise MalformedMessage(f"client state: roster entry {entry.client} appears twice")
+            client._roster[entry.client] = entry
+        for _ in range(r.count("held shares", _HELD.size)):
+            peer, index, value = _HELD.unpack(r.fixed(_HELD.size, "held share"))
+            if peer not in client._roster or peer in client._held or index != client._graph.share_index(peer, client_id):
+                raise MalformedMessage(f"client state: held share of {peer} does not fit the roster")
+            client._held[peer] = shamir.Share(index, value)
+        if flags & _HAS_SIGNED:
+            client._signed_survivors = r.ids("signed survivors")
+        r.end()
+        return client
 
     # ---- phase 0: keys and the graph commitment -------------------------------------------------
 
@@ -562,6 +696,16 @@ class SecAggClient:
         for name in ("_enc_private", "_mask_private", "_mask_seed", "_self_seed"):
             self.__dict__.pop(name, None)
         self._held, self._channels = {}, {}
+
+
+_STATE_MAGIC = b"SACS"
+_STATE_VERSION = 2  # roster entries as in wire version 3; shares of GF(2^31 − 1) (20 bytes)
+# magic | version u8 | state u8 (index in ClientState) | flags u16 | config digest 32B | client id u32
+# | body length u32 (48 bytes, like a message header); the body follows export_state's order.
+_STATE_HEADER = struct.Struct("<4sBBH32sII")
+assert _STATE_HEADER.size == HEADER_BYTES  # so _Reader's offsets in errors are the state's own
+_HAS_SECRETS, _HAS_SEED, _HAS_SIGNED, _HAS_LISTED = 1, 2, 4, 8
+_HELD = struct.Struct(f"<II{shamir.SHARE_BYTES}s")  # peer, share index, share value
 
 
 def _signed(value: int, bits: int) -> int:

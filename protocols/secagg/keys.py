@@ -108,6 +108,30 @@ class ListedCommitments:
         self._digest = hashlib.sha256(listed.raw).digest()
         self._each = listed if config.params.complete else None
 
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of the list's bytes as shown (what the revealed nonces must rebuild)."""
+        return self._digest
+
+    @property
+    def each(self) -> IdTable | None:
+        """Every listed commitment (complete graph only; None with a sparse graph)."""
+        return self._each
+
+    @classmethod
+    def restore(cls, config: SessionConfig, ids: np.ndarray, digest: bytes, each: IdTable | None) -> ListedCommitments:
+        """The list a client kept, from its parts (a client's saved state); ``each`` is required
+        exactly when the graph is complete and must be the list the ids and digest describe."""
+        if (each is not None) != config.params.complete:
+            raise ValueError("the complete graph keeps every commitment, a sparse one only ids and digest")
+        if each is not None and (not np.array_equal(each.ids, ids) or hashlib.sha256(each.raw).digest() != digest):
+            raise ValueError("listed commitments do not match their ids and digest")
+        listed = cls.__new__(cls)
+        listed.ids = np.asarray(ids, dtype=np.int64)
+        listed._digest = bytes(digest)
+        listed._each = each
+        return listed
+
     def check(self, config: SessionConfig, nonces: IdTable) -> None:
         """Raise InconsistentShares unless every revealed nonce opens its listed commitment
         (and, with the sparse graph, the nonces cover the list exactly: check the ids first)."""

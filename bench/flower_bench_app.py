@@ -1,0 +1,121 @@
+"""The Flower app of bench_flower.py (shipped into the app folder; runs in Flower's processes).
+
+Every node p answers a train message with the same float32 vector of ``dimension`` values and
+weight 10·(p + 1). The ServerApp runs, over the same SuperNodes in one Flower run:
+
+    plain      one train message per node and its reply (no secure aggregation): Flower's cost of
+               a message round trip (a ClientApp process per message, polls)
+    secfed     SecAggStrategy(FedAvg) over SecAggWorkflow (authenticated): secfed's protocol
+    flower     Flower's SecAgg+ (SecAggPlusWorkflow + secaggplus_mod, legacy FedAvg)
+
+``rounds`` of each, interleaved, and writes seconds per round (and secfed's per-phase times) to
+``out`` as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.client.mod import secaggplus_mod
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common import recorddict_compat as compat
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from secfed.adapters.flower import Cohort, SecAggMod, SecAggStrategy, SecAggWorkflow
+
+
+def flower_secaggplus(msg: Message, context: Context, call_next):
+    """Flower's mod, applied only to Flower's own secure-aggregation messages."""
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+client = ClientApp(mods=[SecAggMod(), flower_secaggplus])
+
+
+@client.train()
+def train(msg: Message, context: Context) -> Message:
+    p = int(context.node_config["partition-id"])
+    d = int(context.run_config["dimension"])
+    update = np.full(d, 0.01 * (p + 1), np.float32)
+    if "fitins.parameters" in msg.content.array_records:  # Flower's SecAgg+ round (its legacy FitIns)
+        fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([update]), 10 * (p + 1), {})
+        return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
+    reply = RecordDict({"arrays": ArrayRecord({"w": Array(update)}),
+                        "metrics": MetricRecord({"num-examples": 10.0 * (p + 1)})})
+    return Message(reply, reply_to=msg)
+
+
+server = ServerApp()
+
+
+def _nodes(grid: Grid, count: int) -> list[int]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ids = list(grid.get_node_ids())
+        if len(ids) >= count:
+            return ids
+        time.sleep(0.1)
+    raise TimeoutError(f"{count} SuperNodes did not connect")
+
+
+def plain_round(grid: Grid, nodes: list[int], d: int) -> float:
+    t0 = time.monotonic()
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(d, np.float32))})})
+    messages = [Message(content, dst_node_id=n, message_type="train") for n in nodes]
+    replies = list(grid.send_and_receive(messages, timeout=120))
+    assert len(replies) == len(nodes) and not any(r.has_error() for r in replies)
+    return time.monotonic() - t0
+
+
+def secfed_round(grid: Grid, cohort: Cohort, n: int, d: int, poll: float, phases: list) -> float:
+    flow = SecAggWorkflow(cohort=cohort, poll_interval=poll, phase_timeout=120)
+    marks: list[tuple[str, float]] = []
+    flow.on_phase = lambda phase, _nodes: marks.append((phase, time.monotonic()))
+    strategy = SecAggStrategy(FedAvg(fraction_evaluate=0.0, min_available_nodes=n, min_train_nodes=n), flow)
+    t0 = time.monotonic()
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(d, np.float32))}),
+                            num_rounds=1)
+    seconds = time.monotonic() - t0
+    w = result.arrays["w"].numpy()
+    expected = sum(10.0 * (p + 1) * 0.01 * (p + 1) for p in range(n)) / sum(10.0 * (p + 1) for p in range(n))
+    assert np.allclose(w, expected, atol=1e-4), (w[:3], expected)
+    ends = [t for _, t in marks[1:]] + [t0 + seconds]
+    phases.append({name: round(end - start, 3) for (name, start), end in zip(marks, ends)})
+    return seconds
+
+
+def flower_round(grid: Grid, context: Context, n: int, d: int) -> float:
+    from flwr.server import LegacyContext, ServerConfig
+    from flwr.server.strategy import FedAvg as LegacyFedAvg
+    from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+
+    strategy = LegacyFedAvg(fraction_evaluate=0.0, min_fit_clients=n, min_available_clients=n,
+                            initial_parameters=ndarrays_to_parameters([np.zeros(d, np.float32)]))
+    legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=1), strategy=strategy)
+    fit = SecAggPlusWorkflow(num_shares=n, reconstruction_threshold=max(2, n // 2 + 1), timeout=120)
+    t0 = time.monotonic()
+    DefaultWorkflow(fit_workflow=fit)(grid, legacy)
+    return time.monotonic() - t0
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    n, d, rounds = int(cfg["nodes"]), int(cfg["dimension"]), int(cfg["rounds"])
+    cohort = Cohort.load(str(cfg["cohort"]))
+    nodes = _nodes(grid, n)
+    out: dict = {"plain": [], "secfed": [], "flower": [], "secfed_phases": []}
+    for _ in range(rounds):
+        out["plain"].append(plain_round(grid, nodes, d))
+        out["secfed"].append(secfed_round(grid, cohort, n, d, float(cfg["poll"]), out["secfed_phases"]))
+        out["flower"].append(flower_round(grid, context, n, d))
+    Path(str(cfg["out"])).write_text(json.dumps(out))

@@ -1,0 +1,273 @@
+"""``secfed train --flower CONNECTION`` and ``secfed flower {local,keys,certs}``.
+
+A CONNECTION file (TOML) says where the SuperLink is and whom the run trusts::
+
+    address = "superlink.example.org:8000"
+    root-certificates = "ca.pem"      # the CA of the SuperLink's TLS certificate (or: insecure = true)
+    cohort = "cohort.toml"            # the SuperNodes' identity keys (authenticated secure aggregation)
+    # phase-timeout = 120             # seconds a protocol phase waits for replies
+    # train-timeout = 3600            # seconds a round's training (and evaluation) waits
+
+``secfed train --flower`` submits secfed's ServerApp with the resolved configuration through
+``flwr run`` (telemetry and update checks off) and streams its output; the ServerApp writes the
+run directory on the SuperLink's machine (``--out`` names a folder there). ``secfed flower
+local`` starts a SuperLink and N SuperNodes on 127.0.0.1 (TLS, registered SuperNodes, identity
+keys and a cohort made for the occasion), runs ``secfed train --flower`` against them and stops
+them again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import rich_click as click
+
+from secfed.cli.common import emit_json, human_console
+from secfed.cli.options import config_options, option_panels
+from secfed.config import RunConfig
+
+APP_NAME = "secfed-train"
+
+
+@dataclass(frozen=True)
+class Connection:
+    address: str
+    root_certificates: Path | None
+    cohort: Path | None
+    phase_timeout: float = 120.0
+    train_timeout: float = 3600.0
+    start_timeout: float = 300.0
+
+    @classmethod
+    def load(cls, path: Path) -> Connection:
+        from secfed.config import tomllib
+
+        where = "--flower"
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise click.BadParameter(f"{path}: cannot read the connection file ({exc})", param_hint=where) from None
+        base = Path(path).resolve().parent
+        known = {"address", "root-certificates", "insecure", "cohort", "phase-timeout", "train-timeout",
+                 "start-timeout"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise click.BadParameter(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+                                     param_hint=where)
+        address = raw.get("address")
+        port = address.rpartition(":")[2] if isinstance(address, str) else ""
+        if not isinstance(address, str) or not address.rpartition(":")[0] or not port.isdigit() or not 0 < int(port) < 65536:
+            raise click.BadParameter(f"{path}: address must be \"host:port\" (port 1–65535), got {address!r}",
+                                     param_hint=where)
+        insecure = raw.get("insecure", False) is True
+        certs = raw.get("root-certificates")
+        if bool(certs) == insecure:
+            raise click.BadParameter(f"{path}: give root-certificates (TLS) or insecure = true, not both or neither",
+                                     param_hint=where)
+
+        def file(key: str) -> Path | None:
+            value = raw.get(key)
+            if value is None:
+                return None
+            found = (base / str(value)).resolve()
+            if not found.is_file():
+                raise click.BadParameter(f"{path}: {key} = {value!r}: no such file", param_hint=where)
+            return found
+
+        timeouts = {}
+        for key in ("phase-timeout", "train-timeout", "start-timeout"):
+            if key in raw:
+                value = raw[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise click.BadParameter(f"{path}: {key} must be a positive number of seconds", param_hint=where)
+                timeouts[key.replace("-", "_")] = float(value)
+        return cls(address, file("root-certificates"), file("cohort"), **timeouts)
+
+    def write(self, path: Path) -> Path:
+        lines = [f'address = "{self.address}"']
+        lines.append(f'root-certificates = {json.dumps(str(self.root_certificates))}' if self.root_certificates
+                     else "insecure = true")
+        if self.cohort is not None:
+            lines.append(f"cohort = {json.dumps(str(self.cohort))}")
+        lines += [f"phase-timeout = {self.phase_timeout}", f"train-timeout = {self.train_timeout}",
+                  f"start-timeout = {self.start_timeout}"]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+
+def require_flower() -> None:
+    """A clean error, not a traceback, where Flower is not installed."""
+    try:
+        import flwr  # noqa: F401
+    except ImportError:
+        raise click.UsageError("--flower needs Flower on this machine: pip install 'secfed[flower]'") from None
+
+
+def check_reachable(connection: Connection, timeout: float = 5.0) -> None:
+    """Fail early, naming the address, when nothing listens there (flwr's own error is vaguer)."""
+    host, _, port = connection.address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise click.ClickException(
+            f"--flower: the SuperLink at {connection.address} (the connection file's address) cannot be reached: "
+            f"{exc.strerror or exc}. Is the SuperLink running, listening there?") from None
+
+
+def check_flower_config(cfg: RunConfig, connection: Connection, resuming: bool) -> None:
+    from secfed.adapters.flower.server_app import refusals
+    from secfed.config import flag_name
+
+    problems = [f"{flag_name(key)}: {why}" for key, why in refusals(cfg)]
+    if resuming:
+        problems.append("--resume: the sites' state lives on the SuperNodes; a Flower run cannot be resumed")
+    if cfg.secagg.enabled and cfg.secagg.authenticated and connection.cohort is None:
+        problems.append("--flower: authenticated secure aggregation needs `cohort = \"cohort.toml\"` in the "
+                        "connection file (the SuperNodes' identity keys; `secfed flower keys` prints them)")
+    if problems:
+        raise click.UsageError("\n".join(problems))
+
+
+def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, json_output: bool = False,
+                    resuming: bool = False, workdir: Path | None = None) -> dict[str, Any] | None:
+    """Submit the run to the SuperLink and stream its output; the summary when the run directory is here."""
+    require_flower()
+    from secfed.adapters.flower.launch import CONNECTION, FLOWER_ENV, make_bin, toml_value, write_app
+
+    check_flower_config(cfg, connection, resuming)
+    check_reachable(connection)
+    console = human_console(json_output)
+    run_dir = run_dir.resolve()
+    with tempfile.TemporaryDirectory(prefix="secfed-flower-", dir=workdir) as tmp:
+        tmp_path = Path(tmp)
+        make_bin(tmp_path / "bin")
+        home = tmp_path / "flwr-home"
+        home.mkdir()
+        link = [f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]', f'address = "{connection.address}"',
+                f"root-certificates = {toml_value(str(connection.root_certificates))}" if connection.root_certificates
+                else "insecure = true"]
+        (home / "config.toml").write_text("\n".join(link) + "\n")
+        app = write_app(tmp_path / "app", name=APP_NAME, serverapp="secfed.adapters.flower.server_app:app",
+                        clientapp="secfed.adapters.flower.client_app:app", config={
+                            "secfed-config": json.dumps(cfg.to_dict()), "secfed-run-dir": str(run_dir),
+                            "secfed-token": secrets.token_hex(16),
+                            "secfed-cohort": str(connection.cohort) if connection.cohort else "",
+                            "secfed-phase-timeout": connection.phase_timeout,
+                            "secfed-train-timeout": connection.train_timeout,
+                            "secfed-start-timeout": connection.start_timeout})
+        env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(home),
+               "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+        console.print(f"[bold]secfed[/] → Flower SuperLink {connection.address}: run directory {run_dir}")
+        process = subprocess.Popen(["flwr", "run", str(app), CONNECTION, "--stream"], env=env, cwd=tmp_path,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        try:
+            for line in process.stdout:
+                (sys.stderr if json_output else sys.stdout).write(line)
+            process.wait()
+        except KeyboardInterrupt:
+            process.terminate()
+            raise
+    summary_file = run_dir / "summary.json"
+    if process.returncode != 0 or not summary_file.is_file():
+        raise click.ClickException(f"the Flower run did not finish (flwr exit code {process.returncode}); "
+                                   "its output is above")
+    summary = json.loads(summary_file.read_text())
+    from secfed.cli.train import show_summary
+
+    show_summary(console, summary)
+    console.print(f"run directory: {run_dir}")
+    if json_output:
+        emit_json(summary)
+    return summary
+
+
+# ---- secfed flower ------------------------------------------------------------------------------------
+
+
+@click.group("flower")
+def flower_group() -> None:
+    """Run secfed on Flower: a loopback demo, identity keys, TLS certificates.
+
+    `secfed train --flower CONNECTION` trains with the clients on Flower SuperNodes; the README's
+    "Deploy across machines" walks through a deployment.
+    """
+
+
+@flower_group.command("local")
+@click.option("--supernodes", type=click.IntRange(min=2), default=2, show_default=True,
+              help="SuperNodes to start; the run's clients are spread over them (k mod N).")
+@click.option("--insecure", is_flag=True, help="No TLS and no SuperNode authentication (default: both).")
+@click.option("--node-poll", type=click.FloatRange(min=0.01, max=3.0), default=None, metavar="SECONDS",
+              help="Cap the SuperNodes' fixed polls (Flower's: 3 s idle, 0.5 s for replies): faster rounds on "
+                   "loopback for a little idle CPU.")
+@click.option("--config", type=click.Path(dir_okay=False, path_type=Path), help="TOML file; flags override it.")
+@click.option("--json", "json_output", is_flag=True, help="Print one JSON object on stdout; the rest on stderr.")
+@config_options
+@option_panels(["--supernodes", "--insecure", "--node-poll", "--config", "--json", "--help"])
+def local_command(supernodes: int, insecure: bool, node_poll: float | None, **params: Any) -> None:
+    """Train on a SuperLink and SUPERNODES SuperNodes started on 127.0.0.1 for this run.
+
+    Every Flower process is stopped afterwards; each SuperNode keeps its sites' state, identity
+    and sealing key in RUN_DIR/../NAME.flower/node-I (the logs are there too).
+    """
+    require_flower()
+    from secfed.adapters.flower import Cohort
+    from secfed.adapters.flower import node as node_files
+    from secfed.adapters.flower.launch import Loopback
+    from secfed.cli.train import resolve_config
+
+    cfg, run_dir, resuming = resolve_config({**params, "resume": None})
+    work = run_dir.parent.resolve() / f"{run_dir.name}.flower"
+    work.mkdir(parents=True, exist_ok=True)
+    cohort_file, sites, configs = work / "cohort.toml", {}, []
+    for i in range(supernodes):
+        folder = work / f"node-{i}"
+        sites[f"node-{i}"] = node_files.public_identity(node_files.identity_key(folder))
+        configs.append({node_files.STATE_DIR_KEY: str(folder), node_files.COHORT_KEY: str(cohort_file)})
+    cohort_file.write_text(Cohort(sites).dumps())
+    with Loopback(work / "deployment", supernodes=supernodes, node_configs=configs, tls=not insecure,
+                  node_auth=not insecure, node_poll=node_poll) as fed:
+        ca = fed.pki.ca_cert if fed.pki else None
+        connection = Connection(f"127.0.0.1:{fed.port}", ca, cohort_file, phase_timeout=300.0)
+        connection.write(work / "connection.toml")
+        train_on_flower(cfg, run_dir, connection, json_output=params["json_output"], workdir=work)
+
+
+@flower_group.command("keys")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The SuperNode's state folder (its node config secfed-state-dir).")
+@click.option("--name", required=True, help="The site's name in the cohort file.")
+def keys_command(state_dir: Path, name: str) -> None:
+    """Create the node's Ed25519 identity (if it has none) and print its cohort-file line."""
+    require_flower()
+    from secfed.adapters.flower import node as node_files
+
+    key = node_files.identity_key(state_dir.expanduser())
+    click.echo(f'"{name}" = "{node_files.public_identity(key).hex()}"')
+
+
+@flower_group.command("certs")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--host", "hosts", multiple=True, default=("127.0.0.1", "localhost"), show_default=True,
+              help="Host name or IP address the SuperLink is reached at (repeat for several).")
+@click.option("--nodes", type=click.IntRange(min=0), default=0, show_default=True,
+              help="SuperNode authentication key pairs to make.")
+def certs_command(folder: Path, hosts: tuple[str, ...], nodes: int) -> None:
+    """Make a CA, the SuperLink's TLS certificate and SuperNode keys offline, in FOLDER."""
+    require_flower()
+    from secfed.adapters.flower.certs import make_pki
+
+    pki = make_pki(folder, hosts=hosts, nodes=nodes)
+    click.echo(f"CA certificate      {pki.ca_cert}  (give it to every SuperNode and to `secfed train --flower`)")
+    click.echo(f"SuperLink TLS       {pki.server_cert}, {pki.server_key}")
+    for private, public in zip(pki.node_private, pki.node_public):
+        click.echo(f"SuperNode key pair  {private} (stays on the node), {public} (flwr supernode register)")

@@ -1,0 +1,188 @@
+"""The ClientApp of ``secfed train --flower``: a SuperNode's sites train, mask and evaluate.
+
+Messages from secfed's ServerApp (server_app.py), all carrying the run configuration:
+
+    hello      report the sites this node hosts (sites.py) after checking that its data is the
+               data the server's run reads (content fingerprint)
+    train      run the round for the node's sites in the cohort — ClientSide.step on the broadcast,
+               the privacy step, the local-only baselines — and save each site's state. With secure
+               aggregation the uploads' summed parts become ONE ring vector for the node (the
+               secure channel's layout and quantisers, the node's sites added in the ring), kept
+               sealed on this machine until the protocol asks for it; the reply carries only
+               what the in-process run shows the server too: the layout, the unsummed payloads
+               (DFH's statistics), and the training statistics (left out when the run claims an ε).
+               Without secure aggregation the reply carries the uploads (the plain channel).
+    fetch      inside the secure aggregation's masked-input phase (SecAggMod calls the app): the
+               stored ring vector, once, and only for the broadcast it was trained on
+    evaluate   score the jobs of evaluation.py for the node's sites
+
+The node's protocol client is SecAggMod (mod.py); this module never sees a protocol message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from . import node
+from .encoding import RING_RECORD
+from .mod import SecAggMod
+from .wire import array_bytes, bytes_array
+
+# Only the train/evaluate handlers import torch and the federation (sites.py): the protocol's
+# phases, answered by SecAggMod in a fresh process each, start without them.
+
+STEP = "secfed.train"  # ConfigRecord: step, config (JSON), token and the step's fields
+BROADCAST = "secfed.broadcast"  # ArrayRecord: "common" (codec bytes of the Broadcast), "site-K" (personal)
+UPLOADS = "secfed.uploads"  # ArrayRecord: "site-K" → codec bytes of an Upload (its unsummed part under secagg)
+CLIP_WORD = 1  # the ring vector ends with one word: how many coordinates the node's sites clipped
+
+app = ClientApp(mods=[SecAggMod()])
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    step = msg.content.config_records[STEP]
+    handler = {"hello": _hello, "train": _round, "fetch": _fetch}[str(step["step"])]
+    return Message(handler(step, msg.content, context), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    from .evaluation import run_jobs
+    from secfed.federation import codec
+
+    step = msg.content.config_records[STEP]
+    sites = _open(step, context, train=False)
+    jobs = [tuple(j) for j in json.loads(str(step["jobs"])) if j[0] in sites.sites]
+    weights = codec.decode_broadcast(array_bytes(msg.content[BROADCAST]["common"], BROADCAST)).weights
+    scores = run_jobs(sites.fed, jobs, weights)
+    return Message(RecordDict({STEP: ConfigRecord({"step": "evaluate", "scores": json.dumps(
+        [[*job, value] for job, value in scores.items()])})}), reply_to=msg)
+
+
+def _open(step: ConfigRecord, context: Context, *, train: bool) -> Any:
+    from secfed.config import from_dict
+
+    from .sites import NodeSites
+
+    cfg = from_dict(json.loads(str(step["config"])))
+    if cfg.run.threads is not None:
+        import torch
+
+        torch.set_num_threads(cfg.run.threads)
+    return NodeSites.open(cfg, context.node_config, str(step["token"]), train=train)
+
+
+def _hello(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
+    from .sites import DATA_ROOT_KEY
+
+    sites = _open(step, context, train=False)
+    fingerprint = sites.fed.data_info["fingerprint"]
+    if fingerprint != step["fingerprint"]:
+        raise node.NodeSetupError("this node's data is not the data the server's run reads (content fingerprints "
+                                  f"differ); point the node config {DATA_ROOT_KEY} at the run's data")
+    return RecordDict({STEP: ConfigRecord({"step": "hello", "sites": sites.sites})})
+
+
+def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
+    from secfed.algorithms.base import TrainingDiverged
+    from secfed.federation import codec
+    from secfed.federation.channel import only_shared
+    from secfed.federation.runtime import private_logs, schedule_for
+    from secfed.seeding import derive_seed, numpy_rng
+
+    sites = _open(step, context, train=True)
+    fed, cfg = sites.fed, sites.fed.config
+    t = int(step["round"])
+    cohort = [k for k in sites.sites if k in set(step["cohort"])]
+    schedule = schedule_for(cfg, t)
+    broadcasts = content[BROADCAST]
+    common = array_bytes(broadcasts["common"], BROADCAST)
+    uploads, stats, baseline = [], {}, {}
+    where = ""
+    try:
+        for k in cohort:
+            client = fed.clients[k]
+            where = client.site.name
+            personal = broadcasts.get(f"site-{k}")
+            data = array_bytes(personal, BROADCAST) if personal is not None else common
+            upload, trained = client.step(codec.decode_broadcast(data), schedule, derive_seed(cfg.seed, "train", t, k))
+            uploads.append(upload)
+            if trained is not None:
+                stats[client.site.name] = {"loss": trained.loss, "accuracy": trained.accuracy,
+                                           "examples": trained.examples}
+        for k in sites.sites:  # the local-only baselines train every round, like in-process
+            if k in fed.baselines:
+                alone = fed.baselines[k]
+                where = f"{alone.name} (local-only baseline)"
+                got = fed.method.local_train(alone, schedule, derive_seed(cfg.seed, "train", t, k), fed.baseline_dp.get(k))
+                baseline[alone.name] = {"loss": got.loss, "accuracy": got.accuracy}
+    except TrainingDiverged as exc:  # the server stops the run, as in-process
+        return RecordDict({STEP: ConfigRecord({"step": "train", "diverged": json.dumps([where, str(exc)])})})
+    for k in sites.sites:
+        sites.save(k)
+    if private_logs(fed):  # a run that claims an ε logs no per-client figures: they do not leave the node
+        stats = {}
+    accountants = {k: {"fed": fed.clients[k].dp_sgd.accountant.state_dict() if fed.clients[k].dp_sgd else None,
+                       "local": fed.baseline_dp[k].accountant.state_dict() if k in fed.baseline_dp else None}
+                   for k in sites.sites}
+    reply: dict[str, Any] = {"step": "train", "sites": cohort, "stats": json.dumps(stats),
+                             "baseline": json.dumps(baseline), "accountants": json.dumps(accountants)}
+    out = ArrayRecord()
+    if cfg.secagg.enabled and uploads:
+        channel = fed.channel
+        segments = channel._segments(uploads[0])  # the in-process secure channel's layout and quantisers
+        rng = numpy_rng(cfg.seed, "secagg/rounding", t, cohort[0])
+        total = np.zeros(sum(s.length for s in segments) + CLIP_WORD, dtype=np.uint32)
+        for upload in uploads:
+            vector, clipped = channel._ring_vector(upload, segments, rng)
+            total[:-CLIP_WORD] += vector  # wraps mod 2^32: the ring sum of this node's sites
+            total[-1] += np.uint32(clipped)
+        digest = hashlib.sha256(common).digest()
+        _store(context, t, digest + total.tobytes())
+        reply["shape"] = json.dumps([[name, s.vector.numel(), s.encoding, s.bound]
+                                     for name, s in sorted(uploads[0].summed.items())])
+        for upload in uploads:
+            if upload.shared:
+                out[f"site-{upload.client_id}"] = bytes_array(codec.encode_upload(only_shared(upload)))
+    else:
+        for upload in uploads:
+            out[f"site-{upload.client_id}"] = bytes_array(codec.encode_upload(upload))
+    return RecordDict({STEP: ConfigRecord(reply), UPLOADS: out})
+
+
+# ---- the node's masked input, kept sealed between the train message and the protocol ----------------
+
+
+def _pending(context: Context, round_index: int) -> tuple[bytes, Any, dict]:
+    folder = node.state_dir(context.node_config)
+    ids = dict(run_id=context.run_id, node_id=context.node_id, purpose=f"secfed-ring/{round_index}")
+    return node.sealing_key(folder), folder / "pending" / f"run-{context.run_id}-round-{round_index:04d}.ring", ids
+
+
+def _store(context: Context, round_index: int, data: bytes) -> None:
+    from secfed import atomic_file
+
+    key, path, ids = _pending(context, round_index)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    atomic_file.write_bytes(path, node.seal_state(key, data, **ids))
+
+
+def _fetch(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
+    key, path, ids = _pending(context, int(step["round"]))
+    try:
+        data = node.open_state(key, path.read_bytes(), **ids)
+    except FileNotFoundError:
+        raise node.NodeSetupError(f"no masked input waits for round {step['round']} (trained elsewhere, or "
+                                  "already masked once)") from None
+    path.unlink()  # one masked input per training, whatever the server asks later
+    if data[:32].hex() != step["broadcast"]:
+        raise node.NodeSetupError("the secure aggregation names another broadcast than the one this node trained on")
+    return RecordDict({RING_RECORD: ArrayRecord({"vector": Array(np.frombuffer(data[32:], dtype=np.uint32))})})
+

@@ -1,0 +1,271 @@
+"""A Flower Deployment Engine on this machine: one SuperLink, N SuperNodes, ``flwr run`` — each a
+process of its own on 127.0.0.1, for ``secfed flower local``, the loopback tests and the bench.
+
+Every process gets telemetry and update checks off (``FLWR_TELEMETRY_ENABLED=0``,
+``FLWR_DISABLE_UPDATE_CHECK=1``) and ``FLWR_HOME`` inside the work folder. SuperLink and
+SuperNodes start their own helpers (``flower-superexec``, ``flwr-clientapp``, ``flwr-serverapp``)
+by name from ``PATH``; the work folder's ``bin/`` holds those commands bound to this
+interpreter, so every Flower process runs the secfed that started them. Each process leads its
+own process group: :meth:`Loopback.kill` and :meth:`Loopback.close` stop a SuperNode or the whole
+deployment with everything it spawned, and nothing outlives the ``with`` block.
+
+With ``tls=True`` the SuperLink serves TLS with a certificate from a CA made offline (certs.py);
+with ``node_auth=True`` as well (the default of ``secfed flower local``) it accepts only
+registered SuperNodes: each node has a P-384 key, registered with ``flwr supernode register``
+before it starts. (A registered node that dies can come back only once the SuperLink has
+retired it, after its heartbeat expired.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from . import certs
+
+FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+CONNECTION = "loopback"
+DEFAULT_TASK_POLL = "0.1"  # SuperExec's task poll (Flower's default 1 s); see bench/RESULTS.md
+
+
+class LaunchError(RuntimeError):
+    """A Flower process did not start or a run failed; the message names its log file."""
+
+
+def toml_value(value: object) -> str:
+    """A TOML literal for a run-config value (JSON's string escapes are TOML's)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise TypeError(f"run config values are bool, int, float or str; got {type(value).__name__}")
+
+
+def write_app(folder: Path, *, name: str, serverapp: str, clientapp: str, config: Mapping[str, object],
+              files: Mapping[str, str] = {}) -> Path:
+    """A Flower app folder (what ``flwr run`` bundles): pyproject.toml naming the two components,
+    the run config with its defaults, and ``files`` (modules shipped with the app)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",
+        "[project]", f'name = "{name}"', 'version = "1.0.0"', 'description = "secfed on Flower"',
+        'license = "Apache-2.0"', "dependencies = []", "",
+        "[tool.flwr.app]", 'publisher = "secfed"', "",
+        "[tool.flwr.app.components]", f'serverapp = "{serverapp}"', f'clientapp = "{clientapp}"', "",
+        "[tool.flwr.app.config]", *(f'"{k}" = {toml_value(v)}' for k, v in config.items()),
+    ]
+    (folder / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    for relative, text in files.items():
+        (folder / relative).write_text(text)
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise LaunchError(f"process exited with code {process.returncode}; see {log}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise LaunchError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s; see {log}")
+
+
+@dataclass
+class _Proc:
+    name: str
+    process: subprocess.Popen
+    log: Path
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+class Loopback:
+    """A SuperLink and ``supernodes`` SuperNodes on 127.0.0.1 (see the module docstring).
+
+    ``node_configs[i]``: node config of SuperNode i (``partition-id``/``num-partitions`` are added).
+    ``tls``/``node_auth``: see the module docstring.
+    ``env``: extra environment for every Flower process. ``node_poll``: cap Flower's fixed
+    SuperNode polls (3 s idle, 0.5 s for replies) at this many seconds (loopback tests, bench).
+    """
+
+    def __init__(self, workdir: Path, *, supernodes: int, node_configs: Sequence[Mapping[str, object]] = (),
+                 tls: bool = False, node_auth: bool = False, env: Mapping[str, str] | None = None,
+                 start_timeout: float = 60.0, node_poll: float | None = None) -> None:
+        if node_auth and not tls:
+            raise ValueError("SuperNode authentication needs TLS (Flower refuses it on an insecure channel)")
+        self.workdir = Path(workdir).resolve()
+        self.n, self.tls, self.node_auth = supernodes, tls, node_auth
+        self.start_timeout, self.node_poll = start_timeout, node_poll
+        self.node_configs = [dict(node_configs[i]) if i < len(node_configs) else {} for i in range(supernodes)]
+        self.bin = self.workdir / "bin"
+        self.logs = self.workdir / "logs"
+        self.home = self.workdir / "flwr-home"
+        self.env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.home),
+                    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": DEFAULT_TASK_POLL,
+                    "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
+        self.port = 0
+        self.superlink: _Proc | None = None
+        self.nodes: list[_Proc | None] = [None] * supernodes
+        self.pki: certs.Pki | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Loopback:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        for folder in (self.bin, self.logs, self.home):
+            folder.mkdir(parents=True, exist_ok=True)
+        make_bin(self.bin, node_poll=self.node_poll)
+        self.port = free_port()
+        if self.tls:
+            self.pki = certs.make_pki(self.workdir / "pki", nodes=self.n)
+        self._write_connection()
+        cmd = ["flower-superlink", "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+               "--port", str(self.port)]
+        if self.tls:
+            cmd += ["--ssl-certfile", str(self.pki.server_cert), "--ssl-keyfile", str(self.pki.server_key),
+                    "--ssl-ca-certfile", str(self.pki.ca_cert)]
+            cmd += ["--enable-supernode-auth"] if self.node_auth else []
+        else:
+            cmd += ["--insecure"]
+        self.superlink = self._spawn("superlink", cmd)
+        _wait_for_port(self.port, self.superlink.process, self.superlink.log, self.start_timeout)
+        for i in range(self.n):
+            if self.node_auth:
+                self.flwr("supernode", "register", str(self.pki.node_public[i]), CONNECTION)
+            self.start_node(i)
+
+    def start_node(self, i: int) -> None:
+        """Start (or restart) SuperNode ``i``."""
+        config = {"partition-id": i, "num-partitions": self.n, **self.node_configs[i]}
+        cmd = ["flower-supernode", "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
+               "--node-config", " ".join(f"{k}={toml_value(v)}" for k, v in config.items())]
+        if self.tls:
+            cmd += ["--root-certificates", str(self.pki.ca_cert)]
+            cmd += ["--auth-supernode-private-key", str(self.pki.node_private[i])] if self.node_auth else []
+        else:
+            cmd += ["--insecure"]
+        self.nodes[i] = self._spawn(f"supernode-{i}", cmd)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL SuperNode ``i`` and every process it started (a machine that vanishes)."""
+        proc = self.nodes[i]
+        if proc is not None and proc.process.poll() is None:
+            os.killpg(proc.process.pid, signal.SIGKILL)
+            proc.process.wait(10)
+
+    def close(self) -> None:
+        for proc in [*self.nodes, self.superlink]:
+            if proc is not None:
+                proc.stop()
+
+    # ---- runs ---------------------------------------------------------------------------------------
+
+    def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        """Run the ``flwr`` CLI against this deployment; LaunchError if it fails."""
+        out = subprocess.run(["flwr", *args], env=self.env, cwd=self.workdir, capture_output=True, text=True,
+                             timeout=timeout)
+        if out.returncode != 0:
+            raise LaunchError(f"flwr {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+        return out
+
+    def run(self, app: Path, *, timeout: float = 600.0, stream_to: Path | None = None) -> subprocess.Popen:
+        """Submit ``app`` and stream its logs (to ``stream_to``); returns the ``flwr run`` process."""
+        log = open(stream_to or self.logs / "flwr-run.log", "w")  # noqa: SIM115 - owned by the process
+        return subprocess.Popen(["flwr", "run", str(app), CONNECTION, "--stream"], env=self.env, cwd=self.workdir,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    # ---- helpers -------------------------------------------------------------------------------------
+
+    def _spawn(self, name: str, cmd: list[str]) -> _Proc:
+        log = self.logs / f"{name}.log"
+        handle = open(log, "a")  # noqa: SIM115 - the child holds it
+        process = subprocess.Popen(cmd, env=self.env, cwd=self.workdir, stdout=handle, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        handle.close()
+        return _Proc(name, process, log)
+
+    def _write_connection(self) -> None:
+        lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]",
+                 f'address = "127.0.0.1:{self.port}"']
+        if self.tls:
+            lines.append(f"root-certificates = {toml_value(str(self.pki.ca_cert))}")
+        else:
+            lines.append("insecure = true")
+        (self.home / "config.toml").write_text("\n".join(lines) + "\n")
+
+
+# Flower 1.42's SuperNode sleeps a fixed 3 s whenever the SuperLink has no message for it, and
+# 0.5 s between checks for its ClientApp's reply; no setting changes either. On loopback the
+# tests and bench can shorten both (``node_poll``): the SuperNode then uses this clock.
+_FAST_NODE = """
+import time as _time
+import flwr.supernode.start_client_internal as _node
+
+
+class _Clock:
+    def __getattr__(self, name):
+        return getattr(_time, name)
+
+    @staticmethod
+    def sleep(seconds):
+        _time.sleep(min(seconds, {poll}))
+
+
+if getattr(_node, "time", None) is _time:
+    _node.time = _Clock()
+"""
+
+
+def make_bin(folder: Path, *, node_poll: float | None = None) -> None:
+    """Flower's commands as scripts run by this interpreter (so they import this secfed);
+    ``node_poll`` caps the SuperNode's idle and reply polls (seconds)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for ep in entry_points(group="console_scripts"):
+        if ep.dist is None or ep.dist.name != "flwr":
+            continue
+        module, _, attr = ep.value.partition(":")
+        patch = _FAST_NODE.format(poll=float(node_poll)) if node_poll and ep.name == "flower-supernode" else ""
+        script = folder / ep.name
+        script.write_text(f"#!{sys.executable}\nimport sys\n{patch}\nfrom {module} import {attr}\nsys.exit({attr}())\n")
+        script.chmod(0o755)

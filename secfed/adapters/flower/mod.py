@@ -1,0 +1,270 @@
+"""The client side: secfed's secure aggregation as a Flower ClientApp mod.
+
+    app = ClientApp(mods=[SecAggMod()])
+
+The mod answers the train messages that carry secfed's control record (everything else goes to
+the app untouched) and runs one :class:`~secfed.protocols.SecAggClient` across them:
+
+    enrol              prove the node's Ed25519 identity (authenticated mode)
+    advertise_keys     check the session against this node's policy, create keys → AdvertiseKeys
+    graph_seed, share_keys, consistency_check, unmask      the protocol's next step
+    masked_input       open the neighbours' shares, check the model is the one announced, run the
+                       wrapped app on the message (secfed's records removed), encode its reply
+                       (encoding.py) and mask it → MaskedInput. The reply's values never leave.
+
+A ClientApp is a fresh process for every message, so between messages the client lives in
+``context.state`` as :meth:`SecAggClient.export_state` bytes, sealed with AES-256-GCM under the
+node's own key (node.py: ``STATE_DIR/node.key``, on the SuperNode's machine only) and bound to
+the run and node. A refusal (any protocol error, a reply that cannot be encoded) is answered with
+an error reply; the client is then aborted for the round and reveals nothing more.
+
+Node policy (node config, or the constructor): ``secfed-cohort`` — in authenticated mode every
+identity key of the session must belong to this cohort file, so the server cannot bring in
+identities of its own; unauthenticated sessions are refused unless
+``secfed-allow-unauthenticated`` is true; sessions smaller than ``secfed-min-clients`` (default 2)
+are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.constant import ErrorCode
+
+from secfed.protocols import (
+    BelowThreshold,
+    ClientState,
+    MalformedMessage,
+    ModelMismatch,
+    ProtocolError,
+    SecAggClient,
+    SessionConfig,
+    UnknownClient,
+    decode,
+    encode,
+)
+from secfed.protocols.crypto import sign, transcript
+from secfed.protocols.secagg.client import NO_MODEL_HASH
+
+from . import node
+from .encoding import Encoding, ReplyRefused
+from .wire import CONTROL, content_digest, control, decode_session, get_message, put_message, typed, without_ours
+
+STATE_RECORD = "secfed.secagg.state"  # in context.state: {"sealed": bytes}
+ALLOW_UNAUTHENTICATED_KEY = "secfed-allow-unauthenticated"
+MIN_CLIENTS_KEY = "secfed-min-clients"
+ENROL, ADVERTISE, MASKED_INPUT = "enrol", "advertise_keys", "masked_input"
+_STATE_MAGIC, _STATE_VERSION = b"SFMS", 1
+_NONCE_BYTES = 16
+
+
+class SessionRefused(ProtocolError):
+    """The session breaks this node's policy (an identity it does not trust, unauthenticated, too
+    small), or a masked input was asked for twice: the node takes no part."""
+
+
+def enrol_payload(run_id: int, node_id: int, nonce: bytes) -> bytes:
+    """What a node signs to prove it holds the identity it enrols with."""
+    return transcript("flower-enrol", run_id, node_id, nonce)
+
+
+class SecAggMod:
+    """Flower mod running secfed's secure-aggregation client (see the module docstring).
+
+    Arguments override the node config; leave them out on a SuperNode and set the node config:
+    ``secfed-state-dir``, ``secfed-cohort``, ``secfed-allow-unauthenticated``, ``secfed-min-clients``.
+    """
+
+    def __init__(self, *, state_dir: str | Path | None = None, cohort: node.Cohort | str | Path | None = None,
+                 allow_unauthenticated: bool | None = None, min_clients: int | None = None) -> None:
+        self.state_dir, self.cohort = state_dir, cohort
+        self.allow_unauthenticated, self.min_clients = allow_unauthenticated, min_clients
+
+    def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        ctl = control(msg.content) if msg.metadata.message_type == MessageType.TRAIN else None
+        if ctl is None:
+            return call_next(msg, context)
+        run = _NodeRun(self, context)
+        try:
+            stage = typed(ctl, "stage", str)
+            if stage == ENROL:
+                return run.enrol(msg, ctl)
+            if stage == ADVERTISE:
+                return run.advertise(msg, ctl)
+            return run.step(msg, stage, call_next)
+        except (ProtocolError, ReplyRefused, node.NodeSetupError) as exc:
+            run.abort()
+            return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION,
+                                 f"secfed secure aggregation refused: {type(exc).__name__}: {exc}"), reply_to=msg)
+
+    # ---- node policy -------------------------------------------------------------------------------
+
+    def _setting(self, context: Context, own: object, key: str, default: object) -> object:
+        return own if own is not None else context.node_config.get(key, default)
+
+    def check_session(self, context: Context, config: SessionConfig) -> None:
+        minimum = int(self._setting(context, self.min_clients, MIN_CLIENTS_KEY, 2))  # type: ignore[arg-type]
+        if config.n_clients < minimum:
+            raise SessionRefused(f"session of {config.n_clients} clients; this node needs at least {minimum}")
+        if not config.authenticated:
+            allowed = self._setting(context, self.allow_unauthenticated, ALLOW_UNAUTHENTICATED_KEY, False)
+            if str(allowed).lower() not in ("true", "1", "yes"):
+                raise SessionRefused(f"unauthenticated session refused (set {ALLOW_UNAUTHENTICATED_KEY}=true to allow "
+                                     "a server trusted to follow the protocol)")
+            return
+        cohort = self.trusted(context)
+        strangers = [i for i, key in enumerate(config.identity_keys) if key not in cohort]
+        if strangers:
+            raise SessionRefused(f"session lists identity keys this node does not trust (clients {strangers})")
+
+    def trusted(self, context: Context) -> node.Cohort:
+        cohort = self.cohort if self.cohort is not None else context.node_config.get(node.COHORT_KEY)
+        if cohort is None:
+            raise node.NodeSetupError(f"authenticated secure aggregation needs the node config {node.COHORT_KEY} "
+                                      "(the cohort file of trusted identity keys)")
+        return cohort if isinstance(cohort, node.Cohort) else node.Cohort.load(cohort)
+
+    def folder(self, context: Context) -> Path:
+        if self.state_dir is not None:
+            return node.state_dir({node.STATE_DIR_KEY: str(self.state_dir)})
+        return node.state_dir(context.node_config)
+
+
+class _NodeRun:
+    """One message's work: the sealed client state of this (run, node), loaded and saved."""
+
+    def __init__(self, mod: SecAggMod, context: Context) -> None:
+        self.mod, self.context = mod, context
+        self.ids = dict(run_id=context.run_id, node_id=context.node_id)
+        self.client: SecAggClient | None = None
+        self.session = b""
+        self.encoding: Encoding | None = None
+
+    @property
+    def folder(self) -> Path:
+        return self.mod.folder(self.context)
+
+    def enrol(self, msg: Message, ctl: ConfigRecord) -> Message:
+        nonce = typed(ctl, "nonce", bytes)
+        if len(nonce) != _NONCE_BYTES:
+            raise MalformedMessage(f"{CONTROL}: enrolment nonce must be {_NONCE_BYTES} bytes")
+        identity = node.identity_key(self.folder)
+        proof = sign(identity, enrol_payload(self.context.run_id, self.context.node_id, nonce))
+        return _reply(msg, ConfigRecord({"stage": ENROL, "identity": node.public_identity(identity), "proof": proof}))
+
+    def advertise(self, msg: Message, ctl: ConfigRecord) -> Message:
+        config = decode_session(typed(ctl, "session", bytes))
+        index = typed(ctl, "index", int)
+        if not 0 <= index < config.n_clients:
+            raise UnknownClient(f"{CONTROL}: index {index} is outside the session's {config.n_clients} clients")
+        self.mod.check_session(self.context, config)
+        used = self.context.state.config_records.get(STATE_RECORD, ConfigRecord()).get("sessions", [])
+        if config.session_id in used:
+            raise SessionRefused("this node already took part in this session")
+        model_hash = ctl.get("model-hash", NO_MODEL_HASH)
+        if not isinstance(model_hash, bytes) or len(model_hash) != 32:
+            raise MalformedMessage(f"{CONTROL}: model-hash must be 32 bytes")
+        identity = node.identity_key(self.folder) if config.authenticated else None
+        if identity is not None and node.public_identity(identity) != config.identity_keys[index]:
+            raise SessionRefused(f"index {index} carries another node's identity key")
+        self.client = SecAggClient(config, index, model_hash=model_hash, identity_key=identity)
+        self.session, self.encoding = typed(ctl, "session", bytes), Encoding.read(ctl)
+        if self.encoding.dimension != config.dimension:
+            raise MalformedMessage(f"encoding needs {self.encoding.dimension} ring words; session has {config.dimension}")
+        out = self.client.advertise_keys()
+        self.save(extra_session=config.session_id)
+        return _reply(msg, ConfigRecord({"stage": ADVERTISE}), encode(out))
+
+    def step(self, msg: Message, stage: str, call_next: ClientAppCallable) -> Message:
+        self.load()
+        message = decode(get_message(msg.content))
+        if stage != MASKED_INPUT:
+            out = self.client.handle(message)
+            self.save()
+            return _reply(msg, ConfigRecord({"stage": stage}), encode(out))
+        client, config = self.client, self.client.config
+        client.receive_shares(message)
+        self.save()  # the shares are held now, whatever the app does next
+        if client.model_hash != NO_MODEL_HASH and content_digest(msg.content) != client.model_hash:
+            raise ModelMismatch("the model to train on is not the one announced when keys were advertised")
+        msg.content = without_ours(msg.content)
+        reply = call_next(msg, self.context)
+        if reply.has_error():
+            raise ReplyRefused(f"the app failed: {reply.error.reason}")
+        vector, clear = self.encoding.encode(reply.content, config.n_clients, np.random.default_rng())
+        out = client.mask(vector)
+        self.save()
+        return _reply(msg, ConfigRecord({"stage": stage}), encode(out), clear)
+
+    def abort(self) -> None:
+        """Keep a refusal: the sealed state is dropped, so the secrets are gone and every later
+        message of the round is refused (there is nothing to answer it with)."""
+        self.client = None
+        self.save()
+
+    # ---- the sealed state ------------------------------------------------------------------------
+
+    def load(self) -> None:
+        record = self.context.state.config_records.get(STATE_RECORD)
+        sealed = record.get("sealed") if record is not None else None
+        if not isinstance(sealed, bytes):
+            raise BelowThreshold("this node holds no secure-aggregation state for the round (it did not advertise keys)")
+        plain = node.open_state(node.sealing_key(self.folder), sealed, purpose="secagg-client", **self.ids)
+        self.session, state, encoding = _unframe(plain)
+        config = decode_session(self.session)
+        identity = node.identity_key(self.folder) if config.authenticated else None
+        self.client = SecAggClient.from_state(config, state, identity_key=identity)
+        self.encoding = Encoding(**_from_json(encoding))
+
+    def save(self, extra_session: bytes | None = None) -> None:
+        """Seal the client into context.state (nothing once it is finished or aborted)."""
+        old = self.context.state.config_records.get(STATE_RECORD, ConfigRecord())
+        record = ConfigRecord({"sessions": list(old.get("sessions", [])) + ([extra_session] if extra_session else [])})
+        if self.client is not None and self.client.state not in (ClientState.DONE, ClientState.ABORTED):
+            plain = _frame(self.session, self.client.export_state(), json.dumps(asdict(self.encoding)).encode())
+            record["sealed"] = node.seal_state(node.sealing_key(self.folder), plain, purpose="secagg-client", **self.ids)
+        self.context.state.config_records[STATE_RECORD] = record
+
+
+def _reply(msg: Message, ctl: ConfigRecord, message: bytes | None = None, clear: RecordDict | None = None) -> Message:
+    content = RecordDict(dict(clear.items())) if clear is not None else RecordDict()
+    content[CONTROL] = ctl
+    if message is not None:
+        put_message(content, message)
+    return Message(content, reply_to=msg)
+
+
+def _frame(*parts: bytes) -> bytes:
+    return _STATE_MAGIC + bytes([_STATE_VERSION]) + b"".join(struct.pack("<I", len(p)) + p for p in parts)
+
+
+def _unframe(data: bytes) -> tuple[bytes, bytes, bytes]:
+    if data[:4] != _STATE_MAGIC or data[4:5] != bytes([_STATE_VERSION]):
+        raise MalformedMessage("sealed node state: unknown layout")
+    parts, at = [], 5
+    for _ in range(3):
+        if at + 4 > len(data):
+            raise MalformedMessage("sealed node state: truncated")
+        (n,) = struct.unpack_from("<I", data, at)
+        if at + 4 + n > len(data):
+            raise MalformedMessage("sealed node state: truncated")
+        parts.append(data[at + 4 : at + 4 + n])
+        at += 4 + n
+    if at != len(data):
+        raise MalformedMessage("sealed node state: trailing bytes")
+    return parts[0], parts[1], parts[2]
+
+
+def _from_json(data: bytes) -> Mapping[str, object]:
+    raw = json.loads(data)
+    raw["metrics"] = tuple(raw["metrics"])
+    raw["layout"] = tuple((k, tuple(s), d) for k, s, d in raw["layout"])
+    return raw
+

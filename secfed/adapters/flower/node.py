@@ -1,0 +1,179 @@
+"""What a SuperNode's machine keeps for itself: its sealing key, its identity, the cohort it trusts.
+
+    STATE_DIR/              node config ``secfed-state-dir`` (default: $XDG_STATE_HOME/secfed/flower)
+        node.key            32 random bytes from the OS, created on first use (0600, folder 0700).
+                            AES-256-GCM key that seals the protocol state a ClientApp leaves in Flower's
+                            ``context.state`` between messages. It is read only by processes on this
+                            machine and is never put into a message or into ``context.state``.
+        identity.pem        the node's Ed25519 identity (PKCS#8 PEM, 0600) for authenticated secure
+                            aggregation; its public half goes into the deployment's cohort file
+                            (``secfed flower keys`` prints it)
+        sites/              ``secfed train --flower``: one private folder per site (see sites.py)
+
+    cohort file             node config ``secfed-cohort``: the identity keys the node trusts (TOML,
+                            below). The server uses the same file to accept nodes.
+
+Both keys are created with write-to-a-temporary-file-then-link, so two processes racing on a
+fresh folder end up with the same key and a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from secfed.protocols.crypto import open_sealed, seal, transcript
+
+STATE_DIR_KEY = "secfed-state-dir"
+COHORT_KEY = "secfed-cohort"
+NODE_KEY_FILE = "node.key"
+IDENTITY_FILE = "identity.pem"
+SEALING_KEY_BYTES = 32
+
+
+class NodeSetupError(ValueError):
+    """A node's state folder, key or cohort file is missing or unusable; names the path."""
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "secfed" / "flower"
+
+
+def state_dir(node_config: Mapping[str, object]) -> Path:
+    """The node's state folder from its node config (``secfed-state-dir``), created 0700."""
+    raw = node_config.get(STATE_DIR_KEY)
+    path = Path(str(raw)).expanduser() if raw else default_state_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise NodeSetupError(f"{STATE_DIR_KEY}={path}: cannot create the node's state folder ({exc})") from None
+    return path
+
+
+def _create_once(path: Path, make: bytes) -> bytes:
+    """``path``'s bytes; when it does not exist, ``make`` is written there first (0600, atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(make)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(tmp, path)  # fails if another process created it meanwhile: theirs wins
+        except FileExistsError:
+            pass
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise NodeSetupError(f"{path}: cannot read ({exc})") from None
+
+
+def sealing_key(folder: Path) -> bytes:
+    key = _create_once(folder / NODE_KEY_FILE, os.urandom(SEALING_KEY_BYTES))
+    if len(key) != SEALING_KEY_BYTES:
+        raise NodeSetupError(f"{folder / NODE_KEY_FILE}: {len(key)} bytes, expected {SEALING_KEY_BYTES}")
+    return key
+
+
+def identity_key(folder: Path) -> Ed25519PrivateKey:
+    """The node's Ed25519 identity, created on first use."""
+    fresh = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    pem = _create_once(folder / IDENTITY_FILE, fresh)
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise NodeSetupError(f"{folder / IDENTITY_FILE}: not an unencrypted PEM private key ({exc})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise NodeSetupError(f"{folder / IDENTITY_FILE}: not an Ed25519 key")
+    return key
+
+
+def public_identity(key: Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes_raw()
+
+
+# ---- sealing what the node leaves in context.state ---------------------------------------------------
+
+
+def _binding(purpose: str, run_id: int, node_id: int) -> bytes:
+    return transcript(f"flower-node-state/{purpose}", run_id, node_id)
+
+
+def seal_state(key: bytes, plaintext: bytes, *, purpose: str, run_id: int, node_id: int) -> bytes:
+    """AES-256-GCM under the node key, bound to (purpose, run, node): a sealed state from another
+    run or node does not open here."""
+    return seal(key, plaintext, _binding(purpose, run_id, node_id))
+
+
+def open_state(key: bytes, sealed: bytes, *, purpose: str, run_id: int, node_id: int) -> bytes:
+    """Inverse of :func:`seal_state`; DecryptionFailed for anything else."""
+    return open_sealed(key, sealed, _binding(purpose, run_id, node_id))
+
+
+# ---- the cohort the deployment trusts ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """The sites a deployment trusts: name → Ed25519 public identity key (32 bytes).
+
+    On disk (TOML), one line per site, the key in hex as ``secfed flower keys`` prints it::
+
+        [sites]
+        campus = "9f1c…"
+    """
+
+    sites: Mapping[str, bytes]
+
+    def __post_init__(self) -> None:
+        keys = list(self.sites.values())
+        if len(set(keys)) != len(keys):
+            raise NodeSetupError("cohort lists one identity key under two names")
+        for name, key in self.sites.items():
+            if len(key) != 32:
+                raise NodeSetupError(f"cohort site {name!r}: identity key must be 32 bytes, got {len(key)}")
+
+    def name_of(self, key: bytes) -> str | None:
+        return next((name for name, k in self.sites.items() if k == key), None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.sites.values()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Cohort:
+        from secfed.config import tomllib
+
+        path = Path(path).expanduser()
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise NodeSetupError(f"{path}: cannot read the cohort file ({exc})") from None
+        table = raw.get("sites")
+        if not isinstance(table, dict) or not table:
+            raise NodeSetupError(f"{path}: needs a [sites] table with one `name = \"hex key\"` line per site")
+        sites = {}
+        for name, value in table.items():
+            try:
+                sites[name] = bytes.fromhex(value)
+            except (TypeError, ValueError):
+                raise NodeSetupError(f"{path}: sites.{name} must be a hex string") from None
+        try:
+            return cls(sites)
+        except NodeSetupError as exc:
+            raise NodeSetupError(f"{path}: {exc}") from None
+
+    def dumps(self) -> str:
+        lines = ["# secfed cohort: the sites this deployment trusts and their Ed25519 identity keys", "[sites]"]
+        lines += [f'"{name}" = "{key.hex()}"' for name, key in self.sites.items()]
+        return "\n".join(lines) + "\n"

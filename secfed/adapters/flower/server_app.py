@@ -1,0 +1,341 @@
+"""The ServerApp of ``secfed train --flower``: secfed's round loop with the clients on SuperNodes.
+
+It is :func:`secfed.federation.runtime.run` with the client steps and the channel replaced by
+Flower messages, and writes the same run directory (config.json, data.json, metrics.jsonl with
+the same keys, checkpoints/, summary.json, history.png) on the machine that runs the ServerApp
+(the SuperLink's). Per round:
+
+    cohort, broadcast                       ServerSide, as in-process
+    train      → nodes hosting the cohort   client steps, privacy step, baselines (client_app.py)
+    secure aggregation of the nodes'        SecAggWorkflow, bound to the broadcast the nodes
+    ring vectors (one per node)             trained on; the protocol asks each node for its vector
+    decode, apply, account                  the secure channel's decoding, ServerSide.apply
+    evaluate   → nodes hosting the sites    evaluation.py; raw-pixel scores here
+    record, checkpoint, one metrics line
+
+What differs from an in-process run: each node adds its sites' quantised vectors before masking,
+so the server learns sums over nodes (a node hosting one site: over sites, as in-process);
+stochastic rounding draws per node, so sums match an in-process run's to the quantiser's
+resolution, not bit for bit; dropouts are real (``secagg.dropout_rate`` is refused) and a round
+whose protocol aborts releases nothing (in-process, the round is retried among the survivors);
+the checkpoint holds the server's state — the sites' own state stays in their folders on the
+SuperNodes, so ``--resume`` is refused and ``secfed evaluate`` scores a site's local parts as
+they were at the start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from secfed import atomic_file
+from secfed.config import ConfigError, ConfigIssue, RunConfig, from_dict
+from secfed.evaluation.plots import plot_history
+from secfed.federation import checkpoint as ckpt
+from secfed.federation import codec
+from secfed.federation.builder import Federation, build
+from secfed.federation.messages import Aggregate, Summand, Upload
+from secfed.federation.runtime import (
+    RunDiverged,
+    _eval_due,
+    dp_record,
+    private_logs,
+    run_title,
+    schedule_for,
+    snapshot,
+    summarize,
+)
+from secfed.protocols import ProtocolError
+
+from . import evaluation
+from .client_app import BROADCAST, CLIP_WORD, STEP, UPLOADS
+from .encoding import RING, Encoding
+from .node import Cohort
+from .wire import array_bytes, bytes_array
+from .workflow import SecAggWorkflow, exchange
+
+log = logging.getLogger("secfed.flower")
+app = ServerApp()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``secfed train --flower`` tells its ServerApp (Flower run config ``secfed-*``)."""
+
+    config: RunConfig
+    run_dir: Path
+    token: str
+    cohort: Path | None
+    start_timeout: float = 300.0
+    train_timeout: float = 3600.0
+    phase_timeout: float = 120.0
+    poll: float = 0.2
+
+    @classmethod
+    def from_run_config(cls, rc: Mapping[str, Any]) -> Settings:
+        cohort = str(rc.get("secfed-cohort", ""))
+        return cls(from_dict(json.loads(str(rc["secfed-config"]))), Path(str(rc["secfed-run-dir"])),
+                   str(rc["secfed-token"]), Path(cohort) if cohort else None,
+                   float(rc.get("secfed-start-timeout", 300.0)), float(rc.get("secfed-train-timeout", 3600.0)),
+                   float(rc.get("secfed-phase-timeout", 120.0)), float(rc.get("secfed-poll", 0.2)))
+
+
+def refusals(cfg: RunConfig) -> list[tuple[str, str]]:
+    """Settings an in-process run has that a Flower run cannot honour: (key, why)."""
+    out = []
+    if cfg.secagg.dropout_rate > 0:
+        out.append(("secagg.dropout_rate", "simulates dropouts in-process; on Flower they are real (a SuperNode "
+                                           "that does not answer in time)"))
+    if cfg.run.record_uploads:
+        out.append(("run.record_uploads", "keeps uploads in the run directory; on Flower the summed parts never "
+                                          "leave the SuperNodes unmasked"))
+    return out
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    settings = Settings.from_run_config(context.run_config)
+    FlowerRun(grid, settings).run()
+
+
+class FlowerRun:
+    """One secfed run over a Grid (see the module docstring)."""
+
+    def __init__(self, grid: Grid, settings: Settings) -> None:
+        self.grid, self.settings, self.cfg = grid, settings, settings.config
+        refused = refusals(self.cfg)
+        if refused:
+            raise ConfigError([ConfigIssue(key, why) for key, why in refused])
+        self.flow: SecAggWorkflow | None = None
+        if self.cfg.secagg.enabled:
+            authenticated = self.cfg.secagg.authenticated
+            self.flow = SecAggWorkflow(
+                cohort=Cohort.load(settings.cohort) if authenticated else None, authenticated=authenticated,
+                dropout_rate=max(0.1, self.cfg.secagg.dropout_rate), complete=self.cfg.secagg.graph == "complete",
+                phase_timeout=settings.phase_timeout, input_timeout=settings.phase_timeout,
+                poll_interval=settings.poll, on_phase=self._phase)
+        self._since = time.perf_counter()
+
+    def _phase(self, phase: str, nodes: Any) -> None:
+        now = time.perf_counter()
+        _say(f"  secure aggregation: {phase} ({len(nodes)} nodes; {now - self._since:.1f} s since the previous step)")
+        self._since = now
+
+    def _step(self, step: str, **fields: Any) -> ConfigRecord:
+        return ConfigRecord({"step": step, "config": json.dumps(self.cfg.to_dict()), "token": self.settings.token,
+                             **fields})
+
+    # ---- the run ----------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        cfg, run_dir = self.cfg, self.settings.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fed = build(cfg, run_dir=run_dir, train_images=False)  # the server's view: no client images
+        atomic_file.write_text(run_dir / "config.json", cfg.to_json())
+        atomic_file.write_text(run_dir / "data.json", json.dumps(fed.data_info, indent=2))
+        ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
+        hosts = self.hello(fed)
+        _say(f"secfed on Flower: {fed.method.describe()} · {len(fed.clients)} clients on {len(hosts)} SuperNodes · "
+             f"channel {fed.channel.name}" + (" (authenticated)" if cfg.secagg.enabled and cfg.secagg.authenticated else ""))
+        history: list[dict[str, Any]] = []
+        wall = 0.0
+        for t in range(cfg.schedule.rounds):
+            record, wall = self.round(fed, hosts, t, history, wall)
+            history.append(record)
+            ckpt.save_checkpoint(run_dir, t + 1, {**snapshot(fed, history, wall), "deployment": "flower"})
+            ckpt.append_jsonl(run_dir / "metrics.jsonl", record)
+            _say(f"round {t + 1}/{cfg.schedule.rounds}: {record['contributors']} contributors, "
+                 f"{record['seconds']['round']:.1f} s" + (f", loss {record['loss']:.3f}" if "loss" in record else ""))
+        summary = summarize(fed, history, run_dir, wall)
+        atomic_file.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+        plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
+        _say(f"run directory: {run_dir}")
+        return summary
+
+    def hello(self, fed: Federation) -> dict[int, list[int]]:
+        """node id → the sites it hosts, once every site is hosted by exactly one node."""
+        step = self._step("hello", fingerprint=fed.data_info["fingerprint"])
+        hosts: dict[int, list[int]] = {}
+        deadline = time.monotonic() + self.settings.start_timeout
+        while True:
+            new = [n for n in self.grid.get_node_ids() if n not in hosts]
+            replies = exchange(self.grid, {n: RecordDict({STEP: step}) for n in new}, timeout=self.settings.phase_timeout,
+                               poll=self.settings.poll)
+            for n, reply in replies.items():
+                hosts[n] = [int(k) for k in reply.content.config_records[STEP]["sites"]]
+            owners: dict[int, list[int]] = {}
+            for n, sites in hosts.items():
+                for k in sites:
+                    owners.setdefault(k, []).append(n)
+            twice = {k: v for k, v in owners.items() if len(v) > 1}
+            if twice:
+                raise RuntimeError(f"clients {sorted(twice)} are hosted by more than one SuperNode: give each "
+                                   "SuperNode its own partition-id (and the same num-partitions)")
+            missing = [k for k in range(len(fed.clients)) if k not in owners]
+            if not missing:
+                return {n: s for n, s in hosts.items() if s}
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no SuperNode hosts clients {missing} after {self.settings.start_timeout:.0f} s")
+            time.sleep(1.0)
+
+    # ---- one round ---------------------------------------------------------------------------------
+
+    def round(self, fed: Federation, hosts: dict[int, list[int]], t: int, history: list[dict[str, Any]],
+              wall: float) -> tuple[dict[str, Any], float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        cohort = fed.server.cohort(t, cfg.schedule.clients_per_round, cfg.seed)
+        broadcast = fed.server.broadcast(t)
+        wire = codec.encode_broadcast(broadcast)
+        schedule = schedule_for(cfg, t)
+        arrays = {"common": bytes_array(wire)}
+        for k in cohort:  # Eq. 15: a personal, noised broadcast per client ("double" β)
+            personal = fed.server.received(broadcast, k)
+            if personal is not broadcast:
+                arrays[f"site-{k}"] = bytes_array(codec.encode_broadcast(personal))
+        step = self._step("train", round=t, cohort=cohort)
+        targets = {n: RecordDict({STEP: step, BROADCAST: ArrayRecord(arrays)})
+                   for n, sites in hosts.items() if set(sites) & set(cohort)}
+        replies = exchange(self.grid, targets, timeout=self.settings.train_timeout, poll=self.settings.poll,
+                           group=str(t + 1))
+        client_stats: dict[str, Any] = {}
+        baseline_stats: dict[str, Any] = {}
+        trained: dict[int, list[int]] = {}
+        for n, reply in replies.items():
+            out = reply.content.config_records[STEP]
+            if "diverged" in out:
+                who, cause = json.loads(str(out["diverged"]))
+                raise RunDiverged(t + 1, who, cause, self.settings.run_dir, schedule.lr_new)
+            trained[n] = [int(k) for k in out["sites"]]
+            client_stats.update(json.loads(str(out["stats"])))
+            baseline_stats.update(json.loads(str(out["baseline"])))
+            _load_accountants(fed, json.loads(str(out["accountants"])))
+        t_train = time.perf_counter()
+        self._since = t_train
+        _say(f"  trained: {sum(len(v) for v in trained.values())} clients on {len(trained)} SuperNodes "
+             f"({t_train - t0:.1f} s)")
+
+        aggregate = self.aggregate(fed, broadcast, wire, replies, trained, t)
+        fed.server.apply(aggregate)
+        privacy = fed.server.privacy.account(len(aggregate.contributors))
+        t_agg = time.perf_counter()
+
+        record: dict[str, Any] = {
+            "round": t + 1, "lr_backbone": schedule.lr_backbone, "lr_new": schedule.lr_new,
+            "cohort": [fed.clients[k].site.name for k in cohort],
+            "dropped": {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors},
+            "contributors": len(aggregate.contributors),
+            "loss": sum(s["loss"] for s in client_stats.values()) / max(1, len(client_stats)),
+            "clients": client_stats, "bytes_up": aggregate.bytes_up, "bytes_down": aggregate.bytes_down,
+        }
+        if aggregate.clipped:
+            record["secagg_clipped"] = aggregate.clipped
+        if baseline_stats:
+            record["local_baseline"] = baseline_stats
+        if privacy is not None:
+            record["privacy"] = privacy
+        if fed.clients and fed.clients[0].dp_sgd is not None:
+            record["dp_sgd_epsilon"] = {c.site.name: c.dp_sgd.epsilon() for c in fed.clients if c.dp_sgd is not None}
+        final = t + 1 == cfg.schedule.rounds
+        if _eval_due(cfg, t + 1):
+            scores = self.evaluate(fed, hosts, final=final, cohort=aggregate.contributors)
+            record["eval"] = evaluation.global_scores(fed, scores)
+            if fed.baselines:
+                record["eval_local"] = {k: v for k, v in evaluation.local_training_scores(fed, scores).items()
+                                        if v is not None}
+            if final:
+                record["final"] = evaluation.final_scores(fed, scores)
+        t_end = time.perf_counter()
+        wall += t_end - t0
+        record["seconds"] = {"train": t_train - t0, "aggregate": t_agg - t_train, "eval": t_end - t_agg,
+                             "round": t_end - t0, "elapsed": wall}
+        return (dp_record(record) if private_logs(fed) else record), wall
+
+    def aggregate(self, fed: Federation, broadcast: Any, wire: bytes, replies: Mapping[int, Message],
+                  trained: Mapping[int, list[int]], t: int) -> Aggregate:
+        """The round's Aggregate from the nodes' train replies and (secagg) the secure sum."""
+        shared: dict[int, dict[str, torch.Tensor]] = {}
+        uploads: list[Upload] = []
+        bytes_up = 0
+        for n, reply in replies.items():
+            for key, array in reply.content[UPLOADS].items():
+                data = array_bytes(array, UPLOADS)
+                bytes_up += len(data)
+                upload = codec.decode_upload(data)
+                if upload.summed:
+                    uploads.append(upload)
+                shared[upload.client_id] = dict(upload.shared)
+        down = len(wire) * len(replies)
+        if not self.cfg.secagg.enabled:
+            summed = fed.channel.aggregate(broadcast, uploads, {}, broadcast_bytes=len(wire))
+            return Aggregate(t, summed.sums, summed.weights, summed.contributors, summed.shared, summed.bytes_up, down)
+        nodes = [n for n, sites in trained.items() if sites]
+        shapes = {replies[n].content.config_records[STEP]["shape"] for n in nodes}
+        if not nodes:
+            return _empty(t, bytes_up, down)
+        if len(shapes) != 1:
+            raise RuntimeError(f"round {t + 1}: SuperNodes sum differently shaped contributions ({len(shapes)} layouts)")
+        skeleton = Upload(-1, t, {name: Summand(torch.empty(numel), 1.0, encoding, bound)
+                                  for name, numel, encoding, bound in json.loads(shapes.pop())})
+        segments = fed.channel._segments(skeleton)  # the secure channel's layout: every node used it
+        length = sum(s.length for s in segments) + CLIP_WORD
+        # Every node is asked for the input it computed from THIS broadcast; the request is the
+        # same for all and bound into their keys, so a node that was sent another model is caught.
+        fetch = RecordDict({STEP: self._step("fetch", round=t, broadcast=hashlib.sha256(wire).hexdigest())})
+        messages = [Message(fetch, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+        try:
+            result = self.flow.aggregate(self.grid, messages, Encoding(RING, length=length), round=t)
+        except ProtocolError as exc:
+            log.warning("round %d: secure aggregation aborted, nothing released: %s: %s", t + 1, type(exc).__name__, exc)
+            _say(f"round {t + 1}: secure aggregation aborted ({type(exc).__name__}); nothing is released")
+            return _empty(t, bytes_up, down)
+        contributors = tuple(sorted(k for n in result.survivors for k in trained[n]))
+        sums, weights = fed.channel._decode(result.total[:-CLIP_WORD], segments, len(contributors))
+        return Aggregate(t, sums, weights, contributors, {k: v for k, v in shared.items() if k in contributors and v},
+                         bytes_up + result.bytes_up, down + result.bytes_down, int(result.total[-1]))
+
+    def evaluate(self, fed: Federation, hosts: dict[int, list[int]], *, final: bool,
+                 cohort: tuple[int, ...]) -> dict[evaluation.Job, dict[str, float]]:
+        jobs = evaluation.plan(fed, local_training=bool(fed.baselines), final=final, cohort=cohort)
+        wire = codec.encode_broadcast(fed.server.broadcast(0))  # the global weights after this round
+        contents = {}
+        for n, sites in hosts.items():
+            mine = [list(job) for k in sites for job in jobs.get(k, [])]
+            if mine:
+                contents[n] = RecordDict({STEP: self._step("evaluate", jobs=json.dumps(mine)),
+                                          BROADCAST: ArrayRecord({"common": bytes_array(wire)})})
+        replies = exchange(self.grid, contents, timeout=self.settings.train_timeout, poll=self.settings.poll,
+                           message_type=MessageType.EVALUATE)
+        scores = {}
+        for reply in replies.values():
+            for k, variant, name, value in json.loads(str(reply.content.config_records[STEP]["scores"])):
+                scores[(int(k), str(variant), str(name))] = value
+        return scores
+
+
+def _load_accountants(fed: Federation, states: Mapping[str, Mapping[str, Any]]) -> None:
+    """The DP-SGD accountants the nodes keep (their ε is what the run reports, as in-process)."""
+    for k, state in states.items():
+        k = int(k)
+        if state.get("fed") and fed.clients[k].dp_sgd is not None:
+            fed.clients[k].dp_sgd.accountant.load_state_dict(state["fed"])
+        if state.get("local") and k in fed.baseline_dp:
+            fed.baseline_dp[k].accountant.load_state_dict(state["local"])
+
+
+def _empty(t: int, bytes_up: int, bytes_down: int) -> Aggregate:
+    return Aggregate(t, {}, {}, (), {}, bytes_up, bytes_down)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # the ServerApp's output reaches `secfed train --flower` through flwr's log stream

@@ -1,0 +1,141 @@
+"""A SuperNode's sites in ``secfed train --flower``: which clients it hosts, their data, and the
+private state each keeps in a folder of its own between rounds.
+
+A node hosts the clients k with ``k mod num-partitions == partition-id`` (Flower's node config),
+so the synthetic domains, or any scenario's clients, are spread over the SuperNodes. It rebuilds
+the run's federation from the run configuration the server sends (deterministic: the same
+splits, initial models and classifier heads as an in-process run) and decodes the training
+images of its own sites only. Its data comes from ``secfed-data-root`` (node config), else the
+configuration's ``data.root`` (else the synthetic default, generated into this machine's cache).
+
+    STATE_DIR/runs/TOKEN/site-KKKK-NAME/state.pt    one per hosted site (0600), written atomically:
+        the model's local tensors (classifier, BN statistics under ``bn_stats=local``) and, after
+        local training, its shared tensors too (the "local model" the final evaluation scores),
+        the method's site state (FedReID's expert, …), the DP-SGD accountant, and the same for the
+        site's local-only baseline. Loaded with ``torch.load(weights_only=True)``.
+
+TOKEN is the run's random token (a fresh run never reads another run's state).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from secfed import atomic_file
+from secfed.config import RunConfig
+from secfed.data.images import load_images
+from secfed.federation.builder import Federation, build, make_shards, resolve_data
+from secfed.federation.runtime import _split, prefixed
+
+from . import node
+
+DATA_ROOT_KEY = "secfed-data-root"
+STATE_FILE = "state.pt"
+_TOKEN = re.compile(r"^[0-9a-f]{16,64}$")
+
+
+def hosted(node_config: Mapping[str, object], num_clients: int) -> list[int]:
+    """The clients this node hosts: k mod num-partitions == partition-id (all of them without those keys)."""
+    try:
+        part = int(node_config.get("partition-id", 0))  # type: ignore[arg-type]
+        parts = int(node_config.get("num-partitions", 1))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise node.NodeSetupError("node config partition-id and num-partitions must be integers") from None
+    if not 0 <= part < parts:
+        raise node.NodeSetupError(f"node config partition-id={part} must lie in [0, num-partitions={parts})")
+    return [k for k in range(num_clients) if k % parts == part]
+
+
+def run_folder(node_config: Mapping[str, object], token: str) -> Path:
+    if not _TOKEN.match(token):
+        raise node.NodeSetupError(f"run token {token!r} is not a hex string")
+    folder = node.state_dir(node_config) / "runs" / token
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return folder
+
+
+@dataclass
+class NodeSites:
+    """The node's view of the run: the whole federation, its own sites' data and state loaded."""
+
+    fed: Federation
+    sites: list[int]
+    folder: Path
+
+    @classmethod
+    def open(cls, cfg: RunConfig, node_config: Mapping[str, object], token: str, *, train: bool) -> NodeSites:
+        """Build the federation and load the state of this node's sites (and, ``train``, their images)."""
+        data_root = node_config.get(DATA_ROOT_KEY)
+        root = Path(str(data_root)) if data_root else None
+        fed = build(cfg, data_root=root, train_images=False)
+        sites = hosted(node_config, len(fed.clients))
+        nodes = cls(fed, sites, run_folder(node_config, token))
+        if train and sites:
+            nodes._load_images(root)
+        for k in sites:
+            nodes._load(k)
+        return nodes
+
+    def _load_images(self, root: Path | None) -> None:
+        cfg = self.fed.config
+        data = resolve_data(cfg, root=root)
+        shards, _ = make_shards(cfg, data.trained)
+        for k in self.sites:
+            site = self.fed.clients[k].site
+            site.images = load_images(shards[k].samples, cfg.data.height, cfg.data.width).to(site.labels.device)
+            self.fed.method.setup_site(site)
+            if k in self.fed.baselines:
+                self.fed.baselines[k].images = site.images
+                self.fed.method.setup_site(self.fed.baselines[k])
+
+    def site_file(self, k: int) -> Path:
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.fed.clients[k].site.name)
+        return self.folder / f"site-{k:04d}-{name}" / STATE_FILE
+
+    def _load(self, k: int) -> None:
+        path = self.site_file(k)
+        if not path.is_file():
+            return  # the site's first round: it starts from the run's initial model
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a truncated or foreign file
+            raise node.NodeSetupError(f"{path}: not a readable site state ({exc})") from None
+        fed, client = self.fed, self.fed.clients[k]
+        _restore(client.site, state["client"], fed)
+        if client.dp_sgd is not None:
+            client.dp_sgd.accountant.load_state_dict(json.loads(state["dp_sgd"]))
+        if k in fed.baselines:
+            _restore(fed.baselines[k], state["baseline"], fed, strict=True)
+            if k in fed.baseline_dp:
+                fed.baseline_dp[k].accountant.load_state_dict(json.loads(state["baseline_dp"]))
+
+    def save(self, k: int) -> None:
+        """Write site k's private state (after it trained)."""
+        fed, client = self.fed, self.fed.clients[k]
+        state: dict[str, Any] = {
+            "client": {**client.site.model.state_dict(), **prefixed(fed.method.site_state(client.site))},
+            "dp_sgd": json.dumps(client.dp_sgd.accountant.state_dict()) if client.dp_sgd else "",
+        }
+        if k in fed.baselines:
+            alone = fed.baselines[k]
+            state["baseline"] = {**alone.model.state_dict(), **prefixed(fed.method.site_state(alone))}
+            state["baseline_dp"] = json.dumps(fed.baseline_dp[k].accountant.state_dict()) if k in fed.baseline_dp else ""
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        path = self.site_file(k)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_file.write_bytes(path, buffer.getvalue())
+
+
+def _restore(site: Any, state: dict[str, torch.Tensor], fed: Federation, *, strict: bool = True) -> None:
+    own, method = _split(state)
+    site.model.load_state_dict(own, strict=strict)
+    fed.method.load_site_state(site, method)

@@ -1,0 +1,278 @@
+"""The server side: one secure aggregation over a Flower Grid, driven by secfed's SecAggServer.
+
+    workflow = SecAggWorkflow(cohort=Cohort.load("cohort.toml"))
+    result = workflow.aggregate(grid, messages, encoding)   # one train message per node
+    result.total, result.survivors                          # Σ of the survivors' ring vectors, who
+
+Every node in ``messages`` becomes one protocol client (index = its place in node-id order).
+The workflow sends each phase's messages (train messages carrying secfed's control record and
+the protocol message, see wire.py), collects the replies until all are in or the phase's
+deadline passes, feeds them to :class:`~secfed.protocols.SecAggServer` and closes the phase. A
+node that does not answer in time, answers with an error or sends a message the server refuses
+is a dropout; the protocol decides whether the round survives it (``BelowThreshold`` and the other
+typed errors abort it, before any sum is released). The masked-input phase carries the node's
+message content: the app trains on it there, and its deadline is ``input_timeout``.
+
+Authenticated mode (the default) first enrols nodes it has not seen: a node proves it holds an
+Ed25519 identity from the cohort file by signing a fresh nonce bound to the run and its node id;
+the session's identity keys are those. Nodes outside the cohort take no part.
+
+Flower's ``Grid.send_and_receive`` polls every 3 s; this workflow pushes and pulls itself every
+``poll_interval`` seconds, so a phase ends as soon as its last reply is in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from secfed.protocols import (
+    BelowThreshold,
+    GraphParams,
+    MalformedMessage,
+    ProtocolError,
+    SecAggServer,
+    SessionConfig,
+    WrongSender,
+    choose_params,
+    decode,
+    encode,
+    new_session_id,
+)
+from secfed.protocols.crypto import verify
+
+from .encoding import Encoding
+from .mod import ADVERTISE, ENROL, MASKED_INPUT, enrol_payload
+from .node import Cohort
+from .wire import CONTROL, OURS, content_digest, control, encode_session, get_message, put_message, typed
+
+log = logging.getLogger("secfed.flower")
+
+PHASES = ("graph_seed", "share_keys", MASKED_INPUT, "consistency_check", "unmask")
+
+
+@dataclass(frozen=True, eq=False)
+class SecAggResult:
+    """One finished aggregation. ``total``: Σ of the survivors' ring vectors (uint32, mod 2^ring_bits).
+    ``survivors`` / ``dropped``: node ids whose input is / is not in it. ``clear``: what each
+    survivor's masked-input reply carried besides secfed's records (``ring`` encoding only).
+    ``bytes_up`` / ``bytes_down``: protocol-message bytes sent by / to the nodes."""
+
+    total: np.ndarray
+    survivors: tuple[int, ...]
+    dropped: tuple[int, ...]
+    config: SessionConfig
+    clear: Mapping[int, RecordDict] = field(default_factory=dict)
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+class SecAggWorkflow:
+    """Drives secfed's secure aggregation over a Flower Grid (see the module docstring).
+
+    ``params(n)`` picks the neighbour graph for n nodes (default: SecAgg+ by ``choose_params`` at
+    ``dropout_rate`` and ``corrupt_fraction``; ``complete=True`` for plain SecAgg).
+    ``phase_timeout``: seconds a protocol phase waits for replies; ``input_timeout``: the
+    masked-input phase, in which nodes train (default: ``phase_timeout``). ``on_phase(name, nodes)``
+    is called before each phase's messages go out (progress, logging, tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        cohort: Cohort | None = None,
+        authenticated: bool = True,
+        params: Callable[[int], GraphParams] | None = None,
+        dropout_rate: float = 0.1,
+        corrupt_fraction: float = 0.2,
+        complete: bool = False,
+        phase_timeout: float = 120.0,
+        input_timeout: float | None = None,
+        poll_interval: float = 0.2,
+        on_phase: Callable[[str, Sequence[int]], None] | None = None,
+    ) -> None:
+        if authenticated and cohort is None:
+            raise ValueError("authenticated secure aggregation needs the cohort of trusted identity keys "
+                             "(authenticated=False is the weaker, honest-but-curious-server mode)")
+        self.cohort, self.authenticated = cohort, authenticated
+        self.params = params or (lambda n: choose_params(
+            n, dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction, authenticated=authenticated,
+            complete=complete))
+        self.phase_timeout = phase_timeout
+        self.input_timeout = input_timeout if input_timeout is not None else phase_timeout
+        self.poll_interval = poll_interval
+        self.on_phase = on_phase
+        self.identities: dict[int, bytes] = {}  # node id → enrolled identity key
+
+    # ---- enrolment --------------------------------------------------------------------------------
+
+    def enrol(self, grid: Grid, node_ids: Sequence[int]) -> dict[int, bytes]:
+        """Identity keys of ``node_ids`` (cached; new nodes prove theirs). Nodes that fail are left out."""
+        new = [n for n in node_ids if n not in self.identities]
+        if new:
+            nonces = {n: os.urandom(16) for n in new}
+            self._notify(ENROL, new)
+            replies = self._exchange(grid, {n: RecordDict({CONTROL: ConfigRecord({"stage": ENROL, "nonce": nonces[n]})})
+                                            for n in new}, self.phase_timeout, "0")
+            for n, reply in replies.items():
+                try:
+                    ctl = _reply_control(reply, ENROL)
+                    key, proof = typed(ctl, "identity", bytes), typed(ctl, "proof", bytes)
+                    if key not in self.cohort:
+                        raise WrongSender(f"node {n} enrols with an identity key outside the cohort")
+                    verify(key, proof, enrol_payload(reply.metadata.run_id, n, nonces[n]), who=f"node {n}'s enrolment")
+                except ProtocolError as exc:
+                    log.warning("node %s not enrolled: %s", n, exc)
+                    continue
+                # A site whose SuperNode restarted comes back under a new node id: the newest proof wins.
+                for old in [m for m, k in self.identities.items() if k == key]:
+                    log.info("node %s now holds %s's identity (was node %s)", n, self.cohort.name_of(key), old)
+                    del self.identities[old]
+                self.identities[n] = key
+        return {n: self.identities[n] for n in node_ids if n in self.identities}
+
+    # ---- one aggregation --------------------------------------------------------------------------
+
+    def aggregate(self, grid: Grid, messages: Sequence[Message], encoding: Encoding, *, round: int = 0,
+                  bind_model: bool = True) -> SecAggResult:
+        """Securely sum what the apps of ``messages``' nodes reply to them (``encoding`` says how a
+        reply becomes a ring vector). ``bind_model``: clients check that they all train on the same
+        content (the announced digest); turn it off only when contents differ per node on purpose.
+        Raises a :class:`~secfed.protocols.ProtocolError` when the round aborts."""
+        content = {m.metadata.dst_node_id: m.content for m in messages}
+        if len(content) != len(messages):
+            raise ValueError("aggregate takes one message per node")
+        nodes = sorted(content)
+        identities = self.enrol(grid, nodes) if self.authenticated else {}
+        if self.authenticated:
+            nodes = [n for n in nodes if n in identities]
+        if len(nodes) < 2:
+            raise BelowThreshold(f"{len(nodes)} node(s) can take part; secure aggregation needs 2 or more")
+        digest = b""
+        if bind_model:
+            digests = {content_digest(content[n]) for n in nodes}
+            if len(digests) != 1:
+                raise ValueError("the nodes' messages carry different contents; pass bind_model=False if meant")
+            digest = digests.pop()
+        quantizer = encoding.quantizer(len(nodes))
+        config = SessionConfig(
+            new_session_id(), round, self.params(len(nodes)), encoding.dimension,
+            input_bound=quantizer.max_abs if quantizer else None, ring_bits=quantizer.bits if quantizer else 32,
+            authenticated=self.authenticated, identity_keys=tuple(identities[n] for n in nodes if self.authenticated),
+        )
+        return _Session(self, grid, config, nodes, content, encoding, digest, str(round)).run()
+
+    # ---- transport --------------------------------------------------------------------------------
+
+    def _notify(self, phase: str, nodes: Sequence[int]) -> None:
+        log.info("secure aggregation: %s (%d nodes)", phase, len(nodes))
+        if self.on_phase is not None:
+            self.on_phase(phase, list(nodes))
+
+    def _exchange(self, grid: Grid, contents: Mapping[int, RecordDict], timeout: float,
+                  group: str) -> dict[int, Message]:
+        return exchange(grid, contents, timeout=timeout, poll=self.poll_interval, group=group)
+
+
+def exchange(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, poll: float = 0.2, group: str = "",
+             message_type: str = MessageType.TRAIN) -> dict[int, Message]:
+    """Send one message per node (``contents``: node id → content); the replies that arrive before
+    the deadline, by node. Error replies and silence are logged and left out."""
+    out = [Message(c, dst_node_id=n, message_type=message_type, group_id=group, ttl=timeout + 60)
+           for n, c in contents.items()]
+    ids = list(grid.push_messages(out))
+    pending = {mid: n for mid, n in zip(ids, contents) if mid}
+    replies: dict[int, Message] = {}
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for reply in grid.pull_messages(list(pending)):
+            node = pending.pop(reply.metadata.reply_to_message_id, None)
+            if node is None:
+                continue
+            if reply.has_error():
+                log.warning("node %s: %s", node, reply.error.reason)
+            else:
+                replies[node] = reply
+        if pending:
+            time.sleep(poll)
+    for node in pending.values():
+        log.warning("node %s did not answer within %.0f s", node, timeout)
+    return replies
+
+
+class _Session:
+    """One protocol session over the grid: the server state machine and the node ↔ index map."""
+
+    def __init__(self, flow: SecAggWorkflow, grid: Grid, config: SessionConfig, nodes: list[int],
+                 content: Mapping[int, RecordDict], encoding: Encoding, digest: bytes, group: str) -> None:
+        self.flow, self.grid, self.config, self.group = flow, grid, config, group
+        self.nodes, self.index = nodes, {n: i for i, n in enumerate(nodes)}
+        self.content, self.encoding, self.digest = content, encoding, digest
+        self.server = SecAggServer(config)
+        self.clear: dict[int, RecordDict] = {}
+        self.up = self.down = 0
+
+    def run(self) -> SecAggResult:
+        session = encode_session(self.config)
+        outbox: dict[int, RecordDict] = {}
+        for n in self.nodes:
+            ctl = ConfigRecord({"stage": ADVERTISE, "index": self.index[n], "session": session})
+            if self.digest:
+                ctl["model-hash"] = self.digest
+            self.encoding.write(ctl)
+            outbox[n] = RecordDict({CONTROL: ctl})
+        self._phase(ADVERTISE, outbox, self.flow.phase_timeout)
+        for phase in PHASES:
+            if phase == "consistency_check" and not self.config.authenticated:
+                continue
+            messages = self.server.close_phase()
+            outbox = {}
+            for i, message in messages.items():
+                n = self.nodes[i]
+                base = self.content[n] if phase == MASKED_INPUT else RecordDict()
+                content = RecordDict({name: r for name, r in base.items() if name not in OURS})
+                content[CONTROL] = ConfigRecord({"stage": phase})
+                data = encode(message)
+                self.down += len(data)
+                put_message(content, data)
+                outbox[n] = content
+            self._phase(phase, outbox, self.flow.input_timeout if phase == MASKED_INPUT else self.flow.phase_timeout)
+        self.server.close_phase()
+        result = self.server.result
+        survivors = tuple(self.nodes[i] for i in result.survivors)
+        return SecAggResult(
+            total=result.total, survivors=survivors, dropped=tuple(n for n in self.nodes if n not in survivors),
+            config=self.config, clear={n: c for n, c in self.clear.items() if n in survivors},
+            bytes_up=self.up, bytes_down=self.down,
+        )
+
+    def _phase(self, phase: str, outbox: dict[int, RecordDict], timeout: float) -> None:
+        self.flow._notify(phase, list(outbox))
+        for n, reply in self.flow._exchange(self.grid, outbox, timeout, self.group).items():
+            try:
+                _reply_control(reply, phase)
+                data = get_message(reply.content)
+                message = decode(data)
+                if message.sender != self.index[n]:
+                    raise WrongSender(f"node {n} (client {self.index[n]}) sent a message as client {message.sender}")
+                self.server.receive(message)
+            except ProtocolError as exc:
+                log.warning("node %s dropped at %s: %s", n, phase, exc)
+                continue
+            self.up += len(data)
+            if phase == MASKED_INPUT:
+                self.clear[n] = RecordDict({name: r for name, r in reply.content.items() if name not in OURS})
+
+
+def _reply_control(reply: Message, stage: str) -> ConfigRecord:
+    ctl = control(reply.content)
+    if ctl is None or ctl.get("stage") != stage:
+        raise MalformedMessage(f"reply is not a {stage} reply (control record {ctl!r})")
+    return ctl

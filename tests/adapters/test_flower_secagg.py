@@ -1,0 +1,204 @@
+"""SecAggMod + SecAggWorkflow + SecAggStrategy on an in-process grid whose nodes keep nothing but
+their serialised Context between messages (conftest.FakeGrid): the sums, the dropouts, what
+leaves a node, the node's policy and the sealed state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx, FedTrimmedAvg, Krum
+
+from secfed.adapters.flower import SecAggStrategy, SecAggWorkflow, is_weighted_mean
+from secfed.adapters.flower import node as node_files
+from secfed.adapters.flower.mod import STATE_RECORD, _unframe
+from secfed.adapters.flower.wire import CONTROL, PAYLOAD, decode_session, encode_session
+from secfed.protocols import ClientState, DecryptionFailed, GraphParams, MalformedMessage, SecAggClient, SessionConfig
+
+INITIAL = {"w": np.arange(6, dtype=np.float32).reshape(2, 3) / 10, "b": np.zeros(4, np.float32)}
+
+
+def initial_arrays() -> ArrayRecord:
+    return ArrayRecord({k: Array(v) for k, v in INITIAL.items()})
+
+
+def expected(partitions, weight=lambda p: 10.0 * (p + 1)):
+    """The survivors' weighted mean of the toy replies (initial + 0.01·(p+1)) and of their losses."""
+    w = np.array([weight(p) for p in partitions])
+    shift = float((w * (np.array(partitions) + 1) * 0.01).sum() / w.sum())
+    loss = float((w * (1.0 + np.array(partitions))).sum() / w.sum())
+    return {k: v + np.float32(shift) for k, v in INITIAL.items()}, loss, float(w.sum())
+
+
+def run(grid, cohort, *, rounds=1, strategy=None, **workflow):
+    n = len(grid.apps)
+    flow = SecAggWorkflow(cohort=cohort, **workflow)
+    strategy = SecAggStrategy(strategy or FedAvg(fraction_evaluate=0.0, min_available_nodes=2, min_train_nodes=n),
+                              flow, metrics=("train_loss",))
+    return strategy.start(grid=grid, initial_arrays=initial_arrays(), num_rounds=rounds), strategy
+
+
+# Quantiser resolution: each client's w'·x is rounded to 1/scale (scale ≈ 2^31 / (n·clip) ≈ 6.7e7 for
+# n = 4, clip = 8), so a mean over weights Σw' ≈ 0.05 moves by up to n / (scale·Σw') ≈ 1.2e-6.
+RESOLUTION = 1e-5
+
+
+def assert_mean(result, partitions, weight=lambda p: 10.0 * (p + 1)):
+    arrays, loss, _ = expected(partitions, weight)
+    for key, value in arrays.items():
+        np.testing.assert_allclose(result.arrays[key].numpy(), value, atol=RESOLUTION)
+    assert result.train_metrics_clientapp[1]["train_loss"] == pytest.approx(loss, abs=RESOLUTION)
+
+
+def test_fedavg_gets_the_exact_weighted_mean_and_no_reply_value_leaves_a_node(deployment):
+    grid, cohort = deployment(4)
+    result, strategy = run(grid, cohort)
+    assert_mean(result, [0, 1, 2, 3])
+    (secure,) = strategy.results
+    assert secure.survivors == tuple(sorted(grid.apps)) and secure.config.authenticated
+    assert secure.config.params.n_clients == 4
+    # Every reply the server got carried secfed's records only: the arrays and metrics stayed home.
+    replies = []
+    original = grid.pull_messages
+    grid.pull_messages = lambda ids: replies.extend(out := original(ids)) or out
+    run(grid, cohort)
+    assert replies and all(set(r.content.keys()) <= {CONTROL, PAYLOAD} for r in replies)
+
+
+@pytest.mark.parametrize("phase", ["masked_input", "share_keys", "unmask"])
+def test_a_node_lost_mid_round_leaves_the_exact_mean_of_the_others(deployment, phase):
+    grid, cohort = deployment(4)
+    victim = 1002
+
+    def kill(name, nodes):
+        if name == phase:
+            grid.dead.add(victim)
+
+    result, strategy = run(grid, cohort, on_phase=kill, phase_timeout=1, poll_interval=0.01)
+    # Lost before sharing keys or at the masked input: its input is not in the sum. Lost after it
+    # sent its masked input (at unmask): the others rebuild its self mask and its input counts.
+    counted = [0, 1, 2, 3] if phase == "unmask" else [0, 1, 3]
+    assert_mean(result, counted)
+    assert strategy.results[0].survivors == tuple(1000 + p for p in counted)
+
+
+def test_a_round_that_cannot_finish_releases_nothing(deployment):
+    grid, cohort = deployment(3)
+
+    def kill(name, nodes):
+        if name == "masked_input":
+            grid.dead.update({1001, 1002})  # one survivor: its "sum" would be its own update
+
+    result, strategy = run(grid, cohort, on_phase=kill, phase_timeout=1, poll_interval=0.01)
+    assert not strategy.results
+    assert len(result.arrays) == 0 and not result.train_metrics_clientapp  # the strategy got no reply
+
+
+def test_a_model_swapped_for_one_node_is_refused_by_that_node(deployment):
+    grid, cohort = deployment(4)
+
+    def swap(message):
+        control = message.content.config_records.get(CONTROL)
+        if message.metadata.dst_node_id == 1003 and control and control["stage"] == "masked_input":
+            message.content["arrays"] = ArrayRecord({k: Array(v * 0) for k, v in INITIAL.items()})
+
+    grid.tamper = swap
+    result, _ = run(grid, cohort, phase_timeout=1, poll_interval=0.01)
+    assert any("ModelMismatch" in reason for reason in grid.errors[1003])
+    assert_mean(result, [0, 1, 2])
+
+
+def test_a_session_with_identities_the_node_does_not_trust_is_refused(deployment):
+    grid, cohort = deployment(3, strangers=1)  # node 2's key is missing from the nodes' cohort file
+    server_cohort = node_files.Cohort({**cohort.sites, "stranger": node_files.public_identity(
+        node_files.identity_key(node_files.state_dir(grid.context(1002).node_config)))})
+    result, strategy = run(grid, server_cohort, phase_timeout=1, poll_interval=0.01)
+    assert not strategy.results  # every node refused the session
+    assert all(any("does not trust" in r for r in grid.errors[n]) for n in (1000, 1001))
+    # The server's own cohort keeps strangers out: with the nodes' cohort, node 2 is not enrolled.
+    grid.errors = {n: [] for n in grid.apps}
+    result, strategy = run(grid, cohort, phase_timeout=1, poll_interval=0.01)
+    assert strategy.results[0].survivors == (1000, 1001)
+    assert_mean(result, [0, 1])
+
+
+def test_unauthenticated_sessions_need_the_nodes_consent(deployment):
+    grid, _ = deployment(3)
+    result, strategy = run(grid, None, authenticated=False, phase_timeout=1, poll_interval=0.01)
+    assert not strategy.results and all(any("unauthenticated" in r for r in grid.errors[n]) for n in grid.apps)
+
+
+def test_unauthenticated_sessions_run_where_nodes_allow_them(deployment):
+    grid, _ = deployment(3, allow_unauthenticated=True)
+    result, strategy = run(grid, None, authenticated=False)
+    assert not strategy.results[0].config.authenticated
+    assert_mean(result, [0, 1, 2])
+
+
+def test_a_weight_beyond_max_weight_is_refused_by_its_node(deployment):
+    weight = lambda p: 5000.0 if p == 0 else 10.0 * (p + 1)  # noqa: E731
+    grid, cohort = deployment(4, weight=weight)
+    result, _ = run(grid, cohort, phase_timeout=1, poll_interval=0.01)
+    assert any("max_weight" in r for r in grid.errors[1000])
+    assert_mean(result, [1, 2, 3], weight)
+
+
+def test_the_sealed_state_opens_only_with_its_own_node_key_run_and_node(deployment):
+    grid, cohort = deployment(3)
+
+    def stop(name, nodes):
+        if name == "graph_seed":
+            raise KeyboardInterrupt  # freeze the round right after the keys were advertised
+
+    with pytest.raises(KeyboardInterrupt):
+        run(grid, cohort, on_phase=stop)
+    ctx = grid.context(1000)
+    record = ctx.state.config_records[STATE_RECORD]
+    assert set(record.keys()) == {"sealed", "sessions"}
+    folder = node_files.state_dir(ctx.node_config)
+    key = node_files.sealing_key(folder)
+    plain = node_files.open_state(key, record["sealed"], purpose="secagg-client", run_id=ctx.run_id, node_id=1000)
+    session, state, _ = _unframe(plain)
+    client = SecAggClient.from_state(decode_session(session), state, identity_key=node_files.identity_key(folder))
+    assert client.state is ClientState.AWAIT_COMMITMENTS
+    assert state not in grid.contexts[1000]  # only its ciphertext is in the node's stored context
+    other = node_files.sealing_key(node_files.state_dir(grid.context(1001).node_config))
+    for k, node_id, run_id in ((other, 1000, ctx.run_id), (key, 1001, ctx.run_id), (key, 1000, ctx.run_id + 1)):
+        with pytest.raises(DecryptionFailed):
+            node_files.open_state(k, record["sealed"], purpose="secagg-client", run_id=run_id, node_id=node_id)
+
+
+def test_a_session_is_taken_part_in_once(deployment):
+    grid, cohort = deployment(3)
+    captured = []
+    grid.tamper = lambda m: captured.append(m) if m.content.config_records[CONTROL]["stage"] == "advertise_keys" else None
+    run(grid, cohort)
+    first = captured[0]
+    grid.tamper = None
+    grid.push_messages([first])  # the same session's first message again
+    assert any("already took part" in r for r in grid.errors[first.metadata.dst_node_id])
+
+
+def test_only_weighted_mean_strategies_are_accepted():
+    for ok in (FedAvg(), FedProx(), FedAdam()):
+        assert is_weighted_mean(ok)
+    for refused in (FedMedian(), FedTrimmedAvg(), Krum()):
+        assert not is_weighted_mean(refused)
+        with pytest.raises(TypeError, match=type(refused).__name__):
+            SecAggStrategy(refused, SecAggWorkflow(authenticated=False))
+
+
+def test_session_config_bytes_round_trip_and_refuse_damage():
+    params = GraphParams.explicit(5, 4, 2, corrupt_bound=1, dropout_rate=0.1)
+    config = SessionConfig(bytes(range(16)), 3, params, 11, input_bound=1000, identity_keys=tuple(bytes([i]) * 32 for i in range(5)))
+    data = encode_session(config)
+    assert decode_session(data) == config and decode_session(data).digest == config.digest
+    for cut in range(len(data)):
+        with pytest.raises(MalformedMessage):
+            decode_session(data[:cut])
+    with pytest.raises(MalformedMessage):
+        decode_session(data + b"\0")
+    with pytest.raises(MalformedMessage, match="reserved"):
+        decode_session(data[:7] + b"\x01" + data[8:])
+    with pytest.raises(MalformedMessage, match="needs 14 bits"):
+        decode_session(data[:6] + b"\x01" + data[7:])  # a 1-bit ring cannot hold the bound

@@ -1,0 +1,150 @@
+"""`secfed train --flower`'s ServerApp and ClientApp on the in-process grid (conftest.FakeGrid):
+the same training, privacy step, evaluation and run directory as an in-process run; each site's
+state in its own folder; the evaluation jobs give evaluate.py's tables; settings a Flower run
+cannot honour are refused by name."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from secfed.adapters.flower import Cohort, evaluation
+from secfed.adapters.flower import node as node_files
+from secfed.adapters.flower.client_app import app as client_app
+from secfed.adapters.flower.server_app import FlowerRun, Settings
+from secfed.adapters.flower.sites import NodeSites
+from secfed.cli.main import cli
+from secfed.federation import checkpoint as ckpt
+from secfed.federation.builder import build
+from secfed.federation.evaluate import evaluate_final, evaluate_global, evaluate_local_training
+from secfed.federation.runtime import run
+
+from fakegrid import FakeGrid
+
+
+@pytest.fixture
+def small_config(tiny_config):
+    """tiny_config at 16×8 pixels with a 32-wide neck, evaluated after the last round only: the
+    same code paths at a quarter of the arithmetic (these tests run every ClientApp message)."""
+    cfg = tiny_config
+    cfg.data.height, cfg.data.width = 16, 8
+    cfg.model.neck_dim = 32
+    cfg.run.eval_every = 0
+    return cfg
+
+
+def flower_nodes(tmp_path: Path, n: int) -> tuple[FakeGrid, Path]:
+    cohort_file, sites, nodes = tmp_path / "cohort.toml", {}, {}
+    for p in range(n):
+        folder = tmp_path / f"node-{p}"
+        sites[f"node-{p}"] = node_files.public_identity(node_files.identity_key(folder))
+        nodes[2000 + p] = (client_app, {"partition-id": p, "num-partitions": n, node_files.STATE_DIR_KEY: str(folder),
+                                        node_files.COHORT_KEY: str(cohort_file)})
+    cohort_file.write_text(Cohort(sites).dumps())
+    return FakeGrid(nodes), cohort_file
+
+
+def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_directory(small_config, tmp_path):
+    cfg = small_config
+    cfg.secagg.enabled = True  # authenticated, the default
+    cfg.run.local_baseline = False  # halves the cost; the baselines' state is checked below
+    local = run(cfg, tmp_path / "in-process")
+    grid, cohort = flower_nodes(tmp_path, 2)  # 3 clients: node 0 hosts clients 0 and 2, node 1 client 1
+    token = secrets.token_hex(16)
+    FlowerRun(grid, Settings(cfg, tmp_path / "flower", token, cohort, phase_timeout=60, poll=0.01)).run()
+    ours, theirs = tmp_path / "flower", local.run_dir
+
+    def files(folder: Path) -> set[str]:
+        return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+    assert files(ours) == files(theirs)
+    a = [json.loads(x) for x in (ours / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (theirs / "metrics.jsonl").read_text().splitlines()]
+    assert [set(r) for r in a] == [set(r) for r in b]
+    for mine, reference in zip(a, b):
+        assert mine["contributors"] == reference["contributors"] == 3
+        assert mine["clients"].keys() == reference["clients"].keys()
+        for name in mine["clients"]:  # the same local training, site by site (round 2 starts from the
+            # classifier each site kept in its folder: a site that lost it would train differently)
+            assert mine["clients"][name]["loss"] == pytest.approx(reference["clients"][name]["loss"], rel=1e-4)
+    # The same global model, to the quantiser's resolution (each node rounds its own sites' sums).
+    g_ours = ckpt.load_checkpoint(ours / "checkpoints" / "round-0002.pt")["global"]
+    g_theirs = ckpt.load_checkpoint(theirs / "checkpoints" / "round-0002.pt")["global"]
+    torch.testing.assert_close(g_ours, g_theirs, atol=1e-4, rtol=1e-4)  # round 2 trains from round 1's rounding
+    s_ours, s_theirs = (json.loads((d / "summary.json").read_text()) for d in (ours, theirs))
+    assert set(s_ours) == set(s_theirs) and s_ours["channel"] == s_theirs["channel"] == "secagg"
+    for x, y in zip(s_ours["domains"], s_theirs["domains"]):
+        assert x["name"] == y["name"] and x.keys() == y.keys()
+        assert x["mAP"] == pytest.approx(y["mAP"], abs=0.02)
+    # Each site kept its private state on its node, in a folder of its own (k mod 2 = partition).
+    names = [c["name"] for c in json.loads((ours / "data.json").read_text())["clients"]]
+    for k, name in enumerate(names):
+        assert (tmp_path / f"node-{k % 2}" / "runs" / token / f"site-{k:04d}-{name}" / "state.pt").is_file()
+    assert not list(tmp_path.glob("node-*/pending/*"))  # every masked input was fetched once, then deleted
+
+
+def test_a_sites_state_survives_the_process(small_config, tmp_path):
+    """What one message's process saves, the next one's loads: model (shared and local tensors),
+    the method's site state and the local-only baseline."""
+    config = {"partition-id": 1, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path)}
+    token = secrets.token_hex(16)
+    first = NodeSites.open(small_config, config, token, train=False)
+    assert first.sites == [1]
+    gen = torch.Generator().manual_seed(1)
+    for model in (first.fed.clients[1].site.model, first.fed.baselines[1].model):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen))
+    first.save(1)
+    second = NodeSites.open(small_config, config, token, train=False)
+    for a, b in ((first.fed.clients[1].site.model, second.fed.clients[1].site.model),
+                 (first.fed.baselines[1].model, second.fed.baselines[1].model)):
+        for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+            torch.testing.assert_close(x, y, msg=name)
+    other = NodeSites.open(small_config, config, secrets.token_hex(16), train=False)  # another run starts afresh
+    assert not torch.equal(next(other.fed.clients[1].site.model.parameters()),
+                           next(first.fed.clients[1].site.model.parameters()))
+
+
+@pytest.mark.parametrize("bn_stats", ["shared", "local"])
+def test_evaluation_jobs_reproduce_evaluate_py(small_config, bn_stats):
+    cfg = small_config
+    cfg.model.bn_stats = bn_stats
+    cfg.data.leave_out = ["corridor"]  # an unseen domain too
+    fed = build(cfg)
+    gen = torch.Generator().manual_seed(0)
+    fed.server.weights = fed.server.weights + 0.01 * torch.randn(fed.server.weights.shape, generator=gen)
+    for model in [c.site.model for c in fed.clients] + [b.model for b in fed.baselines.values()]:
+        with torch.no_grad():  # every model its own, so a job scored on the wrong model shows
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=gen))
+            for name, buf in model.named_buffers():
+                if name.endswith("running_var"):
+                    buf.mul_(1 + torch.rand(buf.shape, generator=gen))
+    cohort = (0,)
+    jobs = evaluation.plan(fed, local_training=True, final=True, cohort=cohort)
+    scores = evaluation.run_jobs(fed, [j for js in jobs.values() for j in js], fed.server.weights)
+    assert evaluation.global_scores(fed, scores) == evaluate_global(fed)
+    assert evaluation.local_training_scores(fed, scores) == evaluate_local_training(fed)
+    assert evaluation.final_scores(fed, scores) == evaluate_final(fed, cohort)
+
+
+def test_settings_a_flower_run_cannot_honour_are_refused_by_name(tmp_path, synth_root):
+    connection = tmp_path / "conn.toml"
+    connection.write_text('address = "127.0.0.1:1"\ninsecure = true\n')
+    base = ["train", "--flower", str(connection), "--data-root", str(synth_root), "--out", str(tmp_path)]
+    for extra, expected in ((["--dropout-rate", "0.2"], "--dropout-rate"), (["--record-uploads"], "--record-uploads"),
+                            ([], "cohort")):
+        result = CliRunner().invoke(cli, [*base, *extra], env={"COLUMNS": "250"})
+        assert result.exit_code == 2 and expected in result.output, result.output
+    for text, expected in (('insecure = true\n', "address"), ('address = "h:1"\n', "root-certificates"),
+                           ('address = "h:1"\ninsecure = true\nroot-certificates = "x"\n', "not both"),
+                           ('address = "h:1"\ninsecure = true\nport = 3\n', "unknown keys port")):
+        connection.write_text(text)
+        result = CliRunner().invoke(cli, base, env={"COLUMNS": "250"})
+        assert result.exit_code == 2 and expected in result.output, (text, result.output)

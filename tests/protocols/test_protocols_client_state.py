@@ -1,0 +1,154 @@
+"""export_state / from_state: a client that lives only between messages (a Flower ClientApp is a
+fresh process per message) runs the round exactly like one that stays in memory, and its saved
+state is a versioned, length-checked layout that refuses anything it did not write."""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import numpy as np
+import pytest
+
+from secfed.protocols import (
+    ClientState,
+    ConfigMismatch,
+    MalformedMessage,
+    ReplayedMessage,
+    SecAggClient,
+    UnsupportedVersion,
+)
+
+
+def revive(r, i: int) -> SecAggClient:
+    """Client i as a fresh process sees it: rebuilt from its saved bytes, nothing else kept."""
+    old = r.clients[i]
+    saved = old.export_state()
+    new = SecAggClient.from_state(r.config, saved, identity_key=r.identities[i] if r.config.authenticated else None)
+    assert new.export_state() == saved  # the layout round-trips byte for byte
+    assert new.state is old.state and new.neighbours == old.neighbours
+    r.clients[i] = new
+    return new
+
+
+def revive_all(r) -> None:
+    for i in range(len(r.clients)):
+        revive(r, i)
+
+
+@pytest.mark.parametrize("authenticated,degree", [(True, 4), (False, 4), (False, None)])
+def test_a_round_restored_between_every_step_gives_the_exact_sum(make_round, authenticated, degree):
+    """Sparse (degree 4) and complete graph: the listed graph commitments are kept as ids and a
+    digest, or one by one, and both survive the trip through bytes."""
+    r = make_round(6, degree=degree, threshold=2, authenticated=authenticated, dimension=32)
+    revive_all(r)
+    commitments = r.commit()
+    revive_all(r)
+    rosters = r.reveal(commitments)
+    revive_all(r)
+    deliveries = r.share_keys(rosters)
+    revive_all(r)
+    outbox = r.masked_input(deliveries, skip={3})  # client 3 vanishes after sharing keys
+    revive_all(r)
+    if authenticated:
+        outbox = r.consistency(outbox)
+        revive_all(r)
+    r.unmask(outbox)
+    survivors = [i for i in range(6) if i != 3]
+    assert r.server.result.survivors == tuple(survivors)
+    np.testing.assert_array_equal(r.server.result.total, r.expected_sum(survivors))
+    done = r.clients[0].export_state()
+    assert r.clients[0].state is ClientState.DONE
+    assert struct.unpack_from("<H", done, 6)[0] & 1 == 0  # no secrets left in a finished client's state
+
+
+def test_a_restored_client_keeps_its_place_in_the_round(make_round):
+    r = make_round(4, threshold=2, authenticated=True)
+    rosters = r.advertise()
+    r.clients[0].share_keys(rosters[0])
+    client = revive(r, 0)
+    with pytest.raises(ReplayedMessage):
+        client.share_keys(rosters[0])  # the same roster twice is still refused
+    assert client.state is ClientState.AWAIT_SHARES
+
+
+@pytest.fixture
+def saved(make_round):
+    """A state mid-round (shares received, secrets held) and the round it belongs to."""
+    r = make_round(4, threshold=2, authenticated=True)
+    deliveries = r.share_keys(r.advertise())
+    r.clients[1].receive_shares(deliveries[1])
+    return r, r.clients[1].export_state()
+
+
+def load(r, data: bytes, i: int = 1) -> SecAggClient:
+    return SecAggClient.from_state(r.config, data, identity_key=r.identities[i])
+
+
+def test_every_truncation_and_any_trailing_byte_is_refused(saved):
+    r, data = saved
+    for cut in range(len(data)):
+        with pytest.raises(MalformedMessage):
+            load(r, data[:cut])
+    with pytest.raises(MalformedMessage, match="body bytes"):
+        load(r, data + b"\x00")
+
+
+def test_other_versions_magic_flags_and_states_are_refused(saved):
+    r, data = saved
+    with pytest.raises(UnsupportedVersion):
+        load(r, data[:4] + bytes([data[4] + 1]) + data[5:])
+    with pytest.raises(MalformedMessage, match="magic"):
+        load(r, b"SAGG" + data[4:])
+    with pytest.raises(MalformedMessage, match="unknown state"):
+        load(r, data[:5] + bytes([200]) + data[6:])
+    start = struct.pack("<B", list(ClientState).index(ClientState.START))
+    with pytest.raises(MalformedMessage, match="do not fit"):
+        load(r, data[:5] + start + data[6:])  # secrets in a state that cannot have any
+    with pytest.raises(MalformedMessage, match="flags"):
+        load(r, data[:6] + struct.pack("<H", 0x80) + data[8:])
+
+
+def test_a_state_from_another_session_or_identity_is_refused(saved, make_round):
+    r, data = saved
+    other = dataclasses.replace(r.config, round=r.config.round + 1)
+    with pytest.raises(ConfigMismatch):
+        SecAggClient.from_state(other, data, identity_key=r.identities[1])
+    with pytest.raises(ValueError, match="identity_key"):
+        load(r, data, i=2)
+
+
+def test_a_held_share_that_does_not_fit_the_roster_is_refused(saved):
+    r, data = saved
+    client = load(r, data)
+    peer = min(client._held)
+    entry = struct.pack("<II", peer, client._held[peer].index)
+    at = data.index(entry)
+    bad = data[:at] + struct.pack("<II", peer, client._held[peer].index + 1) + data[at + 8 :]
+    with pytest.raises(MalformedMessage, match="held share"):
+        load(r, bad)
+
+
+@pytest.mark.parametrize("degree", [2, None])
+def test_a_listed_commitment_altered_in_the_saved_state_is_refused(make_round, degree):
+    """Between the commitments and the roster the client keeps the list it was shown; a saved
+    list whose digest was changed is refused on restore (complete graph, where every commitment
+    is kept) or when the nonces are revealed (sparse graph, which keeps only ids and digest)."""
+    from secfed.protocols import InconsistentShares
+
+    r = make_round(5, degree=degree, threshold=2)
+    commitments = r.commit()
+    r.server.receive(r.wire(r.clients[0].reveal_graph_nonce(r.wire(commitments[0]))))
+    data = r.clients[0].export_state()
+    assert r.clients[0].state is ClientState.AWAIT_ROSTER
+    assert struct.unpack_from("<H", data, 6)[0] & 8  # the listed commitments are in the state
+    digest_at = data.index(struct.pack("<6I", 5, 0, 1, 2, 3, 4)) + 4 * 6
+    bad = data[:digest_at] + bytes([data[digest_at] ^ 1]) + data[digest_at + 1 :]
+    if degree is None:
+        with pytest.raises(MalformedMessage, match="do not match"):
+            SecAggClient.from_state(r.config, bad)
+        return
+    r.clients[0] = SecAggClient.from_state(r.config, bad)
+    rosters = r.reveal(commitments, skip={0})  # client 0 revealed above
+    with pytest.raises(InconsistentShares):
+        r.clients[0].share_keys(rosters[0])
