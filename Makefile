@@ -12,7 +12,7 @@ BIN    := $(VENV)/bin
 PIP_FIND_LINKS_CONFIGURED := $(strip $(PIP_FIND_LINKS)$(shell $(PYTHON) -m pip config list 2>/dev/null | grep -i 'find-links'))
 PIP_ENV := $(if $(PIP_FIND_LINKS_CONFIGURED),env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null,)
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-deployment bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,10 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest
 
-bench: setup
+test-deployment: setup
+	$(BIN)/python -m pytest -m deployment
+
+bench: setup test-deployment
 	$(BIN)/python bench/bench_eval.py
 	$(BIN)/python bench/bench_runtime.py
 	$(BIN)/python bench/bench_secagg.py

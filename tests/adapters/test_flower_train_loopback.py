@@ -27,7 +27,7 @@ def files(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")}
 
 
-@pytest.mark.slow
+@pytest.mark.deployment
 def test_train_on_flower_loopback_writes_the_in_process_run_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # SuperNodes inherit it: one data cache
     out = tmp_path / "runs"
