@@ -157,6 +157,7 @@ def report(runs: list[dict[str, Any]], seeds: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="start at this seed (split a bench over processes)")
     parser.add_argument("--unseen", type=int, default=2)
     # Every second round: evaluating six domains (and the local baselines) every round would cost
     # more than the training itself on two cores.
@@ -174,7 +175,7 @@ def main() -> None:
             if len(r["unseen"]) == args.unseen and r.get("eval_every") == args.eval_every] if results.exists() else []
     done = {(r["method"], r["seed"]) for r in runs}
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(args.seeds):  # seeds outermost: an interrupted bench still has every method
+        for seed in range(args.first_seed, args.seeds):  # seeds outermost: an interrupted bench still has every method
             for method in args.methods:
                 if (method, seed) not in done:
                     runs.append(one_run(method, seed, args.unseen, args.eval_every, Path(tmp)))
