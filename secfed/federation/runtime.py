@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -33,7 +34,7 @@ from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec
 from secfed.federation.builder import Federation, build
 from secfed.federation.evaluate import evaluate_final, evaluate_global, evaluate_local_training
-from secfed.federation.messages import Upload
+from secfed.federation.messages import Aggregate, Upload
 from secfed.models.sharing import local_state
 from secfed.seeding import derive_seed, numpy_rng
 
@@ -101,6 +102,33 @@ def dropout_schedule(cfg: RunConfig, round_index: int, cohort: list[int], phases
     phase_of = rng.integers(0, len(phases), size=len(cohort))
     return {k: phases[p] for k, u, p in zip(cohort, draws, phase_of) if u < rate}
 
+
+
+def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort: Sequence[int],
+                 dropped: Mapping[str, str], aggregate: Aggregate, client_stats: Mapping[str, dict[str, Any]],
+                 baseline_stats: Mapping[str, Any], privacy: dict[str, Any] | None) -> dict[str, Any]:
+    """One round's line of metrics.jsonl, before evaluation (in-process and on Flower alike)."""
+    record: dict[str, Any] = {
+        "round": round_number,
+        "lr_backbone": schedule.lr_backbone,
+        "lr_new": schedule.lr_new,
+        "cohort": [fed.clients[k].site.name for k in cohort],
+        "dropped": dict(dropped),
+        "contributors": len(aggregate.contributors),
+        "loss": sum(s["loss"] for s in client_stats.values()) / max(1, len(client_stats)),
+        "clients": client_stats,
+        "bytes_up": aggregate.bytes_up,
+        "bytes_down": aggregate.bytes_down,
+    }
+    if aggregate.clipped:
+        record["secagg_clipped"] = aggregate.clipped
+    if baseline_stats:
+        record["local_baseline"] = baseline_stats
+    if privacy is not None:
+        record["privacy"] = privacy
+    if fed.clients and fed.clients[0].dp_sgd is not None:
+        record["dp_sgd_epsilon"] = {c.site.name: c.dp_sgd.epsilon() for c in fed.clients if c.dp_sgd is not None}
+    return record
 
 def _eval_due(cfg: RunConfig, round_number: int) -> bool:
     every = cfg.run.eval_every
@@ -190,26 +218,9 @@ def run(
         privacy = fed.server.privacy.account(len(aggregate.contributors))
         t_agg = time.perf_counter()
 
-        record: dict[str, Any] = {
-            "round": round_number,
-            "lr_backbone": schedule.lr_backbone,
-            "lr_new": schedule.lr_new,
-            "cohort": [fed.clients[k].site.name for k in cohort],
-            "dropped": {fed.clients[k].site.name: phase for k, phase in sorted(dropouts.items())},
-            "contributors": len(aggregate.contributors),
-            "loss": sum(s["loss"] for s in client_stats.values()) / max(1, len(client_stats)),
-            "clients": client_stats,
-            "bytes_up": aggregate.bytes_up,
-            "bytes_down": aggregate.bytes_down,
-        }
-        if aggregate.clipped:
-            record["secagg_clipped"] = aggregate.clipped
-        if baseline_stats:
-            record["local_baseline"] = baseline_stats
-        if privacy is not None:
-            record["privacy"] = privacy
-        if fed.clients and fed.clients[0].dp_sgd is not None:
-            record["dp_sgd_epsilon"] = {c.site.name: c.dp_sgd.epsilon() for c in fed.clients if c.dp_sgd is not None}
+        dropped = {fed.clients[k].site.name: phase for k, phase in sorted(dropouts.items())}
+        record = round_record(fed, round_number, schedule, cohort, dropped, aggregate, client_stats,
+                              baseline_stats, privacy)
         if _eval_due(cfg, round_number):
             record["eval"] = evaluate_global(fed)
             if fed.baselines:

@@ -50,6 +50,7 @@ from secfed.federation.runtime import (
     _eval_due,
     dp_record,
     private_logs,
+    round_record,
     run_title,
     schedule_for,
     snapshot,
@@ -230,22 +231,8 @@ class FlowerRun:
         privacy = fed.server.privacy.account(len(aggregate.contributors))
         t_agg = time.perf_counter()
 
-        record: dict[str, Any] = {
-            "round": t + 1, "lr_backbone": schedule.lr_backbone, "lr_new": schedule.lr_new,
-            "cohort": [fed.clients[k].site.name for k in cohort],
-            "dropped": {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors},
-            "contributors": len(aggregate.contributors),
-            "loss": sum(s["loss"] for s in client_stats.values()) / max(1, len(client_stats)),
-            "clients": client_stats, "bytes_up": aggregate.bytes_up, "bytes_down": aggregate.bytes_down,
-        }
-        if aggregate.clipped:
-            record["secagg_clipped"] = aggregate.clipped
-        if baseline_stats:
-            record["local_baseline"] = baseline_stats
-        if privacy is not None:
-            record["privacy"] = privacy
-        if fed.clients and fed.clients[0].dp_sgd is not None:
-            record["dp_sgd_epsilon"] = {c.site.name: c.dp_sgd.epsilon() for c in fed.clients if c.dp_sgd is not None}
+        dropped = {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors}
+        record = round_record(fed, t + 1, schedule, cohort, dropped, aggregate, client_stats, baseline_stats, privacy)
         final = t + 1 == cfg.schedule.rounds
         if _eval_due(cfg, t + 1):
             scores = self.evaluate(fed, hosts, final=final, cohort=aggregate.contributors)
