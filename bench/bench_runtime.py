@@ -4,7 +4,8 @@ Both sides train the same clients (the synthetic default: 4 domains, ResNet-18 a
 same rounds with the same batches, augmentation, optimiser and seeds, and average the backbone
 with n_k/n weights. The plain loop is what one would write by hand: load the global state, SGD
 over the batches, average the state dicts. secfed's runtime adds its messages, flattening, the
-channel, checkpoints and metrics. Evaluation is excluded from both.
+channel, checkpoints and metrics. Evaluation is excluded from both. Both run in one process with
+the allocator settings of the ``secfed`` command (:func:`secfed.memory.reuse_freed_memory`).
 
     python bench/bench_runtime.py [--rounds 3] [--repeats 3] [--secagg]
 
@@ -31,6 +32,7 @@ from secfed.config import RunConfig, RunSection
 from secfed.data.augment import TrainAugment, epoch_batches
 from secfed.federation.builder import build
 from secfed.federation.runtime import SilentReporter, run, schedule_for
+from secfed.memory import reuse_freed_memory
 from secfed.seeding import derive_seed
 
 
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    tuned = reuse_freed_memory()  # as the `secfed` command does, for both sides alike
 
     cfg = RunConfig(run=RunSection(seed=0))
     cfg.schedule.rounds = args.rounds
@@ -100,7 +103,7 @@ def main() -> None:
     cfg.run.eval_every = 0
     cfg.secagg.enabled = False
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
-          f"{torch.get_num_threads()}, torch {torch.__version__}")
+          f"{torch.get_num_threads()}, torch {torch.__version__}, freed memory reused: {tuned}")
     print(f"workload: synthetic default, 4 clients, {cfg.model.backbone} {cfg.data.height}x{cfg.data.width}, "
           f"{args.rounds} rounds, B={cfg.schedule.batch_size}, E={cfg.schedule.local_epochs}")
 

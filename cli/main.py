@@ -5,6 +5,7 @@ from __future__ import annotations
 import rich_click as click
 
 from secfed import __version__
+from secfed.memory import reuse_freed_memory
 from secfed.cli.audit import audit_command
 from secfed.cli.data_inspect import inspect_command
 from secfed.cli.data_synth import synth_command
@@ -33,4 +34,5 @@ data.add_command(inspect_command, "inspect")
 
 
 def main() -> None:
+    reuse_freed_memory()  # every round frees and reallocates model-sized vectors: keep them mapped
     cli(prog_name="secfed")

@@ -10,6 +10,7 @@ copying data between processes.
 :func:`workers` is the number of threads a pass may use (default: the CPUs this process may run
 on, at most 8; :func:`set_workers` or the ``SECFED_PROTOCOL_THREADS`` environment variable
 override it). :func:`run_all` runs a list of jobs and returns their results in order.
+:func:`zeros` allocates the large arrays those passes write into.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 MAX_DEFAULT_WORKERS = 8
@@ -88,3 +91,15 @@ def _get_pool(size: int) -> ThreadPoolExecutor:
             _pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="secfed-protocols")
             _pool_size = size
         return _pool
+
+
+def zeros(count: int, dtype: np.dtype | type = np.uint32) -> np.ndarray:
+    """A zeroed 1-D array whose memory is already mapped, for a threaded pass to write into.
+
+    Zeroed here, on one thread: when two threads take the first writes into a fresh large array at
+    once, their page faults contend (numpy backs large arrays with transparent huge pages), and on
+    the 2-core dev VM quantising 11.5 M values into a fresh array took 73 ms on two threads against
+    29 ms into a pre-faulted one (3 ms of which is this fill)."""
+    out = np.empty(count, dtype=dtype)
+    out.fill(0)
+    return out

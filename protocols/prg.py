@@ -133,7 +133,7 @@ def accumulate(acc: np.ndarray, vector: np.ndarray) -> bytes:
 
 def mask_words(key: bytes, count: int, *, iv: bytes = _ZERO_IV) -> np.ndarray:
     """The first ``count`` words of the mask expanded from ``key`` (for tests and audits)."""
-    out = np.zeros(count, dtype=np.uint32)
+    out = parallel.zeros(count)
     apply_masks(out, [MaskStream(key, 1, iv)], bits=32)
     return out
 
@@ -166,16 +166,23 @@ def _encryptors(group: Sequence[MaskStream], lo: int) -> list[tuple[object, bool
     ]
 
 
-def _add_streams(part: np.ndarray, encryptors, buf: bytearray, words: np.ndarray) -> None:
+def _add_streams(part: np.ndarray, encryptors, buf: bytearray, words: np.ndarray,
+                 source: np.ndarray | None = None) -> None:
+    """``part ← (source or part) ± each stream``; reading ``source`` in the first addition saves
+    the pass that would copy it into ``part``."""
     n = part.size
     mask, zeros = words[:n], _ZEROS[: 4 * n]
+    first = part if source is None else source
     for encryptor, add in encryptors:
         # CTR over zeros yields the raw keystream, written into `buf` without allocation.
         encryptor.update_into(zeros, buf)
         if add:
-            np.add(part, mask, out=part)
+            np.add(first, mask, out=part)
         else:
-            np.subtract(part, mask, out=part)
+            np.subtract(first, mask, out=part)
+        first = part
+    if first is not part:  # no streams at all
+        np.copyto(part, first)
 
 
 def _stream_range(acc: np.ndarray, streams: Sequence[MaskStream], lo: int, hi: int, low: int) -> None:
@@ -203,15 +210,16 @@ def _mask_range(
         stop = min(start + CHUNK_WORDS, hi)
         x, part = source[start:stop], out[start:stop]
         _check_chunk(x, scratch[: x.size], start, low, bound)
-        np.copyto(part, x)
         if single_group:
-            _add_streams(part, encryptors, buf, words)
+            _add_streams(part, encryptors, buf, words, source=x)
             if low != 0xFFFFFFFF:
                 np.bitwise_and(part, low, out=part)
             leaf.update(memoryview(part).cast("B"))
             if (stop - lo) % VECTOR_LEAF_WORDS == 0 or stop == hi:
                 leaves.append(leaf.digest())
                 leaf = hashlib.sha256()
+        else:
+            np.copyto(part, x)
     if not single_group:  # many streams (a complete graph's client): mask group by group, then hash
         _stream_range(out, streams, lo, hi, low)
         leaves = [hashlib.sha256(memoryview(out[s : min(s + VECTOR_LEAF_WORDS, hi)]).cast("B")).digest()

@@ -20,10 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import parallel
 from .errors import OverflowRefused
 
 MAX_RING_BITS = 32
-_CHUNK = 1 << 20  # elements per step: bounds the float64 temporaries to a few MiB
+# Elements per step: the six work buffers (≈ 1.2 MiB) stay in a core's L2. Measured on the 2-core
+# dev VM at d = 11.5M: 32–64 Ki elements 2.4× faster than 1 Mi, 8 Ki slower again (call overhead).
+_CHUNK = 1 << 15
+# Values per rounding stream above which a vector is split into independent blocks (threads share them).
+BLOCK = 1 << 18
 
 
 def ring_bits(n_clients: int, max_abs: int) -> int:
@@ -127,58 +132,106 @@ class Quantizer:
         numbers and non-numeric dtypes are refused (TypeError); NaN and ±inf are refused
         (ValueError naming the index).
         """
+        out = parallel.zeros(np.size(x))
+        self.quantize_into(out, x, rng)
+        return out
+
+    def quantize_into(self, out: np.ndarray, x: np.ndarray, rng: np.random.Generator, *, weight: float = 1.0) -> int:
+        """:meth:`to_ring` of ``weight·x`` (product and clip in float64) written into ``out`` (a uint32
+        vector of x's length); returns how many values lay beyond the clip.
+
+        Up to ``BLOCK`` values round with draws from ``rng`` itself. A longer vector is cut into
+        blocks of ``BLOCK`` values, each rounded with its own generator spawned from one draw of
+        ``rng``, and the blocks are shared among threads (:mod:`.parallel`): the result depends on
+        ``rng`` alone, never on the number of threads."""
         x = np.asarray(x)
         if x.ndim != 1:
             raise TypeError(f"to_ring takes a 1-D vector, got shape {x.shape}")
         _check_real_dtype(x.dtype)
         if not isinstance(rng, np.random.Generator):
             raise TypeError("to_ring needs a numpy.random.Generator (seed it from the run seed)")
+        if out.dtype != np.uint32 or out.shape != x.shape:
+            raise ValueError(f"out must be a uint32 vector of {x.size} values")
+        if not math.isfinite(weight):
+            raise ValueError(f"weight must be a finite number, got {weight}")
+        if x.size <= BLOCK:
+            return self._quantize_range(out, x, rng, weight, 0, x.size)
+        streams = np.random.SeedSequence(rng.integers(0, 1 << 63, size=4).tolist()).spawn(-(-x.size // BLOCK))
+        blocks = [(j * BLOCK, min((j + 1) * BLOCK, x.size), seq) for j, seq in enumerate(streams)]
+        per = -(-len(blocks) // max(1, min(parallel.workers(), len(blocks))))
+
+        def job(mine: list[tuple[int, int, np.random.SeedSequence]]) -> int:
+            return sum(self._quantize_range(out, x, np.random.Generator(np.random.PCG64(seq)), weight, lo, hi)
+                       for lo, hi, seq in mine)
+
+        return sum(parallel.run_all([lambda mine=blocks[i : i + per]: job(mine) for i in range(0, len(blocks), per)]))
+
+    def _quantize_range(self, out: np.ndarray, x: np.ndarray, rng: np.random.Generator, weight: float,
+                        lo: int, hi: int) -> int:
+        """The rounding of ``x[lo:hi]`` into ``out[lo:hi]``, chunk by chunk; returns the clipped count."""
         low = (1 << self.bits) - 1
+        clip, scale, clipped = self.clip, self.scale, 0
         extended = np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > 8
-        out = np.empty(x.size, dtype=np.uint32)
-        # float64 work buffers, preallocated: clip·scale reaches 2^31 / n, beyond float32's 24-bit
-        # mantissa, and the fractional part decides the rounding.
-        m = min(_CHUNK, x.size)
-        value, floor, noise, ints = np.empty(m), np.empty(m), np.empty(m), np.empty(m, dtype=np.int64)
-        for start in range(0, x.size, _CHUNK):
-            part = x[start : start + _CHUNK]
+        # float64 work buffers, preallocated and small enough to stay in cache: clip·scale reaches
+        # 2^31 / n, beyond float32's 24-bit mantissa, and the fractional part decides the rounding.
+        m = min(_CHUNK, hi - lo)
+        value, floor, noise = np.empty(m), np.empty(m), np.empty(m)
+        ints, above = np.empty(m, dtype=np.int64), np.empty(m, dtype=bool)
+        for start in range(lo, hi, _CHUNK):
+            part = x[start : min(start + _CHUNK, hi)]
             m = part.size
-            v, f, u, k = value[:m], floor[:m], noise[:m], ints[:m]
-            if extended:  # clip where the input is exact; the clipped value then rounds into [−clip, clip]
+            v, f, u, k, b = value[:m], floor[:m], noise[:m], ints[:m], above[:m]
+            if extended:  # weigh and clip where the input is exact; the result then rounds into [−clip, clip]
                 _refuse_non_finite(part, start)
-                part = np.clip(part, -self.clip, self.clip)
+                part = part * weight if weight != 1.0 else part
+                clipped += int(np.count_nonzero(np.abs(part) > clip))
+                part = np.clip(part, -clip, clip)
             # Exact for float16/32/64 and integers up to 32 bits; 64-bit integers round to nearest,
             # which is monotone, so a value beyond the clip stays beyond it.
-            np.copyto(v, part, casting="same_kind")
-            _refuse_non_finite(v, start)
-            np.clip(v, -self.clip, self.clip, out=v)
+            if weight == 1.0 or extended:
+                np.copyto(v, part, casting="same_kind")
+            else:
+                np.multiply(part, weight, out=v, dtype=np.float64)  # the product in float64, not the input's precision
+            lowest, highest = v.min(), v.max()  # NaN propagates through both
+            if not (math.isfinite(lowest) and math.isfinite(highest)):
+                _refuse_non_finite(v, start)
+            if lowest < -clip or highest > clip:  # most chunks of a clipped update need no clipping
+                clipped += int(np.count_nonzero(v > clip)) + int(np.count_nonzero(v < -clip))
+                np.clip(v, -clip, clip, out=v)
             # |v·scale| ≤ fl(clip·scale) ≤ max_abs: rounding is monotone and max_abs is an integer.
-            v *= self.scale
+            v *= scale
             # Stochastic rounding: ⌊v⌋ + 1 with probability frac(v), else ⌊v⌋. The fraction v − ⌊v⌋
             # is exact in float64, so ⌊v⌋ + 1 only happens when v is not an integer: the result
             # never exceeds ⌈v⌉ (adding U[0,1) to v and flooring could round up to v + 1).
             np.floor(v, out=f)
             v -= f
             rng.random(out=u)
+            np.less(u, v, out=b)
             np.copyto(k, f, casting="unsafe")
-            k += u < v
-            k &= low
-            out[start : start + m] = k
-        return out
+            k += b
+            if low != 0xFFFFFFFF:
+                k &= low
+            np.copyto(out[start : start + m], k, casting="unsafe")  # int64 → uint32 keeps the low 32 bits
+        return clipped
 
-    def from_ring(self, total: np.ndarray) -> np.ndarray:
-        """Decode a ring sum of at most ``n_clients`` quantized vectors to float64."""
+    def from_ring(self, total: np.ndarray, *, dtype: type = np.float64) -> np.ndarray:
+        """Decode a ring sum of at most ``n_clients`` quantized vectors: float64 values, or
+        ``dtype`` (float32: each value computed in float64, then rounded once)."""
         total = np.asarray(total)
         if total.ndim != 1 or total.dtype != np.uint32:
             raise TypeError(f"from_ring takes a 1-D uint32 ring vector, got {total.shape} {total.dtype}")
         bits = self.bits
-        if bits == MAX_RING_BITS:
-            signed = total.view(np.int32)  # the ring's upper half is the negatives: two's complement
-        else:  # move bit b − 1 to the sign bit, then an arithmetic shift back sign-extends
-            shift = MAX_RING_BITS - bits
-            signed = np.left_shift(total, np.uint32(shift)).view(np.int32)
-            np.right_shift(signed, shift, out=signed)
-        return signed / self.scale
+        out = np.empty(total.size, dtype=dtype)
+        for start in range(0, total.size, _CHUNK):
+            part = total[start : start + _CHUNK]
+            if bits == MAX_RING_BITS:
+                signed = part.view(np.int32)  # the ring's upper half is the negatives: two's complement
+            else:  # move bit b − 1 to the sign bit, then an arithmetic shift back sign-extends
+                shift = MAX_RING_BITS - bits
+                signed = np.left_shift(part, np.uint32(shift)).view(np.int32)
+                np.right_shift(signed, shift, out=signed)
+            np.divide(signed, self.scale, out=out[start : start + part.size], dtype=np.float64)
+        return out
 
 
 def _check_real_dtype(dtype: np.dtype) -> None:

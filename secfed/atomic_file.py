@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None) -> Path:
@@ -18,13 +20,20 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None =
     ``mkstemp``'s 0600 (run directories are private by default). Raises ``OSError`` with the
     old file, if any, left untouched and no temporary file behind.
     """
+    return write_with(path, lambda fh: fh.write(data), mode=mode)
+
+
+def write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *,
+               mode: int | None = None) -> Path:
+    """:func:`write_bytes` of what ``write(file)`` writes: large contents (a checkpoint) stream
+    into the file instead of being built in memory first. If ``write`` raises, the old file stays."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             if mode is not None:
                 os.fchmod(fh.fileno(), mode)
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

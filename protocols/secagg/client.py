@@ -38,7 +38,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from .. import shamir
+from .. import parallel, shamir
 from ..crypto import (
     DIGEST_BYTES,
     PUBLIC_KEY_BYTES,
@@ -424,7 +424,7 @@ class SecAggClient:
         for v in sorted(self._held):
             key = pairwise_mask_key(cfg, self.id, v, self._mask_private, self._roster[v].mask_public)
             streams.append(MaskStream(key, pairwise_sign(self.id, v)))
-        acc = np.empty(cfg.dimension, dtype=np.uint32)
+        acc = parallel.zeros(cfg.dimension)
         try:  # one pass: bound check, masks, reduction and the vector's digest
             digest = mask_into(acc, source, streams, bits=cfg.ring_bits, bound=cfg.input_bound)
         except BoundExceeded as exc:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import shamir
+from .. import parallel, shamir
 from ..crypto import DIGEST_BYTES, SIGNATURE_BYTES, mac_matches, public_bytes, verify
 from ..errors import (
     Aborted,
@@ -121,7 +121,7 @@ class SecAggServer:
         self._graph: NeighbourGraph | None = None
         self._seed = b""
         self._sealed: dict[int, dict[int, bytes]] = {}  # sender → recipient → sealed key-seed share
-        self._acc = np.zeros(config.dimension, dtype=np.uint32)
+        self._acc = parallel.zeros(config.dimension)
         self._inputs: dict[int, tuple[bytes, bytes]] = {}  # sender → (binding payload, tag)
         self._self_shares: dict[int, dict[int, bytes]] = {}  # owner → holder → sealed self-mask share
         self._signatures: dict[int, bytes] = {}

@@ -8,10 +8,11 @@ either the old file or the new one, never half of one.
 
 from __future__ import annotations
 
-import io
+import contextlib
 import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,70 @@ def checkpoint_path(run_dir: Path, round_count: int) -> Path:
 
 def save_checkpoint(run_dir: Path, round_count: int, state: dict[str, Any], keep: int = 1) -> Path:
     """Write the state after ``round_count`` completed rounds; keep the newest ``keep`` checkpoints."""
-    buffer = io.BytesIO()
-    torch.save({"format": FORMAT, "version": VERSION, "rounds_done": round_count, **state}, buffer)
     path = checkpoint_path(run_dir, round_count)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_file.write_bytes(path, buffer.getvalue())
+    content = {"format": FORMAT, "version": VERSION, "rounds_done": round_count, **state}
+    atomic_file.write_with(path, lambda fh: torch.save(content, fh))
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return path
+
+
+class BackgroundWriter:
+    """Writes each round's checkpoint on a thread of its own while the next round trains.
+
+    :meth:`save` takes a private copy of every tensor in the state first (the caller goes on
+    changing its models), then returns; the file is written, fsynced and renamed as by
+    :func:`save_checkpoint`. One write is in flight at a time: the next :meth:`save` and
+    :meth:`close` wait for it and re-raise its error. ``with BackgroundWriter() as w:`` waits on
+    every exit, an exception or Ctrl-C included, so the last checkpoint is on disk (or, if the
+    process is killed outright, the one before it, and a resume redoes one round).
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, run_dir: Path, round_count: int, state: dict[str, Any]) -> None:
+        self.wait()
+        private = _copy_tensors(state)
+
+        def write() -> None:
+            try:
+                save_checkpoint(run_dir, round_count, private)
+            except BaseException as exc:  # handed to the main thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=write, name=f"secfed-checkpoint-{round_count}")
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def __enter__(self) -> BackgroundWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.wait()
+        else:  # already failing: finish the write, keep the original exception
+            with contextlib.suppress(BaseException):
+                self.wait()
+
+
+def _copy_tensors(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _copy_tensors(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy_tensors(v) for v in value)
+    return value
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

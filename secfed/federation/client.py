@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from secfed.algorithms.base import Method, Schedule, Site
 from secfed.federation.messages import Broadcast, TrainStats, Upload
-from secfed.models.sharing import SharedLayout, model_hash
+from secfed.models.sharing import SharedLayout
 from secfed.privacy.dpsgd import ClientDpSgd
 from secfed.privacy.round import ClientPrivacy
 
@@ -36,6 +36,6 @@ class ClientSide:
             )
         contribution = self.method.client_step(self.site, broadcast, self.layout, schedule, seed, self.dp_sgd)
         # The client hashes the weights it received itself rather than trusting the server's word.
-        digest = model_hash(broadcast.weights) if self.hash_models else None
+        digest = broadcast.weights_hash if self.hash_models else None
         upload = self.privacy.upload(contribution, client_id=self.site.id, round_index=broadcast.round, model_hash=digest)
         return upload, contribution.stats

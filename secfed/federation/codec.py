@@ -52,28 +52,43 @@ def _table(named: Mapping[str, torch.Tensor]) -> tuple[list[dict[str, Any]], lis
     return entries, blobs
 
 
-def _pack(kind: int, header: dict[str, Any], named: Mapping[str, torch.Tensor]) -> bytes:
+def _parts(kind: int, header: dict[str, Any], named: Mapping[str, torch.Tensor]) -> list[bytes | memoryview]:
+    """The message as the pieces it is joined from: prefix, header, each tensor's bytes (no copy)."""
     entries, blobs = _table(named)
     text = json.dumps({**header, "tensors": entries}, separators=(",", ":"), allow_nan=False).encode()
-    return b"".join([_PREFIX.pack(MAGIC, VERSION, kind, 0, len(text)), text, *blobs])
+    return [_PREFIX.pack(MAGIC, VERSION, kind, 0, len(text)), text, *blobs]
 
 
-def encode_broadcast(message: Broadcast) -> bytes:
+def _broadcast_parts(message: Broadcast) -> list[bytes | memoryview]:
     named = {"weights": message.weights, **{f"payload/{k}": v for k, v in message.payloads.items()}}
-    return _pack(_BROADCAST, {"round": message.round, "layout_id": message.layout_id}, named)
+    return _parts(_BROADCAST, {"round": message.round, "layout_id": message.layout_id}, named)
 
 
-def encode_upload(message: Upload) -> bytes:
+def _upload_parts(message: Upload) -> list[bytes | memoryview]:
     summands = {name: {"weight": s.weight, "encoding": s.encoding, "bound": s.bound} for name, s in message.summed.items()}
     named = {**{f"summed/{k}": s.vector for k, s in message.summed.items()},
              **{f"shared/{k}": v for k, v in message.shared.items()}}
     header = {"client_id": message.client_id, "round": message.round, "summands": summands,
               "model_hash": message.model_hash.hex() if message.model_hash is not None else None}
-    return _pack(_UPLOAD, header, named)
+    return _parts(_UPLOAD, header, named)
+
+
+def encode_broadcast(message: Broadcast) -> bytes:
+    return b"".join(_broadcast_parts(message))
+
+
+def encode_upload(message: Upload) -> bytes:
+    return b"".join(_upload_parts(message))
 
 
 def broadcast_size(message: Broadcast) -> int:
-    return len(encode_broadcast(message))
+    """``len(encode_broadcast(message))``, without building the bytes."""
+    return sum(len(part) for part in _broadcast_parts(message))
+
+
+def upload_size(message: Upload) -> int:
+    """``len(encode_upload(message))``, without building the bytes."""
+    return sum(len(part) for part in _upload_parts(message))
 
 
 # ---- decoding --------------------------------------------------------------------------------------

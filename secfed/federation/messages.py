@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import torch
+
+from secfed.models.sharing import model_hash
 
 MODEL = "model"  # the summed name of the shared-weight update, present in every method's upload
 Encoding = Literal["float", "ring"]
@@ -29,12 +32,20 @@ Encoding = Literal["float", "ring"]
 
 @dataclass(frozen=True)
 class Broadcast:
-    """Server → every selected client at the start of a round."""
+    """Server → every selected client at the start of a round. Nobody writes into its tensors."""
 
     round: int
     weights: torch.Tensor  # flat float32 global shared weights, in SharedLayout order
     layout_id: str  # SharedLayout.fingerprint(): a client refuses weights of another layout
     payloads: Mapping[str, torch.Tensor] = field(default_factory=dict)  # public extras of the method
+
+    @cached_property
+    def weights_hash(self) -> bytes:
+        """:func:`~secfed.models.sharing.model_hash` of the weights, computed once per Broadcast: in
+        one process the clients that received this very object would each compute the same digest
+        of the same bytes (a client that received its own copy — decoded from the wire, or Eq. 15's
+        noised weights — holds another object and hashes it itself)."""
+        return model_hash(self.weights)
 
 
 @dataclass(frozen=True)

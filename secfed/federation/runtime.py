@@ -1,8 +1,11 @@
 """The round loop. Reads top to bottom: select, broadcast, client steps, aggregate, server step,
 account, evaluate, checkpoint, log.
 
-Server side and client sides meet only through bytes: the broadcast is encoded once and decoded by
-every client, uploads go through the channel (the codec, or secure aggregation's own messages).
+Server side and client sides meet only through messages: a Broadcast out, an Upload back, through
+the channel (plain: summed in memory and counted at their wire size; secure aggregation: its own
+messages, encoded and decoded). In one process a Broadcast's tensors are shared by every client,
+which reads them and never writes them (tests/federation/test_methods_seam.py checks every method);
+``secfed train --flower`` carries the same messages through :mod:`secfed.federation.codec`.
 
 ``run`` owns a run directory::
 
@@ -34,7 +37,7 @@ from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec
 from secfed.federation.builder import Federation, build
 from secfed.federation.evaluate import evaluate_final, evaluate_global, evaluate_local_training
-from secfed.federation.messages import Aggregate, Upload
+from secfed.federation.messages import Aggregate, Broadcast, Upload
 from secfed.models.sharing import local_state
 from secfed.seeding import derive_seed, numpy_rng
 
@@ -169,29 +172,35 @@ def run(
         atomic_file.write_text(run_dir / "data.json", json.dumps(fed.data_info, indent=2))
         ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
     reporter.run_started(fed, start)
-    aggregate = None
+    with ckpt.BackgroundWriter() as checkpoints:  # each round's checkpoint is written while the next trains
+        summary = _train_rounds(cfg, fed, run_dir, reporter, on_round_end, checkpoints, history, start, wall)
+    plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
+    return RunResult(run_dir, summary, fed)
 
+
+def _train_rounds(cfg: RunConfig, fed: Federation, run_dir: Path, reporter: Reporter,
+            on_round_end: Callable[[int], None] | None, checkpoints: ckpt.BackgroundWriter,
+            history: list[dict[str, Any]], start: int, wall: float) -> dict[str, Any]:
+    """The rounds from ``start`` on, then the summary (written to summary.json)."""
     for t in range(start, cfg.schedule.rounds):
         round_number = t + 1
         t0 = time.perf_counter()
         cohort = fed.server.cohort(t, cfg.schedule.clients_per_round, cfg.seed)
         reporter.round_started(round_number, [fed.clients[k].site.name for k in cohort])
         broadcast = fed.server.broadcast(t)
-        wire = codec.encode_broadcast(broadcast)
         schedule = schedule_for(cfg, t)
 
-        # Every selected client decodes the broadcast, runs the method and its privacy step.
+        # Every selected client runs the method and its privacy step on what it received.
         uploads: list[Upload] = []
-        personal_wires: dict[int, bytes] = {}
+        personal: dict[int, Broadcast] = {}
         client_stats: dict[str, dict[str, float]] = {}
         for k in cohort:
             client = fed.clients[k]
-            personal = fed.server.received(broadcast, k)  # Eq. 15 noise, when asked for
-            data = wire if personal is broadcast else codec.encode_broadcast(personal)
-            if personal is not broadcast:
-                personal_wires[k] = data
+            received = fed.server.received(broadcast, k)  # Eq. 15 noise, when asked for
+            if received is not broadcast:
+                personal[k] = received
             try:
-                upload, stats = client.step(codec.decode_broadcast(data), schedule, derive_seed(cfg.seed, "train", t, k))
+                upload, stats = client.step(received, schedule, derive_seed(cfg.seed, "train", t, k))
             except TrainingDiverged as exc:
                 raise RunDiverged(round_number, client.site.name, str(exc), run_dir, schedule.lr_new) from None
             uploads.append(upload)
@@ -209,11 +218,11 @@ def run(
                                   schedule.lr_new) from None
             baseline_stats[alone.name] = {"loss": stats.loss, "accuracy": stats.accuracy}
         if cfg.run.record_uploads:
-            record_uploads(run_dir, round_number, uploads, wire, personal_wires)
+            record_uploads(run_dir, round_number, uploads, broadcast, personal)
         t_train = time.perf_counter()
 
         dropouts = dropout_schedule(cfg, t, cohort, fed.channel.phases)
-        aggregate = fed.channel.aggregate(broadcast, uploads, dropouts, broadcast_bytes=len(wire))
+        aggregate = fed.channel.aggregate(broadcast, uploads, dropouts, broadcast_bytes=codec.broadcast_size(broadcast))
         fed.server.apply(aggregate)
         privacy = fed.server.privacy.account(len(aggregate.contributors))
         t_agg = time.perf_counter()
@@ -234,7 +243,7 @@ def run(
         if private_logs(fed):
             record = dp_record(record)
         history.append(record)
-        ckpt.save_checkpoint(run_dir, round_number, snapshot(fed, history, wall))
+        checkpoints.save(run_dir, round_number, snapshot(fed, history, wall))
         ckpt.append_jsonl(run_dir / "metrics.jsonl", record)
         reporter.round_done(record)
         if on_round_end is not None:
@@ -242,8 +251,7 @@ def run(
 
     summary = summarize(fed, history, run_dir, wall)
     atomic_file.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
-    plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
-    return RunResult(run_dir, summary, fed)
+    return summary
 
 
 def dp_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -254,8 +262,8 @@ def dp_record(record: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def record_uploads(run_dir: Path, round_number: int, uploads: list[Upload], broadcast: bytes,
-                   personal: dict[int, bytes] | None = None) -> None:
+def record_uploads(run_dir: Path, round_number: int, uploads: list[Upload], broadcast: Broadcast,
+                   personal: Mapping[int, Broadcast] | None = None) -> None:
     """Keep every upload of the round and the broadcast it answered, encoded as the wire carries them
     (read by ``secfed audit``: an update means nothing without the weights it started from).
 
@@ -263,9 +271,9 @@ def record_uploads(run_dir: Path, round_number: int, uploads: list[Upload], broa
     that received its own (Eq. 15 noise)."""
     folder = run_dir / "uploads" / f"round-{round_number:04d}"
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_file.write_bytes(folder / "broadcast.bin", broadcast)
-    for client_id, data in (personal or {}).items():
-        atomic_file.write_bytes(folder / f"client-{client_id:04d}.broadcast", data)
+    atomic_file.write_bytes(folder / "broadcast.bin", codec.encode_broadcast(broadcast))
+    for client_id, received in (personal or {}).items():
+        atomic_file.write_bytes(folder / f"client-{client_id:04d}.broadcast", codec.encode_broadcast(received))
     for upload in uploads:
         atomic_file.write_bytes(folder / f"client-{upload.client_id:04d}.upload", codec.encode_upload(upload))
 

@@ -113,8 +113,7 @@ class SecureChannel:
             shared_bytes += len(data)
             shared[u.client_id] = dict(codec.decode_upload(data).shared)
         segments = self._segments(uploads[0]) if uploads else []
-        rng = numpy_rng(self.run_seed, "secagg/rounding", t)
-        inputs = {u.client_id: self._ring_vector(u, segments, rng) for u in uploads}
+        inputs = {u.client_id: self._ring_vector(u, segments, self.rounding(t, u.client_id)) for u in uploads}
         clipped = sum(c for _, c in inputs.values())
         up = received = 0
         online = [u.client_id for u in uploads]
@@ -148,6 +147,12 @@ class SecureChannel:
         sums, weights = zero_sums(uploads)
         return Aggregate(t, sums, weights, (), {}, up + shared_bytes, down + received, clipped)
 
+    def rounding(self, round_index: int, client_id: int) -> np.random.Generator:
+        """The stochastic rounding draws of one client's ring vector, from the run seed: every
+        process that quantises a client's upload (in-process, or its Flower node) rounds it alike,
+        so the ring sums — and the new global model — are the same bit for bit."""
+        return numpy_rng(self.run_seed, "secagg/rounding", round_index, client_id)
+
     # ---- ring layout ---------------------------------------------------------------------------
 
     def _segments(self, upload: Upload) -> list[_Segment]:
@@ -163,7 +168,7 @@ class SecureChannel:
 
     def _ring_vector(self, upload: Upload, segments: list[_Segment], rng: np.random.Generator) -> tuple[np.ndarray, int]:
         """One client's ring vector and how many of its values were clipped to the segments' bounds."""
-        out = np.empty(sum(s.length for s in segments), dtype=np.uint32)
+        out = protocols.parallel.zeros(sum(s.length for s in segments))
         clipped = 0
         for seg in segments:
             s: Summand = upload.summed[seg.name]
@@ -171,12 +176,9 @@ class SecureChannel:
             if seg.quantizer is None:
                 part[:] = to_ring(s.vector.numpy(), RING_BITS)
                 continue
-            values = np.empty(seg.length, dtype=np.float64)
-            values[:-1] = s.vector.numpy()
-            values[:-1] *= s.weight
-            values[-1] = s.weight
-            clipped += int(np.count_nonzero(np.abs(values) > seg.quantizer.clip))
-            part[:] = seg.quantizer.to_ring(values, rng)
+            # [w·x, w], quantised as one vector would be (the same draws from rng, in order)
+            clipped += seg.quantizer.quantize_into(part[:-1], s.vector.numpy(), rng, weight=s.weight)
+            clipped += seg.quantizer.quantize_into(part[-1:], np.array([s.weight]), rng)
         return out, clipped
 
     def _decode(self, total: np.ndarray, segments: list[_Segment], contributors: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -188,9 +190,8 @@ class SecureChannel:
                 sums[seg.name] = torch.from_numpy(part.astype(np.int64))
                 weights[seg.name] = float(contributors)
             else:
-                decoded = seg.quantizer.from_ring(np.ascontiguousarray(part))
-                sums[seg.name] = torch.from_numpy(decoded[:-1].astype(np.float32))
-                weights[seg.name] = float(decoded[-1])
+                sums[seg.name] = torch.from_numpy(seg.quantizer.from_ring(part[:-1], dtype=np.float32))
+                weights[seg.name] = float(seg.quantizer.from_ring(part[-1:])[0])
         return sums, weights
 
 

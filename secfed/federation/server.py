@@ -46,7 +46,8 @@ class ServerSide:
         return self.privacy.cohort(round_index, len(self.enrolled), fixed)
 
     def broadcast(self, round_index: int) -> Broadcast:
-        return Broadcast(round_index, self.weights.clone(), self.layout.fingerprint(), self.method.payloads(self.state))
+        # No copy: apply() replaces self.weights with a new tensor and nothing writes into a broadcast.
+        return Broadcast(round_index, self.weights, self.layout.fingerprint(), self.method.payloads(self.state))
 
     def received(self, broadcast: Broadcast, client_id: int) -> Broadcast:
         """What one client receives: the broadcast, its weights noised under Eq. 15 (``double``)."""

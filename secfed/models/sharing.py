@@ -26,6 +26,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from secfed.protocols.crypto import vector_digest
+
 BN_STAT_SUFFIXES = (".running_mean", ".running_var")
 
 
@@ -135,5 +137,8 @@ def load_shared(model: nn.Module, layout: SharedLayout, vector: torch.Tensor) ->
 
 
 def model_hash(vector: torch.Tensor) -> bytes:
-    """SHA-256 of the shared weights' bytes: every client checks it trained on the same global model."""
-    return hashlib.sha256(vector.detach().contiguous().to(torch.float32).numpy().tobytes()).digest()
+    """The digest of the shared weights' float32 bytes (SHA-256, two-level, on every core:
+    :func:`secfed.protocols.crypto.vector_digest`): every client checks it trained on the same
+    global model."""
+    data = vector.detach().cpu().contiguous().to(torch.float32).reshape(-1).numpy()
+    return vector_digest(data.view("<u4"))

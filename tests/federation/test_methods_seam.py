@@ -125,3 +125,29 @@ def test_fedreid_shares_only_the_embedding_and_keeps_expert_and_mapping(tiny_con
         x = torch.randn(2, 3, 32, 16)
         site.model.eval()
         assert torch.equal(site.model.embed(x), site.model.backbone(x))
+
+
+@pytest.mark.parametrize("method", ["fedpav", "fedavg", "fedreid", "dfh", "fedpav+kd+cdw"])
+def test_no_method_writes_into_the_broadcast_every_client_shares(method: str, tiny_config: RunConfig,
+                                                                synth_root: Path) -> None:
+    # In one process every client reads the same Broadcast tensors (the runtime does not copy them).
+    cfg = _kd_cdw(tiny_config, synth_root) if method == "fedpav+kd+cdw" else tiny_config
+    cfg.secagg.enabled = False
+    if method != "fedpav+kd+cdw":
+        cfg.method.algorithm = method
+    if method == "dfh":
+        cfg.method.ids_per_batch = 4
+    fed = build(cfg)
+    for t in range(2):  # round 2 carries payloads under DFH (every client's statistics)
+        broadcast = fed.server.broadcast(t)
+        before = (broadcast.weights.clone(), {k: v.clone() for k, v in broadcast.payloads.items()})
+        uploads = [c.step(broadcast, schedule_for(cfg, t), derive_seed(cfg.seed, "train", t, c.site.id))[0]
+                   for c in fed.clients]
+        assert torch.equal(broadcast.weights, before[0])
+        assert broadcast.payloads.keys() == before[1].keys()
+        assert all(torch.equal(broadcast.payloads[k], v) for k, v in before[1].items())
+        fed.server.apply(fed.channel.aggregate(broadcast, uploads, {}, broadcast_bytes=0))
+        assert not torch.equal(fed.server.weights, before[0])  # the server's new weights are a new tensor
+        assert torch.equal(broadcast.weights, before[0])
+    if method == "dfh":
+        assert broadcast.payloads  # the second round did carry the statistics

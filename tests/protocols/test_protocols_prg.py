@@ -141,9 +141,11 @@ def test_more_streams_than_a_group_are_all_applied():
     apply_masks(acc, streams, bits=32)
     expected = sum(mask_words(s.key, 40).astype(np.uint64) for s in streams) % (1 << 32)
     assert np.array_equal(acc, expected)
-    out = np.empty(40, dtype=np.uint32)
-    assert mask_into(out, np.zeros(40, np.uint32), streams, bits=32, bound=None) == vector_digest(acc)
-    assert np.array_equal(out, acc)
+    out = np.full(40, 12345, dtype=np.uint32)  # whatever the output held before is overwritten
+    source = np.arange(40, dtype=np.uint32)
+    masked = (acc.astype(np.uint64) + source) % (1 << 32)
+    assert mask_into(out, source, streams, bits=32, bound=None) == vector_digest(masked.astype(np.uint32))
+    assert np.array_equal(out, masked)
 
 
 def test_mask_into_checks_the_ring_and_the_bound_and_names_the_first_index(two_workers):

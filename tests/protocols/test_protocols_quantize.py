@@ -174,3 +174,36 @@ def test_every_real_dtype_gives_the_clipped_sum_without_wrapping(case, seed):
     total = np.bitwise_and(sum(r.astype(np.uint64) for r in rings), (1 << q.bits) - 1).astype(np.uint32)
     reference = sum(np.clip(x.astype(np.longdouble), -clip, clip) for x in inputs)
     assert np.all(np.abs(q.from_ring(total) - reference) <= n / q.scale * (1 + 1e-6))
+
+
+def test_a_long_vector_rounds_the_same_on_any_number_of_threads():
+    from secfed.protocols import parallel
+    from secfed.protocols.quantize import BLOCK
+
+    q = Quantizer.for_cohort(4, clip=1.0)
+    x = np.random.default_rng(1).standard_normal(3 * BLOCK + 123) * 0.5  # ≈ 5 % beyond the clip
+    before = parallel.workers()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            parallel.set_workers(threads)
+            out = np.empty(x.size, np.uint32)
+            clipped = q.quantize_into(out, x, np.random.default_rng(9), weight=2.0)
+            results.append((out, clipped))
+    finally:
+        parallel.set_workers(before)
+    assert all(np.array_equal(out, results[0][0]) and c == results[0][1] for out, c in results)
+    assert results[0][1] == np.count_nonzero(np.abs(2.0 * x) > 1.0)
+    # every block rounds without bias and within one ring unit of the clipped, weighted value
+    exact = np.clip(2.0 * x, -1.0, 1.0) * q.scale
+    decoded = q.from_ring(results[0][0]) * q.scale
+    assert np.all(np.abs(decoded - exact) < 1.0)
+    assert abs(np.mean(decoded - exact)) < 5 / np.sqrt(x.size)
+
+
+def test_quantize_into_refuses_a_wrong_output_or_weight():
+    q = Quantizer.for_cohort(4, clip=1.0)
+    with pytest.raises(ValueError, match="uint32 vector of 3"):
+        q.quantize_into(np.empty(3, np.int64), np.zeros(3), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="weight must be a finite"):
+        q.quantize_into(np.empty(3, np.uint32), np.zeros(3), np.random.default_rng(0), weight=math.inf)

@@ -95,7 +95,7 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     from secfed.federation import codec
     from secfed.federation.channel import only_shared
     from secfed.federation.runtime import private_logs, schedule_for
-    from secfed.seeding import derive_seed, numpy_rng
+    from secfed.seeding import derive_seed
 
     sites = _open(step, context, train=True)
     fed, cfg = sites.fed, sites.fed.config
@@ -138,10 +138,9 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     if cfg.secagg.enabled and uploads:
         channel = fed.channel
         segments = channel._segments(uploads[0])  # the in-process secure channel's layout and quantisers
-        rng = numpy_rng(cfg.seed, "secagg/rounding", t, cohort[0])
         total = np.zeros(sum(s.length for s in segments) + CLIP_WORD, dtype=np.uint32)
         for upload in uploads:
-            vector, clipped = channel._ring_vector(upload, segments, rng)
+            vector, clipped = channel._ring_vector(upload, segments, channel.rounding(t, upload.client_id))
             total[:-CLIP_WORD] += vector  # wraps mod 2^32: the ring sum of this node's sites
             total[-1] += np.uint32(clipped)
         digest = hashlib.sha256(common).digest()

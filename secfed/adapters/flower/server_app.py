@@ -15,8 +15,8 @@ the same keys, checkpoints/, summary.json, history.png) on the machine that runs
 
 What differs from an in-process run: each node adds its sites' quantised vectors before masking,
 so the server learns sums over nodes (a node hosting one site: over sites, as in-process);
-stochastic rounding draws per node, so sums match an in-process run's to the quantiser's
-resolution, not bit for bit; dropouts are real (``secagg.dropout_rate`` is refused) and a round
+each site's stochastic rounding draws from the run seed as in-process, so the ring sums and the new
+global model are an in-process run's bit for bit; dropouts are real (``secagg.dropout_rate`` is refused) and a round
 whose protocol aborts releases nothing (in-process, the round is retried among the survivors);
 the checkpoint holds the server's state — the sites' own state stays in their folders on the
 SuperNodes, so ``--resume`` is refused and ``secfed evaluate`` scores a site's local parts as
