@@ -176,11 +176,11 @@ class Quantizer:
         # 2^31 / n, beyond float32's 24-bit mantissa, and the fractional part decides the rounding.
         m = min(_CHUNK, hi - lo)
         value, floor, noise = np.empty(m), np.empty(m), np.empty(m)
-        ints, above = np.empty(m, dtype=np.int64), np.empty(m, dtype=bool)
+        above = np.empty(m, dtype=bool)
         for start in range(lo, hi, _CHUNK):
             part = x[start : min(start + _CHUNK, hi)]
             m = part.size
-            v, f, u, k, b = value[:m], floor[:m], noise[:m], ints[:m], above[:m]
+            v, f, u, b = value[:m], floor[:m], noise[:m], above[:m]
             if extended:  # weigh and clip where the input is exact; the result then rounds into [−clip, clip]
                 _refuse_non_finite(part, start)
                 part = part * weight if weight != 1.0 else part
@@ -207,11 +207,11 @@ class Quantizer:
             v -= f
             rng.random(out=u)
             np.less(u, v, out=b)
-            np.copyto(k, f, casting="unsafe")
-            k += b
+            f += b  # an integer in [−max_abs, max_abs], max_abs < 2^31: exact in float64 and in int32
+            ring = out[start : start + m]
+            np.copyto(ring.view(np.int32), f, casting="unsafe")  # two's complement: the value mod 2^32
             if low != 0xFFFFFFFF:
-                k &= low
-            np.copyto(out[start : start + m], k, casting="unsafe")  # int64 → uint32 keeps the low 32 bits
+                ring &= np.uint32(low)
         return clipped
 
     def from_ring(self, total: np.ndarray, *, dtype: type = np.float64) -> np.ndarray:
