@@ -50,3 +50,14 @@ def test_an_exception_in_the_block_still_finishes_the_write_and_keeps_its_own_er
             writer.save(tmp_path, 3, {"global": torch.arange(10.0)})
             raise KeyboardInterrupt
     assert ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path))["rounds_done"] == 3
+
+
+def test_a_checkpoint_round_trips_and_leaves_torchs_crc_setting_as_it_was(tmp_path: Path) -> None:
+    before = torch.serialization.get_crc32_options()
+    try:
+        torch.serialization.set_crc32_options(True)
+        ckpt.save_checkpoint(tmp_path, 2, {"global": torch.arange(5.0)})
+        assert torch.serialization.get_crc32_options() is True
+    finally:
+        torch.serialization.set_crc32_options(before)
+    assert torch.equal(ckpt.load_checkpoint(ckpt.checkpoint_path(tmp_path, 2))["global"], torch.arange(5.0))
