@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -232,8 +231,6 @@ class Method:
         self.receive(site, broadcast, layout)
         stats = self.local_train(site, schedule, seed, dp)
         update = flat_state(site.model, layout).sub_(broadcast.weights)  # in place: one 4·d-byte buffer, not two
-        if not np.isfinite(update.numpy()).all():  # numpy's check: 2 ms at 11 M values, torch's ≈ 60 ms
-            raise TrainingDiverged(stats.steps, float("nan"))
         return Contribution({MODEL: Summand(update, self.weight(site))}, stats=stats)
 
     # ---- server ---------------------------------------------------------------------------------

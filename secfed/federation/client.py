@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from secfed.algorithms.base import Method, Schedule, Site
-from secfed.federation.messages import Broadcast, TrainStats, Upload
+import numpy as np
+
+from secfed.algorithms.base import Method, Schedule, Site, TrainingDiverged
+from secfed.federation.messages import Broadcast, Contribution, TrainStats, Upload
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.dpsgd import ClientDpSgd
 from secfed.privacy.round import ClientPrivacy
@@ -35,7 +37,19 @@ class ClientSide:
                 f"client {self.site.name}: broadcast layout {broadcast.layout_id} != own {self.layout.fingerprint()}"
             )
         contribution = self.method.client_step(self.site, broadcast, self.layout, schedule, seed, self.dp_sgd)
+        _check_finite(contribution)
         # The client hashes the weights it received itself rather than trusting the server's word.
         digest = broadcast.weights_hash if self.hash_models else None
         upload = self.privacy.upload(contribution, client_id=self.site.id, round_index=broadcast.round, model_hash=digest)
         return upload, contribution.stats
+
+
+def _check_finite(contribution: Contribution) -> None:
+    """Every float vector a method wants to send must be finite (a diverged model's update, soft
+    labels or statistics): TrainingDiverged, which the runtime reports with the round and client."""
+    vectors = [s.vector for s in contribution.summed.values() if s.encoding == "float"]
+    vectors += [t for t in contribution.shared.values() if t.is_floating_point()]
+    for vector in vectors:
+        # numpy's check: 2 ms at 11 M values; torch's isfinite ≈ 60 ms on one loaded thread
+        if not np.isfinite(vector.detach().cpu().numpy()).all():
+            raise TrainingDiverged(contribution.stats.steps if contribution.stats else 0, float("nan"))

@@ -151,3 +151,18 @@ def test_no_method_writes_into_the_broadcast_every_client_shares(method: str, ti
         assert torch.equal(broadcast.weights, before[0])
     if method == "dfh":
         assert broadcast.payloads  # the second round did carry the statistics
+
+
+def test_non_finite_soft_labels_stop_the_run_naming_round_and_client(tiny_config: RunConfig, synth_root: Path,
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Any float vector about to leave a client is checked, not only the model update.
+    from secfed.algorithms import kd
+    from secfed.federation.runtime import RunDiverged
+
+    cfg = _kd_cdw(tiny_config, synth_root)
+    cfg.secagg.enabled = False  # the plain channel no longer decodes (and so no longer checks) uploads
+    real = kd.soft_labels
+    monkeypatch.setattr(kd, "soft_labels", lambda model, images: real(model, images) * float("nan"))
+    with pytest.raises(RunDiverged, match=r"round 1, client \w+"):
+        run(cfg, tmp_path / "nan")
