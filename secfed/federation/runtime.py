@@ -13,7 +13,7 @@ which reads them and never writes them (tests/federation/test_methods_seam.py ch
     RUN/data.json          which data the run read: datasets, sizes, clients, a content fingerprint
     RUN/splits.json        drawn splits of the small sets (when the run uses one)
     RUN/metrics.jsonl      one line per round: losses, bytes up/down, seconds, ε, evaluation when run
-    RUN/checkpoints/       round-NNNN.pt after every round, written atomically (newest kept)
+    RUN/checkpoints/       round-NNNN.pt after every round, written atomically while the next trains (newest kept)
     RUN/uploads/           with `run.record_uploads`: every upload and broadcast of every round (for the audit)
     RUN/summary.json       the final results (also what `--json` prints)
     RUN/history.png        rank-1 and mAP per round, federated and local-only, and the training loss
