@@ -576,7 +576,7 @@ def section_keystream(args) -> None:
           f"{'1/1':>6} {f'{threads}/1':>6} {f'{threads}/{threads}':>6} {'floor 1/1':>9}")
     # The digest the masked input is signed over is SHA-256 of every byte: a pass no keystream amortises.
     parallel.set_workers(1)
-    sha = min(_seconds(lambda: vector_digest(x)) for _ in range(args.keystream_repeats))
+    sha = best_of(args.keystream_repeats, lambda: _seconds(lambda: vector_digest(x)))
     parallel.set_workers(threads)
     for k in args.keystream_neighbours:
         streams = [MaskStream(os.urandom(16), 1 if i % 2 else -1) for i in range(k + 1)]

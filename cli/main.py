@@ -5,13 +5,13 @@ from __future__ import annotations
 import rich_click as click
 
 from secfed import __version__
-from secfed.memory import reuse_freed_memory
 from secfed.cli.audit import audit_command
 from secfed.cli.data_inspect import inspect_command
 from secfed.cli.data_synth import synth_command
 from secfed.cli.evaluate import evaluate_command
 from secfed.cli.flower import flower_group
 from secfed.cli.train import train_command
+from secfed.memory import reuse_freed_memory
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

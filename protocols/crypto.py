@@ -185,13 +185,12 @@ def vector_digest(words: np.ndarray) -> bytes:
     """SHA-256 two-level digest of a 1-D uint32 ring vector (little-endian words), leaf by leaf;
     the leaves are hashed on every core (:mod:`.parallel`), whole leaves per thread."""
     words = np.ascontiguousarray(words, dtype="<u4")
-    leaves = -(-words.size // VECTOR_LEAF_WORDS)
-    per = -(-leaves // max(1, min(parallel.workers(), leaves))) * VECTOR_LEAF_WORDS
 
     def hash_range(lo: int, hi: int) -> list[bytes]:
         return [leaf_digest(words[at : min(at + VECTOR_LEAF_WORDS, hi)]) for at in range(lo, hi, VECTOR_LEAF_WORDS)]
 
-    parts = parallel.run_all([lambda lo=lo: hash_range(lo, min(lo + per, words.size)) for lo in range(0, words.size, per)])
+    parts = parallel.run_all([lambda lo=lo, hi=hi: hash_range(lo, hi)
+                              for lo, hi in parallel.ranges(words.size, VECTOR_LEAF_WORDS)])
     return digest_of_leaves(words.size, (leaf for part in parts for leaf in part))
 
 

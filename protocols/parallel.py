@@ -9,8 +9,9 @@ copying data between processes.
 
 :func:`workers` is the number of threads a pass may use (default: the CPUs this process may run
 on, at most 8; :func:`set_workers` or the ``SECFED_PROTOCOL_THREADS`` environment variable
-override it). :func:`run_all` runs a list of jobs and returns their results in order.
-:func:`zeros` allocates the large arrays those passes write into.
+override it). :func:`ranges` cuts a vector into one range per worker, :func:`run_all` runs a list
+of jobs and returns their results in order, :func:`zeros` allocates the large arrays those passes
+write into.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import numpy as np
 
 T = TypeVar("T")
 MAX_DEFAULT_WORKERS = 8
+# Below this many values per thread, handing work to another thread costs more than it saves.
+MIN_WORDS_PER_WORKER = 1 << 18
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -63,6 +66,18 @@ def set_workers(count: int) -> None:
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"worker count must be a positive int, got {count!r}")
     _workers = count
+
+
+def ranges(size: int, unit: int, minimum: int = MIN_WORDS_PER_WORKER) -> list[tuple[int, int]]:
+    """``[lo, hi)`` ranges covering ``range(size)``: one per worker at most, each a whole number of
+    ``unit``-long pieces (the last may be short), none shorter than ``minimum`` unless there is
+    only one."""
+    if size <= 0:
+        return []
+    pieces = -(-size // unit)
+    parts = min(max(1, min(workers(), size // minimum)), pieces)
+    per = -(-pieces // parts) * unit
+    return [(lo, min(lo + per, size)) for lo in range(0, size, per)]
 
 
 def run_all(jobs: Sequence[Callable[[], T]]) -> list[T]:

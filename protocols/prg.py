@@ -38,8 +38,7 @@ _ZERO_IV = bytes(16)
 CHUNK_WORDS = 1 << 16
 _ZEROS = memoryview(bytes(4 * CHUNK_WORDS))
 STREAM_GROUP = 256
-# Below this many words per thread, handing work to another thread costs more than it saves.
-MIN_WORDS_PER_WORKER = 1 << 18
+MIN_WORDS_PER_WORKER = parallel.MIN_WORDS_PER_WORKER
 
 assert VECTOR_LEAF_WORDS % CHUNK_WORDS == 0  # a chunk never straddles two leaves
 
@@ -148,11 +147,7 @@ def _check_accumulator(acc: np.ndarray) -> None:
 
 def _ranges(size: int) -> list[tuple[int, int]]:
     """One range per worker, whole leaves each, none shorter than MIN_WORDS_PER_WORKER."""
-    parts = max(1, min(parallel.workers(), size // MIN_WORDS_PER_WORKER))
-    leaves = -(-size // VECTOR_LEAF_WORDS)
-    parts = min(parts, leaves)
-    per = -(-leaves // parts) * VECTOR_LEAF_WORDS
-    return [(lo, min(lo + per, size)) for lo in range(0, size, per)]
+    return parallel.ranges(size, VECTOR_LEAF_WORDS, MIN_WORDS_PER_WORKER)
 
 
 def _groups(streams: Sequence[MaskStream]) -> Iterator[Sequence[MaskStream]]:

@@ -157,14 +157,12 @@ class Quantizer:
         if x.size <= BLOCK:
             return self._quantize_range(out, x, rng, weight, 0, x.size)
         streams = np.random.SeedSequence(rng.integers(0, 1 << 63, size=4).tolist()).spawn(-(-x.size // BLOCK))
-        blocks = [(j * BLOCK, min((j + 1) * BLOCK, x.size), seq) for j, seq in enumerate(streams)]
-        per = -(-len(blocks) // max(1, min(parallel.workers(), len(blocks))))
 
-        def job(mine: list[tuple[int, int, np.random.SeedSequence]]) -> int:
-            return sum(self._quantize_range(out, x, np.random.Generator(np.random.PCG64(seq)), weight, lo, hi)
-                       for lo, hi, seq in mine)
+        def job(lo: int, hi: int) -> int:  # whole blocks, each with its own generator
+            return sum(self._quantize_range(out, x, np.random.Generator(np.random.PCG64(streams[at // BLOCK])),
+                                            weight, at, min(at + BLOCK, hi)) for at in range(lo, hi, BLOCK))
 
-        return sum(parallel.run_all([lambda mine=blocks[i : i + per]: job(mine) for i in range(0, len(blocks), per)]))
+        return sum(parallel.run_all([lambda lo=lo, hi=hi: job(lo, hi) for lo, hi in parallel.ranges(x.size, BLOCK)]))
 
     def _quantize_range(self, out: np.ndarray, x: np.ndarray, rng: np.random.Generator, weight: float,
                         lo: int, hi: int) -> int:

@@ -9,6 +9,7 @@ either the old file or the new one, never half of one.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -58,8 +59,8 @@ class BackgroundWriter:
 
     :meth:`save` takes a private copy of every tensor in the state first (the caller goes on
     changing its models), then returns; the file is written, fsynced and renamed as by
-    :func:`save_checkpoint`. One write is in flight at a time: the next :meth:`save` and
-    :meth:`close` wait for it and re-raise its error. ``with BackgroundWriter() as w:`` waits on
+    :func:`save_checkpoint`. One write is in flight at a time: the next :meth:`save` (or
+    :meth:`wait`) waits for it and re-raises its error. ``with BackgroundWriter() as w:`` waits on
     every exit, an exception or Ctrl-C included, so the last checkpoint is on disk (or, if the
     process is killed outright, the one before it, and a resume redoes one round).
     """
@@ -70,7 +71,7 @@ class BackgroundWriter:
 
     def save(self, run_dir: Path, round_count: int, state: dict[str, Any]) -> None:
         self.wait()
-        private = _copy_tensors(state)
+        private = copy.deepcopy(state)  # tensors cloned: the models train on while this is written
 
         def write() -> None:
             try:
@@ -98,16 +99,6 @@ class BackgroundWriter:
         else:  # already failing: finish the write, keep the original exception
             with contextlib.suppress(BaseException):
                 self.wait()
-
-
-def _copy_tensors(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: _copy_tensors(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_copy_tensors(v) for v in value)
-    return value
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from secfed.config import ConfigError, RunConfig, check, from_dict
+from secfed import atomic_file
+from secfed.config import ConfigError, RunConfig, check
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import resolve_data
 from secfed.federation.runtime import Reporter, run
-from secfed import atomic_file
 
 SWEEP_FILE = "sweep.json"
 RESULT_FILE = "leave-one-out.json"
@@ -44,12 +44,6 @@ def training_domains(cfg: RunConfig) -> list[str]:
 
 def is_sweep(run_dir: Path) -> bool:
     return (Path(run_dir) / SWEEP_FILE).is_file()
-
-
-def sweep_config(run_dir: Path) -> RunConfig:
-    """The configuration a sweep was started with (what ``--resume`` continues)."""
-    raw = json.loads((Path(run_dir) / SWEEP_FILE).read_text())
-    return from_dict(raw["config"])
 
 
 def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, reporter: Reporter | None = None,

@@ -106,7 +106,6 @@ def dropout_schedule(cfg: RunConfig, round_index: int, cohort: list[int], phases
     return {k: phases[p] for k, u, p in zip(cohort, draws, phase_of) if u < rate}
 
 
-
 def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort: Sequence[int],
                  dropped: Mapping[str, str], aggregate: Aggregate, client_stats: Mapping[str, dict[str, Any]],
                  baseline_stats: Mapping[str, Any], privacy: dict[str, Any] | None) -> dict[str, Any]:
@@ -132,6 +131,7 @@ def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort:
     if fed.clients and fed.clients[0].dp_sgd is not None:
         record["dp_sgd_epsilon"] = {c.site.name: c.dp_sgd.epsilon() for c in fed.clients if c.dp_sgd is not None}
     return record
+
 
 def _eval_due(cfg: RunConfig, round_number: int) -> bool:
     every = cfg.run.eval_every
@@ -179,8 +179,8 @@ def run(
 
 
 def _train_rounds(cfg: RunConfig, fed: Federation, run_dir: Path, reporter: Reporter,
-            on_round_end: Callable[[int], None] | None, checkpoints: ckpt.BackgroundWriter,
-            history: list[dict[str, Any]], start: int, wall: float) -> dict[str, Any]:
+                  on_round_end: Callable[[int], None] | None, checkpoints: ckpt.BackgroundWriter,
+                  history: list[dict[str, Any]], start: int, wall: float) -> dict[str, Any]:
     """The rounds from ``start`` on, then the summary (written to summary.json)."""
     for t in range(start, cfg.schedule.rounds):
         round_number = t + 1
