@@ -41,3 +41,21 @@ def test_a_freed_64_mb_block_is_reused_without_faulting_its_pages_again() -> Non
 def test_thresholds_set_in_the_environment_are_left_alone() -> None:
     set_, faults = _second_allocation(reuse=True, env={"MALLOC_TRIM_THRESHOLD_": "131072"})
     assert set_ == "False"
+
+
+def test_the_secfed_command_asks_for_freed_memory_to_be_reused_before_it_runs() -> None:
+    # `secfed` is secfed.cli.main:main; --version exits before any subcommand runs.
+    code = """
+import sys
+import secfed.cli.main as entry
+calls = []
+entry.reuse_freed_memory = lambda: calls.append(1) or True
+sys.argv = ["secfed", "--version"]
+try:
+    entry.main()
+except SystemExit:
+    pass
+print(len(calls))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split()[-1] == "1"
