@@ -553,13 +553,15 @@ def _strictly_increasing(ids: tuple[int, ...] | list[int], field: str, what: str
 def decode(data: bytes | bytearray | memoryview) -> Message:
     """Parse wire bytes into a typed message, or raise :class:`MalformedMessage` saying what is wrong.
 
-    A masked-input vector is returned as a read-only view into ``data`` (no copy).
+    A masked-input vector is returned as a read-only view into ``data`` (no copy; read-only even
+    when ``data`` is a bytearray). A non-contiguous memoryview is copied first.
     """
     return _parse(data, check_only=False)
 
 
 def _parse(data: bytes | bytearray | memoryview, *, check_only: bool) -> Message:
-    view = memoryview(data).cast("B")
+    view = memoryview(data)
+    view = (view if view.contiguous else memoryview(view.tobytes())).cast("B")
     if len(view) < HEADER_BYTES:
         raise MalformedMessage(f"message of {len(view)} bytes is shorter than the {HEADER_BYTES}-byte header")
     magic, version, mtype, flags, session_id, round_, sender, recipient, length = _HEADER.unpack_from(view)
@@ -605,6 +607,7 @@ def _decode_masked(r: _Reader, env: dict, check_only: bool) -> MaskedInput:
         raise MalformedMessage(f"{r.what}: empty vector")
     raw = r.take(4 * d, "vector")
     vec = np.empty(0, np.uint32) if check_only else np.frombuffer(raw, dtype="<u4")
+    vec.flags.writeable = False  # a view into the caller's buffer: documented read-only, whatever it is
     return MaskedInput(**env, vector=vec, self_mask_shares=shares, tag=tag, signature=signature)
 
 

@@ -204,6 +204,23 @@ def test_masked_vector_decodes_without_copy():
     assert len(wire) == HEADER_BYTES + 4 + 32 + 2 + 4 + 4 * vec.size
 
 
+def test_decode_takes_any_buffer_and_its_vector_is_always_read_only():
+    """A bytearray's vector is read-only as documented (not a writable alias of the caller's buffer);
+    a non-contiguous memoryview decodes (copied), never a TypeError."""
+    vec = np.arange(10, dtype=np.uint32)
+    wire = encode(MaskedInput(session_id=bytes(16), round=0, sender=1, recipient=SERVER, vector=vec,
+                              self_mask_shares=(), tag=bytes(32), signature=b""))
+    got = decode(bytearray(wire)).vector
+    assert np.array_equal(got, vec) and not got.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        got[0] = 1
+    strided = memoryview(bytes(b for byte in wire for b in (byte, 0)))[::2]
+    assert not strided.contiguous
+    assert np.array_equal(decode(strided).vector, vec)
+    with pytest.raises(MalformedMessage):
+        decode(memoryview(bytes(b for byte in wire[:-1] for b in (byte, 0)))[::2])
+
+
 def test_a_version_2_unmask_response_is_refused_not_misread():
     """Version 2 carried 16-byte GF(2^128) share values. The same bytes with 20-byte values would
     shift every field after the first share; a v2 message must be refused as a whole, before any

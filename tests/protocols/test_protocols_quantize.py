@@ -207,3 +207,24 @@ def test_quantize_into_refuses_a_wrong_output_or_weight():
         q.quantize_into(np.empty(3, np.int64), np.zeros(3), np.random.default_rng(0))
     with pytest.raises(ValueError, match="weight must be a finite"):
         q.quantize_into(np.empty(3, np.uint32), np.zeros(3), np.random.default_rng(0), weight=math.inf)
+
+
+def test_a_scale_whose_product_with_the_clip_overflows_is_refused_typed():
+    """clip·scale = inf has no ring: refused as OverflowRefused, not a bare OverflowError."""
+    with pytest.raises(OverflowRefused, match="overflows float64"):
+        Quantizer(1e200, 1e200, 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.longdouble])
+def test_a_weighted_value_beyond_float_range_is_clipped_not_called_non_finite(dtype):
+    """weight·x may overflow float64 (or the input's precision) for a finite x: it lies beyond the
+    clip like any large value, so it is clipped and counted, with its sign."""
+    q = Quantizer.for_cohort(4, clip=1.0)
+    big = np.finfo(dtype).max
+    x = np.array([big, -big, 0.25], dtype=dtype)
+    out = np.empty(3, np.uint32)
+    assert q.quantize_into(out, x, np.random.default_rng(0), weight=3.0) == 2
+    decoded = q.from_ring(out)
+    assert decoded[0] == pytest.approx(1.0, abs=1 / q.scale) and decoded[1] == pytest.approx(-1.0, abs=1 / q.scale)
+    with pytest.raises(ValueError, match="non-finite value at index 1"):  # a real inf is still refused
+        q.quantize_into(out, np.array([big, np.inf, 0.0], dtype=dtype), np.random.default_rng(0), weight=3.0)
