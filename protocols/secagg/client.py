@@ -295,7 +295,7 @@ class SecAggClient:
                 raise MalformedMessage(f"client state: held share of {peer} does not fit the roster")
             client._held[peer] = shamir.Share(index, value)
         if flags & _HAS_SIGNED:
-            client._signed_survivors = r.ids("signed survivors")
+            client._signed_survivors = _restored_survivors(config, client_id, state, r.ids("signed survivors"))
         r.end()
         return client
 
@@ -706,6 +706,20 @@ _STATE_HEADER = struct.Struct("<4sBBH32sII")
 assert _STATE_HEADER.size == HEADER_BYTES  # so _Reader's offsets in errors are the state's own
 _HAS_SECRETS, _HAS_SEED, _HAS_SIGNED, _HAS_LISTED = 1, 2, 4, 8
 _HELD = struct.Struct(f"<II{shamir.SHARE_BYTES}s")  # peer, share index, share value
+
+
+def _restored_survivors(config: SessionConfig, client_id: int, state: ClientState,
+                        survivors: tuple[int, ...]) -> tuple[int, ...]:
+    """The survivor set a restored client signed, checked like the SurvivorList it signed: saved
+    bytes are input too, and an id outside the cohort would surface later as an IndexError."""
+    if not config.authenticated or _ORDER.index(state) < _ORDER.index(ClientState.AWAIT_UNMASK):
+        raise MalformedMessage(f"client state: a signed survivor set does not fit state {state.value} "
+                               f"({'authenticated' if config.authenticated else 'unauthenticated'} mode)")
+    if survivors and survivors[-1] >= config.n_clients:  # strictly increasing: the last is the largest
+        raise MalformedMessage(f"client state: signed survivor {survivors[-1]} is outside the cohort of {config.n_clients}")
+    if client_id not in survivors:
+        raise MalformedMessage(f"client state: the signed survivor set omits client {client_id} itself")
+    return survivors
 
 
 def _signed(value: int, bits: int) -> int:
