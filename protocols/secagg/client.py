@@ -84,6 +84,7 @@ from .keys import (
     input_tag_key,
     mask_private_key,
     masked_input_payload,
+    masked_input_signed,
     pairwise_mask_key,
     pairwise_sign,
     self_mask_commitment,
@@ -436,7 +437,7 @@ class SecAggClient:
         sealed = tuple(self._seal_share(v, ShareKind.SELF_MASK, self_shares) for v in sorted(self._held))
         payload = masked_input_payload(cfg, self.id, self._seed, digest, sealed)
         tag = mac(input_tag_key(cfg, self.id, self._self_seed), payload)
-        signature = sign(self._identity, payload) if cfg.authenticated else b""
+        signature = sign(self._identity, masked_input_signed(payload, tag)) if cfg.authenticated else b""
         self._state = ClientState.AWAIT_SURVIVORS if cfg.authenticated else ClientState.AWAIT_UNMASK
         return MaskedInput(**self._envelope(), vector=acc, self_mask_shares=sealed, tag=tag, signature=signature)
 

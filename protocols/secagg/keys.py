@@ -200,6 +200,15 @@ def masked_input_payload(
     return config.binding("masked-input", client, seed, vector_digest, shares_hash)
 
 
+def masked_input_signed(payload: bytes, tag: bytes) -> bytes:
+    """What an authenticated client signs for its masked input: the binding and the tag over it.
+
+    The tag is under the signature so that what the server checks on arrival covers everything it
+    checks later: a copy with an altered tag is refused on arrival (its signature fails) instead of
+    being accepted, turning the genuine copy away as a replay and aborting the round at the tag check."""
+    return payload + tag
+
+
 def input_tag_key(config: SessionConfig, client: int, self_mask_seed: bytes) -> bytes:
     """HMAC key of client's masked-input tag, from its self-mask seed b_u: secret until the server
     learns b_u while unmasking, so the server cannot make a tag for an input the client did not send."""

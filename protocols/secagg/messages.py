@@ -16,10 +16,12 @@ what the decoder refuses even when an embedding skips the wire. Whether a well-f
 
 Version 2 added the graph-nonce commitment and reveal messages, the self-mask shares and the
 sender binding (tag, signature) of a masked input, and the self-mask shares forwarded in an
-unmask request. Version 3 (this one) carries Shamir shares over GF(2^31 − 1): a revealed share
+unmask request. Version 3 carries Shamir shares over GF(2^31 − 1): a revealed share
 value is 20 bytes (five field elements), not 16 (one GF(2^128) element), and sealed shares grow
 by the same 4 bytes; the vector digest in the input binding and the ring order of the graph are
-computed differently too. Messages of versions 1 and 2 are refused.
+computed differently too. Version 4 (this one) signs a masked input's tag together with its
+binding. Messages of
+versions 1, 2 and 3 are refused by version number (:class:`UnsupportedVersion`), never misread.
 
 Lists that grow with the cohort are never walked entry by entry in Python: (id, value) lists —
 graph commitments and nonces, the quorum's signatures — decode to an :class:`~.idtable.IdTable`
@@ -43,7 +45,7 @@ from ..shamir import SECRET_BYTES, SHARE_BYTES
 from .idtable import IdTable
 
 MAGIC = b"SAGG"
-VERSION = 3
+VERSION = 4
 SERVER = 0xFFFFFFFF
 _HEADER = struct.Struct("<4sBBH16sQIIQ")
 HEADER_BYTES = _HEADER.size  # 48

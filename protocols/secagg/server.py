@@ -57,6 +57,7 @@ from .keys import (
     input_tag_key,
     mask_private_key,
     masked_input_payload,
+    masked_input_signed,
     pairwise_mask_key,
     pairwise_sign,
     self_mask_commitment,
@@ -238,7 +239,8 @@ class SecAggServer:
         payload = masked_input_payload(c, m.sender, self._seed, digest, m.self_mask_shares)
         if c.authenticated:
             try:
-                verify(c.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s masked input")
+                verify(c.identity_keys[m.sender], m.signature, masked_input_signed(payload, m.tag),
+                       who=f"client {m.sender}'s masked input")
             except SignatureInvalid:
                 np.subtract(self._acc, m.vector, out=self._acc)  # refused: the sum is as it was
                 raise

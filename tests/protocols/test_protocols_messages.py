@@ -155,11 +155,11 @@ def test_header_checks_say_what_is_wrong():
     m = SurvivorList(session_id=bytes(16), round=1, sender=SERVER, recipient=3, survivors=(1, 2))
     with pytest.raises(MalformedMessage, match="magic"):
         decode(_header(m, magic=b"JUNK"))
-    for old in (1, 2):  # the previous wire formats are refused, never misread
-        with pytest.raises(UnsupportedVersion, match=f"version {old}; this build speaks 3"):
+    for old in (1, 2, 3):  # the previous wire formats are refused, never misread
+        with pytest.raises(UnsupportedVersion, match=f"version {old}; this build speaks 4"):
             decode(_header(m, version=old))
-    with pytest.raises(UnsupportedVersion, match="version 4"):
-        decode(_header(m, version=4))
+    with pytest.raises(UnsupportedVersion, match="version 5"):
+        decode(_header(m, version=5))
     with pytest.raises(MalformedMessage, match="unknown message type 99"):
         decode(_header(m, type=99))
     with pytest.raises(MalformedMessage, match="flags"):
@@ -234,8 +234,8 @@ def test_a_version_2_unmask_response_is_refused_not_misread():
     with pytest.raises(UnsupportedVersion, match="version 2"):
         decode(v2)
     wire = encode(v3)
-    assert wire[4] == 3 and decode(wire) == v3
-    with pytest.raises(MalformedMessage, match="cannot fit"):  # a 16-byte value in a v3 message
+    assert wire[4] == 4 and decode(wire) == v3
+    with pytest.raises(MalformedMessage, match="cannot fit"):  # a 16-byte value in a current message
         decode(wire[:HEADER_BYTES - 8] + struct.pack("<Q", len(body)) + body)
 
 
