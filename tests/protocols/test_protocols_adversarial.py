@@ -304,7 +304,8 @@ def test_unsigned_advertisement_is_refused_by_the_server(make_round):
 
 
 def test_equivocating_survivor_sets_cannot_reach_a_quorum(make_round):
-    """The server shows {0..4} to clients 0, 1 and {0..3} to 2, 3: no view gathers 3 = ⌊5/2⌋ + 1 signatures."""
+    """The server shows {0..4} to clients 0, 1 and {0..3} to 2, 3: no view gathers the quorum
+    ⌊(5 + max(c, t − 1))/2⌋ + 1 = 4 signatures."""
     from secfed.protocols.secagg.messages import SERVER, UnmaskRequest
 
     r = make_round(5, threshold=2, authenticated=True)
@@ -318,7 +319,7 @@ def test_equivocating_survivor_sets_cannot_reach_a_quorum(make_round):
     with pytest.raises(InconsistentView, match="differs from the one this client signed"):
         r.clients[2].unmask(full)  # 2 signed the other view
     short = replace(full, recipient=3, survivors=(0, 1, 2, 3), dropped=(4,), signatures=((2, sigs[2]), (3, sigs[3])))
-    with pytest.raises(BelowThreshold, match="2 clients signed the survivor set; authenticated mode needs 3"):
+    with pytest.raises(BelowThreshold, match="2 clients signed the survivor set; authenticated mode needs 4"):
         r.clients[3].unmask(short)
     forged = replace(full, recipient=0, signatures=((0, sigs[0]), (1, sigs[1]), (3, sigs[0])))
     with pytest.raises(SignatureInvalid, match="client 3's consistency check"):

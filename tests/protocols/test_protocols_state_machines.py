@@ -100,15 +100,18 @@ def test_share_delivery_repeating_a_sender_is_malformed(make_round):
 
 
 def test_unmask_request_counting_one_signer_twice_is_refused(make_round):
-    """Quorum ⌊(5+0)/2⌋+1 = 3: signatures from 0, 1 and again 1 are two signers, not three."""
+    """Quorum ⌊(5 + max(c, t − 1))/2⌋ + 1 = 4: signatures from 0, 1, 3 and again 3 are three
+    signers, not four."""
     r = make_round(5, threshold=2, authenticated=True)
     lists = run_to_unmask(r)
     sigs = {i: r.clients[i].consistency_check(r.wire(lists[i])).signature for i in range(5)}
     survivors = lists[2].survivors
     with pytest.raises(MalformedMessage, match="strictly increasing"):
-        r.clients[2].unmask(_request(r, 2, survivors=survivors, signatures=((0, sigs[0]), (1, sigs[1]), (1, sigs[1]))))
+        r.clients[2].unmask(_request(r, 2, survivors=survivors,
+                                     signatures=((0, sigs[0]), (1, sigs[1]), (3, sigs[3]), (3, sigs[3]))))
     # refused as malformed, so nothing changed: a genuine quorum is still answered
-    reply = r.clients[2].unmask(_request(r, 2, survivors=survivors, signatures=((0, sigs[0]), (1, sigs[1]), (3, sigs[3]))))
+    reply = r.clients[2].unmask(_request(r, 2, survivors=survivors,
+                                         signatures=((0, sigs[0]), (1, sigs[1]), (3, sigs[3]), (4, sigs[4]))))
     assert reply.sender == 2
 
 
