@@ -87,6 +87,8 @@ from .keys import (
     masked_input_signed,
     pairwise_mask_key,
     pairwise_sign,
+    response_key,
+    seal_secrets,
     self_mask_commitment,
     self_mask_key,
     share_aad,
@@ -104,6 +106,7 @@ from .messages import (
     KeyRoster,
     MaskedInput,
     Message,
+    RevealedSecrets,
     RevealedShare,
     RosterEntry,
     SealedShare,
@@ -464,7 +467,8 @@ class SecAggClient:
     # ---- phase 5: unmask ------------------------------------------------------------------------
 
     def unmask(self, request: UnmaskRequest) -> UnmaskResponse:
-        """Reveal, per masking partner, the self-mask share if it survived or the key share if it dropped.
+        """Reveal, per masking partner, the self-mask share if it survived or the key share if it dropped,
+        and this client's own self-mask seed — all sealed to the server (``config.server_key``).
 
         Refuses (and aborts) a request that names a client twice or names this client as dropped
         (BothSharesRequested), names clients this client has no shares of (UnknownClient), leaves
@@ -507,7 +511,10 @@ class SecAggClient:
                     revealed.append(RevealedShare(v, ShareKind.SELF_MASK, self_shares[v].value))
                 elif v in dropped:
                     revealed.append(RevealedShare(v, ShareKind.MASK_KEY, self._held[v].value))
-            response = UnmaskResponse(**self._envelope(), self_mask_seed=self._self_seed, shares=tuple(revealed))
+            # Sealed to the server: in the clear these seeds and shares give whoever sees the wire the sum.
+            secrets = RevealedSecrets(self_mask_seed=self._self_seed, shares=tuple(revealed))
+            key = response_key(cfg, self.id, self._enc_private, cfg.server_key)
+            response = UnmaskResponse(**self._envelope(), sealed=seal_secrets(cfg, self.id, key, secrets))
             self._forget_secrets()
             self._state = ClientState.DONE
             return response

@@ -94,9 +94,9 @@ def test_withholding_honest_shares_from_a_victim_does_not_expose_it(make_round):
         for i in (3, 4, 5, 6, 7, colluder)
     )  # 6 ≥ quorum ⌊(9 + 1)/2⌋ + 1 = 6
     responses = {
-        i: r.clients[i].unmask(UnmaskRequest(
+        i: r.opened(r.clients[i].unmask(UnmaskRequest(
             **envelope(r, i), survivors=survivors, dropped=dropped, signatures=signatures,
-            self_mask_shares=forwarded_self_shares(masked, survivors, i)))
+            self_mask_shares=forwarded_self_shares(masked, survivors, i))))
         for i in (3, 4, 5, 6, 7)
     }
     revealed_b0 = [s for resp in responses.values() for s in resp.shares if s.owner == victim]
@@ -129,7 +129,7 @@ def run_equivocation(r, victim: int = 0):
             **envelope(r, i), survivors=view, dropped=(victim,) if view is without else (),
             signatures=tuple(sorted(signatures.get(view, []))), self_mask_shares=forwarded_self_shares(masked, view, i))
         try:
-            responses[i] = r.clients[i].unmask(request)
+            responses[i] = r.opened(r.clients[i].unmask(request))
         except BelowThreshold as exc:
             refusals[i] = exc
     return masked, responses, refusals
@@ -165,7 +165,7 @@ def test_the_default_mode_is_authenticated_and_refuses_the_equivocation(make_rou
     assert simulate(inputs).config.authenticated
     assert choose_params(4).authenticated
     with pytest.raises(ValueError, match="needs one identity key per client"):
-        SessionConfig(bytes(16), 0, GraphParams.explicit(4, 3, 2), dimension=4, input_bound=None)
+        SessionConfig(bytes(16), 0, GraphParams.explicit(4, 3, 2), dimension=4, input_bound=None, server_key=bytes(32))
 
     r = make_round(5, threshold=2, authenticated=True)
     _, responses, refusals = run_equivocation(r)
@@ -216,7 +216,7 @@ def equivocate(r, count: int, victim: int = 0):
                                 signatures=tuple(sorted(signatures[view])),
                                 self_mask_shares=forwarded_self_shares(masked, view, i))
         try:
-            responses[i] = r.clients[i].unmask(request)
+            responses[i] = r.opened(r.clients[i].unmask(request))
         except BelowThreshold:
             refused.append(i)
     key_shares = [shamir.Share(r.graph.share_index(victim, h), s.value) for h, resp in sorted(responses.items())

@@ -53,7 +53,8 @@ def test_an_overflowing_cohort_is_refused_naming_the_largest_safe_cohort():
         ring_bits(1001, q.max_abs)
     params = choose_params(11, authenticated=False)
     with pytest.raises(OverflowRefused, match="largest safe cohort at this bound is 5 "):
-        SessionConfig(bytes(16), 0, params, dimension=4, ring_bits=10, input_bound=100, authenticated=False)
+        SessionConfig(bytes(16), 0, params, dimension=4, ring_bits=10, input_bound=100, server_key=bytes(32),
+                      authenticated=False)
     with pytest.raises(OverflowRefused, match="largest safe cohort is 2,147,483,647"):
         Quantizer.for_cohort(2**31, clip=1.0)
     with pytest.raises(OverflowRefused, match="largest safe cohort is 127"):
