@@ -60,6 +60,7 @@ from unittest import mock
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from secfed.protocols import (
@@ -67,6 +68,7 @@ from secfed.protocols import (
     Quantizer,
     SecAggClient,
     SecAggServer,
+    ServerKey,
     SessionConfig,
     choose_params,
     decode,
@@ -307,13 +309,14 @@ def run_round(params, authenticated: bool, d: int, dropped: set[int], full: bool
     n = params.n_clients
     q = Quantizer.for_cohort(n, CLIP)
     identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
+    server_key = ServerKey.generate()
     config = SessionConfig(os.urandom(16), 0, params, dimension=d, ring_bits=q.bits, input_bound=q.max_abs,
-                           authenticated=authenticated,
+                           server_key=server_key.public, authenticated=authenticated,
                            identity_keys=tuple(k.public_key().public_bytes_raw() for k in identities))
     survivors = [i for i in range(n) if i not in dropped]
     rep = survivors[0]
     clients = [SecAggClient(config, i, identity_key=identities[i] if authenticated else None) for i in range(n)]
-    server = SecAggServer(config)
+    server = SecAggServer(config, server_key)
     up, down = [0] * n, [0] * n
     times = ClientTimes()
 
@@ -634,11 +637,12 @@ def full_round(n: int, d: int, authenticated: bool, args) -> dict:
                            authenticated=authenticated)
     q = Quantizer.for_cohort(n, CLIP)
     identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
+    server_key = ServerKey.generate()
     config = SessionConfig(os.urandom(16), 0, params, dimension=d, ring_bits=q.bits, input_bound=q.max_abs,
-                           authenticated=authenticated,
+                           server_key=server_key.public, authenticated=authenticated,
                            identity_keys=tuple(k.public_key().public_bytes_raw() for k in identities))
     clients = [SecAggClient(config, i, identity_key=identities[i] if authenticated else None) for i in range(n)]
-    server = SecAggServer(config)
+    server = SecAggServer(config, server_key)
     rng = np.random.default_rng([args.seed, n])
     dropped = set(rng.choice(n, size=round(args.dropout * n), replace=False).tolist())
     clock = {k: Clock() for k in ("setup", "mask", "finish", "server", "wire")}
@@ -753,11 +757,12 @@ def server_worker() -> None:
     params = GraphParams.explicit(p["n"], p["k"], p["t"], corrupt_bound=p["c"], dropout_rate=p["dropout"],
                                   authenticated=spec["authenticated"])
     keys = bytes.fromhex(spec["identity_keys"])
+    server_key = ServerKey(X25519PrivateKey.from_private_bytes(bytes.fromhex(spec["server_key"])))
     config = SessionConfig(bytes.fromhex(spec["session_id"]), 0, params, dimension=spec["d"],
                            ring_bits=spec["ring_bits"], input_bound=spec["input_bound"],
-                           authenticated=spec["authenticated"],
+                           server_key=server_key.public, authenticated=spec["authenticated"],
                            identity_keys=tuple(keys[32 * i : 32 * i + 32] for i in range(len(keys) // 32)))
-    server = SecAggServer(config)
+    server = SecAggServer(config, server_key)
     clocks = {"receive": Clock(), "close": Clock()}
     phases = []
     while True:
@@ -796,8 +801,9 @@ def section_server(args) -> None:
     q = Quantizer.for_cohort(n, CLIP)
     identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
     identity_keys = tuple(k.public_key().public_bytes_raw() for k in identities)
+    server_key = ServerKey.generate()
     config = SessionConfig(os.urandom(16), 0, params, dimension=d, ring_bits=q.bits, input_bound=q.max_abs,
-                           authenticated=authenticated, identity_keys=identity_keys)
+                           server_key=server_key.public, authenticated=authenticated, identity_keys=identity_keys)
     rng = np.random.default_rng([args.seed, 3])
     dropped = set(rng.choice(n, size=round(args.dropout * n), replace=False).tolist())
     rep = min(i for i in range(n) if i not in dropped)
@@ -807,7 +813,8 @@ def section_server(args) -> None:
     spec = dict(params=dict(n=n, k=params.degree, t=params.threshold, c=params.corrupt_bound,
                             dropout=params.dropout_rate),
                 authenticated=authenticated, session_id=config.session_id.hex(), d=d, ring_bits=q.bits,
-                input_bound=q.max_abs, identity_keys=b"".join(identity_keys).hex())
+                input_bound=q.max_abs, identity_keys=b"".join(identity_keys).hex(),
+                server_key=server_key.private.private_bytes_raw().hex())  # to the worker, over a local pipe
     worker = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--server-worker"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     to_server, from_server = worker.stdin, worker.stdout

@@ -45,7 +45,7 @@ from .secagg.graph import GraphParams, NeighbourGraph, choose_params
 from .secagg.keys import model_digest
 from .secagg.messages import decode, encode, encoded_size, validate
 from .secagg.server import AggregateResult, SecAggServer
-from .secagg.session import Phase, SessionConfig, new_session_id
+from .secagg.session import Phase, ServerKey, SessionConfig, new_session_id
 from .simulate import SimulationResult, random_dropouts, simulate
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "SecAggClient",
     "SecAggServer",
     "SeedWithheld",
+    "ServerKey",
     "SessionConfig",
     "SignatureInvalid",
     "SimulationResult",

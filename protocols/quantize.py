@@ -80,6 +80,11 @@ class Quantizer:
             raise ValueError(f"clip must be a positive finite number, got {self.clip}")
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"scale must be a positive finite number, got {self.scale}")
+        if not math.isfinite(self.clip * self.scale):  # max_abs would be infinite: no ring holds it
+            raise OverflowRefused(
+                f"clip {self.clip:g} × scale {self.scale:g} overflows float64: one value alone is beyond the "
+                f"{MAX_RING_BITS}-bit ring (Quantizer.for_cohort picks the finest scale that fits a cohort)"
+            )
         try:
             ring_bits(self.n_clients, self.max_abs)  # refuses an overflowing configuration now
         except OverflowRefused:
@@ -138,7 +143,8 @@ class Quantizer:
 
     def quantize_into(self, out: np.ndarray, x: np.ndarray, rng: np.random.Generator, *, weight: float = 1.0) -> int:
         """:meth:`to_ring` of ``weight·x`` (product and clip in float64) written into ``out`` (a uint32
-        vector of x's length); returns how many values lay beyond the clip.
+        vector of x's length); returns how many values lay beyond the clip (a finite x whose
+        weighted value overflows float64 is one of them: clipped with its sign, not refused).
 
         Up to ``BLOCK`` values round with draws from ``rng`` itself. A longer vector is cut into
         blocks of ``BLOCK`` values, each rounded with its own generator spawned from one draw of
@@ -181,7 +187,8 @@ class Quantizer:
             v, f, u, b = value[:m], floor[:m], noise[:m], above[:m]
             if extended:  # weigh and clip where the input is exact; the result then rounds into [−clip, clip]
                 _refuse_non_finite(part, start)
-                part = part * weight if weight != 1.0 else part
+                with np.errstate(over="ignore"):  # an overflow to ±inf is clipped below
+                    part = part * weight if weight != 1.0 else part
                 clipped += int(np.count_nonzero(np.abs(part) > clip))
                 part = np.clip(part, -clip, clip)
             # Exact for float16/32/64 and integers up to 32 bits; 64-bit integers round to nearest,
@@ -189,10 +196,13 @@ class Quantizer:
             if weight == 1.0 or extended:
                 np.copyto(v, part, casting="same_kind")
             else:
-                np.multiply(part, weight, out=v, dtype=np.float64)  # the product in float64, not the input's precision
+                with np.errstate(over="ignore"):  # the product in float64, not the input's precision; ±inf is clipped
+                    np.multiply(part, weight, out=v, dtype=np.float64)
             lowest, highest = v.min(), v.max()  # NaN propagates through both
             if not (math.isfinite(lowest) and math.isfinite(highest)):
-                _refuse_non_finite(v, start)
+                # A finite input whose weighted value overflows float64 to ±inf lies beyond the
+                # clip like any large value (np.clip maps ±inf to ±clip); only the input is judged.
+                _refuse_non_finite(part, start)
             if lowest < -clip or highest > clip:  # most chunks of a clipped update need no clipping
                 clipped += int(np.count_nonzero(v > clip)) + int(np.count_nonzero(v < -clip))
                 np.clip(v, -clip, clip, out=v)

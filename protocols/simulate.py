@@ -18,7 +18,7 @@ from .secagg.client import NO_MODEL_HASH, SecAggClient
 from .secagg.graph import GraphParams, choose_params
 from .secagg.messages import Message, decode, encode
 from .secagg.server import SecAggServer
-from .secagg.session import Phase, SessionConfig, new_session_id
+from .secagg.session import Phase, ServerKey, SessionConfig, new_session_id
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,6 +112,7 @@ def simulate(
     vanish = _dropout_schedule(dropouts or {}, n, authenticated)
 
     identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
+    server_key = ServerKey.generate()  # fresh per session; unmask responses are sealed to it
     config = SessionConfig(
         session_id=session_id if session_id is not None else new_session_id(),
         round=round,
@@ -119,6 +120,7 @@ def simulate(
         dimension=dimension,
         ring_bits=ring_bits,
         input_bound=input_bound,
+        server_key=server_key.public,
         authenticated=authenticated,
         identity_keys=tuple(k.public_key().public_bytes_raw() for k in identities),
     )
@@ -130,7 +132,7 @@ def simulate(
         )
         for i in range(n)
     ]
-    server = SecAggServer(config)
+    server = SecAggServer(config, server_key)
     sent, received = [0] * n, [0] * n
 
     def alive(i: int, phase: Phase) -> bool:

@@ -84,8 +84,11 @@ from .keys import (
     input_tag_key,
     mask_private_key,
     masked_input_payload,
+    masked_input_signed,
     pairwise_mask_key,
     pairwise_sign,
+    response_key,
+    seal_secrets,
     self_mask_commitment,
     self_mask_key,
     share_aad,
@@ -103,6 +106,7 @@ from .messages import (
     KeyRoster,
     MaskedInput,
     Message,
+    RevealedSecrets,
     RevealedShare,
     RosterEntry,
     SealedShare,
@@ -295,7 +299,7 @@ class SecAggClient:
                 raise MalformedMessage(f"client state: held share of {peer} does not fit the roster")
             client._held[peer] = shamir.Share(index, value)
         if flags & _HAS_SIGNED:
-            client._signed_survivors = r.ids("signed survivors")
+            client._signed_survivors = _restored_survivors(config, client_id, state, r.ids("signed survivors"))
         r.end()
         return client
 
@@ -436,7 +440,7 @@ class SecAggClient:
         sealed = tuple(self._seal_share(v, ShareKind.SELF_MASK, self_shares) for v in sorted(self._held))
         payload = masked_input_payload(cfg, self.id, self._seed, digest, sealed)
         tag = mac(input_tag_key(cfg, self.id, self._self_seed), payload)
-        signature = sign(self._identity, payload) if cfg.authenticated else b""
+        signature = sign(self._identity, masked_input_signed(payload, tag)) if cfg.authenticated else b""
         self._state = ClientState.AWAIT_SURVIVORS if cfg.authenticated else ClientState.AWAIT_UNMASK
         return MaskedInput(**self._envelope(), vector=acc, self_mask_shares=sealed, tag=tag, signature=signature)
 
@@ -463,7 +467,8 @@ class SecAggClient:
     # ---- phase 5: unmask ------------------------------------------------------------------------
 
     def unmask(self, request: UnmaskRequest) -> UnmaskResponse:
-        """Reveal, per masking partner, the self-mask share if it survived or the key share if it dropped.
+        """Reveal, per masking partner, the self-mask share if it survived or the key share if it dropped,
+        and this client's own self-mask seed — all sealed to the server (``config.server_key``).
 
         Refuses (and aborts) a request that names a client twice or names this client as dropped
         (BothSharesRequested), names clients this client has no shares of (UnknownClient), leaves
@@ -506,7 +511,10 @@ class SecAggClient:
                     revealed.append(RevealedShare(v, ShareKind.SELF_MASK, self_shares[v].value))
                 elif v in dropped:
                     revealed.append(RevealedShare(v, ShareKind.MASK_KEY, self._held[v].value))
-            response = UnmaskResponse(**self._envelope(), self_mask_seed=self._self_seed, shares=tuple(revealed))
+            # Sealed to the server: in the clear these seeds and shares give whoever sees the wire the sum.
+            secrets = RevealedSecrets(self_mask_seed=self._self_seed, shares=tuple(revealed))
+            key = response_key(cfg, self.id, self._enc_private, cfg.server_key)
+            response = UnmaskResponse(**self._envelope(), sealed=seal_secrets(cfg, self.id, key, secrets))
             self._forget_secrets()
             self._state = ClientState.DONE
             return response
@@ -706,6 +714,20 @@ _STATE_HEADER = struct.Struct("<4sBBH32sII")
 assert _STATE_HEADER.size == HEADER_BYTES  # so _Reader's offsets in errors are the state's own
 _HAS_SECRETS, _HAS_SEED, _HAS_SIGNED, _HAS_LISTED = 1, 2, 4, 8
 _HELD = struct.Struct(f"<II{shamir.SHARE_BYTES}s")  # peer, share index, share value
+
+
+def _restored_survivors(config: SessionConfig, client_id: int, state: ClientState,
+                        survivors: tuple[int, ...]) -> tuple[int, ...]:
+    """The survivor set a restored client signed, checked like the SurvivorList it signed: saved
+    bytes are input too, and an id outside the cohort would surface later as an IndexError."""
+    if not config.authenticated or _ORDER.index(state) < _ORDER.index(ClientState.AWAIT_UNMASK):
+        raise MalformedMessage(f"client state: a signed survivor set does not fit state {state.value} "
+                               f"({'authenticated' if config.authenticated else 'unauthenticated'} mode)")
+    if survivors and survivors[-1] >= config.n_clients:  # strictly increasing: the last is the largest
+        raise MalformedMessage(f"client state: signed survivor {survivors[-1]} is outside the cohort of {config.n_clients}")
+    if client_id not in survivors:
+        raise MalformedMessage(f"client state: the signed survivor set omits client {client_id} itself")
+    return survivors
 
 
 def _signed(value: int, bits: int) -> int:

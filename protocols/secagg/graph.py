@@ -19,11 +19,12 @@ is random and independent of who is corrupt or drops):
   S2 ≤ C(n, 2)·Σ_j P[Hypergeom(n, c, k) = j]·δ^(k−j)   (the 2·(k/2) positions of the two runs).
 * correctness (default 2^-20): P[some client keeps fewer than t surviving neighbours]
   ≤ n·P[Binomial(k, 1−δ) < t]; in authenticated mode also P[Binomial(n, 1−δ) < q], q the
-  signature quorum ⌊(n + c)/2⌋ + 1.
+  signature quorum ⌊(n + b)/2⌋ + 1 with b = max(c, t − 1) (:attr:`GraphParams.collusion_bound`).
 
 For the chosen k, every t from the smallest secure one to the largest correct one meets both
-targets; t is the midpoint, leaving margin on both sides (more colluders than assumed, more
-dropouts than expected). When no sparse graph meets both, the complete graph is used: it has
+targets; t is the midpoint, leaving margin on both sides: more dropouts than expected, and, in
+the exposure bound S1, more colluders than assumed. In authenticated mode the consistency check
+has no such margin: more than b colluders can make two survivor sets reach the quorum. When no sparse graph meets both, the complete graph is used: it has
 S2 = 0 and S1 = 0 for any t > c; t is the midpoint of [c + 1, largest correct t], or c + 1 if
 no t meets the correctness target (the achieved figures are reported in :class:`GraphParams`,
 never hidden).
@@ -47,9 +48,16 @@ class GraphParams:
     """Neighbour-graph parameters of one cohort and the failure figures they achieve.
 
     ``degree`` (k): neighbours per client; ``n_clients − 1`` is the complete graph (plain SecAgg).
-    ``threshold`` (t): shares needed to reconstruct a client's seed; up to t − 1 colluding
-    neighbours learn nothing. ``corrupt_bound`` (c): colluding clients the figures assume.
-    ``security_failure`` / ``correctness_failure``: the upper bounds above, at ``dropout_rate``.
+    ``threshold`` (t): shares needed to reconstruct a client's seed. ``corrupt_bound`` (c):
+    colluding clients the figures assume. ``security_failure`` / ``correctness_failure``: the upper
+    bounds above, at ``dropout_rate``.
+
+    What is promised (authenticated mode against a lying server as well): up to
+    :attr:`collusion_bound` = max(c, t − 1) clients colluding with the server learn nothing beyond
+    the survivors' sum, as long as fewer than t of them neighbour any honest client (certain for
+    the complete graph, where the bound is at least t − 1; the ``security_failure`` figure for a
+    sparse one). The consistency check's quorum is sized for that many colluders; at most
+    :attr:`tolerated_dropouts` clients may vanish before it.
     """
 
     n_clients: int
@@ -79,13 +87,32 @@ class GraphParams:
         return self.degree == self.n_clients - 1
 
     @property
-    def signature_quorum(self) -> int:
-        """Consistency-check signatures required in authenticated mode: ⌊(n + c)/2⌋ + 1.
+    def collusion_bound(self) -> int:
+        """Colluding clients the consistency check withstands: max(c, t − 1).
 
-        Honest clients sign one survivor set per round, so two different sets cannot both gather
-        this many signatures: the server cannot show different clients different survivors.
+        t − 1 at least, because the threshold promises that t − 1 colluders learn nothing: a quorum
+        sized for fewer (c = 0 by default) let 2q − n colluders sign two survivor sets — "the victim
+        survived" and "the victim dropped" — and collect both of a victim's seeds from honest
+        clients (the equivocation attack, tests/protocols/test_protocols_malicious_server.py).
         """
-        return (self.n_clients + self.corrupt_bound) // 2 + 1
+        return max(self.corrupt_bound, self.threshold - 1)
+
+    @property
+    def signature_quorum(self) -> int:
+        """Consistency-check signatures required in authenticated mode: ⌊(n + b)/2⌋ + 1, b the
+        :attr:`collusion_bound`.
+
+        Honest clients sign one survivor set per round, and colluders may sign any number: two sets
+        both reach q only if 2q − n ≤ (colluders) — impossible with at most b of them, since
+        2q − n ≥ b + 1. So the server cannot show different clients different survivors.
+        """
+        return (self.n_clients + self.collusion_bound) // 2 + 1
+
+    @property
+    def tolerated_dropouts(self) -> int:
+        """Clients that may vanish before the consistency check in authenticated mode (n − q; about
+        (n − b)/2, b the :attr:`collusion_bound`); unauthenticated, only the threshold limits dropouts."""
+        return self.n_clients - self.signature_quorum if self.authenticated else self.n_clients
 
     @classmethod
     def explicit(
@@ -133,10 +160,7 @@ def choose_params(
         raise ValueError(f"{c} corrupt clients of {n}: no threshold keeps an honest client's input secret")
     security_target = 2.0**-security_bits
     base = dict(corrupt_bound=c, dropout_rate=dropout_rate, authenticated=authenticated)
-    quorum_miss = _quorum_failure(GraphParams(n, n - 1, 1, **base))
-    # The abort bound gets what the quorum leaves of the target, and at least half of it.
-    target = 2.0**-correctness_bits
-    abort_budget = max(target - quorum_miss, target / 2)
+    abort_budget = _abort_budgets(n, base, 2.0**-correctness_bits)
     if not complete:
         for k in range(2, n - 1, 2):
             split = _split_bound(n, k, c, dropout_rate)
@@ -145,13 +169,30 @@ def choose_params(
             exposure = _exposure_tails(n, k, c)
             aborts = _abort_tails(n, k, dropout_rate)
             secure = [t for t in range(1, k + 1) if exposure[t] <= security_target - split]
-            correct = [t for t in range(1, k + 1) if aborts[t] <= abort_budget]
+            correct = [t for t in range(1, k + 1) if aborts[t] <= abort_budget(t)]
             if secure and correct and secure[0] <= correct[-1]:
                 return GraphParams.explicit(n, k, (secure[0] + correct[-1]) // 2, **base)
     k = n - 1
     aborts = _abort_tails(n, k, dropout_rate)
-    correct = [t for t in range(c + 1, k + 1) if aborts[t] <= abort_budget]
+    correct = [t for t in range(c + 1, k + 1) if aborts[t] <= abort_budget(t)]
     return GraphParams.explicit(n, k, (c + 1 + correct[-1]) // 2 if correct else c + 1, **base)
+
+
+def _abort_budgets(n: int, base: dict, target: float):
+    """t ↦ what the quorum leaves of the correctness target for the abort bound (at least half).
+
+    The quorum depends on t once t − 1 exceeds c (:attr:`GraphParams.collusion_bound`), so its
+    miss probability is computed per collusion bound, once each (a sparse graph's t rarely exceeds
+    c + 1; at n = 100,000 c is 20,000)."""
+    misses: dict[int, float] = {}
+
+    def budget(t: int) -> float:
+        bound = max(base["corrupt_bound"], t - 1)
+        if bound not in misses:
+            misses[bound] = _quorum_failure(GraphParams(n, n - 1, t, **base))
+        return max(target - misses[bound], target / 2)
+
+    return budget
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,24 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from ..crypto import DIGEST_BYTES, MAC_BYTES, SEAL_OVERHEAD, agree, agree_many, commit, encode_ints, hkdf, x25519_from_seed
+from ..crypto import (
+    DIGEST_BYTES,
+    MAC_BYTES,
+    SEAL_OVERHEAD,
+    agree,
+    agree_many,
+    commit,
+    encode_ints,
+    hkdf,
+    open_sealed,
+    seal,
+    x25519_from_seed,
+)
 from ..errors import InconsistentShares
 from ..prg import MASK_KEY_BYTES
 from ..shamir import SHARE_BYTES
 from .idtable import IdTable
-from .messages import GRAPH_NONCE_BYTES, SealedShare, ShareKind
+from .messages import GRAPH_NONCE_BYTES, RevealedSecrets, SealedShare, ShareKind, decode_secrets, encode_secrets
 from .session import SessionConfig
 
 SHARE_CHANNEL_KEY_BYTES = 32
@@ -172,6 +184,35 @@ def share_aad(config: SessionConfig, seed: bytes, kind: ShareKind, sender: int, 
     return config.binding("share-aad", seed, int(kind), sender, recipient)
 
 
+# ---- unmask responses, sealed to the server ------------------------------------------------------
+
+RESPONSE_KEY_BYTES = 32
+
+
+def response_key(config: SessionConfig, client: int, private: X25519PrivateKey, peer_public: bytes) -> bytes:
+    """AES-256-GCM key of client's unmask response: X25519 between the client's round encryption
+    key (advertised, signed when authenticated) and the session's server key, HKDF-bound to the
+    session, round, config digest and the client. Either end computes it: the client with its
+    private key and the server's public one, the server with its private key and the client's."""
+    return agree(private, peer_public, config.binding("unmask-response", client), RESPONSE_KEY_BYTES)
+
+
+def response_aad(config: SessionConfig, client: int) -> bytes:
+    """Associated data of client's sealed unmask response (the key is bound the same way)."""
+    return config.binding("unmask-response-aad", client)
+
+
+def seal_secrets(config: SessionConfig, client: int, key: bytes, secrets: RevealedSecrets) -> bytes:
+    """What ``client`` reveals in its unmask response, sealed under :func:`response_key`."""
+    return seal(key, encode_secrets(secrets), response_aad(config, client))
+
+
+def open_secrets(config: SessionConfig, client: int, key: bytes, sealed: bytes) -> RevealedSecrets:
+    """Inverse of :func:`seal_secrets`: DecryptionFailed when it does not authenticate (another key,
+    client, session or round, or tampered), MalformedMessage when its plaintext is not well formed."""
+    return decode_secrets(open_sealed(key, sealed, response_aad(config, client)))
+
+
 # ---- signed and tagged payloads -----------------------------------------------------------------
 
 
@@ -198,6 +239,15 @@ def masked_input_payload(
         s.peer.to_bytes(4, "little") + len(s.ciphertext).to_bytes(2, "little") + s.ciphertext for s in shares
     )).digest()
     return config.binding("masked-input", client, seed, vector_digest, shares_hash)
+
+
+def masked_input_signed(payload: bytes, tag: bytes) -> bytes:
+    """What an authenticated client signs for its masked input: the binding and the tag over it.
+
+    The tag is under the signature so that what the server checks on arrival covers everything it
+    checks later: a copy with an altered tag is refused on arrival (its signature fails) instead of
+    being accepted, turning the genuine copy away as a replay and aborting the round at the tag check."""
+    return payload + tag
 
 
 def input_tag_key(config: SessionConfig, client: int, self_mask_seed: bytes) -> bytes:

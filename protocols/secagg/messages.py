@@ -16,10 +16,15 @@ what the decoder refuses even when an embedding skips the wire. Whether a well-f
 
 Version 2 added the graph-nonce commitment and reveal messages, the self-mask shares and the
 sender binding (tag, signature) of a masked input, and the self-mask shares forwarded in an
-unmask request. Version 3 (this one) carries Shamir shares over GF(2^31 − 1): a revealed share
+unmask request. Version 3 carries Shamir shares over GF(2^31 − 1): a revealed share
 value is 20 bytes (five field elements), not 16 (one GF(2^128) element), and sealed shares grow
 by the same 4 bytes; the vector digest in the input binding and the ring order of the graph are
-computed differently too. Messages of versions 1 and 2 are refused.
+computed differently too. Version 4 (this one) signs a masked input's tag together with its
+binding, and an unmask response carries its contents sealed to the server (AES-256-GCM under a
+key from the responder's round key and the session's server key): an observer of every message
+no longer learns the survivors' self-mask seeds and the dropped clients' key shares, and with
+them the sum. Messages of versions 1, 2 and 3 are refused by version number
+(:class:`UnsupportedVersion`), never misread.
 
 Lists that grow with the cohort are never walked entry by entry in Python: (id, value) lists —
 graph commitments and nonces, the quorum's signatures — decode to an :class:`~.idtable.IdTable`
@@ -37,13 +42,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..crypto import DIGEST_BYTES, MAC_BYTES, PUBLIC_KEY_BYTES, SIGNATURE_BYTES
+from ..crypto import DIGEST_BYTES, MAC_BYTES, PUBLIC_KEY_BYTES, SEAL_OVERHEAD, SIGNATURE_BYTES
 from ..errors import MalformedMessage, UnsupportedVersion
 from ..shamir import SECRET_BYTES, SHARE_BYTES
 from .idtable import IdTable
 
 MAGIC = b"SAGG"
-VERSION = 3
+VERSION = 4
 SERVER = 0xFFFFFFFF
 _HEADER = struct.Struct("<4sBBH16sQIIQ")
 HEADER_BYTES = _HEADER.size  # 48
@@ -52,6 +57,7 @@ GRAPH_NONCE_BYTES = 16
 _SEALED_HEAD = struct.Struct("<IH")  # peer id, ciphertext length
 _KEYS = struct.Struct(f"<{PUBLIC_KEY_BYTES}s{PUBLIC_KEY_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s")
 _REVEALED = struct.Struct(f"<IB{SHARE_BYTES}s")  # owner, kind, share value
+_SECRETS_HEAD = struct.Struct(f"<{SECRET_BYTES}sI")  # inside a sealed unmask response: seed, share count
 
 
 class MessageType(enum.IntEnum):
@@ -175,9 +181,17 @@ class RevealedShare:
 
 
 @dataclass(frozen=True)
-class UnmaskResponse(Envelope):
+class RevealedSecrets:
+    """What an unmask response reveals; on the wire only sealed to the server
+    (:func:`encode_secrets`, then :func:`~.keys.seal_secrets`)."""
+
     self_mask_seed: bytes  # the responder's own self-mask seed (it is a survivor)
     shares: tuple[RevealedShare, ...]
+
+
+@dataclass(frozen=True)
+class UnmaskResponse(Envelope):
+    sealed: bytes  # RevealedSecrets sealed to the server: AES-256-GCM nonce ‖ ciphertext ‖ tag
 
 
 Message = (
@@ -344,6 +358,22 @@ def _request_valid(m: UnmaskRequest, c: _Check) -> None:
 
 
 def _response_valid(m: UnmaskResponse, c: _Check) -> None:
+    if not isinstance(m.sealed, bytes):
+        c.fail(f"sealed secrets must be bytes, got {type(m.sealed).__name__}")
+    _check_sealed_size(len(m.sealed), c.fail)
+
+
+def _check_sealed_size(size: int, fail) -> None:
+    """Sealed RevealedSecrets hold the seed and whole revealed shares, nothing else."""
+    inner = size - SEAL_OVERHEAD - _SECRETS_HEAD.size
+    if inner < 0 or inner % _REVEALED.size or inner // _REVEALED.size >= 1 << 32:
+        fail(f"sealed secrets of {size} bytes: must be {SEAL_OVERHEAD + _SECRETS_HEAD.size} bytes + "
+             f"{_REVEALED.size} per revealed share")
+
+
+def _secrets_valid(m: RevealedSecrets, c: _Check) -> None:
+    if type(m) is not RevealedSecrets:
+        c.fail(f"not revealed secrets: {type(m).__name__}")
     c.raw(m.self_mask_seed, (SECRET_BYTES,), "self-mask seed")
     for s in c.items(m.shares, RevealedShare, "shares"):
         c.uint(s.owner, 32, "share owner")
@@ -432,10 +462,7 @@ def _body_parts(m: Message) -> list[bytes | memoryview]:
     if isinstance(m, UnmaskRequest):
         return [_ids(m.survivors), _ids(m.dropped), *_pairs(m.signatures), *_sealed(m.self_mask_shares)]
     if isinstance(m, UnmaskResponse):
-        parts = [struct.pack("<B", len(m.self_mask_seed)), m.self_mask_seed, _u32(len(m.shares))]
-        for s in m.shares:
-            parts += [struct.pack("<IB", s.owner, int(s.kind)), s.value]
-        return parts
+        return [_u32(len(m.sealed)), m.sealed]
     raise TypeError(f"not a protocol message: {type(m).__name__}")
 
 
@@ -534,6 +561,9 @@ class _Reader:
             _strictly_increasing(peers, "share peer ids", self.what)
         return tuple(shares)
 
+    def fail(self, text: str) -> None:
+        raise MalformedMessage(f"{self.what}: {text}")
+
     def end(self) -> None:
         if self.pos != len(self.data):
             raise MalformedMessage(f"{self.what}: {len(self.data) - self.pos} trailing bytes after the body")
@@ -553,13 +583,15 @@ def _strictly_increasing(ids: tuple[int, ...] | list[int], field: str, what: str
 def decode(data: bytes | bytearray | memoryview) -> Message:
     """Parse wire bytes into a typed message, or raise :class:`MalformedMessage` saying what is wrong.
 
-    A masked-input vector is returned as a read-only view into ``data`` (no copy).
+    A masked-input vector is returned as a read-only view into ``data`` (no copy; read-only even
+    when ``data`` is a bytearray). A non-contiguous memoryview is copied first.
     """
     return _parse(data, check_only=False)
 
 
 def _parse(data: bytes | bytearray | memoryview, *, check_only: bool) -> Message:
-    view = memoryview(data).cast("B")
+    view = memoryview(data)
+    view = (view if view.contiguous else memoryview(view.tobytes())).cast("B")
     if len(view) < HEADER_BYTES:
         raise MalformedMessage(f"message of {len(view)} bytes is shorter than the {HEADER_BYTES}-byte header")
     magic, version, mtype, flags, session_id, round_, sender, recipient, length = _HEADER.unpack_from(view)
@@ -605,6 +637,7 @@ def _decode_masked(r: _Reader, env: dict, check_only: bool) -> MaskedInput:
         raise MalformedMessage(f"{r.what}: empty vector")
     raw = r.take(4 * d, "vector")
     vec = np.empty(0, np.uint32) if check_only else np.frombuffer(raw, dtype="<u4")
+    vec.flags.writeable = False  # a view into the caller's buffer: documented read-only, whatever it is
     return MaskedInput(**env, vector=vec, self_mask_shares=shares, tag=tag, signature=signature)
 
 
@@ -616,19 +649,35 @@ def _decode_request(r: _Reader, env: dict, _: bool) -> UnmaskRequest:
 
 
 def _decode_response(r: _Reader, env: dict, _: bool) -> UnmaskResponse:
-    seed_len = r.u8("seed length")
-    if seed_len != SECRET_BYTES:
-        raise MalformedMessage(f"{r.what}: self-mask seed has {seed_len} bytes; must be {SECRET_BYTES}")
-    seed = r.fixed(seed_len, "self-mask seed")
-    n = r.count("share count", _REVEALED.size)
+    size = r.count("sealed secrets length", 1)
+    _check_sealed_size(size, r.fail)
+    return UnmaskResponse(**env, sealed=r.fixed(size, "sealed secrets"))
+
+
+def encode_secrets(secrets: RevealedSecrets) -> bytes:
+    """The plaintext an unmask response seals: seed, share count, then (owner, kind, value) each."""
+    check = _Check("revealed secrets")
+    _secrets_valid(secrets, check)
+    return _SECRETS_HEAD.pack(secrets.self_mask_seed, len(secrets.shares)) + b"".join(
+        _REVEALED.pack(s.owner, int(s.kind), s.value) for s in secrets.shares)
+
+
+def decode_secrets(data: bytes) -> RevealedSecrets:
+    """Inverse of :func:`encode_secrets`, with the decoder's rules (:class:`MalformedMessage`): an
+    authenticated plaintext is still only as well formed as its sender made it."""
+    r = _Reader(memoryview(data), "UNMASK_RESPONSE (sealed secrets)")
+    seed, n = _SECRETS_HEAD.unpack(r.take(_SECRETS_HEAD.size, "self-mask seed and share count"))
+    if n * _REVEALED.size != len(data) - _SECRETS_HEAD.size:
+        r.fail(f"{n} revealed shares do not fill the {len(data) - _SECRETS_HEAD.size} bytes that follow")
     shares = []
     for _ in range(n):
         owner, kind, value = _REVEALED.unpack(r.take(_REVEALED.size, "revealed share"))
         if kind not in (ShareKind.SELF_MASK, ShareKind.MASK_KEY):
-            raise MalformedMessage(f"{r.what}: unknown share kind {kind}")
+            r.fail(f"unknown share kind {kind}")
         shares.append(RevealedShare(owner, ShareKind(kind), value))
     _strictly_increasing([s.owner for s in shares], "share owners", r.what)
-    return UnmaskResponse(**env, self_mask_seed=seed, shares=tuple(shares))
+    r.end()
+    return RevealedSecrets(self_mask_seed=seed, shares=tuple(shares))
 
 
 _DECODERS = {

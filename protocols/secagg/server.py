@@ -57,8 +57,11 @@ from .keys import (
     input_tag_key,
     mask_private_key,
     masked_input_payload,
+    masked_input_signed,
     pairwise_mask_key,
+    open_secrets,
     pairwise_sign,
+    response_key,
     self_mask_commitment,
     self_mask_key,
 )
@@ -74,6 +77,7 @@ from .messages import (
     MaskedInput,
     Message,
     Pairs,
+    RevealedSecrets,
     RosterEntry,
     SealedShare,
     ShareDelivery,
@@ -83,7 +87,7 @@ from .messages import (
     UnmaskResponse,
     validate,
 )
-from .session import Phase, SessionConfig
+from .session import Phase, ServerKey, SessionConfig
 
 _EXPECTS = {
     Phase.ADVERTISE_KEYS: AdvertiseKeys,
@@ -110,10 +114,17 @@ class AggregateResult:
 
 
 class SecAggServer:
-    """The aggregation server of the session described by ``config``."""
+    """The aggregation server of the session described by ``config``, holding the session's
+    :class:`~.session.ServerKey` (the private half of ``config.server_key``): unmask responses are
+    sealed to it, so only this server learns the seeds that unmask the sum."""
 
-    def __init__(self, config: SessionConfig) -> None:
+    def __init__(self, config: SessionConfig, key: ServerKey) -> None:
+        """``key``: the server's key for this session, whose public half is ``config.server_key``;
+        clients seal their unmask responses to it."""
+        if not isinstance(key, ServerKey) or key.public != config.server_key:
+            raise ValueError("the server needs the ServerKey whose public half is config.server_key")
         self.config = config
+        self._key = key
         self._phase: Phase | None = Phase.ADVERTISE_KEYS  # None once finished
         self._aborted = False
         self._adverts: dict[int, AdvertiseKeys] = {}
@@ -125,7 +136,7 @@ class SecAggServer:
         self._inputs: dict[int, tuple[bytes, bytes]] = {}  # sender → (binding payload, tag)
         self._self_shares: dict[int, dict[int, bytes]] = {}  # owner → holder → sealed self-mask share
         self._signatures: dict[int, bytes] = {}
-        self._responses: dict[int, UnmaskResponse] = {}
+        self._responses: dict[int, RevealedSecrets] = {}  # responder → what it revealed (opened)
         self._u1: frozenset[int] = frozenset()  # advertised
         self._u1r: frozenset[int] = frozenset()  # revealed their graph nonce: the share-keys cohort
         self._u2: frozenset[int] = frozenset()  # shared keys
@@ -238,7 +249,8 @@ class SecAggServer:
         payload = masked_input_payload(c, m.sender, self._seed, digest, m.self_mask_shares)
         if c.authenticated:
             try:
-                verify(c.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s masked input")
+                verify(c.identity_keys[m.sender], m.signature, masked_input_signed(payload, m.tag),
+                       who=f"client {m.sender}'s masked input")
             except SignatureInvalid:
                 np.subtract(self._acc, m.vector, out=self._acc)  # refused: the sum is as it was
                 raise
@@ -263,29 +275,34 @@ class SecAggServer:
                who=f"client {m.sender}'s consistency check")
         self._signatures[m.sender] = m.signature
 
-    def _on_response(self, m: UnmaskResponse) -> None:
-        self._member(m.sender, self._askable, "was not asked to unmask")
-        self._once(m.sender, self._responses, "unmask response")
+    def _on_response(self, response: UnmaskResponse) -> None:
+        sender = response.sender
+        self._member(sender, self._askable, "was not asked to unmask")
+        self._once(sender, self._responses, "unmask response")
         c = self.config
-        if self_mask_commitment(c, m.sender, m.self_mask_seed) != self._adverts[m.sender].self_mask_commitment:
-            raise InconsistentShares(f"client {m.sender}'s own self-mask seed does not match its commitment")
+        # Sealed to this server's key: DecryptionFailed if it does not open, MalformedMessage if its
+        # plaintext is not well formed. Either way the response is refused and nothing changes.
+        key = response_key(c, sender, self._key.private, self._adverts[sender].enc_public)
+        m = open_secrets(c, sender, key, response.sealed)
+        if self_mask_commitment(c, sender, m.self_mask_seed) != self._adverts[sender].self_mask_commitment:
+            raise InconsistentShares(f"client {sender}'s own self-mask seed does not match its commitment")
         for s in m.shares:
             if s.owner in self._survivor_set:
-                if m.sender not in self._self_shares[s.owner]:
-                    raise UnknownClient(f"client {m.sender} revealed a self-mask share of {s.owner}, which it never held")
+                if sender not in self._self_shares[s.owner]:
+                    raise UnknownClient(f"client {sender} revealed a self-mask share of {s.owner}, which it never held")
                 wanted = ShareKind.SELF_MASK
             elif s.owner in self._dropped_set:
-                if not self._graph.are_neighbours(m.sender, s.owner):
-                    raise UnknownClient(f"client {m.sender} revealed a share of {s.owner}, not its neighbour")
+                if not self._graph.are_neighbours(sender, s.owner):
+                    raise UnknownClient(f"client {sender} revealed a share of {s.owner}, not its neighbour")
                 wanted = ShareKind.MASK_KEY
             else:
-                raise UnknownClient(f"client {m.sender} revealed a share of {s.owner}, which nobody asked about")
+                raise UnknownClient(f"client {sender} revealed a share of {s.owner}, which nobody asked about")
             if s.kind is not wanted:
                 raise MalformedMessage(
-                    f"client {m.sender} revealed a {s.kind.name} share of {s.owner}; "
+                    f"client {sender} revealed a {s.kind.name} share of {s.owner}; "
                     f"the request asked for its {wanted.name} share"
                 )
-        self._responses[m.sender] = m
+        self._responses[sender] = m
 
     # ---- closing phases ------------------------------------------------------------------------
 

@@ -17,7 +17,9 @@ import os
 from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
 
-from ..crypto import PUBLIC_KEY_BYTES, encode_parts, transcript
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from ..crypto import PUBLIC_KEY_BYTES, encode_parts, public_bytes, transcript
 from ..errors import OverflowRefused
 from ..quantize import largest_cohort
 from ..quantize import ring_bits as bits_for_sum
@@ -56,6 +58,29 @@ def new_session_id() -> bytes:
     return os.urandom(SESSION_ID_BYTES)
 
 
+@dataclass(frozen=True, eq=False, repr=False)
+class ServerKey:
+    """The aggregation server's X25519 key for one session (make a fresh one per session).
+
+    Its :attr:`public` half goes into the :class:`SessionConfig` (``server_key=``), so it is bound
+    into the config digest every party checks; the :class:`~.server.SecAggServer` holds the private
+    half. Clients seal their unmask responses to it — the survivors' self-mask seeds and the key
+    shares of dropped clients — so that only the server, not whoever sees the wire, can open them.
+    """
+
+    private: X25519PrivateKey
+
+    @classmethod
+    def generate(cls) -> ServerKey:
+        """A fresh key from the OS's randomness."""
+        return cls(X25519PrivateKey.generate())
+
+    @property
+    def public(self) -> bytes:
+        """The public half, 32 raw bytes: pass it as ``SessionConfig(server_key=...)``."""
+        return public_bytes(self.private)
+
+
 @dataclass(frozen=True)
 class SessionConfig:
     """Everything public about one aggregation.
@@ -70,6 +95,9 @@ class SessionConfig:
     wanted mod 2^ring_bits on purpose (e.g. distributed DP with modular clipping): then no
     overflow guarantee is given and inputs are only checked to lie in the ring.
 
+    ``server_key`` (keyword, required): the public half of the server's :class:`ServerKey` for this
+    session (32 raw bytes); unmask responses are sealed to it.
+
     ``authenticated`` (default True): Bonawitz's malicious-server variant; ``identity_keys[i]`` is
     then client i's Ed25519 public key (raw 32 bytes) from the PKI the deployment trusts.
     ``authenticated=False`` is the weaker variant, private only against an honest-but-curious server.
@@ -81,6 +109,7 @@ class SessionConfig:
     dimension: int
     _: KW_ONLY
     input_bound: int | None
+    server_key: bytes
     ring_bits: int = 32
     authenticated: bool = True
     identity_keys: tuple[bytes, ...] = field(default=())
@@ -104,6 +133,12 @@ class SessionConfig:
                     f"the session's ring has {self.ring_bits}: the largest safe cohort at this bound is "
                     f"{largest_cohort(self.input_bound, self.ring_bits):,} (raise ring_bits, or lower the bound)"
                 )
+        if not isinstance(self.server_key, bytes) or len(self.server_key) != PUBLIC_KEY_BYTES:
+            raise ValueError(
+                f"server_key must be the {PUBLIC_KEY_BYTES} raw bytes of the server's X25519 public key "
+                "(ServerKey.generate().public), got {type(self.server_key).__name__} "
+                f"{len(self.server_key) if isinstance(self.server_key, bytes) else ''}".rstrip()
+            )
         if self.authenticated:
             if len(self.identity_keys) != self.n_clients:
                 raise ValueError(
@@ -130,7 +165,7 @@ class SessionConfig:
                 "session-config",
                 self.session_id, self.round, p.n_clients, p.degree, p.threshold, p.corrupt_bound,
                 self.dimension, self.ring_bits, b"" if self.input_bound is None else self.input_bound,
-                int(self.authenticated), *self.identity_keys,
+                int(self.authenticated), self.server_key, *self.identity_keys,
             )
         ).digest()
 

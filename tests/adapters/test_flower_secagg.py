@@ -190,7 +190,8 @@ def test_only_weighted_mean_strategies_are_accepted():
 
 def test_session_config_bytes_round_trip_and_refuse_damage():
     params = GraphParams.explicit(5, 4, 2, corrupt_bound=1, dropout_rate=0.1)
-    config = SessionConfig(bytes(range(16)), 3, params, 11, input_bound=1000, identity_keys=tuple(bytes([i]) * 32 for i in range(5)))
+    config = SessionConfig(bytes(range(16)), 3, params, 11, input_bound=1000, server_key=bytes([9]) * 32,
+                           identity_keys=tuple(bytes([i]) * 32 for i in range(5)))
     data = encode_session(config)
     assert decode_session(data) == config and decode_session(data).digest == config.digest
     for cut in range(len(data)):

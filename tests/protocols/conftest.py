@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from secfed.protocols import GraphParams, SecAggClient, SecAggServer, SessionConfig, decode, encode
+from secfed.protocols import GraphParams, SecAggClient, SecAggServer, ServerKey, SessionConfig, decode, encode
+from secfed.protocols.crypto import seal
+from secfed.protocols.secagg import keys
 
 
 class Round:
@@ -20,8 +22,10 @@ class Round:
         if identities is None:
             identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
         self.identities = identities
+        self.server_key = ServerKey.generate()
         self.config = SessionConfig(
             session_id=bytes(range(16)), round=round_, params=params, dimension=dimension,
+            server_key=self.server_key.public,
             ring_bits=ring_bits, input_bound=input_bound, authenticated=authenticated,
             identity_keys=tuple(k.public_key().public_bytes_raw() for k in self.identities),
         )
@@ -29,7 +33,7 @@ class Round:
             SecAggClient(self.config, i, identity_key=self.identities[i] if authenticated else None)
             for i in range(n)
         ]
-        self.server = SecAggServer(self.config)
+        self.server = SecAggServer(self.config, self.server_key)
         rng = np.random.default_rng(seed)
         self.inputs = [rng.integers(0, 1 << ring_bits, dimension, dtype=np.uint64).astype(np.uint32) for _ in range(n)]
 
@@ -83,6 +87,23 @@ class Round:
             if i not in skip:
                 self.server.receive(self.wire(self.clients[i].unmask(self.wire(request))))
         self.server.close_phase()
+
+    def response_key(self, client: int) -> bytes:
+        """The key client's unmask response is sealed under, as the server derives it."""
+        enc_public = self.server._adverts[client].enc_public
+        return keys.response_key(self.config, client, self.server_key.private, enc_public)
+
+    def opened(self, response):
+        """What an unmask response reveals, opened with the server's key (the server's view)."""
+        return keys.open_secrets(self.config, response.sender, self.response_key(response.sender), response.sealed)
+
+    def resealed(self, response, secrets):
+        """``response`` carrying ``secrets`` instead (RevealedSecrets, or raw plaintext bytes), sealed
+        as its client would: what a client that lies about its secrets sends."""
+        key, sender = self.response_key(response.sender), response.sender
+        sealed = (seal(key, secrets, keys.response_aad(self.config, sender)) if isinstance(secrets, bytes)
+                  else keys.seal_secrets(self.config, sender, key, secrets))
+        return type(response)(**{**response.__dict__, "sealed": sealed})
 
     def expected_sum(self, survivors) -> np.ndarray:
         total = sum(self.inputs[i].astype(np.uint64) for i in survivors)

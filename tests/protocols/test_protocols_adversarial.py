@@ -83,8 +83,9 @@ def test_bad_revealed_share_is_routed_around_when_spares_exist(make_round):
     for i, request in requests.items():
         response = r.clients[i].unmask(r.wire(request))
         if i == 0:
-            response = replace(response, shares=tuple(
-                replace(s, value=bytes(SHARE_BYTES)) if s.owner == 4 else s for s in response.shares))
+            opened = r.opened(response)
+            response = r.resealed(response, replace(opened, shares=tuple(
+                replace(s, value=bytes(SHARE_BYTES)) if s.owner == 4 else s for s in opened.shares)))
         r.server.receive(response)
     r.server.close_phase()
     assert np.array_equal(r.server.result.total, r.expected_sum(range(4)))
@@ -98,8 +99,9 @@ def test_bad_revealed_share_with_no_spare_raises_inconsistent_shares(make_round)
             continue  # 3 leaves: exactly t = 3 holders (0, 1, 2) remain for client 4's key seed
         response = r.clients[i].unmask(r.wire(request))
         if i == 1:
-            response = replace(response, shares=tuple(
-                RevealedShare(s.owner, s.kind, flip(s.value)) if s.owner == 4 else s for s in response.shares))
+            opened = r.opened(response)
+            response = r.resealed(response, replace(opened, shares=tuple(
+                RevealedShare(s.owner, s.kind, flip(s.value)) if s.owner == 4 else s for s in opened.shares)))
         r.server.receive(response)
     with pytest.raises(InconsistentShares, match="key seed of dropped client 4"):
         r.server.close_phase()
@@ -114,7 +116,8 @@ def test_wrong_own_seed_is_rejected_and_rebuilt_from_neighbours(make_round):
         response = r.clients[i].unmask(r.wire(request))
         if i == 2:
             with pytest.raises(InconsistentShares, match="own self-mask seed"):
-                r.server.receive(replace(response, self_mask_seed=flip(response.self_mask_seed)))
+                opened = r.opened(response)
+                r.server.receive(r.resealed(response, replace(opened, self_mask_seed=flip(opened.self_mask_seed))))
             continue  # the server treats 2 as not answering
         r.server.receive(response)
     r.server.close_phase()
@@ -278,7 +281,7 @@ def test_model_mismatch_is_refused_before_any_share_is_sent():
 def test_config_mismatch_is_refused_by_the_server(make_round):
     r = make_round(4, threshold=2)
     other = SessionConfig(r.config.session_id, r.config.round, r.config.params, dimension=9, input_bound=None,
-                          authenticated=False)
+                          server_key=r.config.server_key, authenticated=False)
     stray = SecAggClient(other, 1).advertise_keys()
     with pytest.raises(ConfigMismatch, match="client 1"):
         r.server.receive(stray)
@@ -304,7 +307,8 @@ def test_unsigned_advertisement_is_refused_by_the_server(make_round):
 
 
 def test_equivocating_survivor_sets_cannot_reach_a_quorum(make_round):
-    """The server shows {0..4} to clients 0, 1 and {0..3} to 2, 3: no view gathers 3 = ⌊5/2⌋ + 1 signatures."""
+    """The server shows {0..4} to clients 0, 1 and {0..3} to 2, 3: no view gathers the quorum
+    ⌊(5 + max(c, t − 1))/2⌋ + 1 = 4 signatures."""
     from secfed.protocols.secagg.messages import SERVER, UnmaskRequest
 
     r = make_round(5, threshold=2, authenticated=True)
@@ -318,7 +322,7 @@ def test_equivocating_survivor_sets_cannot_reach_a_quorum(make_round):
     with pytest.raises(InconsistentView, match="differs from the one this client signed"):
         r.clients[2].unmask(full)  # 2 signed the other view
     short = replace(full, recipient=3, survivors=(0, 1, 2, 3), dropped=(4,), signatures=((2, sigs[2]), (3, sigs[3])))
-    with pytest.raises(BelowThreshold, match="2 clients signed the survivor set; authenticated mode needs 3"):
+    with pytest.raises(BelowThreshold, match="2 clients signed the survivor set; authenticated mode needs 4"):
         r.clients[3].unmask(short)
     forged = replace(full, recipient=0, signatures=((0, sigs[0]), (1, sigs[1]), (3, sigs[0])))
     with pytest.raises(SignatureInvalid, match="client 3's consistency check"):

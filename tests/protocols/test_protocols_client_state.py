@@ -152,3 +152,22 @@ def test_a_listed_commitment_altered_in_the_saved_state_is_refused(make_round, d
     rosters = r.reveal(commitments, skip={0})  # client 0 revealed above
     with pytest.raises(InconsistentShares):
         r.clients[0].share_keys(rosters[0])
+
+
+def test_a_signed_survivor_set_outside_the_cohort_is_refused_on_restore(make_round):
+    """Saved bytes are input: a signed survivor list naming a client outside the cohort (or
+    omitting the client itself) is refused on restore with a typed error, never an IndexError
+    when the client later unmasks."""
+    r = make_round(5, threshold=2, authenticated=True)
+    lists = r.masked_input(r.share_keys(r.advertise()))
+    r.clients[1].consistency_check(lists[1])
+    data = r.clients[1].export_state()
+    survivors = struct.pack("<I5I", 5, 0, 1, 2, 3, 4)
+    assert data.endswith(survivors)  # the signed set closes the layout
+    for bad, match in ((struct.pack("<I5I", 5, 0, 1, 2, 3, 5), "outside the cohort"),
+                       (struct.pack("<I4I", 4, 0, 2, 3, 4), "omits client 1")):
+        forged = data[: -len(survivors)] + bad
+        forged = forged[:44] + struct.pack("<I", len(forged) - 48) + forged[48:]  # the header's body length
+        with pytest.raises(MalformedMessage, match=match):
+            load(r, forged)
+    assert load(r, data).state is ClientState.AWAIT_UNMASK

@@ -105,6 +105,22 @@ def test_authenticated_quorum_and_validation():
         choose_params(3, corrupt_fraction=0.9)
 
 
+@pytest.mark.parametrize("n,k,t,c", [(11, 10, 5, 0), (21, 20, 6, 4), (26, 20, 7, 5), (100, 38, 21, 20), (30, 20, 3, 6)])
+def test_the_quorum_withstands_max_of_c_and_t_minus_1_colluders(n, k, t, c):
+    """Two survivor sets both reach q only with 2q − n colluders: that must exceed the collusion
+    bound max(c, t − 1), so that the t − 1 colluders the threshold promises are safe even when c is
+    smaller (or left at 0). The figures count the larger quorum, and the dropouts it leaves room for."""
+    p = GraphParams.explicit(n, k, t, corrupt_bound=c, dropout_rate=0.1)
+    assert p.collusion_bound == max(c, t - 1)
+    assert 2 * p.signature_quorum - n > p.collusion_bound
+    assert p.signature_quorum == (n + max(c, t - 1)) // 2 + 1  # the smallest such quorum
+    assert p.tolerated_dropouts == n - p.signature_quorum
+    assert GraphParams.explicit(n, k, t, corrupt_bound=c, dropout_rate=0.1, authenticated=False).tolerated_dropouts == n
+    for tau in range(t, k + 1):  # a larger threshold asks for a larger quorum, whose miss is counted
+        bigger = GraphParams.explicit(n, k, tau, corrupt_bound=c, dropout_rate=0.1)
+        assert bigger.signature_quorum >= p.signature_quorum
+
+
 def test_two_clients_use_the_complete_graph_and_a_lone_survivor_is_never_unmasked():
     import numpy as np
 

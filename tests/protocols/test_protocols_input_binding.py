@@ -127,3 +127,23 @@ def test_substituted_vector_under_a_genuine_tag_is_detected(make_round, authenti
     else:
         with pytest.raises(ForgedInput, match="client 2's"):
             finish(r, {2: tampered})
+
+
+@pytest.mark.parametrize("field", ["tag", "vector", "signature"])
+def test_a_copy_altered_in_transit_is_refused_and_the_genuine_one_still_counts(make_round, field):
+    """Authenticated: one bit of client 2's masked input flipped in transit — in the tag, the
+    vector or the signature. The altered copy arrives first and is refused on arrival (the tag is
+    under the signature); the genuine copy then counts and the sum is exact. (With the tag outside
+    the signature, the altered copy was accepted, the genuine one refused as a replay, and the
+    round ended in ForgedInput.)"""
+    r = make_round(4, threshold=2, authenticated=True)
+    to_masked_phase(r)
+    genuine = r.clients[2].mask(r.inputs[2])
+    value = getattr(genuine, field)
+    flipped = value ^ np.uint32(1 << 7) if field == "vector" else bytes([value[0] ^ 1]) + value[1:]
+    r.clients[2].mask = lambda x: genuine  # client 2 has masked already; finish() sends the genuine one
+    with pytest.raises(SignatureInvalid, match="client 2's masked input"):
+        r.server.receive(r.wire(replace(genuine, **{field: flipped})))
+    finish(r, {})
+    assert r.server.result.survivors == (0, 1, 2, 3)
+    assert np.array_equal(r.server.result.total, r.expected_sum(range(4)))

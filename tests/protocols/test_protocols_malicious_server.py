@@ -24,7 +24,7 @@ from secfed.protocols import (
     shamir,
     simulate,
 )
-from secfed.protocols.crypto import public_bytes
+from secfed.protocols.crypto import public_bytes, sign
 from secfed.protocols.prg import MaskStream, apply_masks
 from secfed.protocols.secagg import keys
 from secfed.protocols.secagg.messages import SERVER, SealedShare, ShareKind, SurvivorList, UnmaskRequest
@@ -94,9 +94,9 @@ def test_withholding_honest_shares_from_a_victim_does_not_expose_it(make_round):
         for i in (3, 4, 5, 6, 7, colluder)
     )  # 6 ≥ quorum ⌊(9 + 1)/2⌋ + 1 = 6
     responses = {
-        i: r.clients[i].unmask(UnmaskRequest(
+        i: r.opened(r.clients[i].unmask(UnmaskRequest(
             **envelope(r, i), survivors=survivors, dropped=dropped, signatures=signatures,
-            self_mask_shares=forwarded_self_shares(masked, survivors, i)))
+            self_mask_shares=forwarded_self_shares(masked, survivors, i))))
         for i in (3, 4, 5, 6, 7)
     }
     revealed_b0 = [s for resp in responses.values() for s in resp.shares if s.owner == victim]
@@ -129,7 +129,7 @@ def run_equivocation(r, victim: int = 0):
             **envelope(r, i), survivors=view, dropped=(victim,) if view is without else (),
             signatures=tuple(sorted(signatures.get(view, []))), self_mask_shares=forwarded_self_shares(masked, view, i))
         try:
-            responses[i] = r.clients[i].unmask(request)
+            responses[i] = r.opened(r.clients[i].unmask(request))
         except BelowThreshold as exc:
             refusals[i] = exc
     return masked, responses, refusals
@@ -159,17 +159,18 @@ def test_unauthenticated_mode_falls_to_the_dropped_and_survived_equivocation(mak
 def test_the_default_mode_is_authenticated_and_refuses_the_equivocation(make_round):
     """Defaults: simulate, SessionConfig and choose_params are authenticated (a config without
     identity keys is refused rather than silently weaker). The same attack then fails: the view
-    "0 dropped" gathers 2 signatures, fewer than the quorum 3, so 1 and 2 reveal nothing."""
+    "0 dropped" gathers 2 signatures and "0 survived" 3, fewer than the quorum
+    ⌊(5 + max(c, t − 1))/2⌋ + 1 = 4, so nobody reveals anything."""
     inputs = [np.arange(4, dtype=np.uint32)] * 4
     assert simulate(inputs).config.authenticated
     assert choose_params(4).authenticated
     with pytest.raises(ValueError, match="needs one identity key per client"):
-        SessionConfig(bytes(16), 0, GraphParams.explicit(4, 3, 2), dimension=4, input_bound=None)
+        SessionConfig(bytes(16), 0, GraphParams.explicit(4, 3, 2), dimension=4, input_bound=None, server_key=bytes(32))
 
     r = make_round(5, threshold=2, authenticated=True)
     _, responses, refusals = run_equivocation(r)
-    assert set(refusals) == {1, 2} and all("needs 3" in str(e) for e in refusals.values())
-    assert all(r.clients[i].state is ClientState.ABORTED for i in (1, 2))
+    assert set(refusals) == {1, 2, 3, 4} and all("needs 4" in str(e) for e in refusals.values())
+    assert all(r.clients[i].state is ClientState.ABORTED for i in (1, 2, 3, 4))
     key_shares_of_0 = [s for resp in responses.values() for s in resp.shares if s.owner == 0 and s.kind is ShareKind.MASK_KEY]
     assert key_shares_of_0 == []
 
@@ -185,3 +186,89 @@ def test_self_mask_share_of_a_client_listed_as_dropped_is_refused(make_round):
     with pytest.raises(InconsistentView, match="lists as dropped"):
         r.clients[1].unmask(request)
     assert r.clients[1].state is ClientState.ABORTED
+
+
+def equivocate(r, count: int, victim: int = 0):
+    """The equivocation with ``count`` colluders, through the real state machines. The server shows
+    some honest clients A "the victim dropped" (they reveal its key-seed shares) and the rest B, and
+    the victim, "the victim survived" (the victim reveals its self-mask seed); the colluders — the
+    victim's neighbours, holding a share of each of its seeds — sign both sets and hand over their
+    shares. A gets just enough members for its set to reach the quorum with the colluders, the
+    victim's honest neighbours first. Returns (the victim's input if the server recovers it, else
+    None; the honest clients that refused)."""
+    cfg, t, q = r.config, r.config.params.threshold, r.config.params.signature_quorum
+    masked = mask_all(r, r.share_keys(r.advertise()))
+    colluders = r.graph.of(victim)[len(r.graph.of(victim)) - count:]
+    everyone = tuple(range(cfg.n_clients))
+    without = tuple(i for i in everyone if i != victim)
+    honest = sorted((i for i in without if i not in colluders), key=lambda i: not r.graph.are_neighbours(victim, i))
+    told_dropped = honest[: max(q - count, 0)]
+    views = {i: without if i in told_dropped else everyone for i in (*honest, victim)}
+    signatures: dict[tuple, list] = {without: [], everyone: []}
+    for i, view in views.items():
+        signatures[view].append((i, r.clients[i].consistency_check(SurvivorList(**envelope(r, i), survivors=view)).signature))
+    for i in colluders:  # a colluder signs whatever the server asks
+        for view in (without, everyone):
+            signatures[view].append((i, sign(r.identities[i], keys.consistency_payload(cfg, r.server._seed, view))))
+    responses, refused = {}, []
+    for i, view in views.items():
+        request = UnmaskRequest(**envelope(r, i), survivors=view, dropped=() if view is everyone else (victim,),
+                                signatures=tuple(sorted(signatures[view])),
+                                self_mask_shares=forwarded_self_shares(masked, view, i))
+        try:
+            responses[i] = r.opened(r.clients[i].unmask(request))
+        except BelowThreshold:
+            refused.append(i)
+    key_shares = [shamir.Share(r.graph.share_index(victim, h), s.value) for h, resp in sorted(responses.items())
+                  for s in resp.shares if s.owner == victim and s.kind is ShareKind.MASK_KEY]
+    key_shares += [r.clients[i]._held[victim] for i in colluders]
+    if victim not in responses or len(key_shares) < t:
+        return None, refused
+    own = keys.mask_private_key(cfg, victim, shamir.combine(key_shares[:t]))
+    assert public_bytes(own) == r.server._adverts[victim].mask_public
+    streams = [MaskStream(keys.self_mask_key(cfg, victim, responses[victim].self_mask_seed), -1)]
+    for v in (s.peer for s in masked[victim].self_mask_shares):  # the partners it masked with
+        key = keys.pairwise_mask_key(cfg, victim, v, own, r.server._adverts[v].mask_public)
+        streams.append(MaskStream(key, -keys.pairwise_sign(victim, v)))
+    x = masked[victim].vector.copy()
+    apply_masks(x, streams, bits=cfg.ring_bits)
+    return x, refused
+
+
+# The review's parameters: two chosen by choose_params (the second a sparse graph), one by hand
+# with c left at its default 0.
+REVIEWED = {"choose_params(21)": choose_params(21), "choose_params(26)": choose_params(26),
+            "GraphParams(11, 10, 5)": GraphParams.explicit(11, 10, 5)}
+
+
+def reviewed_round(make_round, params: GraphParams):
+    return make_round(params.n_clients, degree=params.degree, threshold=params.threshold,
+                      corrupt_bound=params.corrupt_bound, authenticated=True)
+
+
+@pytest.mark.parametrize("name,count", [(name, m) for name, p in REVIEWED.items() for m in range(p.collusion_bound + 1)])
+def test_equivocation_fails_with_every_colluder_count_the_parameters_allow(make_round, name, count):
+    """Up to max(c, t − 1) colluders (GraphParams.collusion_bound: what the threshold and c promise)
+    cannot make both survivor sets reach the quorum, so the honest clients shown the short one
+    refuse and the victim's input stays hidden. Before the quorum counted max(c, t − 1) instead
+    of c, the server recovered it with 5 colluders (choose_params(21): t = 6, c = 4), 6
+    (choose_params(26), sparse: t = 7, c = 5) and 1 (GraphParams(11, 10, 5), c = 0)."""
+    params = REVIEWED[name]
+    r = reviewed_round(make_round, params)
+    recovered, refused = equivocate(r, count)
+    assert recovered is None and refused
+    assert params.signature_quorum * 2 - params.n_clients > params.collusion_bound >= params.threshold - 1
+
+
+@pytest.mark.parametrize("name", REVIEWED)
+def test_the_equivocation_recovers_the_input_when_the_quorum_counts_only_c(make_round, monkeypatch, name):
+    """The attack above is real: with the quorum these parameters used to have, ⌊(n + c)/2⌋ + 1,
+    2q − n colluders (5, 6 and 1 — fewer than t, so no threshold is crossed) recover the victim's
+    input exactly."""
+    monkeypatch.setattr(GraphParams, "signature_quorum", property(lambda p: (p.n_clients + p.corrupt_bound) // 2 + 1))
+    params = REVIEWED[name]
+    count = 2 * params.signature_quorum - params.n_clients
+    assert count < params.threshold
+    r = reviewed_round(make_round, params)
+    recovered, refused = equivocate(r, count)
+    assert refused == [] and np.array_equal(recovered, r.inputs[0])

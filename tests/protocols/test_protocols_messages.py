@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from secfed.protocols import MalformedMessage, UnsupportedVersion, decode, encode, encoded_size
+from secfed.protocols.crypto import SEAL_OVERHEAD
 from secfed.protocols.shamir import SHARE_BYTES
 from secfed.protocols.secagg.messages import (
     HEADER_BYTES,
@@ -22,6 +23,7 @@ from secfed.protocols.secagg.messages import (
     GraphReveal,
     KeyRoster,
     MaskedInput,
+    RevealedSecrets,
     RevealedShare,
     RosterEntry,
     SealedShare,
@@ -30,6 +32,8 @@ from secfed.protocols.secagg.messages import (
     SurvivorList,
     UnmaskRequest,
     UnmaskResponse,
+    decode_secrets,
+    encode_secrets,
 )
 
 ids = st.integers(0, 2**32 - 2)
@@ -79,8 +83,14 @@ def messages(draw):
         return GraphCommitments(**env, commitments=pairs(draw, 32))
     if kind == 9:
         return GraphReveal(**env, nonce=draw(st.binary(min_size=16, max_size=16)))
+    size = SEAL_OVERHEAD + 16 + 4 + (4 + 1 + SHARE_BYTES) * draw(st.integers(0, 4))  # sealed RevealedSecrets
+    return UnmaskResponse(**env, sealed=draw(st.binary(min_size=size, max_size=size)))
+
+
+@st.composite
+def revealed_secrets(draw):
     owners = draw(sorted_ids)
-    return UnmaskResponse(**env, self_mask_seed=draw(st.binary(min_size=16, max_size=16)), shares=tuple(
+    return RevealedSecrets(self_mask_seed=draw(st.binary(min_size=16, max_size=16)), shares=tuple(
         RevealedShare(o, draw(st.sampled_from(list(ShareKind))), draw(st.binary(min_size=SHARE_BYTES, max_size=SHARE_BYTES)))
         for o in owners))
 
@@ -155,11 +165,11 @@ def test_header_checks_say_what_is_wrong():
     m = SurvivorList(session_id=bytes(16), round=1, sender=SERVER, recipient=3, survivors=(1, 2))
     with pytest.raises(MalformedMessage, match="magic"):
         decode(_header(m, magic=b"JUNK"))
-    for old in (1, 2):  # the previous wire formats are refused, never misread
-        with pytest.raises(UnsupportedVersion, match=f"version {old}; this build speaks 3"):
+    for old in (1, 2, 3):  # the previous wire formats are refused, never misread
+        with pytest.raises(UnsupportedVersion, match=f"version {old}; this build speaks 4"):
             decode(_header(m, version=old))
-    with pytest.raises(UnsupportedVersion, match="version 4"):
-        decode(_header(m, version=4))
+    with pytest.raises(UnsupportedVersion, match="version 5"):
+        decode(_header(m, version=5))
     with pytest.raises(MalformedMessage, match="unknown message type 99"):
         decode(_header(m, type=99))
     with pytest.raises(MalformedMessage, match="flags"):
@@ -204,22 +214,54 @@ def test_masked_vector_decodes_without_copy():
     assert len(wire) == HEADER_BYTES + 4 + 32 + 2 + 4 + 4 * vec.size
 
 
+def test_decode_takes_any_buffer_and_its_vector_is_always_read_only():
+    """A bytearray's vector is read-only as documented (not a writable alias of the caller's buffer);
+    a non-contiguous memoryview decodes (copied), never a TypeError."""
+    vec = np.arange(10, dtype=np.uint32)
+    wire = encode(MaskedInput(session_id=bytes(16), round=0, sender=1, recipient=SERVER, vector=vec,
+                              self_mask_shares=(), tag=bytes(32), signature=b""))
+    got = decode(bytearray(wire)).vector
+    assert np.array_equal(got, vec) and not got.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        got[0] = 1
+    strided = memoryview(bytes(b for byte in wire for b in (byte, 0)))[::2]
+    assert not strided.contiguous
+    assert np.array_equal(decode(strided).vector, vec)
+    with pytest.raises(MalformedMessage):
+        decode(memoryview(bytes(b for byte in wire[:-1] for b in (byte, 0)))[::2])
+
+
 def test_a_version_2_unmask_response_is_refused_not_misread():
-    """Version 2 carried 16-byte GF(2^128) share values. The same bytes with 20-byte values would
-    shift every field after the first share; a v2 message must be refused as a whole, before any
-    field is read — what a receiver of both versions' bytes relies on."""
+    """Version 2 carried 16-byte GF(2^128) share values, version 3 20-byte ones, both in the clear;
+    version 4 carries them sealed to the server. Older bytes must be refused as a whole, by their
+    version number, before any field is read — and an old body under a current header is refused
+    as malformed, never read as a sealed box."""
     env = dict(session_id=bytes(16), round=3, sender=4, recipient=SERVER)
-    v3 = UnmaskResponse(**env, self_mask_seed=bytes(16), shares=(
-        RevealedShare(1, ShareKind.SELF_MASK, bytes(range(SHARE_BYTES))),))
-    # What protocol v2 put on the wire for one 16-byte share value (header version 2).
-    body = struct.pack("<B", 16) + bytes(16) + struct.pack("<I", 1) + struct.pack("<IB", 1, 0) + bytes(range(16))
-    v2 = struct.pack("<4sBBH16sQIIQ", b"SAGG", 2, 9, 0, bytes(16), 3, 4, SERVER, len(body)) + body
-    with pytest.raises(UnsupportedVersion, match="version 2"):
-        decode(v2)
-    wire = encode(v3)
-    assert wire[4] == 3 and decode(wire) == v3
-    with pytest.raises(MalformedMessage, match="cannot fit"):  # a 16-byte value in a v3 message
-        decode(wire[:HEADER_BYTES - 8] + struct.pack("<Q", len(body)) + body)
+    for version, width in ((2, 16), (3, SHARE_BYTES)):  # one share value in the clear, as that version sent it
+        body = struct.pack("<B", 16) + bytes(16) + struct.pack("<I", 1) + struct.pack("<IB", 1, 0) + bytes(range(width))
+        old = struct.pack("<4sBBH16sQIIQ", b"SAGG", version, 9, 0, bytes(16), 3, 4, SERVER, len(body)) + body
+        with pytest.raises(UnsupportedVersion, match=f"version {version}; this build speaks 4"):
+            decode(old)
+        with pytest.raises(MalformedMessage):
+            decode(old[:4] + bytes([4]) + old[5:])
+    current = UnmaskResponse(**env, sealed=bytes(SEAL_OVERHEAD + 16 + 4 + 4 + 1 + SHARE_BYTES))
+    wire = encode(current)
+    assert wire[4] == 4 and decode(wire) == current
+    with pytest.raises(ValueError, match="sealed secrets of 49 bytes"):  # no whole share inside
+        encode(UnmaskResponse(**env, sealed=bytes(SEAL_OVERHEAD + 16 + 4 + 1)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(revealed_secrets())
+def test_revealed_secrets_round_trip_and_every_truncation_is_refused(secrets):
+    """The plaintext sealed inside an unmask response has the decoder's rules too."""
+    plain = encode_secrets(secrets)
+    assert decode_secrets(plain) == secrets
+    for cut in range(len(plain)):
+        with pytest.raises(MalformedMessage):
+            decode_secrets(plain[:cut])
+    with pytest.raises(MalformedMessage):
+        decode_secrets(plain + bytes(1))
 
 
 def test_long_id_lists_round_trip_and_refuse_repeats_at_any_position():

@@ -53,7 +53,8 @@ def test_an_overflowing_cohort_is_refused_naming_the_largest_safe_cohort():
         ring_bits(1001, q.max_abs)
     params = choose_params(11, authenticated=False)
     with pytest.raises(OverflowRefused, match="largest safe cohort at this bound is 5 "):
-        SessionConfig(bytes(16), 0, params, dimension=4, ring_bits=10, input_bound=100, authenticated=False)
+        SessionConfig(bytes(16), 0, params, dimension=4, ring_bits=10, input_bound=100, server_key=bytes(32),
+                      authenticated=False)
     with pytest.raises(OverflowRefused, match="largest safe cohort is 2,147,483,647"):
         Quantizer.for_cohort(2**31, clip=1.0)
     with pytest.raises(OverflowRefused, match="largest safe cohort is 127"):
@@ -207,3 +208,24 @@ def test_quantize_into_refuses_a_wrong_output_or_weight():
         q.quantize_into(np.empty(3, np.int64), np.zeros(3), np.random.default_rng(0))
     with pytest.raises(ValueError, match="weight must be a finite"):
         q.quantize_into(np.empty(3, np.uint32), np.zeros(3), np.random.default_rng(0), weight=math.inf)
+
+
+def test_a_scale_whose_product_with_the_clip_overflows_is_refused_typed():
+    """clip·scale = inf has no ring: refused as OverflowRefused, not a bare OverflowError."""
+    with pytest.raises(OverflowRefused, match="overflows float64"):
+        Quantizer(1e200, 1e200, 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.longdouble])
+def test_a_weighted_value_beyond_float_range_is_clipped_not_called_non_finite(dtype):
+    """weight·x may overflow float64 (or the input's precision) for a finite x: it lies beyond the
+    clip like any large value, so it is clipped and counted, with its sign."""
+    q = Quantizer.for_cohort(4, clip=1.0)
+    big = np.finfo(dtype).max
+    x = np.array([big, -big, 0.25], dtype=dtype)
+    out = np.empty(3, np.uint32)
+    assert q.quantize_into(out, x, np.random.default_rng(0), weight=3.0) == 2
+    decoded = q.from_ring(out)
+    assert decoded[0] == pytest.approx(1.0, abs=1 / q.scale) and decoded[1] == pytest.approx(-1.0, abs=1 / q.scale)
+    with pytest.raises(ValueError, match="non-finite value at index 1"):  # a real inf is still refused
+        q.quantize_into(out, np.array([big, np.inf, 0.0], dtype=dtype), np.random.default_rng(0), weight=3.0)

@@ -74,8 +74,8 @@ def run(params, dropouts, bits, inputs, authenticated=False):
     servers = []
 
     class Recorded(SecAggServer):  # to read the round's graph even when the round aborts
-        def __init__(self, config):
-            super().__init__(config)
+        def __init__(self, config, key):
+            super().__init__(config, key)
             servers.append(self)
 
     aborted = None

@@ -37,7 +37,7 @@ def test_arguments_are_checked_before_anything_runs():
 
 
 def test_bytes_are_counted_per_client_and_the_vector_costs_exactly_4_bytes_per_entry():
-    params = GraphParams.explicit(6, 5, 3)
+    params = GraphParams.explicit(6, 5, 2)  # quorum ⌊(6 + 1)/2⌋ + 1 = 4: two dropouts leave it
     small = simulate(ring(6, 10), params=params, dropouts={1: "advertise_keys", 2: "masked_input"})
     large = simulate(ring(6, 1010), params=params, dropouts={1: "advertise_keys", 2: "masked_input"})
     assert small.bytes_sent[1] == small.bytes_received[1] == 0  # never showed up

@@ -5,6 +5,7 @@ never a TypeError/AttributeError from deep inside and never a silently wrong ste
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from secfed.protocols import (
     SessionConfig,
     WrongPhase,
 )
-from secfed.protocols.secagg.messages import RosterEntry, SealedShare, UnmaskResponse
+from secfed.protocols.secagg.messages import RosterEntry, SealedShare, encode_secrets
+from secfed.protocols.shamir import SHARE_BYTES
 
 replace = dataclasses.replace
 
@@ -100,15 +102,18 @@ def test_share_delivery_repeating_a_sender_is_malformed(make_round):
 
 
 def test_unmask_request_counting_one_signer_twice_is_refused(make_round):
-    """Quorum ⌊(5+0)/2⌋+1 = 3: signatures from 0, 1 and again 1 are two signers, not three."""
+    """Quorum ⌊(5 + max(c, t − 1))/2⌋ + 1 = 4: signatures from 0, 1, 3 and again 3 are three
+    signers, not four."""
     r = make_round(5, threshold=2, authenticated=True)
     lists = run_to_unmask(r)
     sigs = {i: r.clients[i].consistency_check(r.wire(lists[i])).signature for i in range(5)}
     survivors = lists[2].survivors
     with pytest.raises(MalformedMessage, match="strictly increasing"):
-        r.clients[2].unmask(_request(r, 2, survivors=survivors, signatures=((0, sigs[0]), (1, sigs[1]), (1, sigs[1]))))
+        r.clients[2].unmask(_request(r, 2, survivors=survivors,
+                                     signatures=((0, sigs[0]), (1, sigs[1]), (3, sigs[3]), (3, sigs[3]))))
     # refused as malformed, so nothing changed: a genuine quorum is still answered
-    reply = r.clients[2].unmask(_request(r, 2, survivors=survivors, signatures=((0, sigs[0]), (1, sigs[1]), (3, sigs[3]))))
+    reply = r.clients[2].unmask(_request(r, 2, survivors=survivors,
+                                         signatures=((0, sigs[0]), (1, sigs[1]), (3, sigs[3]), (4, sigs[4]))))
     assert reply.sender == 2
 
 
@@ -125,9 +130,12 @@ def test_unmask_response_repeating_a_share_owner_is_refused_on_arrival(make_roun
     r = make_round(5, threshold=2)
     requests = run_to_unmask(r)
     response = r.clients[0].unmask(r.wire(requests[0]))
-    doubled = replace(response, shares=(response.shares[0], response.shares[0]) + response.shares[1:])
+    opened = r.opened(response)
+    plain = encode_secrets(opened)
+    head, first = 16 + 4, 4 + 1 + SHARE_BYTES  # seed and count; one (owner, kind, value)
+    doubled = plain[:16] + struct.pack("<I", len(opened.shares) + 1) + plain[head : head + first] + plain[head:]
     with pytest.raises(MalformedMessage, match="strictly increasing"):
-        r.server.receive(doubled)
+        r.server.receive(r.resealed(response, doubled))
     r.server.receive(response)
 
 
@@ -150,9 +158,13 @@ def test_unmask_response_with_a_bad_share_kind_is_malformed(make_round):
     r = make_round(4, threshold=2)
     requests = run_to_unmask(r)
     response = r.clients[0].unmask(r.wire(requests[0]))
-    bad = UnmaskResponse(**{**response.__dict__, "shares": (replace(response.shares[0], kind=7),)})
-    with pytest.raises(MalformedMessage):
-        r.server.receive(bad)
+    opened = r.opened(response)
+    plain = encode_secrets(replace(opened, shares=opened.shares[:1]))
+    bad = plain[:-SHARE_BYTES - 1] + bytes([7]) + plain[-SHARE_BYTES:]  # the share's kind byte
+    with pytest.raises(MalformedMessage, match="unknown share kind 7"):
+        r.server.receive(r.resealed(response, bad))
+    with pytest.raises(MalformedMessage, match="share kind must be a ShareKind"):
+        encode_secrets(replace(opened, shares=(replace(opened.shares[0], kind=7),)))
 
 
 # ---- the ring must hold the sum -----------------------------------------------------------------
@@ -161,8 +173,10 @@ def test_unmask_response_with_a_bad_share_kind_is_malformed(make_round):
 def test_session_config_refuses_a_ring_that_cannot_hold_n_clients_sums(make_round):
     params = make_round(4, threshold=2).config.params
     with pytest.raises(OverflowRefused, match="needs 10 bits"):
-        SessionConfig(bytes(16), 0, params, dimension=8, ring_bits=8, input_bound=100, authenticated=False)
-    ok = SessionConfig(bytes(16), 0, params, dimension=8, ring_bits=10, input_bound=100, authenticated=False)
+        SessionConfig(bytes(16), 0, params, dimension=8, ring_bits=8, input_bound=100, server_key=bytes(32),
+                      authenticated=False)
+    ok = SessionConfig(bytes(16), 0, params, dimension=8, ring_bits=10, input_bound=100, server_key=bytes(32),
+                       authenticated=False)
     assert ok.input_bound == 100
 
 

@@ -9,7 +9,10 @@ versioned and length-checked like the protocol's messages::
     magic "SFSC" | version u8 | flags u8 (1 authenticated, 2 input bound, 4 params authenticated)
     | ring_bits u8 | reserved u8 = 0 | session_id 16B | round u64 | n u32 | degree u32 | threshold u32
     | corrupt_bound u32 | dimension u32 | dropout_rate f64 | security_failure f64
-    | correctness_failure f64 | input_bound u64 | identity key count u32 | 32-byte keys
+    | correctness_failure f64 | input_bound u64 | identity key count u32 | server key 32B
+    | 32-byte identity keys
+
+(Version 2 added the server key: clients seal their unmask responses to it.)
 
 A record that is missing or malformed raises :class:`secfed.protocols.MalformedMessage` naming it.
 """
@@ -32,7 +35,7 @@ OURS = (CONTROL, PAYLOAD)
 
 _SESSION = struct.Struct("<4sBBBB16sQIIIIIdddQI")
 _SESSION_MAGIC = b"SFSC"
-_SESSION_VERSION = 1
+_SESSION_VERSION = 2
 _AUTHENTICATED, _BOUNDED, _PARAMS_AUTHENTICATED = 1, 2, 4
 KEY_BYTES = 32
 
@@ -49,7 +52,7 @@ def encode_session(config: SessionConfig) -> bytes:
         p.n_clients, p.degree, p.threshold, p.corrupt_bound, config.dimension, p.dropout_rate,
         p.security_failure, p.correctness_failure, config.input_bound or 0, len(config.identity_keys),
     )
-    return head + b"".join(config.identity_keys)
+    return head + config.server_key + b"".join(config.identity_keys)
 
 
 def decode_session(data: bytes) -> SessionConfig:
@@ -64,17 +67,19 @@ def decode_session(data: bytes) -> SessionConfig:
         raise UnsupportedVersion(f"session config version {version}; this build reads {_SESSION_VERSION}")
     if reserved or flags & ~(_AUTHENTICATED | _BOUNDED | _PARAMS_AUTHENTICATED):
         raise MalformedMessage(f"session config: reserved bits set (flags {flags:#04x})")
-    if len(data) != _SESSION.size + KEY_BYTES * keys:
-        raise MalformedMessage(f"session config: {keys} identity keys need {_SESSION.size + KEY_BYTES * keys} "
-                               f"bytes, got {len(data)}")
+    if len(data) != _SESSION.size + KEY_BYTES * (1 + keys):
+        raise MalformedMessage(f"session config: the server key and {keys} identity keys need "
+                               f"{_SESSION.size + KEY_BYTES * (1 + keys)} bytes, got {len(data)}")
     if not all(math.isfinite(v) for v in (dropout, security, correctness)):
         raise MalformedMessage("session config: non-finite graph figures")
-    identity = tuple(data[_SESSION.size + KEY_BYTES * i : _SESSION.size + KEY_BYTES * (i + 1)] for i in range(keys))
+    server_key = bytes(data[_SESSION.size : _SESSION.size + KEY_BYTES])
+    at = _SESSION.size + KEY_BYTES
+    identity = tuple(bytes(data[at + KEY_BYTES * i : at + KEY_BYTES * (i + 1)]) for i in range(keys))
     try:
         params = GraphParams(n, degree, threshold, corrupt, dropout, bool(flags & _PARAMS_AUTHENTICATED),
                              security, correctness)
         return SessionConfig(session_id, round_, params, dimension, input_bound=bound if flags & _BOUNDED else None,
-                             ring_bits=ring_bits, authenticated=bool(flags & _AUTHENTICATED), identity_keys=identity)
+                             server_key=server_key, ring_bits=ring_bits, authenticated=bool(flags & _AUTHENTICATED), identity_keys=identity)
     except (ValueError, OverflowRefused) as exc:
         raise MalformedMessage(f"session config: {exc}") from None
 

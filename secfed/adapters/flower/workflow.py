@@ -39,6 +39,7 @@ from secfed.protocols import (
     MalformedMessage,
     ProtocolError,
     SecAggServer,
+    ServerKey,
     SessionConfig,
     WrongSender,
     choose_params,
@@ -162,12 +163,14 @@ class SecAggWorkflow:
                 raise ValueError("the nodes' messages carry different contents; pass bind_model=False if meant")
             digest = digests.pop()
         quantizer = encoding.quantizer(len(nodes))
+        key = ServerKey.generate()  # per session: the nodes seal their unmask responses to it
         config = SessionConfig(
             new_session_id(), round, self.params(len(nodes)), encoding.dimension,
             input_bound=quantizer.max_abs if quantizer else None, ring_bits=quantizer.bits if quantizer else 32,
-            authenticated=self.authenticated, identity_keys=tuple(identities[n] for n in nodes if self.authenticated),
+            server_key=key.public, authenticated=self.authenticated,
+            identity_keys=tuple(identities[n] for n in nodes if self.authenticated),
         )
-        return _Session(self, grid, config, nodes, content, encoding, digest, str(round)).run()
+        return _Session(self, grid, config, key, nodes, content, encoding, digest, str(round)).run()
 
     # ---- transport --------------------------------------------------------------------------------
 
@@ -210,12 +213,12 @@ def exchange(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, 
 class _Session:
     """One protocol session over the grid: the server state machine and the node ↔ index map."""
 
-    def __init__(self, flow: SecAggWorkflow, grid: Grid, config: SessionConfig, nodes: list[int],
+    def __init__(self, flow: SecAggWorkflow, grid: Grid, config: SessionConfig, key: ServerKey, nodes: list[int],
                  content: Mapping[int, RecordDict], encoding: Encoding, digest: bytes, group: str) -> None:
         self.flow, self.grid, self.config, self.group = flow, grid, config, group
         self.nodes, self.index = nodes, {n: i for i, n in enumerate(nodes)}
         self.content, self.encoding, self.digest = content, encoding, digest
-        self.server = SecAggServer(config)
+        self.server = SecAggServer(config, key)
         self.clear: dict[int, RecordDict] = {}
         self.up = self.down = 0
 
