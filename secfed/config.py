@@ -259,6 +259,9 @@ class RunSection(Section):
     local_baseline: bool = setting(True, "--local-baseline", "Also train every client alone with the same budget.")
     record_uploads: bool = setting(False, "--record-uploads", "Keep what every client uploaded in the run "
                                    "directory (for `secfed audit --target update`; as sensitive as the images).")
+    log_to: list[Literal["tensorboard", "mlflow"]] = setting(
+        [], "--log-to", "Also log every round's figures, the configuration and history.png to TensorBoard "
+        "(RUN/tensorboard) and/or MLflow (MLFLOW_TRACKING_URI, else RUN/mlflow.db).")
 
 
 SYNTH_DEFAULT_DOMAINS = DataConfig.model_fields["synth_domains"].default
