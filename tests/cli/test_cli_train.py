@@ -84,6 +84,19 @@ def test_one_log_line_per_round_on_stderr(synth_root: Path, tmp_path: Path) -> N
     json.loads(result.stdout)  # stdout holds only the JSON object
 
 
+def test_the_round_line_labels_seen_and_unseen_means_apart(synth_root: Path, tmp_path: Path) -> None:
+    held_out = sorted(p.name for p in synth_root.iterdir() if p.is_dir())[0]
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--rounds", "1", "--no-local-baseline",
+                     "--leave-out", held_out, "--out", str(tmp_path), "--name", "x", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    line = next(line for line in result.stderr.splitlines() if line.startswith("round "))
+    seen = 100 * sum(d["rank1"] for d in summary["domains"]) / len(summary["domains"])
+    unseen = 100 * summary["unseen"][0]["rank1"]
+    assert f"seen-domain rank-1 {seen:.1f}% (mean)" in line
+    assert f"unseen-domain rank-1 {unseen:.1f}% (mean)" in line
+
+
 @pytest.mark.parametrize("args, flag", [
     (["--clients-per-round", "9"], "--clients-per-round"),
     (["--scenario", "by-camera"], "--datasets"),
