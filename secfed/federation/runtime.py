@@ -31,6 +31,7 @@ from typing import Any, Callable, Protocol
 from secfed import atomic_file, tracking
 from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr
 from secfed.config import ConfigError, RunConfig, from_dict
+from secfed.environment import environment
 from secfed.evaluation.communication import communication_cost
 from secfed.evaluation.plots import plot_history
 from secfed.federation import checkpoint as ckpt
@@ -169,7 +170,8 @@ def run(
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
     else:
         atomic_file.write_text(run_dir / "config.json", cfg.to_json())
-        atomic_file.write_text(run_dir / "data.json", json.dumps(fed.data_info, indent=2))
+        # the machine and software beside the data: floating-point results depend on both
+        atomic_file.write_text(run_dir / "data.json", json.dumps({**fed.data_info, "environment": environment()}, indent=2))
         ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
     reporter.run_started(fed, start)
     with ckpt.BackgroundWriter() as checkpoints:  # each round's checkpoint is written while the next trains

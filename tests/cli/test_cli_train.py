@@ -56,7 +56,11 @@ def test_run_directory_holds_config_metrics_checkpoint_plot(trained: tuple[dict,
     assert (run_dir / "checkpoints" / "round-0002.pt").is_file()
     assert (run_dir / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
-    assert "fingerprint" in json.loads((run_dir / "data.json").read_text())
+    data = json.loads((run_dir / "data.json").read_text())
+    assert "fingerprint" in data
+    env = data["environment"]  # what a second machine needs to know to reproduce a figure
+    assert env["torch_threads"] == 2 and env["torch"] and env["numpy"] and env["cpu"]["model"]
+    assert env["torch_cpu_capability"] and env["commit"]
 
 
 def test_evaluate_reproduces_the_final_scores_under_the_same_keys(trained: tuple[dict, Path]) -> None:
