@@ -26,7 +26,7 @@ from secfed.data.synth import (
     generate,
 )
 from secfed.data.synth_domains import PRESETS
-from secfed.data.synth_report import Row, recorded, summary
+from secfed.data.synth_report import Row, files, recorded, summary
 
 # (header, row key): the table of `data synth` and of `data inspect` on a synthetic root
 _COLUMNS = (("domain", "name"), ("role", "role"), ("cams", "cameras"), ("train\nids", "train_ids"),
@@ -57,7 +57,7 @@ def print_domains(rows: list[Row], title: str, console: Console) -> None:
 @click.option("--seed", type=click.IntRange(*SEED_RANGE), default=0, show_default=True,
               help="Run seed; the same seed writes byte-identical files.")
 @click.option("--scale", type=click.FloatRange(*SCALE_RANGE), default=1.0, show_default=True,
-              help="Multiplies the number of person ids of every domain.")
+              help="Multiplies the number of person ids of every domain, train and test alike.")
 @click.option("--height", type=click.IntRange(*HEIGHT_RANGE), default=128, show_default=True,
               help="Height of the written images, in pixels.")
 @click.option("--width", type=click.IntRange(*WIDTH_RANGE), default=64, show_default=True,
@@ -103,5 +103,6 @@ def synth_command(out: Path, domains: int, unseen: int, public: int, seed: int, 
         return
     console = human_console(json_mode=False)
     print_domains(rows, f"{out} (seed {manifest.seed}, {manifest.height}×{manifest.width})", console)
-    images = sum((r["train_images"] or 0) + (r["query_images"] or 0) + (r["gallery_images"] or 0) for r in rows)
-    console.print(f"wrote {images} images in {seconds:.1f} s")
+    junk = sum(r["junk"] or 0 for r in rows)
+    console.print(f"wrote {sum(files(r) for r in rows)} images in {seconds:.1f} s"
+                  + (f" ({junk} of them junk, which the loaders skip)" if junk else ""))

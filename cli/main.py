@@ -6,6 +6,7 @@ import rich_click as click
 
 from secfed import __version__
 from secfed.cli.audit import audit_command
+from secfed.cli.compare import compare_command
 from secfed.cli.data_inspect import inspect_command
 from secfed.cli.data_synth import synth_command
 from secfed.cli.evaluate import evaluate_command
@@ -27,6 +28,7 @@ def data() -> None:
 
 cli.add_command(train_command)
 cli.add_command(evaluate_command)
+cli.add_command(compare_command)
 cli.add_command(flower_group)
 cli.add_command(audit_command)
 data.add_command(synth_command, "synth")

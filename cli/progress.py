@@ -21,6 +21,7 @@ class RichReporter:
         self._data_task: int | None = None
         self._clients: int | None = None
         self._rounds = 0
+        self._unseen: frozenset[str] = frozenset()
 
     def __enter__(self) -> RichReporter:
         self.progress.start()
@@ -40,7 +41,8 @@ class RichReporter:
             self._data_task = None
         cfg = fed.config
         self._rounds = cfg.schedule.rounds
-        unseen = sum(d.unseen for d in fed.domains)
+        self._unseen = frozenset(d.name for d in fed.domains if d.unseen)
+        unseen = len(self._unseen)
         self.console.print(
             f"[bold]secfed[/] {fed.method.describe()} · {cfg.data.scenario} · {len(fed.clients)} clients"
             + (f" · {unseen} unseen domains" if unseen else "")
@@ -56,15 +58,18 @@ class RichReporter:
         self.progress.update(self._clients, advance=1, info=f"round {round_number}: {escape(client)}")
 
     def round_done(self, record: dict[str, Any]) -> None:
-        """One line: round, clients, loss, seconds, ε so far (and mean rank-1 when evaluated)."""
+        """One line: round, clients, loss, seconds, ε so far, and when evaluated the mean rank-1 of the
+        domains clients trained on and, apart, of the unseen ones."""
         parts = [f"round {record['round']:>3}/{self._rounds}", f"{record['contributors']} clients"]
         parts.append(f"loss {record['loss']:.3f}" if "loss" in record else "loss –")
         parts.append(f"{record['seconds']['round']:.1f} s")
         if "privacy" in record:
             parts.append(f"ε {record['privacy']['epsilon']:.3g}")
         if "eval" in record:
-            seen = [v["rank1"] for v in record["eval"].values()]
-            parts.append(f"rank-1 {100 * sum(seen) / len(seen):.1f}%")
+            for label, unseen in (("seen", False), ("unseen", True)):
+                scores = [v["rank1"] for name, v in record["eval"].items() if (name in self._unseen) == unseen]
+                if scores:
+                    parts.append(f"{label}-domain rank-1 {100 * sum(scores) / len(scores):.1f}% (mean)")
         if record.get("dropped"):
             parts.append(f"{len(record['dropped'])} dropped")
         self.console.print(" · ".join(parts))

@@ -15,9 +15,9 @@ from secfed.cli.options import config_options, given_overrides, option_panels, r
 from secfed.config import ConfigError, RunConfig, check, from_dict, load_toml, with_overrides
 from secfed.federation.leave_one_out import SWEEP_FILE, is_sweep
 
-# Settings that do not change what is trained, or that repair a run (a lower learning rate after a
+# Settings that do not change what is trained (threads, device, where figures are logged), or that repair a run (a lower learning rate after a
 # divergence, the data's new place), so they may accompany --resume.
-RESUME_COMPATIBLE = {"run.threads", "run.device", "data.root", "schedule.lr", "schedule.lr_backbone"}
+RESUME_COMPATIBLE = {"run.threads", "run.device", "run.log_to", "data.root", "schedule.lr", "schedule.lr_backbone"}
 COMMAND_OPTIONS = ["--config", "--resume", "--leave-one-out", "--flower", "--json", "--help"]
 # the type goes after the help, not in a column of its own: more room in 80 columns
 click.rich_click.OPTIONS_TABLE_COLUMN_TYPES = ["required", "opt_short", "opt_long", "help"]

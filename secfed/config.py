@@ -120,7 +120,7 @@ class DataConfig(Section):
                                      "(default: in the run directory; never in the dataset folder).")
     synth_domains: int = setting(4, "--synth-domains", "Synthetic default: number of training domains.",
                                  ge=SYNTH_DOMAINS_RANGE[0], le=SYNTH_DOMAINS_RANGE[1])
-    synth_scale: float = setting(1.0, "--synth-scale", "Synthetic default: size multiplier of every domain.",
+    synth_scale: float = setting(1.0, "--synth-scale", "Synthetic default: multiplies every domain's person ids, train and test alike.",
                                  ge=SCALE_RANGE[0], le=SCALE_RANGE[1])
     synth_unseen: int = setting(0, "--synth-unseen", "Synthetic default: extra domains never trained on, "
                                 "evaluated as unseen targets.", ge=UNSEEN_RANGE[0], le=UNSEEN_RANGE[1])
@@ -183,8 +183,8 @@ class ScheduleConfig(Section):
     local_epochs: int = setting(1, "--local-epochs", "Local epochs per round (E).", ge=1)
     batch_size: int = setting(32, "--batch-size", "Local batch size (B).", ge=1)
     clients_per_round: int = setting(0, "--clients-per-round", "K of N clients per round (0: all).", ge=0)
-    lr: float | None = setting(None, "--lr", "Learning rate of new layers (default: see above).", gt=0)
-    lr_backbone: float | None = setting(None, "--lr-backbone", "Backbone learning rate (default: see above).", gt=0)
+    lr: float | None = setting(None, "--lr", "Learning rate of new layers (default: 0.02 from scratch, 0.05 with --pretrained; FedReID 0.1).", gt=0)
+    lr_backbone: float | None = setting(None, "--lr-backbone", "Backbone learning rate (default: --lr's from scratch, 0.005 with --pretrained; FedReID 0.01).", gt=0)
     lr_step: int | None = setting(None, "--lr-step", "Rounds between decays (default: one decay at 3/4).", ge=1)
     lr_gamma: float = setting(0.1, "--lr-gamma", "Decay factor.", gt=0, le=1)
     momentum: float = setting(0.9, "--momentum", "SGD momentum (Nesterov, as both reference codes).", ge=0, lt=1)
@@ -259,6 +259,9 @@ class RunSection(Section):
     local_baseline: bool = setting(True, "--local-baseline", "Also train every client alone with the same budget.")
     record_uploads: bool = setting(False, "--record-uploads", "Keep what every client uploaded in the run "
                                    "directory (for `secfed audit --target update`; as sensitive as the images).")
+    log_to: list[Literal["tensorboard", "mlflow"]] = setting(
+        [], "--log-to", "Also log every round's figures, the configuration and history.png to TensorBoard "
+        "(RUN/tensorboard) and/or MLflow (MLFLOW_TRACKING_URI, else RUN/mlflow.db).")
 
 
 SYNTH_DEFAULT_DOMAINS = DataConfig.model_fields["synth_domains"].default

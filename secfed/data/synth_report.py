@@ -18,12 +18,19 @@ from secfed.data.synth import SynthDomain, SynthManifest
 from secfed.data.types import ReidDataset
 
 COUNTS = ("train_ids", "train_images", "test_ids", "query_images", "gallery_images", "distractors", "junk")
+
+
+def files(row: Row) -> int:
+    """Image files a row stands for: what the loaders read, and the junk they skip."""
+    return sum(row[key] or 0 for key in ("train_images", "query_images", "gallery_images", "junk"))
 Row = dict[str, Any]  # name, role, format, cameras, then COUNTS (None where a count does not apply)
 
 
 def _domain_row(domain: SynthDomain, role: str) -> Row:
+    # "gallery" counts what the loaders read, as `secfed data inspect DOMAIN` does: the manifest counts
+    # the files of bounding_box_test, junk included, and junk is skipped (and counted) by every loader
     return {"name": domain.name, "role": role, "format": "market1501", "cameras": len(domain.cameras),
-            **{key: getattr(domain, key) for key in COUNTS}}
+            **{key: getattr(domain, key) for key in COUNTS}, "gallery_images": domain.gallery_images - domain.junk}
 
 
 def recorded(manifest: SynthManifest) -> list[Row]:
@@ -43,7 +50,7 @@ def _counts(dataset: ReidDataset, row: Row) -> Row:
     junk = dataset.skipped.get("junk", 0)
     return {**row, "train_ids": dataset.num_train_pids, "train_images": len(dataset.train),
             "test_ids": len({s.pid for s in dataset.query}), "query_images": len(dataset.query),
-            "gallery_images": len(dataset.gallery) + junk,  # the manifest counts the files, junk included
+            "gallery_images": len(dataset.gallery),
             "distractors": sum(s.pid == DISTRACTOR_PID for s in dataset.gallery), "junk": junk}
 
 

@@ -123,7 +123,8 @@ def results_table(
 ) -> Table:
     """One row per domain; columns nobody measured are left out. Rates in percent, 1 decimal.
 
-    Federated Rank-1 and mAP are bold green where they beat training on that domain alone.
+    Federated Rank-1 and mAP are marked ``*`` (and bold green on a terminal) where they beat training
+    on that domain alone: the mark survives plain logs, where the colour does not.
     """
     rows = [d if isinstance(d, DomainResult) else DomainResult.from_dict(d) for d in domains]
     shown = [c for c in _COLUMNS if any(getattr(r, c[0]) is not None for r in rows)]
@@ -133,13 +134,13 @@ def results_table(
         table.add_column(header, justify="right")
     table.caption = " ".join(["Rates in %."] + [_LEGEND[name] for name, _, _ in shown if name in _LEGEND])
     if any(baseline and any(_beats(r, name, baseline) for r in rows) for name, _, baseline in shown):
-        table.caption += f" [{BEATS_LOCAL_STYLE}]Bold green[/]: federated beats local-only training."
+        table.caption += " *: federated beats local-only training."
     for row in rows:
         cells = [escape(row.domain)]  # a name like "cam[1]" is text, not rich markup
         for name, _, baseline in shown:
             value = getattr(row, name)
             text = "–" if value is None else f"{100 * value:.1f}"
-            cells.append(f"[{BEATS_LOCAL_STYLE}]{text}[/]" if baseline and _beats(row, name, baseline) else text)
+            cells.append(f"[{BEATS_LOCAL_STYLE}]{text}*[/]" if baseline and _beats(row, name, baseline) else text)
         table.add_row(*cells)
     return table
 
@@ -149,9 +150,9 @@ _SUMMARY_LABELS = {
     "rounds": "Rounds",
     "wall_time_s": "Wall time",
     "shared_bytes": "Shared model size",
-    "communication_bytes": "Communication (rounds × 2 × model)",
-    "bytes_up": "Bytes up (measured)",
-    "bytes_down": "Bytes down (measured)",
+    "communication_bytes": "Communication per client (MM'20: rounds × 2 × model)",
+    "bytes_up": "Bytes up, all clients (measured)",
+    "bytes_down": "Bytes down, all clients (measured)",
 }
 _BYTE_KEYS = {"shared_bytes", "communication_bytes", "bytes_up", "bytes_down"}
 

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from secfed import atomic_file
+from secfed import atomic_file, tracking
 from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr
 from secfed.config import ConfigError, RunConfig, from_dict
+from secfed.environment import environment
 from secfed.evaluation.communication import communication_cost
 from secfed.evaluation.plots import plot_history
 from secfed.federation import checkpoint as ckpt
@@ -156,8 +157,8 @@ def run(
     """Train a federation as configured, in ``run_dir``; with ``resume``, continue from its newest
     checkpoint (or start afresh when no round had finished) and end exactly where an uninterrupted
     run would have. ``data_root`` reads the data from where it was moved to (checked by fingerprint)."""
-    reporter = reporter or SilentReporter()
     run_dir = Path(run_dir)
+    reporter = tracking.attach(reporter or SilentReporter(), cfg.run.log_to, run_dir)  # --log-to
     run_dir.mkdir(parents=True, exist_ok=True)
     fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
     history: list[dict[str, Any]] = []
@@ -169,12 +170,14 @@ def run(
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
     else:
         atomic_file.write_text(run_dir / "config.json", cfg.to_json())
-        atomic_file.write_text(run_dir / "data.json", json.dumps(fed.data_info, indent=2))
+        # the machine and software beside the data: floating-point results depend on both
+        atomic_file.write_text(run_dir / "data.json", json.dumps({**fed.data_info, "environment": environment()}, indent=2))
         ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
     reporter.run_started(fed, start)
     with ckpt.BackgroundWriter() as checkpoints:  # each round's checkpoint is written while the next trains
         summary = _train_rounds(cfg, fed, run_dir, reporter, on_round_end, checkpoints, history, start, wall)
     plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
+    reporter.finish(summary, run_dir)
     return RunResult(run_dir, summary, fed)
 
 

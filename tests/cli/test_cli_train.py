@@ -56,7 +56,11 @@ def test_run_directory_holds_config_metrics_checkpoint_plot(trained: tuple[dict,
     assert (run_dir / "checkpoints" / "round-0002.pt").is_file()
     assert (run_dir / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
-    assert "fingerprint" in json.loads((run_dir / "data.json").read_text())
+    data = json.loads((run_dir / "data.json").read_text())
+    assert "fingerprint" in data
+    env = data["environment"]  # what a second machine needs to know to reproduce a figure
+    assert env["torch_threads"] == 2 and env["torch"] and env["numpy"] and env["cpu"]["model"]
+    assert env["torch_cpu_capability"] and env["commit"]
 
 
 def test_evaluate_reproduces_the_final_scores_under_the_same_keys(trained: tuple[dict, Path]) -> None:
@@ -82,6 +86,19 @@ def test_one_log_line_per_round_on_stderr(synth_root: Path, tmp_path: Path) -> N
     rounds = [line for line in result.stderr.splitlines() if line.startswith("round ")]
     assert len(rounds) == 1 and "3 clients" in rounds[0] and "loss" in rounds[0] and " s" in rounds[0]
     json.loads(result.stdout)  # stdout holds only the JSON object
+
+
+def test_the_round_line_labels_seen_and_unseen_means_apart(synth_root: Path, tmp_path: Path) -> None:
+    held_out = sorted(p.name for p in synth_root.iterdir() if p.is_dir())[0]
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--rounds", "1", "--no-local-baseline",
+                     "--leave-out", held_out, "--out", str(tmp_path), "--name", "x", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    line = next(line for line in result.stderr.splitlines() if line.startswith("round "))
+    seen = 100 * sum(d["rank1"] for d in summary["domains"]) / len(summary["domains"])
+    unseen = 100 * summary["unseen"][0]["rank1"]
+    assert f"seen-domain rank-1 {seen:.1f}% (mean)" in line
+    assert f"unseen-domain rank-1 {unseen:.1f}% (mean)" in line
 
 
 @pytest.mark.parametrize("args, flag", [

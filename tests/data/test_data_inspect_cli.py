@@ -118,8 +118,9 @@ def test_inspect_reads_a_synthetic_root_without_format_and_agrees_with_synth(syn
     for domain in (*manifest.domains, *manifest.unseen):  # and as the manifest recorded them
         row = rows[domain.name]
         assert row["cameras"] == len(domain.cameras)
-        for key in ("train_ids", "train_images", "test_ids", "query_images", "gallery_images", "distractors", "junk"):
+        for key in ("train_ids", "train_images", "test_ids", "query_images", "distractors", "junk"):
             assert row[key] == getattr(domain, key), (domain.name, key)
+        assert row["gallery_images"] == domain.gallery_images - domain.junk  # what the loaders read
     assert rows["public"]["train_images"] == manifest.public.images == 12
     # Counted from the files, by the loaders training uses.
     campus = load_dataset(out / "campus", "market1501")
@@ -139,6 +140,8 @@ def test_inspect_finds_a_domain_folder_format_from_the_manifest(synth_out):
     out, printed = synth_out
     campus = json.loads(_run(out / "campus", "--json").stdout)
     assert campus["format"] == "market1501" and campus["train"]["images"] == printed["domains"][0]["train_images"]
+    # one domain inspected alone counts its gallery as synth and the root's inspection do (junk apart)
+    assert campus["gallery"]["images"] == printed["domains"][0]["gallery_images"]
     public = json.loads(_run(out / "public", "--json").stdout)
     assert public["format"] == "unlabeled" and public["train"]["images"] == 12
 

@@ -51,7 +51,7 @@ def test_full_rows_show_every_column_as_percentages() -> None:
     assert "25.0" in duke and "12.5" in duke and "37.5" in duke and "–" in duke
 
 
-def test_federated_cells_beating_local_only_are_bold_green() -> None:
+def test_federated_cells_beating_local_only_are_marked_and_bold_green() -> None:
     table = results_table(
         [
             DomainResult("a", rank1=0.6, mAP=0.2, local_rank1=0.5, local_mAP=0.3),  # rank-1 beats, mAP not
@@ -59,10 +59,11 @@ def test_federated_cells_beating_local_only_are_bold_green() -> None:
         ]
     )
     styled = render(table, styles=True)
-    assert f"{BOLD_GREEN}60.0" in styled and f"{BOLD_GREEN}50.0" in styled
+    assert f"{BOLD_GREEN}60.0*" in styled and f"{BOLD_GREEN}50.0*" in styled
     for plain in ("20.0", "40.0"):
-        assert f"{BOLD_GREEN}{plain}" not in styled
-    assert "federated beats local-only" in " ".join(render(table).split())
+        assert f"{BOLD_GREEN}{plain}" not in styled and f"{plain}*" not in styled
+    plain_log = " ".join(render(table).split())  # what a log file gets: no colour, the mark and its meaning
+    assert "60.0*" in plain_log and "*: federated beats local-only" in plain_log and "green" not in plain_log.lower()
 
 
 def test_domain_names_are_text_not_markup() -> None:
@@ -119,8 +120,8 @@ def test_summary_table_computes_the_communication_cost() -> None:
         "Rounds": "300",
         "Wall time": "1 h 02 min",
         "Shared model size": "45.00 MiB",
-        "Communication (rounds × 2 × model)": "26.37 GiB",  # 300 × 2 × 45 MiB = 27,000 MiB
-        "Bytes up (measured)": "1.50 KiB",
+        "Communication per client (MM'20: rounds × 2 × model)": "26.37 GiB",  # 300 × 2 × 45 MiB = 27,000 MiB
+        "Bytes up, all clients (measured)": "1.50 KiB",
         "epsilon": "2.512",
     }
 

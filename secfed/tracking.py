@@ -1,0 +1,241 @@
+"""Experiment tracking: every round's figures to TensorBoard and/or MLflow (``--log-to``).
+
+A tracker hears exactly what ``metrics.jsonl`` holds — the round records the run driver writes — so
+it logs nothing a run does not already keep: under a claimed ε the records carry no per-client
+figure, and neither does the tracker. Each numeric leaf of a record becomes one scalar named by its
+path (``eval/campus/rank1``, ``seconds/round``, ``privacy/epsilon``), plus the seen- and
+unseen-domain means of rank-1 and mAP; the configuration goes in as hyper-parameters, and at the end
+the summary's figures and ``history.png``.
+
+:class:`TrackingReporter` wraps any :class:`~secfed.federation.runtime.Reporter` (the CLI's progress
+display, a notebook's) without knowing what is inside, the way a Flower mod wraps a handler.
+
+TensorBoard comes through ``torch.utils.tensorboard`` (``pip install 'secfed[tensorboard]'``), MLflow
+through its own client (``pip install 'secfed[mlflow]'``): to ``MLFLOW_TRACKING_URI`` when set, else to
+a SQLite store in the run directory (``RUN/mlflow.db``, artifacts in ``RUN/mlartifacts``). A resumed run continues the same TensorBoard folder (events after
+the resumed round are dropped) and the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from secfed.config import ConfigError
+
+TRACKERS = ("tensorboard", "mlflow")
+MLFLOW_RUN_FILE = "mlflow-run-id"
+
+
+class Tracker(Protocol):
+    def start(self, config: Mapping[str, Any], start_round: int) -> None: ...
+    def log_round(self, round_number: int, scalars: Mapping[str, float]) -> None: ...
+    def finish(self, final: Mapping[str, float], summary: Mapping[str, Any], history_png: Path | None) -> None: ...
+
+
+# ---- what a record becomes -----------------------------------------------------------------------------
+
+_NOT_LOGGED = ("round", "final")  # the step itself; "final" repeats the last round's "eval" by domain
+
+
+def scalars(record: Mapping[str, Any], unseen: Sequence[str] = ()) -> dict[str, float]:
+    """The numeric leaves of a round record by path, and the mean rank-1/mAP of seen and unseen domains."""
+    out = {path: value for path, value in _leaves(record, ()) if path.split("/")[0] not in _NOT_LOGGED}
+    evaluated = record.get("eval") or {}
+    for label, names in (("seen", [d for d in evaluated if d not in unseen]), ("unseen", [d for d in evaluated if d in unseen])):
+        for metric in ("rank1", "mAP"):
+            values = [evaluated[d][metric] for d in names if metric in evaluated[d]]
+            if values:
+                out[f"mean/{label}/{metric}"] = sum(values) / len(values)
+    return out
+
+
+def _leaves(value: Any, path: tuple[str, ...]) -> Iterator[tuple[str, float]]:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, str(key)))
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        yield "/".join(path), float(value)
+
+
+def flat_config(config: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
+    """``{"schedule.lr": 0.02, ...}``: hyper-parameters as both trackers take them (lists as text)."""
+    out: dict[str, str | int | float | bool] = {}
+    for section, values in config.items():
+        if not isinstance(values, Mapping):
+            out[section] = values if isinstance(values, (int, float, bool, str)) else json.dumps(values)
+            continue
+        for key, value in values.items():
+            out[f"{section}.{key}"] = value if isinstance(value, (int, float, bool, str)) else json.dumps(value)
+    return out
+
+
+def final_scalars(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The summary's per-domain scores (``final/campus/rank1``) and their seen/unseen means."""
+    out: dict[str, float] = {}
+    for label, domains in (("seen", summary.get("domains", [])), ("unseen", summary.get("unseen", []))):
+        for d in domains:
+            for metric in ("rank1", "mAP", "local_rank1", "local_mAP"):
+                if isinstance(d.get(metric), (int, float)):
+                    out[f"final/{d['name']}/{metric}"] = float(d[metric])
+        for metric in ("rank1", "mAP"):
+            values = [d[metric] for d in domains if isinstance(d.get(metric), (int, float))]
+            if values:
+                out[f"final/mean/{label}/{metric}"] = sum(values) / len(values)
+    if isinstance(summary.get("privacy", {}).get("epsilon"), (int, float)):
+        out["final/epsilon"] = float(summary["privacy"]["epsilon"])
+    return out
+
+
+# ---- the trackers ------------------------------------------------------------------------------------
+
+
+class TensorBoardTracker:
+    """Event files under ``RUN/tensorboard/`` (open with ``tensorboard --logdir RUN``)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:  # torch imports tensorboard lazily: its absence shows here
+            raise ConfigError("run.log_to", "TensorBoard is not installed: pip install 'secfed[tensorboard]'") from exc
+        self._writer_class = SummaryWriter
+        self.log_dir = Path(run_dir) / "tensorboard"
+        self.writer: Any = None
+        self.config: dict[str, Any] = {}
+
+    def start(self, config: Mapping[str, Any], start_round: int) -> None:
+        # purge_step: events written after the checkpoint we resume from are dropped, not duplicated
+        self.writer = self._writer_class(str(self.log_dir), purge_step=start_round + 1 if start_round else None)
+        self.config = flat_config(config)
+        if not start_round:
+            self.writer.add_text("config", "```json\n" + json.dumps(config, indent=2) + "\n```", 0)
+
+    def log_round(self, round_number: int, scalars: Mapping[str, float]) -> None:
+        for name, value in scalars.items():
+            self.writer.add_scalar(name, value, round_number)
+        self.writer.flush()
+
+    def finish(self, final: Mapping[str, float], summary: Mapping[str, Any], history_png: Path | None) -> None:
+        # hparams with the run's final figures as their metrics: TensorBoard's HParams tab compares runs
+        self.writer.add_hparams(self.config, dict(final), run_name=".")
+        if history_png is not None and history_png.exists():
+            import numpy as np
+            from PIL import Image
+
+            image = np.asarray(Image.open(history_png).convert("RGB"))
+            self.writer.add_image("history", image, summary.get("rounds", 0), dataformats="HWC")
+        self.writer.close()
+
+
+class MLflowTracker:
+    """One MLflow run per secfed run: to ``MLFLOW_TRACKING_URI``, else a SQLite store in the run directory."""
+
+    def __init__(self, run_dir: Path) -> None:
+        try:
+            import mlflow
+        except ImportError as exc:
+            raise ConfigError("run.log_to", "MLflow is not installed: pip install 'secfed[mlflow]'") from exc
+        self.mlflow = mlflow
+        self.run_dir = Path(run_dir)
+        self.client: Any = None
+        self.run_id: str | None = None
+
+    def start(self, config: Mapping[str, Any], start_round: int) -> None:
+        import logging
+
+        from mlflow.tracking import MlflowClient
+
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines (database set-up) are not ours
+        # MLflow's file store is in maintenance mode (refused by default): a SQLite store in the run
+        # directory, its artifacts beside it, unless the user points MLflow elsewhere.
+        local = self.run_dir.resolve()
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{local / 'mlflow.db'}"
+        self.client = MlflowClient(tracking_uri=uri)
+        id_file = self.run_dir / MLFLOW_RUN_FILE
+        if start_round and id_file.exists():  # a resumed run continues its MLflow run
+            self.run_id = id_file.read_text().strip()
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        experiment = self.client.get_experiment_by_name("secfed")
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(
+            "secfed", artifact_location=None if os.environ.get("MLFLOW_TRACKING_URI") else (local / "mlartifacts").as_uri())
+        run = self.client.create_run(experiment_id, run_name=self.run_dir.name, tags={"secfed.run_dir": str(self.run_dir)})
+        self.run_id = run.info.run_id
+        id_file.write_text(self.run_id + "\n")
+        from mlflow.entities import Param
+
+        params = [Param(k, str(v)) for k, v in flat_config(config).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters per batch
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
+
+    def log_round(self, round_number: int, scalars: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = _millis()
+        metrics = [Metric(_mlflow_name(k), v, now, round_number) for k, v in scalars.items()]
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+
+    def finish(self, final: Mapping[str, float], summary: Mapping[str, Any], history_png: Path | None) -> None:
+        from mlflow.entities import Metric
+
+        now = _millis()
+        step = int(summary.get("rounds", 0))
+        self.client.log_batch(self.run_id, metrics=[Metric(_mlflow_name(k), v, now, step) for k, v in final.items()])
+        self.client.log_dict(self.run_id, dict(summary), "summary.json")
+        if history_png is not None and history_png.exists():
+            self.client.log_artifact(self.run_id, str(history_png))
+        self.client.set_terminated(self.run_id)
+
+
+def _millis() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+def _mlflow_name(name: str) -> str:
+    """MLflow metric names allow letters, digits and ``_ - . / space``; domain names may hold others."""
+    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)
+
+
+def attach(reporter: Any, names: Sequence[str], run_dir: Path) -> TrackingReporter:
+    """``reporter`` with the trackers ``run.log_to`` names, each checked installed before training
+    starts (a missing package is a :class:`~secfed.config.ConfigError` naming ``run.log_to``)."""
+    makers = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker}
+    return TrackingReporter(reporter, [makers[name](run_dir) for name in dict.fromkeys(names)])
+
+
+class TrackingReporter:
+    """A Reporter that passes everything to ``inner`` and, besides, each round's record to the trackers."""
+
+    def __init__(self, inner: Any, trackers: Sequence[Tracker]) -> None:
+        self.inner = inner
+        self.trackers = list(trackers)
+        self.unseen: tuple[str, ...] = ()
+
+    def run_started(self, fed: Any, start_round: int) -> None:
+        self.unseen = tuple(d.name for d in fed.domains if d.unseen)
+        for tracker in self.trackers:
+            tracker.start(fed.config.to_dict(), start_round)
+        self.inner.run_started(fed, start_round)
+
+    def round_done(self, record: dict[str, Any]) -> None:
+        values = scalars(record, self.unseen)
+        for tracker in self.trackers:
+            tracker.log_round(int(record["round"]), values)
+        self.inner.round_done(record)
+
+    def finish(self, summary: Mapping[str, Any], run_dir: Path) -> None:
+        final = final_scalars(summary)
+        for tracker in self.trackers:
+            tracker.finish(final, summary, Path(run_dir) / "history.png")
+
+    def __getattr__(self, name: str) -> Any:
+        # Every other hook goes to the inner reporter as it is: a hook added to Reporter is never
+        # swallowed here (the wrapper only listens to run_started and round_done).
+        return getattr(self.inner, name)

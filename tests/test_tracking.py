@@ -1,0 +1,148 @@
+"""Experiment tracking (`--log-to tensorboard,mlflow`) and `secfed compare`, end to end on a tiny run."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from secfed import tracking
+from secfed.cli.main import cli
+from secfed.federation.runtime import dp_record
+
+TINY = ["--height", "32", "--width", "16", "--rounds", "2", "--batch-size", "8", "--no-secagg", "--threads", "2",
+        "--eval-every", "1", "--no-local-baseline"]
+
+
+def invoke(args: list[str]) -> Result:
+    result = CliRunner().invoke(cli, args, env={"COLUMNS": "250"})
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def tracked(synth_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tracked")
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--out", str(out), "--name", "r",
+                     "--log-to", "tensorboard,mlflow"])
+    assert result.exit_code == 0, result.output
+    return out / "r"
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tensorboard_holds_every_rounds_figures_the_config_and_the_history_plot(tracked: Path) -> None:
+    events = EventAccumulator(str(tracked / "tensorboard"))
+    events.Reload()
+    history = records(tracked)
+    for domain, scores in history[-1]["eval"].items():
+        logged = events.Scalars(f"eval/{domain}/rank1")
+        assert [e.step for e in logged] == [r["round"] for r in history]
+        assert [e.value for e in logged] == pytest.approx([r["eval"][domain]["rank1"] for r in history])
+    for name in ("loss", "bytes_up", "seconds/round", "mean/seen/rank1", "mean/seen/mAP"):
+        assert len(events.Scalars(name)) == 2, name
+    assert "history" in events.Tags()["images"]
+    assert any("config" in tag for tag in events.Tags()["tensors"])  # the configuration, as text
+    assert events.Scalars("final/mean/seen/rank1")  # the hparams' metric: the final seen-domain mean
+
+
+def test_mlflow_holds_the_same_figures_params_and_artifacts(tracked: Path) -> None:
+    client = MlflowClient(f"sqlite:///{tracked / 'mlflow.db'}")
+    run_id = (tracked / tracking.MLFLOW_RUN_FILE).read_text().strip()
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    config = json.loads((tracked / "config.json").read_text())
+    assert run.data.params["schedule.rounds"] == str(config["schedule"]["rounds"])
+    assert run.data.params["run.seed"] == str(config["run"]["seed"])
+    history = records(tracked)
+    steps = client.get_metric_history(run_id, "mean/seen/rank1")
+    seen = [sum(v["rank1"] for v in r["eval"].values()) / len(r["eval"]) for r in history]
+    assert [m.step for m in steps] == [1, 2] and [m.value for m in steps] == pytest.approx(seen)
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"history.png", "summary.json"}
+
+
+def test_a_claimed_epsilon_keeps_per_client_figures_out_of_the_trackers() -> None:
+    record = {"round": 1, "loss": 2.0, "clients": {"a": {"loss": 2.0}}, "cohort": ["a"], "dropped": {},
+              "contributors": 3, "bytes_up": 10, "privacy": {"epsilon": 1.5}, "eval": {"a": {"rank1": 0.5, "mAP": 0.4}}}
+    logged = tracking.scalars(dp_record(record))
+    assert not any(name.startswith(("clients", "loss")) for name in logged)
+    assert logged["privacy/epsilon"] == 1.5 and logged["mean/seen/rank1"] == 0.5
+    assert "clients/a/loss" in tracking.scalars(record)  # without an ε they are logged, as in metrics.jsonl
+
+
+def test_seen_and_unseen_means_are_apart() -> None:
+    record = {"round": 2, "eval": {"a": {"rank1": 0.2, "mAP": 0.1}, "b": {"rank1": 0.4, "mAP": 0.3},
+                                   "u": {"rank1": 0.9, "mAP": 0.8}}}
+    logged = tracking.scalars(record, unseen=("u",))
+    assert logged["mean/seen/rank1"] == pytest.approx(0.3) and logged["mean/unseen/rank1"] == pytest.approx(0.9)
+
+
+def test_a_resumed_run_overwrites_the_rounds_after_its_checkpoint(tmp_path: Path) -> None:
+    first = tracking.TensorBoardTracker(tmp_path)
+    first.start({"run": {"seed": 0}}, 0)
+    for t in (1, 2, 3):
+        first.log_round(t, {"loss": float(t)})
+    first.writer.close()  # interrupted after round 3; its checkpoint holds round 2
+    again = tracking.TensorBoardTracker(tmp_path)
+    again.start({"run": {"seed": 0}}, 2)
+    again.log_round(3, {"loss": 30.0})
+    again.writer.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
+def test_a_missing_tracker_package_is_refused_by_flag_before_anything_is_written(
+        synth_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def no_mlflow(name: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "mlflow" or name.startswith("mlflow."):
+            raise ImportError("No module named 'mlflow'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mlflow)
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--out", str(tmp_path), "--name", "r",
+                     "--log-to", "mlflow"])
+    assert result.exit_code == 2 and "--log-to" in result.output and "secfed[mlflow]" in result.output
+    assert not (tmp_path / "r").exists()
+    assert invoke(["train", "--log-to", "wandb", "--out", str(tmp_path)]).exit_code == 2
+
+
+def test_compare_prints_each_run_and_writes_the_plot(tracked: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(tracked, other)
+    summary = json.loads((other / "summary.json").read_text())
+    summary["domains"][0]["rank1"], summary["domains"][0]["mAP"] = 0.625, 0.5
+    summary["privacy"] = {"mechanism": "gaussian", "epsilon": 2.5, "delta": 1e-5, "noise": "cryptographically secure"}
+    (other / "summary.json").write_text(json.dumps(summary))
+    plot = tmp_path / "cmp.png"
+    result = invoke(["compare", str(tracked), str(other), "--plot", str(plot), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert [r["label"] for r in out["runs"]] == ["r", "other"]
+    name = summary["domains"][0]["name"]
+    assert out["runs"][1]["domains"][name]["rank1"] == 0.625
+    human = invoke(["compare", str(tracked), str(other), "--plot", str(plot)]).output
+    assert "62.5 / 50.0" in human and "ε 2.5" in human and "no ε" in human
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_names_a_run_that_is_missing_or_unfinished(tracked: Path, tmp_path: Path) -> None:
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    result = invoke(["compare", str(tracked), str(unfinished)])
+    assert result.exit_code == 2 and str(unfinished) in result.output and "--resume" in result.output
+    broken = tmp_path / "broken"
+    shutil.copytree(tracked, broken)
+    (broken / "summary.json").write_text("{not json")
+    result = invoke(["compare", str(broken)])
+    assert result.exit_code == 2 and "summary.json" in result.output
