@@ -60,7 +60,8 @@ def simulate(
     session_id: bytes | None = None,
     round: int = 0,
 ) -> SimulationResult:
-    """Securely aggregate ``inputs`` (one 1-D vector per client) and return the unmasked sum.
+    """Securely aggregate ``inputs`` (one 1-D vector per client): a :class:`SimulationResult` holding the
+    unmasked sum of the survivors, who they are, and the bytes each party sent and received.
 
     Inputs are real vectors with a ``quantizer`` (and the ``rng`` its stochastic rounding draws
     from), or ring vectors (unsigned integers below 2^``ring_bits``, default 32). For ring vectors,
