@@ -31,7 +31,7 @@ Sections (default: client):
   re-verify the consistency quorum the first survivor verifies (its cost is printed).
 * ``flower-overflow`` — where Flower's SecAgg+ defaults wrap the aggregate, from its own
   quantize/dequantize.
-* ``gil`` — whether AES-CTR, SHA-256, Ed25519 verification and numpy's add release the GIL
+* ``gil`` — whether AES-CTR, BLAKE3, SHA-256, Ed25519 verification and numpy's add release the GIL
   (a pure-Python thread keeps running during one long call), the premise of the thread pool.
 
 Flower (``flwr``, dev extra): its SecAgg+ helpers composed as in its secaggplus mod and workflow
@@ -59,6 +59,7 @@ from dataclasses import astuple, dataclass, field
 from unittest import mock
 
 import numpy as np
+from blake3 import blake3
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -574,9 +575,9 @@ def section_keystream(args) -> None:
     out = np.empty(d, dtype=np.uint32)
     print(f"{'k':>4} {'raw 1 thr':>10} {f'raw {threads} thr':>10} {'mask 1 thr':>11} {f'mask {threads} thr':>11} "
           f"{'1/1':>6} {f'{threads}/1':>6} {f'{threads}/{threads}':>6} {'floor 1/1':>9}")
-    # The digest the masked input is signed over is SHA-256 of every byte: a pass no keystream amortises.
+    # The digest the masked input is signed over is BLAKE3 of every byte: a pass no keystream amortises.
     parallel.set_workers(1)
-    sha = best_of(args.keystream_repeats, lambda: _seconds(lambda: vector_digest(x)))
+    digest = best_of(args.keystream_repeats, lambda: _seconds(lambda: vector_digest(x)))
     parallel.set_workers(threads)
     for k in args.keystream_neighbours:
         streams = [MaskStream(os.urandom(16), 1 if i % 2 else -1) for i in range(k + 1)]
@@ -597,9 +598,9 @@ def section_keystream(args) -> None:
         parallel.set_workers(threads)
         raw1, rawn, mask1, maskn = best["raw1"], best["rawn"], best["mask1"], best["maskn"]
         print(f"{k:4d} {raw1 * 1e3:8.2f}ms {rawn * 1e3:8.2f}ms {mask1 * 1e3:9.2f}ms {maskn * 1e3:9.2f}ms "
-              f"{mask1 / raw1:6.2f} {maskn / raw1:6.2f} {maskn / rawn:6.2f} {(raw1 + sha) / raw1:9.2f}")
+              f"{mask1 / raw1:6.2f} {maskn / raw1:6.2f} {maskn / rawn:6.2f} {(raw1 + digest) / raw1:9.2f}")
     print("(best of repeats; ratios: mask on 1 thread ÷ raw on 1, mask on every core ÷ raw on 1, ÷ raw on every core;")
-    print(f" floor 1/1: (raw + the vector's SHA-256 digest alone, {sha * 1e3:.2f} ms on 1 thread) ÷ raw — what any")
+    print(f" floor 1/1: (raw + the vector's BLAKE3 digest alone, {digest * 1e3:.2f} ms on 1 thread) ÷ raw — what any")
     print(" masking pass that signs a digest of the vector costs at least)")
 
 
@@ -940,6 +941,7 @@ def section_gil(args) -> None:
         "AES-128-CTR update_into, 128 MiB": lambda: Cipher(algorithms.AES(bytes(16)), modes.CTR(bytes(16)))
         .encryptor().update_into(big, out),
         "SHA-256, 128 MiB": lambda: hashlib.sha256(big).digest(),
+        "BLAKE3, 128 MiB": lambda: blake3(big).digest(),
         "Ed25519 verify, 32 MiB message": lambda: public.verify(signature, message),
         "numpy add, 32 Mi uint32": lambda: np.add(vector, vector, out=vector),
     }
