@@ -605,8 +605,8 @@ def section_keystream(args) -> None:
         parallel.set_workers(threads)
         raw1, rawn, mask1, maskn = best["raw1"], best["rawn"], best["mask1"], best["maskn"]
         print(f"{k:4d} {raw1 * 1e3:8.2f}ms {rawn * 1e3:8.2f}ms {mask1 * 1e3:9.2f}ms {maskn * 1e3:9.2f}ms "
-              f"{mask1 / raw1:6.2f} {maskn / raw1:6.2f} {maskn / rawn:6.2f} {best['mask1_cpu'] / best['raw1_cpu']:7.2f} "
-              f"{best['bare1'] / raw1:13.2f} {(raw1 + digest) / raw1:9.2f}")
+              f"{mask1 / raw1:6.2f} {maskn / raw1:6.2f} {maskn / rawn:6.2f} "
+              f"{best['mask1_cpu'] / best['raw1_cpu']:7.2f} {best['bare1'] / raw1:13.2f} {(raw1 + digest) / raw1:9.2f}")
     print("(best of repeats; ratios: mask on 1 thread ÷ raw on 1, mask on every core ÷ raw on 1, ÷ raw on every core;")
     print(" 1/1 cpu: the same one-thread ratio in the thread's CPU seconds, for a machine other processes share;")
     print(" no-digest 1/1: the pass with its leaf hasher swapped for one that hashes nothing — the bound check,")
