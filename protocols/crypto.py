@@ -1,4 +1,4 @@
-"""Small typed crypto primitives behind the protocol, all from ``cryptography``.
+"""Small typed crypto primitives behind the protocol, all from ``cryptography`` but BLAKE3 (``blake3``).
 
 * :func:`transcript` — the one unambiguous encoding of everything that gets hashed, signed,
   derived from or authenticated: a domain label plus length-prefixed parts. Session id, round and
@@ -8,11 +8,16 @@
   and :func:`verify_all` for a batch, on every core), AES-256-GCM sealing (:func:`seal`/
   :func:`open_sealed`), SHA-256 commitments (:func:`commit`), HMAC-SHA256 tags (:func:`mac`/
   :func:`mac_matches`).
-* :func:`vector_digest` — SHA-256 of a ring vector as a two-level hash: one SHA-256 per leaf of
-  ``VECTOR_LEAF_WORDS`` words, then one over the vector's length and the leaf digests. Collision
-  resistant whenever SHA-256 is (a collision of the top hash is one of the leaf-digest lists, so of
-  some leaf), and the leaves can be hashed in parallel, each while the pass that writes it still
-  has it in cache (see :mod:`.prg`).
+* :func:`vector_digest` — BLAKE3 (the ``blake3`` package: a binding of the reference
+  implementation) of a ring vector as a two-level hash: one BLAKE3 per leaf of
+  ``VECTOR_LEAF_WORDS`` words, then one over a domain label, the vector's length and the leaf
+  digests. Collision resistant whenever BLAKE3 is (a collision of the top hash is one of the
+  leaf-digest lists, so of some leaf), and the leaves can be hashed in parallel, each while the
+  pass that writes it still has it in cache (see :mod:`.prg`). BLAKE3 rather than SHA-256 because
+  every byte of every masked input is hashed twice (client and server) and no keystream amortises
+  that pass: on the dev VM (AVX-512, no SHA extensions) hashing 4 MB on one core costs as much as
+  5.4 AES-CTR streams of it with SHA-256, 1.4 with BLAKE3 (bench/bench_secagg.py
+  ``--sections keystream`` prints the digest's cost).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import struct
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
+from blake3 import blake3
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -33,7 +39,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from . import parallel
 from .errors import DecryptionFailed, SignatureInvalid
 
-DOMAIN = b"secfed/secagg/v3/"
+DOMAIN = b"secfed/secagg/v4/"
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 DIGEST_BYTES = 32
@@ -182,7 +188,7 @@ def verify_all(
 
 
 def vector_digest(words: np.ndarray) -> bytes:
-    """SHA-256 two-level digest of a 1-D uint32 ring vector (little-endian words), leaf by leaf;
+    """Two-level BLAKE3 digest of a 1-D uint32 ring vector (little-endian words), leaf by leaf;
     the leaves are hashed on every core (:mod:`.parallel`), whole leaves per thread."""
     words = np.ascontiguousarray(words, dtype="<u4")
 
@@ -194,14 +200,21 @@ def vector_digest(words: np.ndarray) -> bytes:
     return digest_of_leaves(words.size, (leaf for part in parts for leaf in part))
 
 
+def leaf_hasher() -> blake3:
+    """A fresh hasher for one leaf, fed chunk by chunk by the passes that write the vector
+    (:mod:`.prg`); its ``digest()`` equals :func:`leaf_digest` of the bytes fed."""
+    return blake3()
+
+
 def leaf_digest(words: np.ndarray) -> bytes:
-    """SHA-256 of one leaf (at most ``VECTOR_LEAF_WORDS`` contiguous little-endian uint32 words)."""
-    return hashlib.sha256(memoryview(words).cast("B")).digest()
+    """BLAKE3 (32 bytes) of one leaf (at most ``VECTOR_LEAF_WORDS`` contiguous little-endian uint32 words)."""
+    return blake3(memoryview(words).cast("B")).digest()
 
 
 def digest_of_leaves(count: int, leaves: Iterable[bytes]) -> bytes:
-    """The top hash of :func:`vector_digest`: the vector's length, then its leaf digests in order."""
-    top = hashlib.sha256(DOMAIN + b"vector\x00" + count.to_bytes(8, "little"))
+    """The top hash of :func:`vector_digest`: BLAKE3 of the domain label, the vector's length, then
+    its leaf digests in order (all 32 bytes, so the list parses one way)."""
+    top = blake3(DOMAIN + b"vector\x00" + count.to_bytes(8, "little"))
     for leaf in leaves:
         top.update(leaf)
     return top.digest()

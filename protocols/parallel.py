@@ -1,10 +1,10 @@
 """Running the protocol's bulk work on every core with threads.
 
-The heavy calls — AES-CTR keystream (``update_into``), SHA-256 over large buffers, Ed25519
-verification, numpy's element-wise ufuncs — all release the GIL while they run (measured with
-``cryptography`` 50 and numpy 2.4: a pure-Python thread keeps running during a 200 ms
-``update_into``, ``hashlib.sha256`` or ``Ed25519PublicKey.verify`` call; bench/bench_secagg.py
-``--gil`` repeats that check). Threads therefore scale these passes across cores without
+The heavy calls — AES-CTR keystream (``update_into``), BLAKE3 and SHA-256 over large buffers,
+Ed25519 verification, numpy's element-wise ufuncs — all release the GIL while they run (measured
+with ``cryptography`` 50, ``blake3`` 1.0 and numpy 2.4: a pure-Python thread keeps running during a
+200 ms ``update_into``, ``blake3``, ``hashlib.sha256`` or ``Ed25519PublicKey.verify`` call;
+bench/bench_secagg.py ``--gil`` repeats that check). Threads therefore scale these passes across cores without
 copying data between processes.
 
 :func:`workers` is the number of threads a pass may use (default: the CPUs this process may run

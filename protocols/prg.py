@@ -20,7 +20,6 @@ digest, fused); :func:`accumulate` the server's on arrival (digest and sum, fuse
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -28,7 +27,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from . import parallel
-from .crypto import VECTOR_LEAF_WORDS, digest_of_leaves
+from .crypto import VECTOR_LEAF_WORDS, digest_of_leaves, leaf_digest, leaf_hasher
 
 MASK_KEY_BYTES = 16
 _ZERO_IV = bytes(16)
@@ -200,7 +199,7 @@ def _mask_range(
     scratch = np.empty(min(CHUNK_WORDS, hi - lo), dtype=np.uint32)
     single_group = len(streams) <= STREAM_GROUP
     encryptors = _encryptors(streams, lo) if single_group else []
-    leaves, leaf = [], hashlib.sha256()
+    leaves, leaf = [], leaf_hasher()
     for start in range(lo, hi, CHUNK_WORDS):
         stop = min(start + CHUNK_WORDS, hi)
         x, part = source[start:stop], out[start:stop]
@@ -212,13 +211,12 @@ def _mask_range(
             leaf.update(memoryview(part).cast("B"))
             if (stop - lo) % VECTOR_LEAF_WORDS == 0 or stop == hi:
                 leaves.append(leaf.digest())
-                leaf = hashlib.sha256()
+                leaf = leaf_hasher()
         else:
             np.copyto(part, x)
     if not single_group:  # many streams (a complete graph's client): mask group by group, then hash
         _stream_range(out, streams, lo, hi, low)
-        leaves = [hashlib.sha256(memoryview(out[s : min(s + VECTOR_LEAF_WORDS, hi)]).cast("B")).digest()
-                  for s in range(lo, hi, VECTOR_LEAF_WORDS)]
+        leaves = [leaf_digest(out[s : min(s + VECTOR_LEAF_WORDS, hi)]) for s in range(lo, hi, VECTOR_LEAF_WORDS)]
     return leaves
 
 
@@ -241,6 +239,6 @@ def _add_range(acc: np.ndarray, vector: np.ndarray, lo: int, hi: int) -> list[by
     for start in range(lo, hi, VECTOR_LEAF_WORDS):
         stop = min(start + VECTOR_LEAF_WORDS, hi)
         part = vector[start:stop]
-        leaves.append(hashlib.sha256(memoryview(part).cast("B")).digest())
+        leaves.append(leaf_digest(part))
         np.add(acc[start:stop], part, out=acc[start:stop])
     return leaves

@@ -92,7 +92,7 @@ class Upload:
     round: int
     summed: Mapping[str, Summand]
     shared: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    model_hash: bytes | None = None  # SHA-256 of the weights it received (authenticated secagg compares them)
+    model_hash: bytes | None = None  # model_hash of the weights it received (authenticated secagg compares them)
 
 
 @dataclass(frozen=True)

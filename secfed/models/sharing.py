@@ -137,7 +137,7 @@ def load_shared(model: nn.Module, layout: SharedLayout, vector: torch.Tensor) ->
 
 
 def model_hash(vector: torch.Tensor) -> bytes:
-    """The digest of the shared weights' float32 bytes (SHA-256, two-level, on every core:
+    """The digest of the shared weights' float32 bytes (BLAKE3, two-level, on every core:
     :func:`secfed.protocols.crypto.vector_digest`): every client checks it trained on the same
     global model."""
     data = vector.detach().cpu().contiguous().to(torch.float32).reshape(-1).numpy()

@@ -7,14 +7,17 @@ import hmac
 
 import numpy as np
 import pytest
+from blake3 import blake3
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from secfed.protocols.crypto import (
+    DOMAIN,
     VECTOR_LEAF_WORDS,
     agree,
     encode_ints,
     hkdf,
+    leaf_digest,
     mac,
     mac_matches,
     open_sealed,
@@ -32,6 +35,12 @@ from secfed.protocols.errors import DecryptionFailed, SignatureInvalid
 ALICE = bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
 BOB_PUBLIC = bytes.fromhex("de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f")
 SHARED = bytes.fromhex("4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742")
+# BLAKE3 reference test vectors (BLAKE3-team/BLAKE3, test_vectors/test_vectors.json, "hash", first 32
+# bytes): the input is bytes 0, 1, ..., 250 repeated, of the given length.
+BLAKE3_KAT = {
+    1024: bytes.fromhex("42214739f095a406f3fc83deb889744ac00df831c10daa55189b5d121c855af7"),
+    4096: bytes.fromhex("015094013f57a5277b59d8475c0501042c0b642e531b0a1c8f58d2163229e969"),
+}
 
 
 def reference_hkdf(ikm: bytes, info: bytes, length: int) -> bytes:
@@ -75,7 +84,7 @@ def test_transcript_is_injective_on_part_boundaries():
     assert transcript("l", b"ab", b"c") != transcript("l", b"a", b"bc")
     assert transcript("l", 1) != transcript("l", b"\x01" + bytes(7))
     assert transcript("l1", b"") != transcript("l", b"1")
-    assert transcript("label", 5).startswith(b"secfed/secagg/v3/label\x00")
+    assert transcript("label", 5).startswith(b"secfed/secagg/v4/label\x00")
     with pytest.raises(ValueError, match="outside"):
         transcript("l", -1)
 
@@ -126,18 +135,28 @@ def test_encode_ints_is_what_transcript_appends_for_int_parts():
         encode_ints((1, -1))
 
 
-def test_vector_digest_is_sha256_over_the_length_and_each_leafs_sha256():
-    """Written out with hashlib: leaves of 2^16 little-endian words, then one hash over the domain,
-    the length and the leaf digests; the last leaf may be short."""
+def test_leaf_digest_is_blake3_on_the_reference_test_vectors():
+    """The leaf hash is the reference BLAKE3 (its published vectors), on the words' little-endian bytes."""
+    for length, expected in BLAKE3_KAT.items():
+        words = np.frombuffer(bytes(i % 251 for i in range(length)), dtype="<u4")
+        assert leaf_digest(words) == expected
+        top = DOMAIN + b"vector\x00" + words.size.to_bytes(8, "little") + expected
+        assert vector_digest(words) == blake3(top).digest()
+
+
+def test_vector_digest_is_blake3_over_the_length_and_each_leafs_blake3():
+    """Written out with the blake3 package: leaves of 2^16 little-endian words, then one hash over
+    the domain, the length and the leaf digests; the last leaf may be short."""
     words = np.arange(2 * VECTOR_LEAF_WORDS + 5, dtype=np.uint32) * np.uint32(2654435761)
     raw = words.astype("<u4").tobytes()
-    leaves = [hashlib.sha256(raw[i : i + 4 * VECTOR_LEAF_WORDS]).digest() for i in range(0, len(raw), 4 * VECTOR_LEAF_WORDS)]
-    expected = hashlib.sha256(b"secfed/secagg/v3/vector\x00" + words.size.to_bytes(8, "little") + b"".join(leaves)).digest()
+    leaves = [blake3(raw[i : i + 4 * VECTOR_LEAF_WORDS]).digest() for i in range(0, len(raw), 4 * VECTOR_LEAF_WORDS)]
+    expected = blake3(DOMAIN + b"vector\x00" + words.size.to_bytes(8, "little") + b"".join(leaves)).digest()
     assert len(leaves) == 3 and vector_digest(words) == expected
     changed = words.copy()
     changed[-1] ^= 1
     assert vector_digest(changed) != expected
     assert vector_digest(words[:-1]) != vector_digest(words)  # the length is bound too
+    assert vector_digest(words) != blake3(raw).digest()  # domain-separated from a plain hash of the bytes
 
 
 def test_verify_all_checks_every_signature_and_names_the_first_bad_one():
