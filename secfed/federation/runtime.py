@@ -22,8 +22,10 @@ which reads them and never writes them (tests/federation/test_methods_seam.py ch
 from __future__ import annotations
 
 import json
+import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -158,8 +160,8 @@ def run(
     run would have. ``data_root`` reads the data from where it was moved to (checked by fingerprint)."""
     reporter = reporter or SilentReporter()
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
+    with new_run_dir(run_dir):  # a refusal found while building (e.g. δ ≥ 1/N) leaves nothing behind
+        fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
     history: list[dict[str, Any]] = []
     start, wall = 0, 0.0
     if resume and ckpt.list_checkpoints(run_dir):
@@ -176,6 +178,27 @@ def run(
         summary = _train_rounds(cfg, fed, run_dir, reporter, on_round_end, checkpoints, history, start, wall)
     plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
     return RunResult(run_dir, summary, fed)
+
+
+@contextmanager
+def new_run_dir(run_dir: Path) -> Iterator[None]:
+    """Make ``run_dir`` (and its parents); if the body raises before a run started in it (wrote a
+    config.json), remove what this made — the topmost folder it created, or the contents of a
+    ``run_dir`` that was empty — so a refused run leaves no directory behind. A folder that already
+    held something, or where a run started (it can be resumed), is never touched."""
+    made = next((p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()), None)
+    was_empty = made is None and run_dir.is_dir() and not any(run_dir.iterdir())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except Exception:
+        if not any(run_dir.rglob("config.json")):
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
+            elif was_empty:
+                for child in run_dir.iterdir():
+                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+        raise
 
 
 def _train_rounds(cfg: RunConfig, fed: Federation, run_dir: Path, reporter: Reporter,

@@ -281,3 +281,21 @@ def test_too_many_identity_clients_is_a_usage_error(synth_cache: Path, tmp_path:
     result = invoke(["train", "--synth-domains", "4", "--synth-scale", "0.3", *TINY, "--scenario", "by-identity",
                      "--num-clients", "500", "--datasets", "gate", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--num-clients" in result.output and "identities" in result.output
+
+
+@pytest.mark.parametrize("sweep", [[], ["--leave-one-out"]])
+def test_a_refused_run_leaves_no_directory_behind(synth_root: Path, tmp_path: Path, sweep: list[str]) -> None:
+    """δ ≥ 1/N is found only once the data is split, after the run directory was made: each refused
+    attempt used to leave an empty run directory (and its --out folder) behind."""
+    out = tmp_path / "new-out"
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--clip", "1", "--noise-multiplier", "1",
+                     "--aggregation", "unweighted", "--bn-stats", "local", "--delta", "0.6", *sweep,
+                     "--out", str(out), "--name", "refused"])
+    assert result.exit_code == 2 and "--delta" in result.output and "1/N" in result.output, result.output
+    assert not out.exists()
+    out.mkdir()  # a folder the user made stays, empty as it was
+    (out / "refused").mkdir()
+    assert invoke(["train", "--data-root", str(synth_root), *TINY, "--clip", "1", "--noise-multiplier", "1",
+                   "--aggregation", "unweighted", "--bn-stats", "local", "--delta", "0.6", *sweep,
+                   "--out", str(out), "--name", "refused"]).exit_code == 2
+    assert list((out / "refused").iterdir()) == []
