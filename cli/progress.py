@@ -61,7 +61,11 @@ class RichReporter:
         parts.append(f"loss {record['loss']:.3f}" if "loss" in record else "loss –")
         parts.append(f"{record['seconds']['round']:.1f} s")
         if "privacy" in record:
-            parts.append(f"ε {record['privacy']['epsilon']:.3g}")
+            server = record["privacy"].get("epsilon_server")
+            parts.append(f"ε {record['privacy']['epsilon']:.3g} vs released models, "
+                         + (f"{server:.3g}" if server is not None else "none") + " vs server")
+        if "noise" in record:
+            parts.append(record["noise"])
         if "eval" in record:
             seen = [v["rank1"] for v in record["eval"].values()]
             parts.append(f"rank-1 {100 * sum(seen) / len(seen):.1f}%")

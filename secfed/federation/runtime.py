@@ -41,6 +41,8 @@ from secfed.federation.builder import Federation, build
 from secfed.federation.evaluate import evaluate_final, evaluate_global, evaluate_local_training
 from secfed.federation.messages import Aggregate, Broadcast, Upload
 from secfed.models.sharing import local_state
+from secfed.privacy import adversary
+from secfed.privacy.policy import PrivacyPlan
 from secfed.seeding import derive_seed, numpy_rng
 
 # What a metrics line may hold under a client-level ε, and what it holds that no ε covers.
@@ -132,6 +134,8 @@ def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort:
         record["privacy"] = privacy
     if fed.clients and fed.clients[0].dp_sgd is not None:
         record["dp_sgd_epsilon"] = {c.site.name: c.dp_sgd.epsilon() for c in fed.clients if c.dp_sgd is not None}
+    if fed.plan.reproducible_noise and ("privacy" in record or "dp_sgd_epsilon" in record):
+        record["noise"] = adversary.NOT_PRIVATE  # every output stating an ε says so
     return record
 
 
@@ -426,18 +430,32 @@ def privacy_summary(fed: Federation) -> dict[str, Any]:
     """What the run can honestly say about privacy: the plan's statements, and ε where one is claimed."""
     plan = fed.plan
     out: dict[str, Any] = {"mechanism": plan.mechanism, "statements": list(plan.statements),
-                           "claims_epsilon": plan.claims_epsilon, "noise": "reproducible (NOT private)"
+                           "claims_epsilon": plan.claims_epsilon, "noise": adversary.NOT_PRIVATE
                            if plan.reproducible_noise else "cryptographically secure"}
     ledger = fed.server.privacy.ledger
     if ledger is not None:
-        out.update(ledger.metrics())
+        out.update(ledger.metrics())  # "epsilon": against those who see only the released models
+        out["epsilon_server"] = adversary.client_level(plan, out["epsilon"]).server
         out["noise_multiplier"] = plan.noise_multiplier
         out["adjacency"] = plan.adjacency
     dp_clients = [c for c in fed.clients if c.dp_sgd is not None]
     if dp_clients:
         out["dp_sgd"] = {f"{c.site.name} (federated)": _dp(c.dp_sgd) for c in dp_clients}
         out["dp_sgd"] |= {f"{fed.baselines[k].name} (local-only)": _dp(dp) for k, dp in fed.baseline_dp.items()}
+    out["epsilon_against"] = [g.to_dict() for g in guarantees(plan, out)]
     return out
+
+
+def guarantees(plan: PrivacyPlan, summary: dict[str, Any]) -> list[adversary.Guarantee]:
+    """Each ε the run states, against the server and against those who see only the released models."""
+    out = []
+    if "epsilon" in summary:
+        out.append(adversary.client_level(plan, summary["epsilon"]))
+    for who, dp in summary.get("dp_sgd", {}).items():
+        out.append(adversary.dp_sgd(f"client {who}, z = {dp['noise_multiplier']:.3g}", dp["epsilon"], dp["delta"],
+                                    reproducible=plan.reproducible_noise))
+    dfs = adversary.dfs(plan.dfs, reproducible=plan.reproducible_noise)
+    return out + ([dfs] if dfs is not None else [])
 
 
 def _dp(dp: Any) -> dict[str, float]:

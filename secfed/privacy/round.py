@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from secfed.federation.messages import MODEL, Aggregate, Contribution, Summand, Upload
+from secfed.privacy import adversary
 from secfed.privacy.beta import BetaNoise
 from secfed.privacy.clipping import clip_l2
 from secfed.privacy.dfs import release_shared
@@ -133,11 +134,15 @@ class ServerPrivacy:
         return self.noise.aggregate(weights, round_index)
 
     def account(self, contributors: int) -> dict[str, Any] | None:
-        """Step the ledger once for the round; the metrics line's ``privacy`` entry (None: no ε claimed)."""
+        """Step the ledger once for the round; the metrics line's ``privacy`` entry (None: no ε claimed):
+        ``epsilon`` holds against those who see only the released models, ``epsilon_server`` against the
+        server (None: none holds)."""
         if self.ledger is None:
             return None
         self.ledger.record_round(contributors)
-        return self.ledger.metrics()
+        metrics = self.ledger.metrics()
+        metrics["epsilon_server"] = adversary.client_level(self.plan, metrics["epsilon"]).server
+        return metrics
 
     def state_dict(self) -> dict[str, Any] | None:
         return None if self.ledger is None else self.ledger.state_dict()

@@ -4,6 +4,7 @@ getting a usage error that names it (never a traceback)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -299,3 +300,19 @@ def test_a_refused_run_leaves_no_directory_behind(synth_root: Path, tmp_path: Pa
                    "--aggregation", "unweighted", "--bn-stats", "local", "--delta", "0.6", *sweep,
                    "--out", str(out), "--name", "refused"]).exit_code == 2
     assert list((out / "refused").iterdir()) == []
+
+
+def test_each_epsilon_is_printed_with_whom_it_protects_against(synth_root: Path, tmp_path: Path) -> None:
+    """The round lines and the closing statement give ε against the released models beside ε against
+    the server (none under central noise), and say NOT PRIVATE under reproducible noise."""
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--rounds", "1", "--no-local-baseline",
+                     "--clip", "1", "--noise-multiplier", "1", "--aggregation", "unweighted", "--bn-stats", "local",
+                     "--sampling", "poisson", "--sample-rate", "0.67", "--reproducible-noise",
+                     "--out", str(tmp_path), "--name", "dp"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # rich wraps long lines
+    assert re.search(r"round 1/1 · [^\n]*ε [0-9.e+-]+ vs released models, none vs server · NOT PRIVATE", text)
+    assert "ε: NOT PRIVATE (reproducible noise): client-level central DP (DP-FedAvg): ε = " in text
+    assert "against those who see only the released models (amplified by Poisson client sampling" in text
+    assert "against the server: none: central DP trusts the server" in text
+    assert "Poisson client sampling amplifies the ε only against those who see only the released models" in text
