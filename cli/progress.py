@@ -64,7 +64,11 @@ class RichReporter:
         parts.append(f"loss {record['loss']:.3f}" if "loss" in record else "loss –")
         parts.append(f"{record['seconds']['round']:.1f} s")
         if "privacy" in record:
-            parts.append(f"ε {record['privacy']['epsilon']:.3g}")
+            server = record["privacy"].get("epsilon_server")
+            parts.append(f"ε {record['privacy']['epsilon']:.3g} vs released models, "
+                         + (f"{server:.3g}" if server is not None else "none") + " vs server")
+        if "noise" in record:
+            parts.append(record["noise"])
         if "eval" in record:
             for label, unseen in (("seen", False), ("unseen", True)):
                 scores = [v["rank1"] for name, v in record["eval"].items() if (name in self._unseen) == unseen]

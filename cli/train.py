@@ -177,7 +177,10 @@ def print_domains(console: Any, seen: list[dict[str, Any]], unseen: list[dict[st
 
 
 def show_summary(console: Any, summary: dict[str, Any]) -> None:
+    from rich.markup import escape
+
     from secfed.evaluation.report import summary_table
+    from secfed.privacy.adversary import Guarantee
 
     print_domains(console, summary["domains"], summary.get("unseen", []))
     if verdict := federated_vs_local(summary["domains"]):
@@ -185,8 +188,8 @@ def show_summary(console: Any, summary: dict[str, Any]) -> None:
     console.print(summary_table(_summary_view(summary)))
     for line in summary["privacy"]["statements"]:
         console.print(f"[yellow]privacy:[/] {line}")
-    for who, dp in summary["privacy"].get("dp_sgd", {}).items():
-        console.print(f"DP-SGD {who}: (ε = {dp['epsilon']:.3g}, δ = {dp['delta']:.2g}), z = {dp['noise_multiplier']:.3g}")
+    for guarantee in summary["privacy"].get("epsilon_against", []):  # each ε, and whom it protects against
+        console.print(f"[bold]ε:[/] {escape(Guarantee(**guarantee).sentence())}")
 
 
 def federated_vs_local(domains: list[dict[str, Any]]) -> str | None:
@@ -226,7 +229,10 @@ def _summary_view(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _privacy_cell(privacy: dict[str, Any]) -> str:
     if "epsilon" in privacy:
-        return f"(ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:.2g}) client-level, {privacy['mechanism']}"
+        server = privacy.get("epsilon_server")
+        return (("NOT PRIVATE: " if "NOT PRIVATE" in privacy["noise"] else "")
+                + f"(ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:.2g}) client-level, {privacy['mechanism']}, "
+                f"vs released models; vs server: " + (f"ε = {server:.3g}" if server is not None else "none"))
     if privacy["mechanism"] == "beta":
         return "β noise, no formal guarantee"
     return "no client-level DP" + (" (example-level DP-SGD per client, below)" if "dp_sgd" in privacy else "")

@@ -245,8 +245,8 @@ class PrivacyConfig(Section):
                                                   "DP-SGD noise to this ε.", gt=0)
     dp_sgd_delta: float | None = setting(None, "--dp-sgd-delta", "δ of DP-SGD (default min(1e-5, n_k^-1.1)).",
                                          gt=0, lt=1)
-    reproducible_noise: bool = setting(False, "--reproducible-noise", "Experiments only: draw privacy noise from "
-                                       "the run seed. The run is then NOT private.")
+    reproducible_noise: bool = setting(False, "--reproducible-noise", "Experiments only: draw privacy noise and "
+                                       "the samples an ε relies on from the run seed. The run is then NOT PRIVATE.")
 
 
 class RunSection(Section):

@@ -19,7 +19,7 @@ from secfed import atomic_file
 from secfed.config import ConfigError, RunConfig, check
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import resolve_data
-from secfed.federation.runtime import Reporter, run
+from secfed.federation.runtime import Reporter, new_run_dir, run
 
 SWEEP_FILE = "sweep.json"
 RESULT_FILE = "leave-one-out.json"
@@ -62,10 +62,20 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
         raise ConfigError("data.datasets", f"leave-one-out needs at least three training domains (got "
                           f"{', '.join(names)}): two keep training while one is held out")
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume or not is_sweep(run_dir):
-        atomic_file.write_text(run_dir / SWEEP_FILE, json.dumps(
-            {"protocol": "leave-one-domain-out", "targets": names, "config": json.loads(cfg.to_json())}, indent=2))
+    with new_run_dir(run_dir):  # a refusal before any target started leaves nothing behind
+        if not resume or not is_sweep(run_dir):
+            atomic_file.write_text(run_dir / SWEEP_FILE, json.dumps(
+                {"protocol": "leave-one-domain-out", "targets": names, "config": json.loads(cfg.to_json())}, indent=2))
+        targets = _targets(cfg, run_dir, names, resume=resume, reporter=reporter, data_root=data_root)
+    mean = {key: statistics.fmean(t[key] for t in targets) for key in ("rank1", "mAP")}
+    result = SweepResult(run_dir, targets, mean)
+    atomic_file.write_text(run_dir / RESULT_FILE, json.dumps(result.to_dict(), indent=2))
+    return result
+
+
+def _targets(cfg: RunConfig, run_dir: Path, names: list[str], *, resume: bool, reporter: Reporter | None,
+             data_root: Path | None) -> list[dict[str, Any]]:
+    """Each held-out domain's run (resumed or read back when it already finished) and its scores."""
     targets = []
     for name in names:
         sub_dir = run_dir / f"leave-out-{name}"
@@ -79,7 +89,4 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
             summary = run(sub, sub_dir, resume=again, reporter=reporter, data_root=data_root).summary
         scores = next(d for d in summary["unseen"] if d["name"] == name)
         targets.append({"name": name, "rank1": scores["rank1"], "mAP": scores["mAP"], "run": sub_dir.name})
-    mean = {key: statistics.fmean(t[key] for t in targets) for key in ("rank1", "mAP")}
-    result = SweepResult(run_dir, targets, mean)
-    atomic_file.write_text(run_dir / RESULT_FILE, json.dumps(result.to_dict(), indent=2))
-    return result
+    return targets

@@ -22,8 +22,10 @@ which reads them and never writes them (tests/federation/test_methods_seam.py ch
 from __future__ import annotations
 
 import json
+import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -40,6 +42,8 @@ from secfed.federation.builder import Federation, build
 from secfed.federation.evaluate import evaluate_final, evaluate_global, evaluate_local_training
 from secfed.federation.messages import Aggregate, Broadcast, Upload
 from secfed.models.sharing import local_state
+from secfed.privacy import adversary
+from secfed.privacy.policy import PrivacyPlan
 from secfed.seeding import derive_seed, numpy_rng
 
 # What a metrics line may hold under a client-level ε, and what it holds that no ε covers.
@@ -131,6 +135,8 @@ def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort:
         record["privacy"] = privacy
     if fed.clients and fed.clients[0].dp_sgd is not None:
         record["dp_sgd_epsilon"] = {c.site.name: c.dp_sgd.epsilon() for c in fed.clients if c.dp_sgd is not None}
+    if fed.plan.reproducible_noise and ("privacy" in record or "dp_sgd_epsilon" in record):
+        record["noise"] = adversary.NOT_PRIVATE  # every output stating an ε says so
     return record
 
 
@@ -159,8 +165,8 @@ def run(
     run would have. ``data_root`` reads the data from where it was moved to (checked by fingerprint)."""
     run_dir = Path(run_dir)
     reporter = tracking.attach(reporter or SilentReporter(), cfg.run.log_to, run_dir)  # --log-to
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
+    with new_run_dir(run_dir):  # a refusal found while building (e.g. δ ≥ 1/N) leaves nothing behind
+        fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
     history: list[dict[str, Any]] = []
     start, wall = 0, 0.0
     if resume and ckpt.list_checkpoints(run_dir):
@@ -179,6 +185,27 @@ def run(
     plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
     reporter.finish(summary, run_dir)
     return RunResult(run_dir, summary, fed)
+
+
+@contextmanager
+def new_run_dir(run_dir: Path) -> Iterator[None]:
+    """Make ``run_dir`` (and its parents); if the body raises before a run started in it (wrote a
+    config.json), remove what this made — the topmost folder it created, or the contents of a
+    ``run_dir`` that was empty — so a refused run leaves no directory behind. A folder that already
+    held something, or where a run started (it can be resumed), is never touched."""
+    made = next((p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()), None)
+    was_empty = made is None and run_dir.is_dir() and not any(run_dir.iterdir())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except Exception:
+        if not any(run_dir.rglob("config.json")):
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
+            elif was_empty:
+                for child in run_dir.iterdir():
+                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+        raise
 
 
 def _train_rounds(cfg: RunConfig, fed: Federation, run_dir: Path, reporter: Reporter,
@@ -406,18 +433,32 @@ def privacy_summary(fed: Federation) -> dict[str, Any]:
     """What the run can honestly say about privacy: the plan's statements, and ε where one is claimed."""
     plan = fed.plan
     out: dict[str, Any] = {"mechanism": plan.mechanism, "statements": list(plan.statements),
-                           "claims_epsilon": plan.claims_epsilon, "noise": "reproducible (NOT private)"
+                           "claims_epsilon": plan.claims_epsilon, "noise": adversary.NOT_PRIVATE
                            if plan.reproducible_noise else "cryptographically secure"}
     ledger = fed.server.privacy.ledger
     if ledger is not None:
-        out.update(ledger.metrics())
+        out.update(ledger.metrics())  # "epsilon": against those who see only the released models
+        out["epsilon_server"] = adversary.client_level(plan, out["epsilon"]).server
         out["noise_multiplier"] = plan.noise_multiplier
         out["adjacency"] = plan.adjacency
     dp_clients = [c for c in fed.clients if c.dp_sgd is not None]
     if dp_clients:
         out["dp_sgd"] = {f"{c.site.name} (federated)": _dp(c.dp_sgd) for c in dp_clients}
         out["dp_sgd"] |= {f"{fed.baselines[k].name} (local-only)": _dp(dp) for k, dp in fed.baseline_dp.items()}
+    out["epsilon_against"] = [g.to_dict() for g in guarantees(plan, out)]
     return out
+
+
+def guarantees(plan: PrivacyPlan, summary: dict[str, Any]) -> list[adversary.Guarantee]:
+    """Each ε the run states, against the server and against those who see only the released models."""
+    out = []
+    if "epsilon" in summary:
+        out.append(adversary.client_level(plan, summary["epsilon"]))
+    for who, dp in summary.get("dp_sgd", {}).items():
+        out.append(adversary.dp_sgd(f"client {who}, z = {dp['noise_multiplier']:.3g}", dp["epsilon"], dp["delta"],
+                                    reproducible=plan.reproducible_noise))
+    dfs = adversary.dfs(plan.dfs, reproducible=plan.reproducible_noise)
+    return out + ([dfs] if dfs is not None else [])
 
 
 def _dp(dp: Any) -> dict[str, float]:

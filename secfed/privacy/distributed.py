@@ -35,9 +35,11 @@ the noise, |rounding error| < 1 per client and coordinate, union over coordinate
 target — capped where numpy's Poisson sampler would lose accuracy — and refuses a ring too small.
 
 Randomness. The rotation seed is public by design. Rounding and noise are drawn from the numpy
-Generator the caller passes: in the in-process simulation it is seeded from the run seed for
-reproducibility, which means whoever knows the run seed can regenerate and remove the noise. A
-deployment must give each client a Generator seeded from its own OS entropy, secret from the server.
+Generator the caller passes: secfed passes one from the client's
+:class:`~secfed.privacy.noise.NoiseSource` (AES-CTR keyed with fresh OS entropy for each client and
+round, in-process and on Flower alike), so nothing in the run directory, the run seed included,
+regenerates it. Only `privacy.reproducible_noise` keys it from the run seed, and such a run says it
+is NOT PRIVATE.
 """
 
 from __future__ import annotations

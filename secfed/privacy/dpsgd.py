@@ -14,8 +14,9 @@ What Opacus needs, and how secfed meets it:
   inplace"). The ``ew`` mode (PyTorch's ExpandedWeights) computes them without module hooks and works
   on the unmodified model; its per-example gradients match a vmap reference (see the tests).
 * **Poisson batches.** The accountant's amplification assumes each example joins each batch
-  independently with rate q; use :func:`poisson_schedule` and
-  :func:`secfed.privacy.sampling.poisson_batches`. An empty batch still takes a (noise-only) step:
+  independently with rate q, and that nobody knows which: use :func:`poisson_schedule` and
+  :func:`secfed.privacy.sampling.poisson_batches` over a NoiseSource generator (batches recomputed from
+  the run seed would void the amplification). An empty batch still takes a (noise-only) step:
   :meth:`PrivateTraining.empty_step`.
 * **Per-example losses only.** The loss must be a mean of per-example terms (cross-entropy is);
   batch-level terms such as batch-hard triplet mining couple examples and void the guarantee.
@@ -215,13 +216,15 @@ def privatise(model: nn.Module, optimizer: torch.optim.Optimizer, dp: ClientDpSg
               schedule: Any, generator: torch.Generator) -> PrivateLoop:
     """DP-SGD for a local loop: Poisson batches of expected size B (rate q = B/n, round(1/q) steps per
     epoch), per-example clipping, secure Gaussian noise, every step accounted in ``dp.accountant``.
-    ``generator`` (training randomness) draws the batches; the noise comes from ``dp.noise``."""
+    The noise and the batches (amplification holds only while they are secret) come from ``dp.noise``;
+    ``generator`` (training randomness) only tells a reproducible NoiseSource this round from others."""
     rate, steps_per_epoch = poisson_schedule(num_examples, schedule.batch_size)
+    local_round = int(torch.randint(0, 2**62, (1,), generator=generator))
     private = make_private(
         model, optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
         sample_rate=rate, expected_batch_size=schedule.batch_size, accountant=dp.accountant,
-        noise_generator=dp.noise.generator("dp-sgd"),
+        noise_generator=dp.noise.generator("dp-sgd", local_round),
     )
-    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    rng = dp.noise.generator("dp-sgd/batches", local_round)
     batches = (torch.from_numpy(b) for b in poisson_batches(num_examples, rate, steps_per_epoch * schedule.epochs, rng))
     return PrivateLoop(private.module, private.optimizer, batches, private.empty_step)

@@ -14,8 +14,9 @@ output of it says so.
 Why these parts: randomgen (maintained by numpy's random-module maintainer) supplies the AES
 counter bit generator, and numpy's own samplers turn it into normals and Poissons, so nothing
 statistical is written here. Gaussian noise uses the sum-of-four trick of Opacus' ``secure_mode``
-(Holohan & Braghin 2021, §5.1): the mean of 2n = 4 draws scaled by 1/2 resists the floating-point
-attacks on a single rounded Gaussian draw (Mironov 2012; Haney et al. 2022).
+(Holohan & Braghin 2021, §5.1): the sum of 2n = 4 draws scaled by 1/√(2n) = 1/2 (their mean times 2,
+so the variance is unchanged) resists the floating-point attacks on a single rounded Gaussian draw
+(Mironov 2012; Haney et al. 2022).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from secfed.config import ConfigError, ConfigIssue, PrivacyConfig
-from secfed.privacy import distributed
+from secfed.privacy import adversary, distributed
 from secfed.privacy.accountant import gaussian_epsilon, noise_for_target_epsilon
 from secfed.privacy.dfs import DfsPlan, plan_dfs
 from secfed.privacy.distributed import RingTooSmall, SkellamParams, skellam_params
@@ -74,10 +74,11 @@ CENTRAL_TRUST = (
     "not the sum); the ε protects against everyone who sees only the released models. --dp-distributed hides the sum too."
 )
 SKELLAM_ADJACENCY = "zero-out (one client's clipped update replaced by zero), no amplification by sampling claimed"
-SECURE_NOISE = ("Privacy noise is drawn from AES-CTR keyed with fresh OS entropy; nothing in the run directory "
-                "(seed, checkpoints, logs) reproduces it.")
-REPRODUCIBLE_NOISE = ("NOT PRIVATE: privacy noise is drawn from the run seed (`privacy.reproducible_noise`); "
-                      "anyone who knows the seed can remove it. Use only for experiments.")
+SECURE_NOISE = ("Privacy noise and the samples an ε relies on (Poisson cohorts and batches) are drawn from AES-CTR "
+                "keyed with fresh OS entropy; nothing in the run directory (seed, checkpoints, logs) reproduces them.")
+REPRODUCIBLE_NOISE = ("NOT PRIVATE: privacy noise and the samples an ε relies on are drawn from the run seed "
+                      "(`privacy.reproducible_noise`); anyone who knows the seed can remove the noise and knows the "
+                      "samples. Use only for experiments.")
 NOT_COVERED = ("Not covered by any ε: the training logs' per-round timings, byte counts and evaluation scores, "
                "and the local-only baselines (metrics.jsonl labels them `outside_epsilon`).")
 
@@ -472,6 +473,8 @@ def resolve(
     else:
         statements.append("No differential privacy: client updates are neither clipped nor noised, and no ε is claimed.")
 
+    if claims:
+        statements.append(adversary.statement(mechanism, sampling))
     if dp_sgd is not None:
         noise = (
             f"z = {dp_sgd.noise_multiplier:g}"
@@ -483,13 +486,15 @@ def resolve(
             f"{noise}, Poisson batches; each client's (ε, δ) over its own examples (add/remove one example) is accounted "
             "separately. BatchNorm is replaced by GroupNorm in every model."
         )
-    if claims or dp_sgd is not None or mechanism == "beta":
+    dfs_noised = dfs is not None and dfs[0] > 0
+    if claims or dp_sgd is not None or mechanism == "beta" or dfs_noised:
         statements.append(REPRODUCIBLE_NOISE if cfg.reproducible_noise else SECURE_NOISE)
     if claims or dp_sgd is not None:
         statements.append(NOT_COVERED)
     dfs_plan = plan_dfs(dfs, rounds=rounds, delta=delta if claims else cfg.delta)
-    if dfs_plan is not None:
-        statements.append(dfs_plan.statement())
+    if dfs_plan is not None:  # its ε too is NOT PRIVATE under reproducible noise
+        statements.append((adversary.NOT_PRIVATE + ": " if dfs_noised and cfg.reproducible_noise else "")
+                          + dfs_plan.statement())
 
     unit_weights = claims
     return PrivacyPlan(

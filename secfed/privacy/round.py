@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from secfed.federation.messages import MODEL, Aggregate, Contribution, Summand, Upload
+from secfed.privacy import adversary
 from secfed.privacy.beta import BetaNoise
 from secfed.privacy.clipping import clip_l2
 from secfed.privacy.dfs import release_shared
@@ -30,7 +31,6 @@ from secfed.privacy.ledger import PrivacyLedger
 from secfed.privacy.noise import NoiseSource
 from secfed.privacy.policy import PrivacyPlan
 from secfed.privacy.sampling import poisson_subset
-from secfed.seeding import numpy_rng
 
 
 @dataclasses.dataclass
@@ -66,6 +66,7 @@ class ServerPrivacy:
     run_seed: int
     noise: BetaNoise | None  # the server's Gaussian noise on trainable coordinates (β or DP-FedAvg)
     ledger: PrivacyLedger | None
+    source: NoiseSource  # privacy randomness: the noise above and the Poisson cohorts
 
     @classmethod
     def from_plan(cls, plan: PrivacyPlan, trainable_mask: torch.Tensor, run_seed: int, source: NoiseSource) -> ServerPrivacy:
@@ -74,15 +75,20 @@ class ServerPrivacy:
         if plan.aggregate_noise_std > 0 or plan.beta_mode == "double":
             # std is β (β noise), or z·C/W on the mean (DP-FedAvg); "double" only ever comes with β.
             noise = BetaNoise(plan.aggregate_noise_std, plan.beta_mode, trainable_mask, source)
-        return cls(plan, run_seed, noise, plan.ledger())
+        return cls(plan, run_seed, noise, plan.ledger(), source)
 
     # -- who, and what they receive ------------------------------------------------------------
 
     def cohort(self, round_index: int, num_clients: int, fixed: list[int]) -> list[int]:
-        """Poisson sampling when the plan accounts with it (the cohort may be empty), else ``fixed``."""
+        """Poisson sampling when the plan accounts with it (the cohort may be empty), else ``fixed``.
+
+        The amplification by sampling in the printed ε holds only while the cohort is secret, so it is
+        drawn from the CSPRNG noise source, never from the run seed that config.json holds. It is used
+        within its round only: checkpoints are written between rounds, so no drawn cohort outlives
+        one, and a resumed run draws the interrupted round's cohort afresh (nothing of it was released)."""
         if self.plan.sampling != "poisson":
             return fixed
-        rng = numpy_rng(self.run_seed, "select/poisson", round_index)
+        rng = self.source.generator("select/poisson", round_index)
         return [int(k) for k in poisson_subset(num_clients, self.plan.sample_rate, rng)]
 
     def received(self, weights: torch.Tensor, round_index: int, client_id: int) -> torch.Tensor:
@@ -128,11 +134,15 @@ class ServerPrivacy:
         return self.noise.aggregate(weights, round_index)
 
     def account(self, contributors: int) -> dict[str, Any] | None:
-        """Step the ledger once for the round; the metrics line's ``privacy`` entry (None: no ε claimed)."""
+        """Step the ledger once for the round; the metrics line's ``privacy`` entry (None: no ε claimed):
+        ``epsilon`` holds against those who see only the released models, ``epsilon_server`` against the
+        server (None: none holds)."""
         if self.ledger is None:
             return None
         self.ledger.record_round(contributors)
-        return self.ledger.metrics()
+        metrics = self.ledger.metrics()
+        metrics["epsilon_server"] = adversary.client_level(self.plan, metrics["epsilon"]).server
+        return metrics
 
     def state_dict(self) -> dict[str, Any] | None:
         return None if self.ledger is None else self.ledger.state_dict()

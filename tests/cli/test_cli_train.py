@@ -4,6 +4,7 @@ getting a usage error that names it (never a traceback)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -298,3 +299,37 @@ def test_too_many_identity_clients_is_a_usage_error(synth_cache: Path, tmp_path:
     result = invoke(["train", "--synth-domains", "4", "--synth-scale", "0.3", *TINY, "--scenario", "by-identity",
                      "--num-clients", "500", "--datasets", "gate", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--num-clients" in result.output and "identities" in result.output
+
+
+@pytest.mark.parametrize("sweep", [[], ["--leave-one-out"]])
+def test_a_refused_run_leaves_no_directory_behind(synth_root: Path, tmp_path: Path, sweep: list[str]) -> None:
+    """δ ≥ 1/N is found only once the data is split, after the run directory was made: each refused
+    attempt used to leave an empty run directory (and its --out folder) behind."""
+    out = tmp_path / "new-out"
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--clip", "1", "--noise-multiplier", "1",
+                     "--aggregation", "unweighted", "--bn-stats", "local", "--delta", "0.6", *sweep,
+                     "--out", str(out), "--name", "refused"])
+    assert result.exit_code == 2 and "--delta" in result.output and "1/N" in result.output, result.output
+    assert not out.exists()
+    out.mkdir()  # a folder the user made stays, empty as it was
+    (out / "refused").mkdir()
+    assert invoke(["train", "--data-root", str(synth_root), *TINY, "--clip", "1", "--noise-multiplier", "1",
+                   "--aggregation", "unweighted", "--bn-stats", "local", "--delta", "0.6", *sweep,
+                   "--out", str(out), "--name", "refused"]).exit_code == 2
+    assert list((out / "refused").iterdir()) == []
+
+
+def test_each_epsilon_is_printed_with_whom_it_protects_against(synth_root: Path, tmp_path: Path) -> None:
+    """The round lines and the closing statement give ε against the released models beside ε against
+    the server (none under central noise), and say NOT PRIVATE under reproducible noise."""
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--rounds", "1", "--no-local-baseline",
+                     "--clip", "1", "--noise-multiplier", "1", "--aggregation", "unweighted", "--bn-stats", "local",
+                     "--sampling", "poisson", "--sample-rate", "0.67", "--reproducible-noise",
+                     "--out", str(tmp_path), "--name", "dp"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # rich wraps long lines
+    assert re.search(r"round 1/1 · [^\n]*ε [0-9.e+-]+ vs released models, none vs server · NOT PRIVATE", text)
+    assert "ε: NOT PRIVATE (reproducible noise): client-level central DP (DP-FedAvg): ε = " in text
+    assert "against those who see only the released models (amplified by Poisson client sampling" in text
+    assert "against the server: none: central DP trusts the server" in text
+    assert "Poisson client sampling amplifies the ε only against those who see only the released models" in text

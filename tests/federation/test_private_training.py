@@ -150,3 +150,27 @@ def test_distributed_noise_is_not_reproducible_from_the_run_seed(tiny_config: Ru
     d = run(cfg, tmp_path / "d")
     assert torch.equal(c.federation.server.weights, d.federation.server.weights)
     assert any("NOT PRIVATE" in s for s in c.summary["privacy"]["statements"])
+
+
+def test_summary_says_whom_each_epsilon_protects_against_and_not_private(tiny_config: RunConfig, tmp_path: Path) -> None:
+    """Poisson DP-FedAvg plus DP-SGD under reproducible noise: summary.json and every metrics line give
+    each ε against the released models and against the server (none for central noise: it sees the
+    noise-free sum and every cohort), and every one of them says NOT PRIVATE."""
+    cfg = _dp_fedavg(tiny_config)
+    cfg.schedule.rounds = 1
+    cfg.run.local_baseline = False
+    cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 2 / 3
+    cfg.privacy.dp_sgd, cfg.privacy.dp_sgd_noise_multiplier = True, 1.0
+    cfg.privacy.reproducible_noise = True
+    result = run(cfg, tmp_path / "r")
+    privacy = json.loads((tmp_path / "r" / "summary.json").read_text())["privacy"]
+    assert privacy == json.loads(json.dumps(result.summary["privacy"]))
+    client_level, *per_client = privacy["epsilon_against"]
+    assert set(client_level) == {"guarantee", "delta", "released_models", "server", "server_note", "released_note",
+                                 "not_private"}
+    assert client_level["released_models"] == privacy["epsilon"] and client_level["server"] is None
+    assert privacy["epsilon_server"] is None and "central DP trusts the server" in client_level["server_note"]
+    assert len(per_client) == 3 and all(g["server"] == g["released_models"] for g in per_client)  # 0: not sampled
+    assert all(g["not_private"] for g in privacy["epsilon_against"]) and "NOT PRIVATE" in privacy["noise"]
+    line = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["privacy"]["epsilon_server"] is None and "NOT PRIVATE" in line["noise"]

@@ -49,6 +49,7 @@ from secfed.federation.runtime import (
     RunDiverged,
     _eval_due,
     dp_record,
+    new_run_dir,
     private_logs,
     round_record,
     run_title,
@@ -140,8 +141,8 @@ class FlowerRun:
 
     def run(self) -> dict[str, Any]:
         cfg, run_dir = self.cfg, self.settings.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-        fed = build(cfg, run_dir=run_dir, train_images=False)  # the server's view: no client images
+        with new_run_dir(run_dir):  # a refusal found while building leaves nothing behind
+            fed = build(cfg, run_dir=run_dir, train_images=False)  # the server's view: no client images
         atomic_file.write_text(run_dir / "config.json", cfg.to_json())
         atomic_file.write_text(run_dir / "data.json", json.dumps(fed.data_info, indent=2))
         ckpt.write_jsonl(run_dir / "metrics.jsonl", [])

@@ -1,0 +1,103 @@
+"""Whom each printed ε protects against: the server, and those who see only the released models.
+
+The two views differ in what they observe:
+
+    released models   everyone who sees only what the run publishes (the global models, the other
+                      clients, whoever uses the model): not who took part in a round. Poisson
+                      amplification holds against them, as long as the cohorts and batches stay
+                      secret — secfed draws them from the CSPRNG noise source (:mod:`.noise`).
+    the server        sees who uploads in every round, so amplification by client sampling never
+                      holds against it. With central noise (DP-FedAvg, β) it also sees the
+                      noise-free sum: no ε protects against it ("central DP trusts the server").
+                      With distributed Skellam noise it sees only the noised sum, and that ε
+                      claims no amplification by sampling, so it holds against the server as is.
+
+Example-level DP-SGD and DFH's identity-level DFS ε rest on nothing the server observes (the batches
+are drawn inside the client from its CSPRNG; the DFS ε claims no amplification), so they hold against
+the server as well. Under `privacy.reproducible_noise` every ε is labelled NOT PRIVATE: whoever
+knows the run seed regenerates the noise and the samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from secfed.privacy.dfs import DfsPlan
+    from secfed.privacy.policy import PrivacyPlan
+
+NOT_PRIVATE = "NOT PRIVATE (reproducible noise)"
+RELEASED_MODELS = "those who see only the released models"
+CENTRAL_TRUSTS_SERVER = "none: central DP trusts the server (it sees the noise-free sum and who uploads)"
+SKELLAM_SERVER = ("the server sees who uploads and only the noised sum; no amplification by client sampling is "
+                  "claimed, so the ε holds against it")
+DP_SGD_SERVER = ("the server sees at most this client's update; the batches are drawn inside the client from its "
+                 "CSPRNG, so the ε holds against it")
+DFS_SERVER = "the server sees every client's noised DFS; no amplification by sampling is claimed, so the ε holds against it"
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """One mechanism's (ε, δ), against each of the two adversaries."""
+
+    guarantee: str  # what is protected, by which mechanism
+    delta: float
+    released_models: float  # ε against those who see only the released models
+    server: float | None  # ε against the server; None: no ε holds against it
+    server_note: str  # why the server's ε is what it is
+    released_note: str  # what the released-models ε assumes
+    not_private: bool  # reproducible noise: the figures hold against nobody who knows the run seed
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def sentence(self) -> str:
+        """The printed line: both figures, labelled, and NOT PRIVATE first where it applies."""
+        server = self.server_note if self.server is None else f"ε = {self.server:.3g} ({self.server_note})"
+        return (f"{NOT_PRIVATE + ': ' if self.not_private else ''}{self.guarantee}: ε = {self.released_models:.3g} "
+                f"against {RELEASED_MODELS} ({self.released_note}); against the server: {server}; "
+                f"δ = {self.delta:.2g}")
+
+
+def client_level(plan: PrivacyPlan, epsilon: float) -> Guarantee:
+    """The client-level ε of a plan that claims one, as both adversaries see it."""
+    assert plan.claims_epsilon and plan.delta is not None
+    if plan.mechanism == "skellam":
+        server, note = epsilon, SKELLAM_SERVER
+        name = "client-level distributed DP (Skellam)"
+    else:
+        server, note = None, CENTRAL_TRUSTS_SERVER
+        name = f"client-level central DP ({'DP-FedAvg' if plan.mechanism == 'gaussian' else 'β noise, clipped'})"
+    amplified = plan.accounting_sample_rate is not None and plan.accounting_sample_rate < 1
+    released = (f"amplified by Poisson client sampling, q = {plan.accounting_sample_rate:.3g}; holds while the "
+                "cohorts stay secret" if amplified else "no amplification by client sampling")
+    return Guarantee(name, plan.delta, epsilon, server, note, released, plan.reproducible_noise)
+
+
+def dp_sgd(who: str, epsilon: float, delta: float, *, reproducible: bool) -> Guarantee:
+    """One client's example-level DP-SGD ε (amplified by its secret Poisson batches)."""
+    return Guarantee(f"example-level DP-SGD, {who}", delta, epsilon, epsilon, DP_SGD_SERVER,
+                     "amplified by Poisson batch sampling inside the client; holds while the batches stay secret",
+                     reproducible)
+
+
+def dfs(plan: DfsPlan | None, *, reproducible: bool) -> Guarantee | None:
+    """DFH's identity-level DFS ε per client (None: no DFS, or unnoised DFS — no ε)."""
+    if plan is None or plan.epsilon is None:
+        return None
+    return Guarantee("identity-level DFS (DFH), per client", plan.delta, plan.epsilon, plan.epsilon, DFS_SERVER,
+                     "no amplification by sampling", reproducible)
+
+
+def statement(mechanism: str, sampling: str) -> str:
+    """The plan's sentence on whom a claimed client-level ε holds against."""
+    if mechanism == "skellam":
+        return "Against the server the Skellam ε holds as printed (" + SKELLAM_SERVER + ")."
+    secret = ("Poisson client sampling amplifies the ε only against those who see only the released models: the "
+              "cohorts are drawn from the CSPRNG noise source, never from the run seed; the server sees who uploads, "
+              "so against it no amplification holds. " if sampling == "poisson" else "")
+    return secret + "Against the server no ε holds: " + CENTRAL_TRUSTS_SERVER.removeprefix("none: ") + "."
+
+
+__all__ = ["Guarantee", "client_level", "dfs", "dp_sgd", "statement"]
