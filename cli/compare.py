@@ -22,7 +22,8 @@ def compare_command(runs: tuple[Path, ...], plot_path: Path, json_output: bool) 
     """
     from rich.table import Table
 
-    from secfed.evaluation.compare import RunUnreadable, load_runs, privacy_text, write_plot
+    from secfed.evaluation.compare import RunUnreadable, load_runs, write_plot
+    from secfed.evaluation.report import privacy_cell
 
     console = human_console(json_output)
     try:
@@ -43,7 +44,7 @@ def compare_command(runs: tuple[Path, ...], plot_path: Path, json_output: bool) 
     if unseen:
         table.add_row("mean, unseen domains", *[_score(_mean(r.unseen)) for r in compared], style="bold")
     table.add_row("method", *[f"{r.algorithm}, {r.rounds} rounds" for r in compared])
-    table.add_row("privacy", *[privacy_text(r.privacy) for r in compared])
+    table.add_row("privacy", *[privacy_cell(r.privacy) for r in compared])
     table.add_row("time", *[f"{r.wall_seconds:.0f} s" for r in compared])
     table.add_row("bytes up / down", *[f"{_mib(r.bytes_up)} / {_mib(r.bytes_down)}" for r in compared])
     console.print(table)

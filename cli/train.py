@@ -179,7 +179,7 @@ def print_domains(console: Any, seen: list[dict[str, Any]], unseen: list[dict[st
 def show_summary(console: Any, summary: dict[str, Any]) -> None:
     from rich.markup import escape
 
-    from secfed.evaluation.report import summary_table
+    from secfed.evaluation.report import privacy_cell, summary_table
     from secfed.privacy.adversary import Guarantee
 
     print_domains(console, summary["domains"], summary.get("unseen", []))
@@ -213,6 +213,8 @@ def _row(domain: dict[str, Any]) -> dict[str, Any]:
 
 
 def _summary_view(summary: dict[str, Any]) -> dict[str, Any]:
+    from secfed.evaluation.report import privacy_cell
+
     comm = summary["communication"]
     return {
         "rounds": summary["rounds"],
@@ -223,16 +225,5 @@ def _summary_view(summary: dict[str, Any]) -> dict[str, Any]:
         "bytes_down": comm["measured_down_bytes"],
         "algorithm": summary["algorithm"],
         "channel": summary["channel"],
-        "privacy": _privacy_cell(summary["privacy"]),
+        "privacy": privacy_cell(summary["privacy"]),
     }
-
-
-def _privacy_cell(privacy: dict[str, Any]) -> str:
-    if "epsilon" in privacy:
-        server = privacy.get("epsilon_server")
-        return (("NOT PRIVATE: " if "NOT PRIVATE" in privacy["noise"] else "")
-                + f"(ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:.2g}) client-level, {privacy['mechanism']}, "
-                f"vs released models; vs server: " + (f"ε = {server:.3g}" if server is not None else "none"))
-    if privacy["mechanism"] == "beta":
-        return "β noise, no formal guarantee"
-    return "no client-level DP" + (" (example-level DP-SGD per client, below)" if "dp_sgd" in privacy else "")

@@ -89,25 +89,6 @@ def load_runs(paths: list[Path]) -> list[ComparedRun]:
     return [ComparedRun(**{**r.__dict__, "label": label}) for r, label in zip(runs, labels_for(paths))]
 
 
-def privacy_text(privacy: dict[str, Any]) -> str:
-    """The run's ε and against whom it holds, in one cell (as the run's own summary states it)."""
-    if "epsilon" not in privacy:
-        return {"beta": "β noise, no ε"}.get(privacy.get("mechanism", ""), "no ε") + \
-            (" (+ DP-SGD per client)" if "dp_sgd" in privacy else "")
-    text = f"ε {privacy['epsilon']:.3g}, δ {privacy['delta']:.2g}"
-    against = privacy.get("against") or {}
-    if isinstance(against, dict) and against:
-        text += " (" + "; ".join(f"{who}: {_against(v)}" for who, v in against.items()) + ")"
-    return text + ("" if privacy.get("noise", "cryptographically secure") == "cryptographically secure"
-                   else " NOT PRIVATE (reproducible noise)")
-
-
-def _against(value: Any) -> str:
-    if isinstance(value, dict) and isinstance(value.get("epsilon"), (int, float)):
-        return f"ε {value['epsilon']:.3g}"
-    return str(value)
-
-
 def comparison_figure(runs: list[ComparedRun]) -> Figure:
     """Per metric (rank-1, mAP) grouped bars by domain, one colour per run, and each run's mean
     seen-domain rank-1 per evaluated round."""

@@ -216,3 +216,16 @@ def _pick(scores: Scores | None, key: str, domain: str, which: str) -> float | N
             f"{domain}: {which} scores must be RetrievalScores or a dict, got {type(scores).__name__}"
         )
     return scores.get(key)
+
+
+def privacy_cell(privacy: Mapping[str, Any]) -> str:
+    """A run summary's privacy in one cell: the client-level ε against the released models and against
+    the server (NOT PRIVATE first under reproducible noise), or why there is none."""
+    if "epsilon" in privacy:
+        server = privacy.get("epsilon_server")
+        return (("NOT PRIVATE: " if "NOT PRIVATE" in privacy.get("noise", "") else "")
+                + f"(ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:.2g}) client-level, {privacy['mechanism']}, "
+                f"vs released models; vs server: " + (f"ε = {server:.3g}" if server is not None else "none"))
+    if privacy["mechanism"] == "beta":
+        return "β noise, no formal guarantee"
+    return "no client-level DP" + (" (example-level DP-SGD per client, below)" if "dp_sgd" in privacy else "")
