@@ -226,4 +226,13 @@ def _summary_view(summary: dict[str, Any]) -> dict[str, Any]:
         "algorithm": summary["algorithm"],
         "channel": summary["channel"],
         "privacy": privacy_cell(summary["privacy"]),
+        **_storage_cells(summary.get("storage")),
     }
+
+
+def _storage_cells(storage: dict[str, int] | None) -> dict[str, int]:
+    """What the run directory weighs (a summary from before secfed measured it has none)."""
+    if not storage:
+        return {}
+    shown = {"run_dir_bytes": storage["run_dir_bytes"], "checkpoint_bytes": storage["checkpoint_bytes"]}
+    return shown | ({"uploads_bytes": storage["uploads_bytes"]} if storage["uploads_bytes"] else {})

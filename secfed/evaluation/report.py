@@ -153,8 +153,12 @@ _SUMMARY_LABELS = {
     "communication_bytes": "Communication per client (MM'20: rounds × 2 × model)",
     "bytes_up": "Bytes up, all clients (measured)",
     "bytes_down": "Bytes down, all clients (measured)",
+    "run_dir_bytes": "Run directory on disk",
+    "checkpoint_bytes": "  checkpoints",
+    "uploads_bytes": "  recorded uploads",
 }
-_BYTE_KEYS = {"shared_bytes", "communication_bytes", "bytes_up", "bytes_down"}
+_BYTE_KEYS = {"shared_bytes", "communication_bytes", "bytes_up", "bytes_down", "run_dir_bytes", "checkpoint_bytes",
+              "uploads_bytes"}
 
 
 def summary_table(summary: Mapping[str, Any], title: str = "Run summary") -> Table:

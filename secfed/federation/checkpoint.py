@@ -1,19 +1,29 @@
-"""Run directories: atomic files, one checkpoint per round, resume.
+"""Run directories: atomic files, one checkpoint per round that checks itself, resume.
 
 A checkpoint is a ``torch.save`` of tensors and plain data only, read back with
 ``torch.load(weights_only=True)`` — no pickle of arbitrary objects, so a checkpoint from elsewhere
 cannot run code. Files are written to a temporary name, fsynced and renamed, so a crash leaves
 either the old file or the new one, never half of one.
+
+Inside the file the state is stored once per distinct tensor: every tensor of the state is replaced by
+a reference ``{"\\x00tensor": i}`` into one list of distinct tensors (equal dtype, shape and bytes are
+stored once: a site's copy of what another part of the state already holds costs nothing). The file
+carries a SHA-256 digest over the plain data and every tensor's bytes, computed on the writer thread
+and checked by :func:`load_checkpoint`, so a flipped byte is an error that names the file, never a
+silently different model. The previous checkpoint is kept until the new one is written and read back
+intact; :func:`load_newest` falls back to it when the newest does not verify.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import os
 import re
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,47 +32,130 @@ import torch
 from secfed import atomic_file
 
 FORMAT = "secfed-checkpoint"
-VERSION = 1
+VERSION = 2
 CHECKPOINT_DIR = "checkpoints"
+KEEP = 2  # the newest and the one before it: a resume falls back to it when the newest is damaged
 _NAME = re.compile(r"round-(\d{4,})\.pt$")
+_REF = "\x00tensor"  # {_REF: i} in the stored state stands for the i-th distinct tensor
 
 
 class CheckpointError(Exception):
     """A checkpoint or run directory is missing, unreadable or of another format. Names the path."""
 
 
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint whose contents do not match the digest it was written with (a damaged file)."""
+
+
+class CheckpointWarning(UserWarning):
+    """A damaged checkpoint was passed over for an older one (the message names both)."""
+
+
 def checkpoint_path(run_dir: Path, round_count: int) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR / f"round-{round_count:04d}.pt"
 
 
-def save_checkpoint(run_dir: Path, round_count: int, state: dict[str, Any], keep: int = 1) -> Path:
-    """Write the state after ``round_count`` completed rounds; keep the newest ``keep`` checkpoints."""
+def tensor_digest(tensor: torch.Tensor) -> bytes:
+    """SHA-256 of a tensor's dtype, shape and bytes (hashlib lets go of the GIL: the round trains on)."""
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    h = hashlib.sha256(f"{flat.dtype}:{tuple(tensor.shape)}:".encode())
+    h.update(memoryview(flat.view(torch.uint8).numpy()))
+    return h.digest()
+
+
+def _state_digest(rounds_done: int, skeleton: Any, digests: list[bytes]) -> str:
+    """The file's digest: its plain data (``repr`` is exact for str, int, float, bool, None and the
+    dicts and lists of them a checkpoint holds, and round-trips through pickle) and every tensor."""
+    h = hashlib.sha256(repr((FORMAT, VERSION, rounds_done, skeleton)).encode())
+    for d in digests:
+        h.update(d)
+    return h.hexdigest()
+
+
+def _pack(state: dict[str, Any]) -> tuple[Any, list[torch.Tensor], list[bytes]]:
+    """The state with every tensor replaced by a reference, the distinct tensors, their digests."""
+    index: dict[bytes, int] = {}
+    tensors: list[torch.Tensor] = []
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            digest = tensor_digest(value)
+            if digest not in index:
+                index[digest] = len(tensors)
+                # a view would drag its whole storage into the file: store just its own bytes
+                whole = value.untyped_storage().nbytes() == value.numel() * value.element_size()
+                tensors.append(value if whole else value.clone())
+            return {_REF: index[digest]}
+        if isinstance(value, dict):
+            if _REF in value:
+                raise ValueError(f"a checkpoint's state may not use the key {_REF!r}")
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(walk(v) for v in value)
+        return value
+
+    skeleton = walk(state)
+    return skeleton, tensors, list(index)
+
+
+def _unpack(skeleton: Any, tensors: list[torch.Tensor], path: Path) -> Any:
+    """Inverse of :func:`_pack`; a tensor used twice comes back as two tensors (no hidden aliasing)."""
+    used: set[int] = set()
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            if set(value) == {_REF}:
+                i = value[_REF]
+                if not isinstance(i, int) or not 0 <= i < len(tensors):
+                    raise CorruptCheckpoint(f"{path}: a tensor reference points nowhere ({i!r})")
+                first = i not in used
+                used.add(i)
+                return tensors[i] if first else tensors[i].clone()
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(walk(v) for v in value)
+        return value
+
+    return walk(skeleton)
+
+
+def save_checkpoint(run_dir: Path, round_count: int, state: dict[str, Any], keep: int = KEEP) -> Path:
+    """Write the state after ``round_count`` completed rounds, read it back intact, then keep the
+    newest ``keep`` checkpoints (the older ones go only once the new one verified)."""
     path = checkpoint_path(run_dir, round_count)
     path.parent.mkdir(parents=True, exist_ok=True)
-    content = {"format": FORMAT, "version": VERSION, "rounds_done": round_count, **state}
-    # torch.load never checks the zip records' CRC-32 (a flipped byte loads silently either way) and
-    # computing it took two thirds of a 46 MB checkpoint's write (62 of 92 ms): skip it here, and
-    # give the process its own setting back.
+    skeleton, tensors, digests = _pack(state)
+    content = {"format": FORMAT, "version": VERSION, "rounds_done": round_count, "state": skeleton,
+               "tensors": tensors, "digest": _state_digest(round_count, skeleton, digests)}
+    # The digest above replaces torch's zip CRC-32, which torch.load never checks and which took two
+    # thirds of a 46 MB checkpoint's write (62 of 92 ms): skip it, and give the process its setting back.
     crc = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:
         atomic_file.write_with(path, lambda fh: torch.save(content, fh))
     finally:
         torch.serialization.set_crc32_options(crc)
+    load_checkpoint(path)  # what reached the file system is what was meant, before the previous goes
+    prune_checkpoints(run_dir, keep)
+    return path
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints (a finished run keeps one: nothing resumes it)."""
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
-    return path
 
 
 class BackgroundWriter:
     """Writes each round's checkpoint on a thread of its own while the next round trains.
 
     :meth:`save` takes a private copy of every tensor in the state first (the caller goes on
-    changing its models), then returns; the file is written, fsynced and renamed as by
-    :func:`save_checkpoint`. One write is in flight at a time: the next :meth:`save` (or
-    :meth:`wait`) waits for it and re-raises its error. ``with BackgroundWriter() as w:`` waits on
-    every exit, an exception or Ctrl-C included, so the last checkpoint is on disk (or, if the
-    process is killed outright, the one before it, and a resume redoes one round).
+    changing its models), then returns; the file is digested, written, fsynced, renamed and read back
+    as by :func:`save_checkpoint`, all on the writer's thread. One write is in flight at a time: the
+    next :meth:`save` (or :meth:`wait`) waits for it and re-raises its error. ``with
+    BackgroundWriter() as w:`` waits on every exit, an exception or Ctrl-C included, so the last
+    checkpoint is on disk (or, if the process is killed outright, the one before it, and a resume
+    redoes one round).
     """
 
     def __init__(self) -> None:
@@ -117,18 +210,57 @@ def latest_checkpoint(run_dir: Path) -> Path:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The state saved in ``path``, checked against its digest (:class:`CorruptCheckpoint` if not)."""
     path = Path(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        raw = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
     except Exception as exc:  # truncated file, foreign pickle, wrong format: all "not a checkpoint"
         raise CheckpointError(f"{path}: not a readable secfed checkpoint ({exc})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a secfed checkpoint")
-    if state.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint version {state.get('version')}, this secfed reads {VERSION}")
-    return state
+    if raw.get("version") != VERSION:
+        raise CheckpointError(f"{path}: checkpoint version {raw.get('version')}, this secfed reads {VERSION}")
+    rounds, skeleton, tensors = raw.get("rounds_done"), raw.get("state"), raw.get("tensors")
+    if not (isinstance(rounds, int) and isinstance(skeleton, dict) and isinstance(tensors, list)
+            and all(isinstance(t, torch.Tensor) for t in tensors)):
+        raise CorruptCheckpoint(f"{path}: damaged checkpoint (its table of contents is malformed)")
+    if _state_digest(rounds, skeleton, [tensor_digest(t) for t in tensors]) != raw.get("digest"):
+        raise CorruptCheckpoint(f"{path}: damaged checkpoint (its contents do not match the digest it was "
+                                "written with)")
+    return {"format": FORMAT, "version": VERSION, "rounds_done": rounds, **_unpack(skeleton, tensors, path)}
+
+
+def load_newest(run_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint of ``run_dir`` that reads back intact, and its state. Each newer one that
+    does not is named in a :class:`CheckpointWarning`; when none does, a :class:`CheckpointError`
+    names every file and what is wrong with it."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise CheckpointError(f"{run_dir}: no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}")
+    failures: list[str] = []
+    for path in reversed(found):
+        try:
+            state = load_checkpoint(path)
+        except CheckpointError as exc:
+            failures.append(str(exc))
+            continue
+        for failure in failures:
+            warnings.warn(CheckpointWarning(f"{failure}; continuing from {path} (round {state['rounds_done']})"),
+                          stacklevel=2)
+        return path, state
+    raise CheckpointError(f"{run_dir}: no checkpoint is intact: " + "; ".join(failures))
+
+
+def disk_usage(run_dir: Path) -> dict[str, int]:
+    """Bytes the run directory holds on disk: its checkpoints, its recorded uploads, everything."""
+    def size(folder: Path) -> int:
+        return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+    run_dir = Path(run_dir)
+    return {"checkpoint_bytes": size(run_dir / CHECKPOINT_DIR), "uploads_bytes": size(run_dir / "uploads"),
+            "run_dir_bytes": size(run_dir)}
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:

@@ -13,7 +13,8 @@ which reads them and never writes them (tests/federation/test_methods_seam.py ch
     RUN/data.json          which data the run read: datasets, sizes, clients, a content fingerprint
     RUN/splits.json        drawn splits of the small sets (when the run uses one)
     RUN/metrics.jsonl      one line per round: losses, bytes up/down, seconds, ε, evaluation when run
-    RUN/checkpoints/       round-NNNN.pt after every round, written atomically while the next trains (newest kept)
+    RUN/checkpoints/       round-NNNN.pt after every round, written atomically while the next trains, each with a
+                           digest checked on load (the newest two kept while training, the last one at the end)
     RUN/uploads/           with `run.record_uploads`: every upload and broadcast of every round (for the audit)
     RUN/summary.json       the final results (also what `--json` prints)
     RUN/history.png        rank-1 and mAP per round, federated and local-only, and the training loss
@@ -170,7 +171,7 @@ def run(
     history: list[dict[str, Any]] = []
     start, wall = 0, 0.0
     if resume and ckpt.list_checkpoints(run_dir):
-        state = ckpt.load_checkpoint(ckpt.latest_checkpoint(run_dir))
+        _, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
         check_data(fed, state, data_root)
         history, start, wall = restore(fed, state)
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
@@ -279,6 +280,8 @@ def _train_rounds(cfg: RunConfig, fed: Federation, run_dir: Path, reporter: Repo
         if on_round_end is not None:
             on_round_end(round_number)
 
+    checkpoints.wait()  # the last checkpoint is on disk and verified: the one before it is no longer needed
+    ckpt.prune_checkpoints(run_dir, keep=1)
     summary = summarize(fed, history, run_dir, wall)
     atomic_file.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
@@ -416,6 +419,7 @@ def summarize(fed: Federation, history: list[dict[str, Any]], run_dir: Path, wal
             "measured_down_bytes": sum(r["bytes_down"] for r in history),
         },
         "privacy": privacy_summary(fed),
+        "storage": ckpt.disk_usage(run_dir),  # what the run directory weighs: checkpoints, recorded uploads
     }
 
 
@@ -473,8 +477,7 @@ def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | 
     path = Path(path)
     if not path.exists():
         raise ckpt.CheckpointError(f"{path}: no such run directory or checkpoint")
-    checkpoint = ckpt.latest_checkpoint(path) if path.is_dir() else path
-    state = ckpt.load_checkpoint(checkpoint)
+    checkpoint, state = ckpt.load_newest(path) if path.is_dir() else (path, ckpt.load_checkpoint(path))
     cfg = from_dict(state["config"])
     run_dir = checkpoint.parent.parent
     fed = build(cfg, progress=(reporter or SilentReporter()).data_progress, run_dir=run_dir, data_root=data_root,

@@ -43,6 +43,11 @@ def test_train_json_is_one_object_with_the_promised_keys(trained: tuple[dict, Pa
         assert d["rank1"] <= d["rank5"] <= d["rank10"]
     comm = summary["communication"]
     assert comm["cost_bytes"] == 2 * 2 * comm["shared_model_bytes"]
+    # what the run directory weighs: one checkpoint (a finished run keeps its last), nothing recorded
+    storage = summary["storage"]
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["round-0002.pt"]
+    assert storage["checkpoint_bytes"] == (run_dir / "checkpoints" / "round-0002.pt").stat().st_size
+    assert storage["uploads_bytes"] == 0 and storage["run_dir_bytes"] > storage["checkpoint_bytes"]
 
 
 def test_run_directory_holds_config_metrics_checkpoint_plot(trained: tuple[dict, Path]) -> None:
@@ -87,6 +92,7 @@ def test_one_log_line_per_round_on_stderr(synth_root: Path, tmp_path: Path) -> N
     rounds = [line for line in result.stderr.splitlines() if line.startswith("round ")]
     assert len(rounds) == 1 and "3 clients" in rounds[0] and "loss" in rounds[0] and " s" in rounds[0]
     json.loads(result.stdout)  # stdout holds only the JSON object
+    assert "Run directory on disk" in result.stderr and "checkpoints" in result.stderr  # what the run weighs
 
 
 def test_the_round_line_labels_seen_and_unseen_means_apart(synth_root: Path, tmp_path: Path) -> None:

@@ -61,3 +61,67 @@ def test_a_checkpoint_round_trips_and_leaves_torchs_crc_setting_as_it_was(tmp_pa
     finally:
         torch.serialization.set_crc32_options(before)
     assert torch.equal(ckpt.load_checkpoint(ckpt.checkpoint_path(tmp_path, 2))["global"], torch.arange(5.0))
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_in_a_tensor_or_in_the_plain_data_is_caught_on_load(tmp_path: Path) -> None:
+    """The attack: one bit of a weight, and one character of the saved history, changed on disk. Both
+    still unpickle into a well-formed state; both must be refused, naming the file."""
+    weights = torch.arange(4096, dtype=torch.float32) + 0.5
+    path = ckpt.save_checkpoint(tmp_path, 1, {"global": weights, "history": '[{"loss": 1.25}]'})
+    raw = path.read_bytes()
+    for offset in (raw.index(weights.numpy().tobytes()) + 1000, raw.index(b'"loss": 1.25') + 10):
+        damaged = tmp_path / f"damaged-{offset}.pt"
+        damaged.write_bytes(raw)
+        _flip(damaged, offset)
+        with pytest.raises(ckpt.CorruptCheckpoint, match=damaged.name):
+            ckpt.load_checkpoint(damaged)
+    assert torch.equal(ckpt.load_checkpoint(path)["global"], weights)
+
+
+def test_equal_tensors_are_stored_once_and_come_back_as_separate_tensors(tmp_path: Path) -> None:
+    """Sites holding copies of the same weights (FedReID's expert and its model, a classifier a round
+    left unchanged) cost one copy on disk; loading gives every place its own tensor."""
+    big = torch.randn(100_000)
+    one = ckpt.save_checkpoint(tmp_path / "one", 1, {"a": big})
+    sites = {f"site-{k}": {"w": big.clone(), "own": torch.full((3,), float(k))} for k in range(4)}
+    many = ckpt.save_checkpoint(tmp_path / "many", 1, {"a": big, "sites": sites, "view": big[:10]})
+    assert many.stat().st_size < one.stat().st_size + 4096  # not 5 copies of 400 kB (and not the view's storage)
+    state = ckpt.load_checkpoint(many)
+    loaded = [state["a"]] + [state["sites"][f"site-{k}"]["w"] for k in range(4)]
+    assert all(torch.equal(t, big) for t in loaded) and torch.equal(state["view"], big[:10])
+    assert len({t.untyped_storage().data_ptr() for t in loaded}) == 5  # no hidden aliasing
+    assert [state["sites"][f"site-{k}"]["own"][0].item() for k in range(4)] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_the_previous_checkpoint_stays_until_the_new_one_reads_back_intact(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt.save_checkpoint(tmp_path, 1, {"global": torch.zeros(1000)})
+    ckpt.save_checkpoint(tmp_path, 2, {"global": torch.ones(1000)})
+    write = ckpt.atomic_file.write_with
+
+    def write_then_rot(path: Path, writer: object, **kw: object) -> Path:  # the disk damages what it got
+        write(path, writer, **kw)
+        _flip(Path(path), Path(path).stat().st_size // 2)
+        return Path(path)
+
+    monkeypatch.setattr(ckpt.atomic_file, "write_with", write_then_rot)
+    with pytest.raises(ckpt.CheckpointError, match="round-0003.pt"):
+        ckpt.save_checkpoint(tmp_path, 3, {"global": torch.full((1000,), 2.0)})
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["round-0001.pt", "round-0002.pt", "round-0003.pt"]
+    with pytest.warns(ckpt.CheckpointWarning, match="round-0003.pt"):
+        path, state = ckpt.load_newest(tmp_path)
+    assert path.name == "round-0002.pt" and torch.equal(state["global"], torch.ones(1000))
+
+
+def test_when_no_checkpoint_is_intact_the_error_names_every_file(tmp_path: Path) -> None:
+    for r in (1, 2):
+        path = ckpt.save_checkpoint(tmp_path, r, {"global": torch.full((1000,), float(r))})
+        _flip(path, path.stat().st_size // 2)
+    with pytest.raises(ckpt.CheckpointError, match="round-0002.pt.*round-0001.pt"):
+        ckpt.load_newest(tmp_path)

@@ -19,13 +19,21 @@ class Crash(Exception):
     pass
 
 
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
 def _without_timing(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in history]
 
 
-@pytest.mark.parametrize("algorithm", ["fedpav", "fedreid"])
-def test_resume_ends_bit_identical(tiny_config: RunConfig, tmp_path: Path, algorithm: str) -> None:
-    """FedReID also keeps, per site, the latest local embedding its next expert starts from."""
+@pytest.mark.parametrize(("algorithm", "damaged"), [("fedpav", False), ("fedreid", True)])
+def test_resume_ends_bit_identical(tiny_config: RunConfig, tmp_path: Path, algorithm: str, damaged: bool) -> None:
+    """FedReID also keeps, per site, the latest local embedding its next expert starts from. ``damaged``:
+    a byte of the newest checkpoint flips on disk; the resume continues from the one before it, says
+    so naming the damaged file, and still ends where the uninterrupted run ended."""
     tiny_config.method.algorithm = algorithm
     tiny_config.schedule.rounds = 3
     tiny_config.run.eval_every = 2  # round 2 (in the checkpoint) and round 3 (after the resume)
@@ -38,11 +46,18 @@ def test_resume_ends_bit_identical(tiny_config: RunConfig, tmp_path: Path, algor
 
     with pytest.raises(Crash):
         run(tiny_config, tmp_path / "cut", on_round_end=crash_after_two)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "cut")] == ["round-0002.pt"]
+    # the previous checkpoint stays until the next is verified; a finished run keeps its last one only
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "cut")] == ["round-0001.pt", "round-0002.pt"]
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "full")] == ["round-0003.pt"]
     # a line for a round the checkpoint does not hold must not survive the resume
     ckpt.append_jsonl(tmp_path / "cut" / "metrics.jsonl", {"round": 3, "partial": True})
-
-    resumed = run(tiny_config, tmp_path / "cut", resume=True)
+    newest = ckpt.checkpoint_path(tmp_path / "cut", 2)
+    if damaged:
+        flip_byte(newest, newest.stat().st_size // 2)
+        with pytest.warns(ckpt.CheckpointWarning, match="round-0002.pt"):
+            resumed = run(tiny_config, tmp_path / "cut", resume=True)
+    else:
+        resumed = run(tiny_config, tmp_path / "cut", resume=True)
 
     assert torch.equal(full.federation.server.weights, resumed.federation.server.weights)
     for a, b in zip(full.federation.clients, resumed.federation.clients):
