@@ -32,6 +32,9 @@ from secfed.models.sharing import SharedLayout
 
 PROBE_FIT = 1e-2  # an analytic probe "fits" when its model explains the layer to this relative error (float32)
 INVERSION_FIT = 0.05  # gradient inversion: 1 − cos(predicted, observed update)
+# ... and its reconstructions' batch statistics against those the update reveals (relative): true
+# pictures reproduce them exactly for the steps the attack unrolls; noise that matches the gradient does not
+RECONSTRUCTION_FIT = 0.05
 MODEL_INVERSION_FIT = 0.25  # DeepInversion: relative BatchNorm-statistics mismatch
 FEATURE_FIT = 0.05  # feature inversion: 1 − cos(feature, target)
 DFS_FIT = 0.1  # DFS linkage: relative mismatch of the DFS rebuilt from the linked identities
@@ -126,10 +129,11 @@ def attack_update(*, model: nn.Module, layout: SharedLayout, start: torch.Tensor
                              restarts=budget.restarts, max_dummies=budget.max_dummies, stopwatch=w, seed=seed,
                              fit_threshold=INVERSION_FIT, feature_iterations=budget.feature_iterations)
     rows, tests = judge.judge_images(out.images, victims)
-    verdict, reason = decide(tests, out.residual, INVERSION_FIT, complete=True)
+    verdict, reason = decide(tests, out.residual, INVERSION_FIT, complete=True,
+                             reconstruction=(out.bn_residual, RECONSTRUCTION_FIT))
     result = AttackResult(
         "inversion:gradient", target, verdict, reason, out.residual, "1 − cos(simulated, observed update)",
-        INVERSION_FIT, True, out.iterations, out.restarts,
+        INVERSION_FIT, True, out.bn_residual, RECONSTRUCTION_FIT, out.iterations, out.restarts,
         assumptions={**assumptions, "model": "unrolled local steps" if out.exact_model
                      else "one-step approximation of the local steps", "probe_seeded": seed_features is not None},
         metrics={"dummies": out.dummies, "bn_residual": out.bn_residual, "residual_per_restart": out.residual_per_restart,
