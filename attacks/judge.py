@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -76,9 +77,15 @@ class Judge:
         self.model = model
         self.gallery = gallery
         self.ids = np.array(gallery.identities, dtype=object)
-        self.embedding = extract_features(model, gallery.images, batch_size)
+        self.batch_size = batch_size
         self.pixels = raw_pixel_features(gallery.images)
         self.pad = scaled_pad(gallery.images.shape[2], gallery.images.shape[3])
+
+    @functools.cached_property
+    def embedding(self) -> torch.Tensor:
+        """The gallery under the run's ReID embedding, computed when first needed (an audit whose
+        time runs out before any attack reaches the judge spends none on it)."""
+        return extract_features(self.model, self.gallery.images, self.batch_size)
 
     # ---- embeddings of what attacks produce ------------------------------------------------------
 
