@@ -37,7 +37,8 @@ def test_positive_control_one_step_on_two_people_is_never_called_safe(two_people
     assert probe.fitted and probe.residual < PROBE_FIT
     for r in results:
         if r.verdict is Verdict.INCONCLUSIVE:
-            assert r.residual is not None and ("did not fit" in r.reason or "part of the target" in r.reason)
+            assert r.residual is not None and any(why in r.reason for why in (
+                "did not fit", "part of the target", "do not reproduce", "no power"))
         assert r.iterations >= 0 and r.cpu_seconds >= 0 and r.assumptions["labels"].startswith("unknown")
 
 
