@@ -167,8 +167,14 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
         Judge(model_with(run, k, run.fed.server.weights), gallery)
     say(f"gallery: {len(gallery.identities)} images ({int(gallery.from_client.sum())} of the clients, "
         f"{int((~gallery.from_client).sum())} distractors)")
+    if attacked and not total.expired:
+        judge.embedding  # embed the gallery now: no attack then starts a step it cannot finish in time
 
     for i, target in enumerate(attacked):
+        if total.expired and (target != "dfs" or shares_dfs):  # a DFS-less run's dfs is "not applicable"
+            reports.extend(_out_of_time(run, target, budget))
+            say(f"target {target}: not attacked, the time limit was reached")
+            continue
         weight = SHARE[target] / sum(SHARE[t] for t in attacked[i:])
         watch = total.share(weight)
         say(f"target {target}: {watch.remaining:.0f} s")
@@ -186,6 +192,16 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
                        {"id": site.id, "name": site.name, "images": site.num_examples,
                         "identities": int(site.labels.unique().numel()), "cohort": cohort},
                        reports, total.wall, total.cpu, statements)
+
+
+def _out_of_time(run: AuditedRun, target: str, budget: Budget) -> list[TargetReport]:
+    """A target the time limit left no time for: INCONCLUSIVE (not attacked is not safe)."""
+    reason = f"not attacked: the {budget.seconds:g} s limit, counted from the command's start, ran out before this target"
+    reports = [TargetReport(target, Verdict.INCONCLUSIVE, reason, not (target == "update" and run.config.secagg.enabled),
+                            "not measured")]
+    if target == "weights" and not any(n.startswith("classifier.") for n in run.fed.layout.names):
+        reports.append(TargetReport("weights+head", Verdict.INCONCLUSIVE, reason, False, "not measured"))
+    return reports
 
 
 # ---- evidence ------------------------------------------------------------------------------------

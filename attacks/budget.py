@@ -6,7 +6,10 @@
 
 Every attack gets a share of the wall-clock budget and stops at its deadline (reporting the
 iterations it managed), so the total stays within the budget whatever the machine's load. The
-budget counts from when the command started; :data:`REPORT_RESERVE` of it is kept for writing the
+budget counts from when the command started (opening the run, reading or re-deriving the round and
+embedding the gallery spend it too); a target or attack the deadline leaves no time for is not
+started and is reported INCONCLUSIVE ("not attacked"), so the command ends within the limit plus
+the judging of an attack begun before it. :data:`REPORT_RESERVE` of it is kept for writing the
 report.
 """
 

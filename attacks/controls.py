@@ -73,6 +73,30 @@ def noise_images(count: int, height: int, width: int, seed: int = 0) -> torch.Te
     return torch.randint(0, 256, (count, 3, height, width), dtype=torch.uint8, generator=gen)
 
 
+PHOTOGRAPHS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field", "retina")
+
+
+def photographs(height: int, width: int, *, per_photo: int = 1) -> torch.Tensor:
+    """Natural photographs the synthetic generator did not draw: scikit-image's sample pictures
+    (shipped with the package, offline), each cut into ``per_photo`` side-by-side crops of the
+    person-crop shape and resized to height × width. uint8 (len(PHOTOGRAPHS)·per_photo, 3, H, W)."""
+    from skimage import data
+    from skimage.transform import resize
+
+    out = []
+    for name in PHOTOGRAPHS:
+        photo = getattr(data, name)()[..., :3]
+        rows, cols = photo.shape[:2]
+        crop_w = min(cols // per_photo, rows * width // height)
+        crop_h = crop_w * height // width
+        top = (rows - crop_h) // 2
+        for i in range(per_photo):
+            left = i * (cols // per_photo) + (cols // per_photo - crop_w) // 2
+            piece = resize(photo[top:top + crop_h, left:left + crop_w], (height, width), anti_aliasing=True)
+            out.append(torch.from_numpy((piece * 255).round().astype(np.uint8)).permute(2, 0, 1))
+    return torch.stack(out)
+
+
 def gallery_of(groups: Sequence[tuple[str, torch.Tensor]], *, own: Sequence[bool]) -> tuple[Gallery, list[list[int]]]:
     """A gallery from (identity, images) groups; ``own``: which groups are the client's. Returns it and
     each group's indices."""

@@ -19,10 +19,14 @@ the ratio is undefined. The update still carries the layer's input, through two 
 :func:`neck_probe` does this; its residual says how well "one step on a batch of two" explains the
 layer's update (the part of ∇W outside rank one, and the misfit of the variance), so on an update of
 many steps or a larger batch it reports that it did not fit, with the batch mean it still recovered.
+Weight decay and Nesterov's first step are removed with the step size the update itself implies
+(:func:`one_step_weight_gradient`), not only the one the schedule names: a decayed learning rate or a
+clipped update otherwise leaves a full-rank wd·θ remainder that hides the rank-one gradient.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,8 +122,8 @@ def neck_probe(model: nn.Module, layout: SharedLayout, linear: str, batchnorm: s
     bn = model.get_submodule(batchnorm)
     momentum = bn.momentum if bn.momentum is not None else 0.1
     w0, b0 = start[f"{linear}.weight"].double(), start[f"{linear}.bias"].double()
-    grad = steps.gradient_of_one_step({f"{linear}.weight": delta[f"{linear}.weight"]}, start, scale)
-    gw = grad[f"{linear}.weight"].double()
+    gw, step_ratio = one_step_weight_gradient(delta[f"{linear}.weight"], start[f"{linear}.weight"], steps,
+                                              steps.lr(f"{linear}.weight") * steps.first_step_factor * scale)
     z_mean = start[f"{batchnorm}.running_mean"].double() + delta[f"{batchnorm}.running_mean"].double() / (momentum * scale)
     z_var = start[f"{batchnorm}.running_var"].double() + delta[f"{batchnorm}.running_var"].double() / (momentum * scale)
     x_mean = torch.linalg.lstsq(w0, (z_mean - b0).unsqueeze(1)).solution.squeeze(1)
@@ -138,11 +142,63 @@ def neck_probe(model: nn.Module, layout: SharedLayout, linear: str, batchnorm: s
     residual = max(off_rank_one, variance_misfit)
     inputs = torch.stack([x_mean + s * v / 2, x_mean - s * v / 2]).float()
     details = {"weight_gradient_rank": rank, "off_rank_one": off_rank_one, "variance_misfit": variance_misfit,
-               "negative_mean_fraction": negative, "bn_momentum": momentum}
+               "negative_mean_fraction": negative, "bn_momentum": momentum,
+               "step_size_vs_schedule": step_ratio}
     if steps.steps != 1:
         details["note"] = f"the client took {steps.steps} local steps; the probe models one"
     return ProbeOutput("neck-bn", linear, True, f"batch mean exact for one step; weight-gradient rank {rank} → "
                        f"batch of ~{rank + 1}", residual, inputs, x_mean.float(), rank + 1, "neck-input", details)
+
+
+SKETCH = 16  # columns of the random sketch the step-size search ranks on (rank is preserved for rank ≤ 15)
+
+
+def _off_rank_one(gram: torch.Tensor) -> float:
+    """Share of a matrix's energy outside its leading singular direction, from its Gram matrix."""
+    eig = torch.linalg.eigvalsh(gram)
+    return float((eig.sum() - eig[-1]).clamp_min(0) / eig.sum().clamp_min(1e-300))
+
+
+def one_step_weight_gradient(delta: torch.Tensor, theta: torch.Tensor, steps: LocalSteps, nominal: float,
+                             search: float = 100.0) -> tuple[torch.Tensor, float]:
+    """∇W of one SGD step ``delta`` from ``theta``: Δ = −c·(∇W + wd·θ), c = lr·(1 + m)·scale.
+
+    The weight-decay term wd·θ is full rank, so a step size c even slightly off (a decayed learning
+    rate read from the wrong round, an update shortened by clipping) leaves a full-rank remainder
+    that hides the rank-one gradient of two images. c is therefore taken from the update itself:
+    the value within ``search``× of ``nominal`` (the schedule's) that makes ∇W closest to rank one —
+    for one step on two images that is the round's real step size. The search ranks a random
+    sketch ∇W·Ω (Ω: d × :data:`SKETCH`, fixed seed; not a privacy draw), which has the rank of ∇W
+    when that is small, at the cost of a 16 × 16 eigenproblem per try. Returns ∇W (float64) and
+    c / ``nominal``."""
+    d, w = delta.double(), theta.double()
+    if steps.weight_decay == 0:
+        return -d / nominal, 1.0
+    wd = steps.weight_decay
+    omega = torch.randn(d.shape[1], SKETCH, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    sd, sw = d @ omega, w @ omega
+    a, cross, c = sd.T @ sd, sd.T @ sw + sw.T @ sd, wd * wd * (sw.T @ sw)
+
+    def misfit(log_u: float) -> float:
+        u = math.exp(log_u)
+        return _off_rank_one(u * u * a + u * wd * cross + c)
+
+    centre, span = -math.log(nominal), math.log(search)
+    grid = [centre - span + 2 * span * i / 40 for i in range(41)]
+    best = min(grid, key=misfit)
+    lo, hi = best - 2 * span / 40, best + 2 * span / 40
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(40):  # golden-section refinement on log u
+        x1, x2 = hi - golden * (hi - lo), lo + golden * (hi - lo)
+        if misfit(x1) < misfit(x2):
+            hi = x2
+        else:
+            lo = x1
+    log_u = (lo + hi) / 2
+    if misfit(centre) <= misfit(log_u):
+        log_u = centre
+    u = math.exp(log_u)
+    return -u * d - wd * w, 1.0 / (u * nominal)
 
 
 def revealed_batch_statistics(model: nn.Module, layout: SharedLayout, start: dict[str, torch.Tensor],

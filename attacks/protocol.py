@@ -10,9 +10,13 @@
                             approximates that client's update (the models differ by one round)
     participation-metadata  what the server-side logs keep per client (cohort, loss, accuracy)
 
-Each finding is pass, fail, risk (an exposure to weigh, not an identification) or not-checked. The
-protocol verdict is LEAK when a check fails, INCONCLUSIVE when one could not be checked, and
-NO-LEAK-AT-THIS-STRENGTH otherwise (risks are listed with it).
+Each finding is pass, fail, risk (an exposure to weigh, not an identification), not-checked (the
+check applies but the run kept too little to do it) or not-applicable (the question does not arise in
+this run: e.g. dropout-differencing under client-level DP, whose ε covers each client's whole
+participation and whose log keeps no cohorts to difference). The protocol verdict is LEAK when a
+check fails, INCONCLUSIVE when one could not be checked, and NO-LEAK-AT-THIS-STRENGTH otherwise
+(risks are listed with it; not-applicable checks are listed and weigh nothing, so turning DP on
+never makes the verdict worse).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ CONTRIBUTING_PHASES = {"consistency_check", "unmask"}
 @dataclass(frozen=True)
 class Finding:
     check: str
-    status: str  # pass | fail | risk | not-checked
+    status: str  # pass | fail | risk | not-checked | not-applicable
     detail: str
 
     def to_dict(self) -> dict[str, str]:
@@ -62,8 +66,8 @@ def protocol_checks(config: Mapping[str, Any], history: Sequence[Mapping[str, An
     secagg = bool(config["secagg"]["enabled"])
     authenticated = secagg and bool(config["secagg"]["authenticated"])
     privacy = config["privacy"]
-    noised = bool(privacy.get("dp_beta")) or privacy.get("noise_multiplier") is not None \
-        or privacy.get("target_epsilon") is not None or bool(privacy.get("distributed"))
+    client_level = privacy.get("noise_multiplier") is not None or privacy.get("target_epsilon") is not None
+    noised = bool(privacy.get("dp_beta")) or client_level or bool(privacy.get("distributed"))
     findings = []
 
     if secagg:
@@ -112,9 +116,14 @@ def protocol_checks(config: Mapping[str, Any], history: Sequence[Mapping[str, An
                                 f"clients (≥ {MIN_SAFE_COHORT} needed)"))
 
     sets = contributor_sets(history, secagg)
-    if sets is None:
+    if sets is None and client_level:
+        findings.append(Finding("dropout-differencing", "not-applicable", "client-level DP: its ε bounds what any "
+                                "two aggregates reveal about one client's participation, and the log keeps no "
+                                "cohorts to difference"))
+    elif sets is None:
         findings.append(Finding("dropout-differencing", "not-checked", "the log keeps no cohorts (a run that claims "
-                                "an ε logs only what its accountant covers); client-level DP covers participation"))
+                                "an ε logs only what its accountant covers) and no client-level DP covers "
+                                "participation"))
     else:
         pairs = []
         rounds = sorted(sets)
@@ -150,4 +159,6 @@ def protocol_verdict(findings: Sequence[Finding]) -> tuple[Verdict, str]:
     if unchecked:
         return Verdict.INCONCLUSIVE, "; ".join(f"{f.check}: {f.detail}" for f in unchecked)
     risks = [f.check for f in findings if f.status == "risk"]
-    return Verdict.NO_LEAK, "every check passed" + (f" (risks to weigh: {', '.join(risks)})" if risks else "")
+    idle = [f.check for f in findings if f.status == "not-applicable"]
+    return Verdict.NO_LEAK, "every check that applies passed" + (f" (risks to weigh: {', '.join(risks)})" if risks else "") \
+        + (f" (not applicable: {', '.join(idle)})" if idle else "")

@@ -55,7 +55,7 @@ def _reid(result: AttackResult, name: str) -> str:
         hits = [h for h in hits if h is not None]
         return f"({sum(hits)}/{len(hits)}, not counted)" if hits else "—"
     if not test.measurable:
-        return "not measurable"
+        return "no power" if test.statistic.startswith("no power") else "not measurable"
     return f"{test.hits}/{test.trials} (chance {test.chance:.2g}, p {test.p_value:.2g})"
 
 

@@ -32,6 +32,9 @@ from secfed.models.sharing import SharedLayout
 
 PROBE_FIT = 1e-2  # an analytic probe "fits" when its model explains the layer to this relative error (float32)
 INVERSION_FIT = 0.05  # gradient inversion: 1 − cos(predicted, observed update)
+# ... and its reconstructions' batch statistics against those the update reveals (relative): true
+# pictures reproduce them exactly for the steps the attack unrolls; noise that matches the gradient does not
+RECONSTRUCTION_FIT = 0.05
 MODEL_INVERSION_FIT = 0.25  # DeepInversion: relative BatchNorm-statistics mismatch
 FEATURE_FIT = 0.05  # feature inversion: 1 − cos(feature, target)
 DFS_FIT = 0.1  # DFS linkage: relative mismatch of the DFS rebuilt from the linked identities
@@ -77,6 +80,9 @@ def attack_update(*, model: nn.Module, layout: SharedLayout, start: torch.Tensor
     seed_features, seed_linear = None, None
 
     for linear, bn in linear_then_batchnorm(model, layout):
+        if watch.expired:
+            notes.append(f"probe neck-bn on {linear}: not run, the time limit was reached")
+            continue
         w = Stopwatch()
         probe = neck_probe(model, layout, linear, bn, start_d, observed_d, steps, scale)
         if not probe.applicable or probe.inputs is None:
@@ -98,6 +104,9 @@ def attack_update(*, model: nn.Module, layout: SharedLayout, start: torch.Tensor
 
     neck_input = {lin for lin, _ in linear_then_batchnorm(model, layout)}
     for layer in linear_with_bias(model, layout):
+        if watch.expired:
+            notes.append(f"probe linear-bias on {layer}: not run, the time limit was reached")
+            continue
         w = Stopwatch()
         grads = steps.gradient_of_one_step({k: observed_d[k] for k in (f"{layer}.weight", f"{layer}.bias")}, start_d, scale)
         space = "embedding" if layer.startswith("classifier") else "neck-input" if layer in neck_input else ""
@@ -118,6 +127,9 @@ def attack_update(*, model: nn.Module, layout: SharedLayout, start: torch.Tensor
             assumptions={**assumptions, "model": "one local step"},
             metrics={"inputs_recovered": probe.batch_estimate}, tests=tests, per_image=rows), w))
 
+    if watch.expired:
+        notes.append("inversion:gradient: not run, the time limit was reached")
+        return results, notes
     w = Stopwatch(watch.remaining * (1 - JUDGING))
     problem = InversionProblem(copy.deepcopy(model), layout, start_d, observed_d, clients, scale,
                                seed_features, seed_linear)
@@ -126,10 +138,11 @@ def attack_update(*, model: nn.Module, layout: SharedLayout, start: torch.Tensor
                              restarts=budget.restarts, max_dummies=budget.max_dummies, stopwatch=w, seed=seed,
                              fit_threshold=INVERSION_FIT, feature_iterations=budget.feature_iterations)
     rows, tests = judge.judge_images(out.images, victims)
-    verdict, reason = decide(tests, out.residual, INVERSION_FIT, complete=True)
+    verdict, reason = decide(tests, out.residual, INVERSION_FIT, complete=True,
+                             reconstruction=(out.bn_residual, RECONSTRUCTION_FIT))
     result = AttackResult(
         "inversion:gradient", target, verdict, reason, out.residual, "1 − cos(simulated, observed update)",
-        INVERSION_FIT, True, out.iterations, out.restarts,
+        INVERSION_FIT, True, out.bn_residual, RECONSTRUCTION_FIT, out.iterations, out.restarts,
         assumptions={**assumptions, "model": "unrolled local steps" if out.exact_model
                      else "one-step approximation of the local steps", "probe_seeded": seed_features is not None},
         metrics={"dummies": out.dummies, "bn_residual": out.bn_residual, "residual_per_restart": out.residual_per_restart,
@@ -172,6 +185,8 @@ def attack_weights(*, model: nn.Module, judge: Judge, client_images: Sequence[in
     base = {"adversary": "anyone holding the global model (server, every client)",
             "bn_statistics": "shared: the global running statistics are matched" if bn_shared
             else "local: the global model holds none (the attack has nothing to match)"}
+    if watch.expired:
+        return results, ["inversion:model: not run, the time limit was reached"]
     if unconditional and bn_shared:
         w = watch.share(0.5 if head is not None else 1.0)
         out = deep_inversion(model, images=budget.model_inversion_images, image_shape=shape,  # type: ignore[arg-type]
@@ -187,7 +202,9 @@ def attack_weights(*, model: nn.Module, judge: Judge, client_images: Sequence[in
             images=_grid_images(judge, out.images, rows)), w))
     elif unconditional:
         notes.append("inversion:model: BatchNorm statistics are local, the global model carries none to match")
-    if head is not None and head_labels is not None:
+    if head is not None and head_labels is not None and watch.expired:
+        notes.append("inversion:model+head: not run, the time limit was reached")
+    elif head is not None and head_labels is not None:
         w = Stopwatch(watch.remaining)
         labels = head_labels.cpu()
         counts = torch.bincount(labels)

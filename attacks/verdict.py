@@ -1,19 +1,28 @@
 """Verdicts, and the one rule that turns an attack's outcome into one.
 
     LEAK                       the attack re-identified people (or linked an identity to the client)
-                               significantly more often than chance — whatever its residual
-    NO-LEAK-AT-THIS-STRENGTH   the attack fitted what it attacked (its own residual is below its fit
-                               threshold), modelled the whole target, and still found nothing
-    INCONCLUSIVE               anything else: the attack did not fit, or it models only part of the
-                               target (a probe that finds nothing proves nothing)
+                               significantly more often than chance, or reconstructed a victim's own
+                               picture (image-level match: :data:`secfed.attacks.judge.IMAGE_SSIM`) —
+                               whatever its residual
+    NO-LEAK-AT-THIS-STRENGTH   the attack fitted what it attacked — its own residual is below its fit
+                               threshold AND, for gradient inversion, what it reconstructed reproduces
+                               the update's batch statistics (a fit is judged on the pictures, not on
+                               the gradient alone) — modelled the whole target, ran a test with the
+                               power to find a leak, and found nothing
+    INCONCLUSIVE               anything else, with the reason: the attack did not fit, its pictures do
+                               not explain the update, it models only part of the target (a probe
+                               that finds nothing proves nothing), or no test had power (no other
+                               picture of a victim to find; a gallery too small for p < ALPHA)
 
-An attack that did not fit its target never says "safe". A target's verdict is LEAK if any of its
-attacks says LEAK, NO-LEAK-AT-THIS-STRENGTH if one says so and none leaks, INCONCLUSIVE otherwise.
+An attack that did not fit its target, or whose tests could not have found a leak, never says
+"safe". A target's verdict is LEAK if any of its attacks says LEAK, NO-LEAK-AT-THIS-STRENGTH if one
+says so and none leaks, INCONCLUSIVE otherwise.
 
 "Significantly" is a one-sided test at level :data:`ALPHA`: for reconstructions, how high the first
 picture of a victim's identity ranks among the gallery, against a random ranking (per image, then
 combined: :mod:`secfed.attacks.judge`); for membership, a rank test of member against non-member
-scores.
+scores. The image-level match is a threshold test, calibrated on negatives
+(``tests/attacks/test_judge.py::test_image_match_threshold_is_never_crossed_by_negatives``).
 """
 
 from __future__ import annotations
@@ -49,14 +58,18 @@ class LeakTest:
     chance: float = 0.0
     p_value: float = 1.0
     statistic: str = ""  # what was counted, in words
+    threshold: bool = False  # a threshold test: any hit is a leak (no p-value; calibrated on negatives)
 
     @property
     def significant(self) -> bool:
+        if self.threshold:
+            return self.measurable and self.hits > 0
         return self.measurable and self.p_value < ALPHA
 
     def to_dict(self) -> dict[str, Any]:
         return {"measurable": self.measurable, "hits": self.hits, "trials": self.trials, "chance": self.chance,
-                "p_value": self.p_value, "significant": self.significant, "statistic": self.statistic}
+                "p_value": None if self.threshold else self.p_value, "significant": self.significant,
+                "statistic": self.statistic, "rule": "threshold" if self.threshold else f"p < {ALPHA}"}
 
 
 def no_test(reason: str) -> LeakTest:
@@ -75,6 +88,9 @@ class AttackResult:
     residual_kind: str
     fit_threshold: float | None
     complete: bool  # whether the attack models the whole target (only then may it say NO-LEAK)
+    # what the reconstructions themselves reproduce (gradient inversion: the update's batch statistics)
+    reconstruction_residual: float | None = None
+    reconstruction_threshold: float | None = None
     iterations: int = 0
     restarts: int = 0
     cpu_seconds: float = 0.0
@@ -89,12 +105,18 @@ class AttackResult:
 
     @property
     def fitted(self) -> bool:
-        return self.residual is not None and self.fit_threshold is not None and self.residual <= self.fit_threshold
+        if self.residual is None or self.fit_threshold is None or self.residual > self.fit_threshold:
+            return False
+        if self.reconstruction_threshold is None:
+            return True
+        return self.reconstruction_residual is not None and self.reconstruction_residual <= self.reconstruction_threshold
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "attack": self.attack, "target": self.target, "verdict": str(self.verdict), "reason": self.reason,
             "residual": self.residual, "residual_kind": self.residual_kind, "fit_threshold": self.fit_threshold,
+            "reconstruction_residual": self.reconstruction_residual,
+            "reconstruction_threshold": self.reconstruction_threshold,
             "fitted": self.fitted, "complete": self.complete, "iterations": self.iterations,
             "restarts": self.restarts, "cpu_seconds": round(self.cpu_seconds, 3),
             "wall_seconds": round(self.wall_seconds, 3), "assumptions": self.assumptions, "metrics": self.metrics,
@@ -104,9 +126,14 @@ class AttackResult:
 
 
 def decide(tests: dict[str, LeakTest], residual: float | None, fit_threshold: float | None,
-           complete: bool) -> tuple[Verdict, str]:
-    """The verdict of one attack from its leak tests and its own fit."""
+           complete: bool, reconstruction: tuple[float | None, float] | None = None) -> tuple[Verdict, str]:
+    """The verdict of one attack from its leak tests and its own fit. ``reconstruction``: (residual,
+    threshold) of what the attack reconstructed, for attacks whose own residual can be driven down
+    without reconstructing anything (gradient inversion); a residual of None: nothing to check it on."""
     for name, test in tests.items():
+        if test.significant and test.threshold:
+            return Verdict.LEAK, f"{name}: {test.hits}/{test.trials} reconstruction(s) match a victim's own picture " \
+                f"({test.statistic})"
         if test.significant:
             return Verdict.LEAK, (f"{name}: p = {test.p_value:.2g} < {ALPHA} ({test.hits}/{test.trials} at rank 1, "
                                   f"chance {test.chance:.2g})")
@@ -115,10 +142,22 @@ def decide(tests: dict[str, LeakTest], residual: float | None, fit_threshold: fl
         shown = "n/a" if residual is None else f"{residual:.3g}"
         limit = "" if fit_threshold is None else f" > fit threshold {fit_threshold:.3g}"
         return Verdict.INCONCLUSIVE, f"the attack did not fit its target (residual {shown}{limit}); it proves nothing"
+    if reconstruction is not None:
+        value, limit = reconstruction
+        if value is None:
+            return Verdict.INCONCLUSIVE, (f"the update fitted (residual {residual:.3g}) but nothing checks what was "
+                                          "reconstructed (no batch statistics in the update): a gradient fit alone "
+                                          "proves nothing")
+        if value > limit:
+            return Verdict.INCONCLUSIVE, (f"the update fitted (residual {residual:.3g}) but the reconstructions do not "
+                                          f"reproduce its batch statistics ({value:.3g} > {limit:.3g}): they are not "
+                                          "the pictures behind it, so finding no one proves nothing")
     if not complete:
         return Verdict.INCONCLUSIVE, "the attack fitted only part of the target and found nothing there"
-    if not any(t.measurable for t in tests.values()):
-        return Verdict.INCONCLUSIVE, "the attack fitted, but re-identification could not be measured"
+    # An image-level match can only say LEAK; a clean bill needs a re-identification test with power.
+    if not any(t.measurable and not t.threshold for t in tests.values()):
+        why = "; ".join(f"{name}: {t.statistic}" for name, t in tests.items() if not t.threshold) or "no test ran"
+        return Verdict.INCONCLUSIVE, f"the attack fitted, but no test had the power to find a leak ({why})"
     return Verdict.NO_LEAK, f"the attack fitted (residual {residual:.3g} ≤ {fit_threshold:.3g}) and re-identified no one above chance"
 
 

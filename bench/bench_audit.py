@@ -125,7 +125,7 @@ def summarise(results: list) -> dict[str, Any]:
     verdict, reason = target_verdict(results)
     out: dict[str, Any] = {"verdict": str(verdict), "reason": reason, "attacks": {}}
     for r in results:
-        p = min((t.p_value for t in r.tests.values() if t.measurable), default=1.0)
+        p = min((t.p_value for t in r.tests.values() if t.measurable and not t.threshold), default=1.0)
         out["attacks"][r.attack] = {"verdict": str(r.verdict), "residual": r.residual, "iterations": r.iterations,
                                     "restarts": r.restarts, "cpu_seconds": round(r.cpu_seconds, 1), "p": p,
                                     "psnr": r.metrics.get("psnr_mean"), "ssim": r.metrics.get("ssim_mean")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from click.testing import CliRunner
 from secfed.cli.main import cli
 from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec
+
+SLACK = 3.0  # seconds past --time-limit: an attack's judging, begun before the deadline, and the report
 
 TARGETS = {"protocol", "update", "sum", "weights", "weights+head", "dfs"}
 
@@ -43,7 +46,7 @@ def test_recorded_broadcasts_and_uploads_rebuild_the_round(recorded_run: Path) -
 def test_a_quick_audit_writes_its_report_and_gates_on_the_verdict(recorded_run: Path, tmp_path: Path) -> None:
     before = _files(recorded_run)
     out = tmp_path / "report"
-    code, stdout, output = _audit(str(recorded_run), "--budget", "quick", "--time-limit", "6", "--out", str(out),
+    code, stdout, output = _audit(str(recorded_run), "--budget", "quick", "--time-limit", "15", "--out", str(out),
                                   "--json", "--save-images", "--fail-on", "inconclusive")
     report = json.loads(stdout)
     verdicts = report["verdicts"]
@@ -94,3 +97,19 @@ def test_requests_the_run_cannot_answer_are_usage_errors(recorded_run: Path, tmp
 def test_a_missing_run_is_a_usage_error(tmp_path: Path) -> None:
     code, _, output = _audit(str(tmp_path / "nowhere"))
     assert code == 2 and "no such run directory" in output
+
+
+def test_the_time_limit_holds_from_the_command_s_start_across_every_target(recorded_run: Path, tmp_path: Path) -> None:
+    """--time-limit is wall-clock from the command's start, whatever the targets: opening the run,
+    re-deriving or reading the round, building the gallery, every attack and the report together."""
+    limit = 6.0
+    started = time.monotonic()
+    code, _, output = _audit(str(recorded_run), "--budget", "quick", "--time-limit", str(limit), "--out",
+                             str(tmp_path / "timed"))
+    took = time.monotonic() - started
+    assert code == 0, output
+    report = json.loads((tmp_path / "timed" / "audit.json").read_text())
+    assert took <= limit + SLACK, f"{took:.1f} s for a {limit} s limit"
+    assert report["seconds"]["wall"] <= limit + SLACK
+    skipped = [t for t in report["targets"] if t["reason"].startswith("not attacked")]
+    assert all(t["verdict"] == "INCONCLUSIVE" for t in skipped)  # not attacked is never safe

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from secfed.algorithms import base_method
-from secfed.attacks.controls import gallery_of
-from secfed.attacks.judge import Judge
+from secfed.attacks.controls import gallery_of, noise_images, photographs
+from secfed.attacks.judge import IMAGE_SSIM, Judge
 from secfed.attacks.verdict import ALPHA
 from secfed.config import RunConfig
 from secfed.data.augment import crop_flip
@@ -39,8 +39,10 @@ def test_the_rank_p_value_is_the_chance_of_so_early_a_match(two_people, toy_conf
     big_n, m = n - 1, len(same)  # only the queried victim is left out
     assert rows[0]["embedding_first_match_rank"] == 5
     expected = 1 - math.comb(big_n - m, 5) / math.comb(big_n, 5)
-    assert math.isclose(tests["reid-embedding"].p_value, expected, rel_tol=1e-9)
-    assert not rows[0]["embedding_hit"] and tests["reid-embedding"].hits == 0
+    assert math.isclose(rows[0]["embedding_rank_p"], expected, rel_tol=1e-9)
+    assert not rows[0]["embedding_hit"]
+    # one query among so few pictures could never reach p < ALPHA: the test says it has no power
+    assert not tests["reid-embedding"].measurable and "no power" in tests["reid-embedding"].statistic
 
 
 def test_other_pictures_of_the_victims_identify_them_and_noise_does_not(two_people, toy_config: RunConfig) -> None:
@@ -86,3 +88,26 @@ def test_aimed_reconstructions_are_tested_crosswise_so_a_hub_proves_nothing(peop
     _, hub = judge.judge_targeted(pictures[:1].expand(4, -1, -1, -1).contiguous(), targets,
                                   [i for w in where[:4] for i in w])
     assert hub["reid-pixels"].p_value > 0.2
+
+
+def _photo_gallery(cfg: RunConfig) -> tuple[Judge, torch.Tensor, list[int]]:
+    """Natural photographs (not the generator's), each crop its own person with no other picture."""
+    photos = photographs(32, 16, per_photo=2)
+    gallery, where = gallery_of([(f"photo/{i}", photos[i:i + 1]) for i in range(len(photos))], own=[True] * len(photos))
+    return _judge(gallery, cfg), photos, [where[0][0], where[5][0]]
+
+
+def test_image_match_threshold_is_never_crossed_by_negatives(toy_config: RunConfig) -> None:
+    """Calibration of IMAGE_SSIM / IMAGE_PSNR: unrelated photographs, flat images and noise never match
+    a victim's own picture; a blurred copy of it does — with no other picture of anyone to re-identify by."""
+    judge, photos, victims = _photo_gallery(toy_config)
+    flat = torch.stack([torch.full((3, 32, 16), v, dtype=torch.uint8) for v in (20, 128, 235)])
+    negatives = torch.cat([photos[[i for i in range(len(photos)) if i not in victims]], flat, noise_images(4, 32, 16)])
+    rows, tests = judge.judge_images(negatives, victims)
+    assert tests["image-match"].hits == 0 and not tests["image-match"].significant
+    assert max(r["ssim"] for r in rows) < IMAGE_SSIM  # the threshold lies above every negative
+    assert all(not t.measurable and "no power" in t.statistic for k, t in tests.items() if k.startswith("reid"))
+    blurred = F.avg_pool2d(photos[victims].float(), 3, 1, 1).round().to(torch.uint8)
+    rows, tests = judge.judge_images(blurred, victims)
+    assert tests["image-match"].hits == 2 and tests["image-match"].significant
+    assert all(r["ssim"] >= IMAGE_SSIM and r["image_match"] for r in rows)

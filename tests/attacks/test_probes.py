@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -134,3 +136,23 @@ def test_a_shared_classifier_hands_over_each_label_s_feature(people, toy_config:
     truth = seen[0]  # the deep copy the client trained carries the hook along
     for x in probe.inputs:
         assert float(((truth - x).norm(dim=1) / truth.norm(dim=1)).min()) < 1e-2
+
+
+def test_neck_probe_fits_a_decayed_round_whatever_step_size_it_was_told(two_people, toy_config: RunConfig) -> None:
+    """A later round's decayed learning rate (or an update shortened by a clip): weight decay and
+    Nesterov's first step are removed with the step size the update itself implies, so one step on
+    two images still reads as rank one — even when the adversary was told the undecayed rate."""
+    _, _, images = two_people
+    toy_config.schedule.rounds = 4  # one decay (×0.1) at round 3
+    model = _model(toy_config)
+    ctl = client_update(toy_config, model, images, torch.tensor([0, 1]), seed=4, round_index=3)
+    told = replace(ctl.steps, lr_backbone=ctl.steps.lr_backbone * 10, lr_new=ctl.steps.lr_new * 10)
+    start, delta = ctl.layout.unflatten(ctl.start), ctl.layout.unflatten(ctl.update)
+    probe = neck_probe(model, ctl.layout, "neck.0", "neck.1", start, delta, told)
+    assert probe.residual is not None and probe.residual < PROBE_FIT
+    assert probe.details["weight_gradient_rank"] == 1
+    assert abs(probe.details["step_size_vs_schedule"] - 0.1) < 1e-3
+    truth = ctl.neck_inputs
+    assert truth is not None and probe.inputs is not None
+    err = min((probe.inputs - truth).norm(), (probe.inputs.flip(0) - truth).norm()) / truth.norm()
+    assert err < 1e-2

@@ -73,3 +73,17 @@ def test_a_plain_channel_and_a_private_log_are_reported_as_such() -> None:
     assert _status(findings, "secure-aggregation") == "risk"
     assert _status(findings, "dropout-differencing") == "not-checked"
     assert _status(findings, "participation-metadata") == "pass"
+
+
+def test_turning_on_client_level_dp_never_makes_the_protocol_verdict_worse() -> None:
+    """A DP run logs no cohorts: dropout-differencing is not applicable there (its ε covers
+    participation), not unchecked — so `--fail-on inconclusive` does not fail the more private run."""
+    plain = protocol_checks(_config(), [_round(t, ["a", "b", "c", "d"]) for t in (1, 2)], {})
+    cfg = RunConfig()
+    cfg.privacy.noise_multiplier = 1.0
+    dp_log = [{"round": t, "contributors": 4, "outside_epsilon": ["contributors"]} for t in (1, 2)]
+    private = protocol_checks(cfg.to_dict(), dp_log, {})
+    assert _status(private, "dropout-differencing") == "not-applicable"
+    assert protocol_verdict(plain)[0] is Verdict.NO_LEAK
+    verdict, reason = protocol_verdict(private)
+    assert verdict is Verdict.NO_LEAK and "not applicable: dropout-differencing" in reason

@@ -52,3 +52,34 @@ def test_target_verdict_takes_the_worst_news_first() -> None:
     verdict, reason = target_verdict([_result(Verdict.INCONCLUSIVE, 0.3), _result(Verdict.INCONCLUSIVE, 0.9)])
     assert verdict is Verdict.INCONCLUSIVE and "0.3" in reason
     assert target_verdict([])[0] is Verdict.INCONCLUSIVE
+
+
+def test_a_gradient_fit_whose_pictures_do_not_explain_the_update_proves_nothing() -> None:
+    """The review's case: 1 − cos = 0.011 under the fit threshold, but the reconstructions are not the
+    pictures behind the update (their batch statistics do not match): INCONCLUSIVE, not NO-LEAK."""
+    verdict, reason = decide({"reid-embedding": CHANCE}, residual=0.011, fit_threshold=0.05, complete=True,
+                             reconstruction=(0.8, 0.05))
+    assert verdict is Verdict.INCONCLUSIVE and "do not reproduce" in reason
+    verdict, reason = decide({"reid-embedding": CHANCE}, residual=0.011, fit_threshold=0.05, complete=True,
+                             reconstruction=(None, 0.05))
+    assert verdict is Verdict.INCONCLUSIVE and "gradient fit alone" in reason
+    assert decide({"reid-embedding": CHANCE}, residual=0.011, fit_threshold=0.05, complete=True,
+                  reconstruction=(0.01, 0.05))[0] is Verdict.NO_LEAK
+    result = AttackResult("inversion:gradient", "update", Verdict.INCONCLUSIVE, "", 0.011, "r", 0.05, True,
+                          reconstruction_residual=0.8, reconstruction_threshold=0.05)
+    assert not result.fitted
+
+
+def test_without_power_the_verdict_says_why_and_an_image_match_is_a_leak_of_its_own() -> None:
+    """No other picture of a victim: re-identification cannot be tested, so no NO-LEAK — even with an
+    image-level test that found nothing; an image-level match is a LEAK without any p-value."""
+    no_power = no_test("no power: the gallery holds no other picture of the victims")
+    clean = LeakTest(True, 0, 2, 0.0, 1.0, "ssim", threshold=True)
+    verdict, reason = decide({"image-match": clean, "reid-pixels": no_power}, residual=0.0, fit_threshold=0.05,
+                             complete=True)
+    assert verdict is Verdict.INCONCLUSIVE and "no power" in reason
+    match = LeakTest(True, 1, 2, 0.0, 0.0, "ssim", threshold=True)
+    verdict, reason = decide({"image-match": match, "reid-pixels": no_power}, residual=0.9, fit_threshold=0.05,
+                             complete=True)
+    assert verdict is Verdict.LEAK and "victim's own picture" in reason
+    assert match.to_dict()["p_value"] is None and match.to_dict()["rule"] == "threshold"
