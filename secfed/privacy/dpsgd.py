@@ -22,6 +22,16 @@ What Opacus needs, and how secfed meets it:
 * **Every trained parameter goes through the private optimiser,** the local classifier included: a
   non-private head would feed data into later private backbone steps.
 
+Only Opacus' public API is used (``GradSampleModuleExpandedWeights``, ``DPOptimizer``,
+``ModuleValidator``, the RDP accountant). Its front door ``PrivacyEngine.make_private`` is not: it
+builds its own data loader whose Poisson batches and noise come from torch's generator (secure only
+with the unmaintained torchcsprng), while secfed draws the noise from its NoiseSource and trains on
+index batches of tensors already on the device. :func:`make_private` composes the same parts.
+
+The framework, not a method, applies DP-SGD: a client's step runs inside
+:func:`private_local_training`, and :func:`secfed.algorithms.base.train_loop` privatises itself
+there (:meth:`LocalDpSgd.privatise`), for any method.
+
 The wrapped module prefixes parameter names with ``_module.``; it shares its parameters with the
 plain model, so keep using the plain model's ``state_dict()`` for the shared weights, or map names with
 :func:`plain_name`.
@@ -279,9 +289,9 @@ class LocalDpSgd:
         some other way is refused before anything is uploaded, so no ε of 0 is ever reported for a
         client whose model trained."""
         if steps > self.accounted_steps or (trained and self.accounted_steps == 0):
-            raise DpSgdUnsupported(self.method, f"its local training took optimiser steps outside secfed's "
-                                   f"train_loop ({self.accounted_steps} of {max(steps, 1)} clipped, noised and "
-                                   "accounted); train through train_loop, or declare `dp_sgd_unsupported`")
+            raise DpSgdUnsupported(self.method, f"its local training trained outside secfed's train_loop ({steps} "
+                                   f"steps reported, {self.accounted_steps} clipped, noised and accounted); train "
+                                   "through train_loop, or declare `dp_sgd_unsupported`")
 
     def privatise(self, model: nn.Module, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> PrivateLoop:
         """DP-SGD for the loop: Poisson batches of expected size B (rate q = B/n, round(1/q) steps per
