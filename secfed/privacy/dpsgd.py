@@ -266,8 +266,8 @@ class PrivateLoop:
 class LocalDpSgd:
     """One client's local training under DP-SGD, as the framework runs it around *any* method's
     ``local_train``: :func:`secfed.algorithms.base.train_loop` finds it (:func:`active`) and privatises
-    its loop; on leaving, :func:`private_local_training` checks that the model moved only by steps the
-    accountant counted."""
+    its loop; afterwards the caller's :meth:`check` refuses a model that moved by steps the accountant
+    did not count."""
 
     dp: ClientDpSgd
     num_examples: int
