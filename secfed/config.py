@@ -497,6 +497,8 @@ def _cross_field_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
 
     if meth.algorithm not in METHODS:
         yield ConfigIssue("method.algorithm", f"unknown method {meth.algorithm!r}; known: {', '.join(METHODS)}")
+    elif cfg.privacy.dp_sgd and (why := METHODS[meth.algorithm].dp_sgd_unsupported):
+        yield ConfigIssue("privacy.dp_sgd", f"method {meth.algorithm!r} does not support `privacy.dp_sgd`: {why}")
     if m.bn_stats == "local" and d.scenario != "by-dataset":
         yield ConfigIssue("model.bn_stats", "local BatchNorm statistics need `data.scenario` by-dataset "
                           "(each evaluated domain must belong to exactly one client)")

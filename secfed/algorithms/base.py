@@ -15,8 +15,11 @@ backbone and neck shared, weights n_k/n). Methods override what differs; options
 method (KD, CDW) wrap one (:class:`MethodWrapper`), as Flower's mods wrap a message handler.
 
 The local training loop (:func:`train_loop`) is the same for every method: batches in, a loss out,
-an optimiser step. Example-level DP-SGD swaps three of its parts (the module, the optimiser, the
-batches) for Opacus' private versions (:func:`secfed.privacy.dpsgd.privatise`) and nothing else.
+an optimiser step. Example-level DP-SGD is the framework's, not a method's: the client runs the
+method's step inside :func:`secfed.privacy.dpsgd.private_local_training`, and every ``train_loop``
+there swaps three of its parts (the module, the optimiser, the batches) for Opacus' private
+versions — whatever the method. A method whose loss is not a mean of per-example terms says so
+(``dp_sgd_unsupported``) and ``--dp-sgd`` is refused naming it before any data is read.
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ from secfed.data.augment import TrainAugment, epoch_batches
 from secfed.federation.messages import MODEL, Aggregate, Broadcast, Contribution, Summand, TrainStats
 from secfed.models.reid import ReIDModel, make_classifier
 from secfed.models.sharing import SharedLayout, load_shared, shared_layout
+from secfed.privacy import dpsgd
 
 if TYPE_CHECKING:
     from secfed.config import RunConfig
     from secfed.privacy.dpsgd import ClientDpSgd
 
 Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+Penalty = Callable[[nn.Module], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -122,34 +127,45 @@ def train_loop(
     loss_fn: Loss,
     generator: torch.Generator,
     *,
-    empty_step: Callable[[], None] | None = None,
+    penalty: Penalty | None = None,
 ) -> TrainStats:
     """The local loop every method runs: for each index batch, the loss, backward, a step.
 
     ``loss_fn(model, uint8 batch, targets, generator)`` augments as it needs (``generator`` drives
-    it); ``empty_step`` handles an empty (Poisson) batch under DP-SGD. Loss and accuracy are
+    it). ``penalty(model)`` is a term of the loss that depends on the weights alone, never on the
+    data (FedProx's proximal term). Under the framework's DP-SGD (:func:`secfed.privacy.dpsgd.active`)
+    the loop trains privately: ``loss_fn`` gets Opacus' per-example module, the batches are Poisson
+    (the method's ``batches`` are not used), an empty one takes a noise-only step, and the penalty's
+    gradient joins the clipped, noised one unclipped (post-processing). Loss and accuracy are
     accumulated on the device (no host synchronisation per step).
     """
+    plain, private = model, None
+    if (session := dpsgd.active()) is not None:
+        private = session.privatise(model, optimizer, generator)
+        model, optimizer, batches = private.module, private.optimizer, private.batches
     model.train()
     total_loss = torch.zeros((), dtype=torch.float64, device=labels.device)
     correct = torch.zeros((), dtype=torch.int64, device=labels.device)
     examples = steps = 0
     for index in batches:
-        if len(index) == 0:
-            assert empty_step is not None, "an empty batch needs DP-SGD's noise-only step"
-            empty_step()
-            steps += 1
-            continue
-        targets = labels[index]
         optimizer.zero_grad(set_to_none=True)  # before the forward: DP-SGD's per-example grads must be clear
-        loss, logits = loss_fn(model, images[index], targets, generator)
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(steps + 1, float(loss.detach()))
-        loss.backward()
+        if len(index) == 0:
+            assert private is not None, "only a Poisson batch (DP-SGD) is ever empty"
+            private.empty_batch()
+        else:
+            targets = labels[index]
+            loss, logits = loss_fn(model, images[index], targets, generator)
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(steps + 1, float(loss.detach()))
+            loss.backward()
+            total_loss += loss.detach() * len(index)
+            correct += (logits.detach().argmax(1) == targets).sum()
+            examples += len(index)
+        if private is not None:
+            private.check_per_example()
+        if penalty is not None:
+            penalty(plain).backward()
         optimizer.step()
-        total_loss += loss.detach() * len(index)
-        correct += (logits.detach().argmax(1) == targets).sum()
-        examples += len(index)
         steps += 1
     optimizer.zero_grad(set_to_none=True)  # also drops DP-SGD's per-example gradients
     return TrainStats(float(total_loss) / max(examples, 1), int(correct) / max(examples, 1), examples, steps)
@@ -173,6 +189,10 @@ class Method:
     name: ClassVar[str] = "supervised"
     shared_prefixes: ClassVar[tuple[str, ...]] = ("backbone.", "neck.")
     uses_global_labels: ClassVar[bool] = False  # one classifier over every client's identities (FedAvg)
+    # Why the method's local training cannot run under the framework's example-level DP-SGD (its
+    # loss couples examples, or it trains outside train_loop); None: it can. --dp-sgd is refused
+    # naming the method and this reason before any data is read.
+    dp_sgd_unsupported: ClassVar[str | None] = None
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -202,22 +222,14 @@ class Method:
         """Load the global shared weights into the site's model (its local tensors stay)."""
         load_shared(site.model, layout, broadcast.weights)
 
-    def local_train(self, site: Site, schedule: Schedule, seed: int, dp: ClientDpSgd | None = None,
-                    model: nn.Module | None = None) -> TrainStats:
+    def local_train(self, site: Site, schedule: Schedule, seed: int, model: nn.Module | None = None) -> TrainStats:
         """E local epochs of identity classification; ``model`` defaults to the site's (the local-only
         baseline passes its own). Every random draw comes from ``seed``."""
         model = site.model if model is None else model
         torch.manual_seed(seed)  # dropout draws from torch's global generator
         generator = torch.Generator().manual_seed(seed)
-        optimizer = make_optimizer(model, schedule)
-        if dp is None:
-            return train_loop(model, optimizer, shuffled_batches(site.num_examples, schedule, generator),
-                              site.images, site.labels, cross_entropy_loss, generator)
-        from secfed.privacy.dpsgd import privatise
-
-        private = privatise(model, optimizer, dp, site.num_examples, schedule, generator)
-        return train_loop(private.module, private.optimizer, private.batches, site.images, site.labels,
-                          cross_entropy_loss, generator, empty_step=private.empty_step)
+        return train_loop(model, make_optimizer(model, schedule), shuffled_batches(site.num_examples, schedule, generator),
+                          site.images, site.labels, cross_entropy_loss, generator)
 
     def weight(self, site: Site) -> float:
         """The client's aggregation weight of its model update: n_k / Σ n (FedPav, MM'20 Alg. 1), or 1
@@ -226,10 +238,12 @@ class Method:
             return 1.0
         return site.num_examples * site.weight_scale
 
-    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule, seed: int,
-                    dp: ClientDpSgd | None = None) -> Contribution:
+    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule,
+                    seed: int) -> Contribution:
+        """Receive, train locally, and contribute the update of the shared weights with the client's weight.
+        (The client runs this inside the framework's DP-SGD when the run asks for it.)"""
         self.receive(site, broadcast, layout)
-        stats = self.local_train(site, schedule, seed, dp)
+        stats = self.local_train(site, schedule, seed)
         update = flat_state(site.model, layout).sub_(broadcast.weights)  # in place: one 4·d-byte buffer, not two
         return Contribution({MODEL: Summand(update, self.weight(site))}, stats=stats)
 
@@ -280,6 +294,7 @@ class MethodWrapper(Method):
         self.shared_prefixes = inner.shared_prefixes  # type: ignore[misc]
         self.uses_global_labels = inner.uses_global_labels  # type: ignore[misc]
         self.name = inner.name  # type: ignore[misc]
+        self.dp_sgd_unsupported = inner.dp_sgd_unsupported  # type: ignore[misc]
         self.public_weights = inner.public_weights
 
     def build_model(self, num_classes: int) -> nn.Module:
@@ -297,16 +312,15 @@ class MethodWrapper(Method):
     def receive(self, site: Site, broadcast: Broadcast, layout: SharedLayout) -> None:
         self.inner.receive(site, broadcast, layout)
 
-    def local_train(self, site: Site, schedule: Schedule, seed: int, dp: ClientDpSgd | None = None,
-                    model: nn.Module | None = None) -> TrainStats:
-        return self.inner.local_train(site, schedule, seed, dp, model)
+    def local_train(self, site: Site, schedule: Schedule, seed: int, model: nn.Module | None = None) -> TrainStats:
+        return self.inner.local_train(site, schedule, seed, model)
 
     def weight(self, site: Site) -> float:
         return self.inner.weight(site)
 
-    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule, seed: int,
-                    dp: ClientDpSgd | None = None) -> Contribution:
-        return self.inner.client_step(site, broadcast, layout, schedule, seed, dp)
+    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule,
+                    seed: int) -> Contribution:
+        return self.inner.client_step(site, broadcast, layout, schedule, seed)
 
     def payloads(self, server_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return self.inner.payloads(server_state)
@@ -347,3 +361,15 @@ def eval_copy(model: nn.Module) -> nn.Module:
 
 def with_summand(contribution: Contribution, name: str, summand: Summand) -> Contribution:
     return replace(contribution, summed={**contribution.summed, name: summand})
+
+
+def train_alone(method: Method, site: Site, schedule: Schedule, seed: int, dp: ClientDpSgd | None) -> TrainStats:
+    """The local-only baseline's round: ``method.local_train`` on ``site`` under the run's DP-SGD (as a
+    federated client's step is), refused unless every step it took was private and accounted."""
+    trainable = [p for p in site.model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in trainable] if dp is not None else []
+    with dpsgd.private_local_training(dp, site.num_examples, schedule, method.name) as session:
+        stats = method.local_train(site, schedule, seed)
+    if session is not None:
+        session.check(stats.steps, any(not torch.equal(a, p.detach()) for a, p in zip(before, trainable, strict=True)))
+    return stats

@@ -25,7 +25,6 @@ from secfed.algorithms.base import Method, MethodWrapper, Schedule, Site, eval_c
 from secfed.data.transforms import normalize
 from secfed.federation.messages import MODEL, Broadcast, Contribution
 from secfed.models.sharing import SharedLayout, load_shared
-from secfed.privacy.dpsgd import ClientDpSgd
 
 
 def logits(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -44,14 +43,14 @@ class CosineDistanceWeight(MethodWrapper):
         super().__init__(inner)
         self.public_weights = False  # m_k is computed from private images and stays inside the sum
 
-    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule, seed: int,
-                    dp: ClientDpSgd | None = None) -> Contribution:
+    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule,
+                    seed: int) -> Contribution:
         generator = torch.Generator().manual_seed(seed ^ 0x5EED_CD)
         batch = site.images[torch.randperm(site.num_examples, generator=generator)[: schedule.batch_size]]
         start = eval_copy(site.model)  # (w, v): the global weights beside the site's own head
         load_shared(start, layout, broadcast.weights)
         before = logits(start, batch)
-        contribution = self.inner.client_step(site, broadcast, layout, schedule, seed, dp)
+        contribution = self.inner.client_step(site, broadcast, layout, schedule, seed)
         m = cosine_distance_weight(before, logits(site.model, batch))
         return replace(contribution, summed={**contribution.summed, MODEL: replace(contribution.summed[MODEL], weight=m)})
 

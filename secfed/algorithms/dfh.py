@@ -52,7 +52,6 @@ from secfed.federation.messages import Aggregate, Broadcast, Contribution, Train
 from secfed.models.reid import ReIDModel
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.dfs import DFS, IFS, ROWS
-from secfed.privacy.dpsgd import ClientDpSgd
 
 PREFIX = "dfs/"  # server state and broadcast payloads: dfs/<client id> → (4, d)
 TABLE = "dfh/table"  # site.extra: this round's DFS table, from the broadcast
@@ -169,6 +168,7 @@ def hallucinated_loss(features: torch.Tensor, labels: torch.Tensor, targets: Tar
 
 class DFH(Method):
     name = "dfh"
+    dp_sgd_unsupported = "its batch-hard triplet losses couple the examples of a batch, so they are not per-example"
 
     def build_model(self, num_classes: int) -> nn.Module:
         m = self.cfg.model
@@ -181,16 +181,13 @@ class DFH(Method):
         site.extra[IFS] = ifs
         site.extra[TABLE] = received_table(broadcast.payloads, ifs.shape[-1])
 
-    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule, seed: int,
-                    dp: ClientDpSgd | None = None) -> Contribution:
-        contribution = super().client_step(site, broadcast, layout, schedule, seed, dp)
+    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule,
+                    seed: int) -> Contribution:
+        contribution = super().client_step(site, broadcast, layout, schedule, seed)
         # The IFS go to the privacy step, which releases the DFS formed from them (and nothing else).
         return replace(contribution, shared={**contribution.shared, IFS: site.extra.pop(IFS)})
 
-    def local_train(self, site: Site, schedule: Schedule, seed: int, dp: ClientDpSgd | None = None,
-                    model: nn.Module | None = None) -> TrainStats:
-        if dp is not None:
-            raise ValueError("DFH has no DP-SGD path: batch-hard triplets are not per-example losses")
+    def local_train(self, site: Site, schedule: Schedule, seed: int, model: nn.Module | None = None) -> TrainStats:
         model = site.model if model is None else model
         table = site.extra.pop(TABLE, {}) if model is site.model else {}
         m = self.cfg.method

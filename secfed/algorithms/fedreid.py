@@ -28,7 +28,6 @@ from secfed.algorithms.base import AUGMENT, Method, Schedule, Site, make_optimiz
 from secfed.federation.messages import Broadcast, TrainStats
 from secfed.models.reid import MappedReIDModel
 from secfed.models.sharing import SharedLayout, load_shared
-from secfed.privacy.dpsgd import ClientDpSgd
 
 EXPERT = "expert"
 
@@ -44,6 +43,8 @@ class _WithExpert(nn.Module):
 class FedReID(Method):
     name = "fedreid"
     shared_prefixes = ("backbone.",)
+    dp_sgd_unsupported = ("its expert distillation trains two models jointly and calls them outside the model's "
+                          "forward pass, so Opacus gets no per-example gradients of it")
 
     def build_model(self, num_classes: int) -> nn.Module:
         m = self.cfg.model
@@ -54,10 +55,7 @@ class FedReID(Method):
         site.extra[EXPERT] = copy.deepcopy(site.model)  # Eq. 10, before Eq. 7 overwrites the embedding
         load_shared(site.model, layout, broadcast.weights)
 
-    def local_train(self, site: Site, schedule: Schedule, seed: int, dp: ClientDpSgd | None = None,
-                    model: nn.Module | None = None) -> TrainStats:
-        if dp is not None:
-            raise ValueError("FedReID has no DP-SGD path: its expert distillation trains two models jointly")
+    def local_train(self, site: Site, schedule: Schedule, seed: int, model: nn.Module | None = None) -> TrainStats:
         model = site.model if model is None else model
         # The local-only baseline (and a first round without a previous local model) starts its
         # expert from the model itself.

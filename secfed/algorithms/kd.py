@@ -26,7 +26,6 @@ from secfed.data.augment import epoch_batches
 from secfed.data.transforms import normalize
 from secfed.federation.messages import Aggregate, Broadcast, Contribution, Summand
 from secfed.models.sharing import SharedLayout, load_shared
-from secfed.privacy.dpsgd import ClientDpSgd
 
 KD = "kd"
 KD_BATCH = 64
@@ -59,9 +58,9 @@ class KnowledgeDistillation(MethodWrapper):
         self.epochs, self.lr, self.seed = epochs, lr, seed
         self._round = 0
 
-    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule, seed: int,
-                    dp: ClientDpSgd | None = None) -> Contribution:
-        contribution = self.inner.client_step(site, broadcast, layout, schedule, seed, dp)
+    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule,
+                    seed: int) -> Contribution:
+        contribution = self.inner.client_step(site, broadcast, layout, schedule, seed)
         self._round = broadcast.round
         labels = soft_labels(site.model, self.public.to(next(site.model.parameters()).device))
         return with_summand(contribution, KD, Summand(labels.reshape(-1), 1.0, bound=SOFT_LABEL_BOUND))

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from secfed.algorithms.base import Method, Schedule, Site, TrainingDiverged
-from secfed.federation.messages import Broadcast, Contribution, TrainStats, Upload
+from secfed.federation.messages import MODEL, Broadcast, Contribution, TrainStats, Upload
 from secfed.models.sharing import SharedLayout
-from secfed.privacy.dpsgd import ClientDpSgd
+from secfed.privacy.dpsgd import ClientDpSgd, private_local_training
 from secfed.privacy.round import ClientPrivacy
 
 
@@ -36,7 +36,13 @@ class ClientSide:
             raise LayoutMismatch(
                 f"client {self.site.name}: broadcast layout {broadcast.layout_id} != own {self.layout.fingerprint()}"
             )
-        contribution = self.method.client_step(self.site, broadcast, self.layout, schedule, seed, self.dp_sgd)
+        site = self.site
+        with private_local_training(self.dp_sgd, site.num_examples, schedule, self.method.name) as dp_sgd:
+            contribution = self.method.client_step(site, broadcast, self.layout, schedule, seed)
+        if dp_sgd is not None:
+            update = contribution.summed.get(MODEL)
+            dp_sgd.check(contribution.stats.steps if contribution.stats else 0,
+                         update is not None and bool(update.vector.any()))
         _check_finite(contribution)
         # The client hashes the weights it received itself rather than trusting the server's word.
         digest = broadcast.weights_hash if self.hash_models else None

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from secfed import atomic_file, tracking
-from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr
+from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr, train_alone
 from secfed.config import ConfigError, RunConfig, from_dict
 from secfed.environment import environment
 from secfed.evaluation.communication import communication_cost
@@ -243,7 +243,7 @@ def _train_rounds(cfg: RunConfig, fed: Federation, run_dir: Path, reporter: Repo
         baseline_stats = {}
         for k, alone in fed.baselines.items():
             try:
-                stats = fed.method.local_train(alone, schedule, derive_seed(cfg.seed, "train", t, k), fed.baseline_dp.get(k))
+                stats = train_alone(fed.method, alone, schedule, derive_seed(cfg.seed, "train", t, k), fed.baseline_dp.get(k))
             except TrainingDiverged as exc:
                 raise RunDiverged(round_number, f"{alone.name} (local-only baseline)", str(exc), run_dir,
                                   schedule.lr_new) from None

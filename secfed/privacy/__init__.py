@@ -18,7 +18,7 @@ from secfed.privacy.distributed import (
     skellam_params,
     to_ring,
 )
-from secfed.privacy.dpsgd import PrivateTraining, dp_compatible, make_private, plain_name, poisson_schedule, privatise
+from secfed.privacy.dpsgd import PrivateTraining, dp_compatible, make_private, plain_name, poisson_schedule
 from secfed.privacy.ledger import PrivacyLedger
 from secfed.privacy.noise import NoiseSource
 from secfed.privacy.policy import DpSgdPlan, PrivacyPlan, resolve
@@ -47,7 +47,6 @@ __all__ = [
     "plain_name",
     "poisson_batches",
     "poisson_schedule",
-    "privatise",
     "poisson_subset",
     "resolve",
     "rotation_seed",

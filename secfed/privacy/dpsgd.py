@@ -23,6 +23,16 @@ What Opacus needs, and how secfed meets it:
 * **Every trained parameter goes through the private optimiser,** the local classifier included: a
   non-private head would feed data into later private backbone steps.
 
+Only Opacus' public API is used (``GradSampleModuleExpandedWeights``, ``DPOptimizer``,
+``ModuleValidator``, the RDP accountant). Its front door ``PrivacyEngine.make_private`` is not: it
+builds its own data loader whose Poisson batches and noise come from torch's generator (secure only
+with the unmaintained torchcsprng), while secfed draws the noise from its NoiseSource and trains on
+index batches of tensors already on the device. :func:`make_private` composes the same parts.
+
+The framework, not a method, applies DP-SGD: a client's step runs inside
+:func:`private_local_training`, and :func:`secfed.algorithms.base.train_loop` privatises itself
+there (:meth:`LocalDpSgd.privatise`), for any method.
+
 The wrapped module prefixes parameter names with ``_module.``; it shares its parameters with the
 plain model, so keep using the plain model's ``state_dict()`` for the shared weights, or map names with
 :func:`plain_name`.
@@ -32,15 +42,16 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from opacus.grad_sample.utils import prepare_module
+from opacus.grad_sample import GradSampleModuleExpandedWeights
 from opacus.optimizers import DPOptimizer
-from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from opacus.validators import ModuleValidator
 from torch import nn
 
@@ -48,7 +59,9 @@ from secfed.privacy.accountant import SampledGaussianAccountant
 from secfed.privacy.noise import NoiseSource, gaussian
 from secfed.privacy.sampling import poisson_batches
 
-GRAD_SAMPLE_MODE = "ew"
+if TYPE_CHECKING:
+    from secfed.algorithms.base import Schedule
+
 _WRAPPER_PREFIX = "_module."
 
 
@@ -111,8 +124,7 @@ class PrivateTraining:
     def empty_step(self) -> None:
         """The step of an empty Poisson batch: no gradient, noise only, and it is accounted."""
         self.optimizer.zero_grad(set_to_none=True)
-        for p in self.optimizer.params:
-            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+        _empty_grad_samples(self.optimizer)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -123,7 +135,13 @@ class PrivateTraining:
 class SecureNoiseDPOptimizer(DPOptimizer):
     """Opacus' DPOptimizer whose Gaussian noise comes from a :class:`~secfed.privacy.noise.NoiseSource`
     generator (AES-CTR keyed by OS entropy, floating-point hardened) instead of torch's generator —
-    Opacus' own ``secure_mode`` needs torchcsprng, which is no longer maintained."""
+    Opacus' own ``secure_mode`` needs torchcsprng, which is no longer maintained.
+
+    A ``p.grad`` present when the step starts is the gradient of train_loop's data-independent
+    ``penalty`` (per-example gradients live in ``p.grad_sample``; the loop refuses any other): it is
+    added to the clipped, noised gradient — post-processing of the private release, so it costs no
+    privacy — where Opacus would overwrite it.
+    """
 
     def __init__(self, *args, noise_generator: np.random.Generator, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -131,11 +149,23 @@ class SecureNoiseDPOptimizer(DPOptimizer):
 
     def add_noise(self) -> None:
         std = self.noise_multiplier * self.max_grad_norm
+        # Opacus marks a noised sum with its private helpers; the same guard through our own attribute
+        # (a sum noised twice means zero_grad was skipped between two steps).
         for p in self.params:
-            _check_processed_flag(p.summed_grad)
+            if getattr(p.summed_grad, "_secfed_noised", False):
+                raise ValueError("gradients were not cleared since the last DP-SGD step: call zero_grad() every step")
+            penalty = p.grad
             noise = gaussian(tuple(p.summed_grad.shape), std, self.noise_generator, device=p.summed_grad.device)
             p.grad = (p.summed_grad + noise.to(p.summed_grad.dtype)).view_as(p)
-            _mark_as_processed(p.summed_grad)
+            if penalty is not None:  # scale_grad divides p.grad by the expected batch size next
+                p.grad.add_(penalty, alpha=self.expected_batch_size * self.accumulated_iterations)
+            p.summed_grad._secfed_noised = True
+
+
+def _empty_grad_samples(optimizer: DPOptimizer) -> None:
+    """Per-example gradients of an empty batch, so that the next step adds noise only."""
+    for p in optimizer.params:
+        p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
 
 
 def make_private(
@@ -173,7 +203,7 @@ def make_private(
     optimised = {id(p) for group in optimizer.param_groups for p in group["params"]}
     if model_params != optimised:
         raise ValueError("the optimiser must hold exactly the model's trainable parameters (a private model trains all of them privately)")
-    module = prepare_module(model, GRAD_SAMPLE_MODE, batch_first=True, loss_reduction="mean")
+    module = GradSampleModuleExpandedWeights(model, batch_first=True, loss_reduction="mean")
     dp_optimizer = SecureNoiseDPOptimizer(
         optimizer,
         noise_multiplier=noise_multiplier,
@@ -202,29 +232,116 @@ class ClientDpSgd:
         return self.accountant.epsilon(self.delta)
 
 
+class DpSgdUnsupported(ValueError):
+    """A method's local training cannot run under example-level DP-SGD as written (names the method)."""
+
+    def __init__(self, method: str, why: str) -> None:
+        self.method = method
+        super().__init__(f"method {method!r} does not support --dp-sgd: {why}")
+
+
 @dataclass
 class PrivateLoop:
-    """The three parts of a local training loop that DP-SGD replaces: module, optimiser, batches."""
+    """The parts of a local training loop that DP-SGD replaces: module, optimiser, batches."""
 
     module: nn.Module
     optimizer: DPOptimizer
     batches: Iterator[torch.Tensor]
-    empty_step: Callable[[], None]
+    method: str
+
+    def empty_batch(self) -> None:
+        """An empty Poisson batch: no per-example gradient; its step adds noise only and is accounted."""
+        _empty_grad_samples(self.optimizer)
+
+    def check_per_example(self) -> None:
+        """After the loss's backward: Opacus' ExpandedWeights leave ``p.grad`` unset and put the gradient
+        in ``p.grad_sample``, so a ``p.grad`` means a loss term reached the weights outside the model's
+        forward pass — a gradient that is neither per-example nor clipped. Refused, never dropped."""
+        if any(p.grad is not None for p in self.optimizer.params):
+            raise DpSgdUnsupported(self.method, "its loss reaches the weights outside the model's forward pass, so "
+                                   "that part of its gradient is not per-example and cannot be clipped (give a "
+                                   "data-independent term to train_loop as `penalty`)")
 
 
-def privatise(model: nn.Module, optimizer: torch.optim.Optimizer, dp: ClientDpSgd, num_examples: int,
-              schedule: Any, generator: torch.Generator) -> PrivateLoop:
-    """DP-SGD for a local loop: Poisson batches of expected size B (rate q = B/n, round(1/q) steps per
-    epoch), per-example clipping, secure Gaussian noise, every step accounted in ``dp.accountant``.
-    The noise and the batches (amplification holds only while they are secret) come from ``dp.noise``;
-    ``generator`` (training randomness) only tells a reproducible NoiseSource this round from others."""
-    rate, steps_per_epoch = poisson_schedule(num_examples, schedule.batch_size)
-    local_round = int(torch.randint(0, 2**62, (1,), generator=generator))
-    private = make_private(
-        model, optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
-        sample_rate=rate, expected_batch_size=schedule.batch_size, accountant=dp.accountant,
-        noise_generator=dp.noise.generator("dp-sgd", local_round),
-    )
-    rng = dp.noise.generator("dp-sgd/batches", local_round)
-    batches = (torch.from_numpy(b) for b in poisson_batches(num_examples, rate, steps_per_epoch * schedule.epochs, rng))
-    return PrivateLoop(private.module, private.optimizer, batches, private.empty_step)
+@dataclass
+class LocalDpSgd:
+    """One client's local training under DP-SGD, as the framework runs it around *any* method's
+    ``local_train``: :func:`secfed.algorithms.base.train_loop` finds it (:func:`active`) and privatises
+    its loop; afterwards the caller's :meth:`check` refuses a model that moved by steps the accountant
+    did not count."""
+
+    dp: ClientDpSgd
+    num_examples: int
+    schedule: Schedule
+    method: str
+    loops: int = 0
+    steps_before: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.steps_before = self.dp.accountant.steps
+
+    @property
+    def accounted_steps(self) -> int:
+        return self.dp.accountant.steps - self.steps_before
+
+    def check(self, steps: int, trained: bool) -> None:
+        """After the local training: ``steps`` optimiser steps the method reports, ``trained`` whether
+        its model changed. Every step must have been a private, accounted one — a method that trains
+        some other way is refused before anything is uploaded, so no ε of 0 is ever reported for a
+        client whose model trained."""
+        if steps > self.accounted_steps or (trained and self.accounted_steps == 0):
+            raise DpSgdUnsupported(self.method, f"its local training trained outside secfed's train_loop ({steps} "
+                                   f"steps reported, {self.accounted_steps} clipped, noised and accounted); train "
+                                   "through train_loop, or declare `dp_sgd_unsupported`")
+
+    def privatise(self, model: nn.Module, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> PrivateLoop:
+        """DP-SGD for the loop: Poisson batches of expected size B (rate q = B/n, round(1/q) steps per
+        epoch), per-example clipping, secure Gaussian noise, every step accounted in ``dp.accountant``.
+        The noise multiplier was calibrated for one such loop per round, so a second one is refused."""
+        if self.loops:
+            raise DpSgdUnsupported(self.method, "its local training runs more than one training loop per round, "
+                                   "beyond the steps the noise multiplier was calibrated for")
+        self.loops += 1
+        dp, schedule = self.dp, self.schedule
+        rate, steps_per_epoch = poisson_schedule(self.num_examples, schedule.batch_size)
+        # ``generator`` (training randomness) only tells a reproducible NoiseSource this loop from others;
+        # the noise and the batches themselves come from the CSPRNG (amplification needs them secret)
+        local_round = int(torch.randint(0, 2**62, (1,), generator=generator))
+        private = make_private(
+            model, optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
+            sample_rate=rate, expected_batch_size=schedule.batch_size, accountant=dp.accountant,
+            noise_generator=dp.noise.generator("dp-sgd", local_round),
+        )
+        batches = private_batches(self.num_examples, rate, steps_per_epoch * schedule.epochs,
+                                  dp.noise.generator("dp-sgd/batches", local_round))
+        return PrivateLoop(private.module, private.optimizer, batches, self.method)
+
+
+def private_batches(num_examples: int, rate: float, steps: int, rng: np.random.Generator) -> Iterator[torch.Tensor]:
+    """The Poisson batches (index tensors) of one private loop, drawn from ``rng`` — the client's
+    CSPRNG noise source, so nothing in the run directory recomputes them."""
+    return (torch.from_numpy(b) for b in poisson_batches(num_examples, rate, steps, rng))
+
+
+_ACTIVE: ContextVar[LocalDpSgd | None] = ContextVar("secfed_local_dp_sgd", default=None)
+
+
+def active() -> LocalDpSgd | None:
+    """The DP-SGD of the local training running in this thread, if any."""
+    return _ACTIVE.get()
+
+
+@contextmanager
+def private_local_training(dp: ClientDpSgd | None, num_examples: int, schedule: Schedule,
+                           method: str) -> Iterator[LocalDpSgd | None]:
+    """Run a method's local training (the block) under example-level DP-SGD when ``dp`` is given:
+    every :func:`~secfed.algorithms.base.train_loop` inside it trains privately, whatever the method.
+    Call :meth:`LocalDpSgd.check` with what the block did before anything leaves the client."""
+    if dp is None:
+        yield None
+        return
+    token = _ACTIVE.set(LocalDpSgd(dp, num_examples, schedule, method))
+    try:
+        yield _ACTIVE.get()
+    finally:
+        _ACTIVE.reset(token)

@@ -218,9 +218,6 @@ def static_issues(cfg: RunConfig) -> list[ConfigIssue]:
         if m.cdw:
             issues.append(ConfigIssue("method.cdw", "cosine distance weights are computed from the client's private "
                                       "images outside DP-SGD, so example-level DP would not cover them"))
-        if m.algorithm in ("fedreid", "dfh"):
-            issues.append(ConfigIssue(KEY["dp_sgd"], f"DP-SGD is implemented for fedpav and fedavg; {m.algorithm}'s "
-                                      "local losses (expert distillation, batch-hard triplets) are not per-example"))
     if m.algorithm == "dfh" and m.dfs_noise > 0 and cfg.model.bn_stats == "local":
         issues.append(ConfigIssue("method.dfs_noise", "the DFS mechanism treats the feature extractor as public, but "
                                   "local BatchNorm statistics come from the client's own images; use `model.bn_stats` "

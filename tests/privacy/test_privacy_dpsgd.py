@@ -128,3 +128,26 @@ def test_refusals() -> None:
     partial = torch.optim.SGD(fixed.backbone.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="exactly the model's trainable parameters"):
         make_private(fixed, partial, noise_multiplier=1.0, max_grad_norm=1.0, sample_rate=0.1, expected_batch_size=4, noise_generator=_noise())
+
+
+def test_a_data_free_penalty_joins_the_clipped_noised_gradient_unclipped() -> None:
+    """train_loop's ``penalty`` (FedProx's proximal term) leaves its gradient in ``p.grad`` before the step;
+    Opacus' DPOptimizer overwrote it, SecureNoiseDPOptimizer adds it to the private mean gradient."""
+    torch.manual_seed(0)
+    plain = nn.Linear(3, 2)
+    twin = copy.deepcopy(plain)
+    images, labels = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+    private = make_private(twin, torch.optim.SGD(twin.parameters(), lr=1.0), noise_multiplier=0.0, max_grad_norm=1e6,
+                           sample_rate=0.5, expected_batch_size=4, noise_generator=_noise())
+    private.optimizer.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(private.module(images), labels).backward()
+    (0.5 * twin.weight.pow(2).sum()).backward()  # the penalty: gradient = w
+    private.optimizer.step()
+    loss = nn.functional.cross_entropy(plain(images), labels) + 0.5 * plain.weight.pow(2).sum()
+    torch.optim.SGD(plain.parameters(), lr=1.0).zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in plain.parameters():
+            p -= p.grad
+    for mine, reference in zip(twin.parameters(), plain.parameters()):
+        torch.testing.assert_close(mine, reference)

@@ -91,7 +91,7 @@ def _hello(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
 
 
 def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
-    from secfed.algorithms.base import TrainingDiverged
+    from secfed.algorithms.base import TrainingDiverged, train_alone
     from secfed.federation import codec
     from secfed.federation.channel import only_shared
     from secfed.federation.runtime import private_logs, schedule_for
@@ -121,7 +121,7 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
             if k in fed.baselines:
                 alone = fed.baselines[k]
                 where = f"{alone.name} (local-only baseline)"
-                got = fed.method.local_train(alone, schedule, derive_seed(cfg.seed, "train", t, k), fed.baseline_dp.get(k))
+                got = train_alone(fed.method, alone, schedule, derive_seed(cfg.seed, "train", t, k), fed.baseline_dp.get(k))
                 baseline[alone.name] = {"loss": got.loss, "accuracy": got.accuracy}
     except TrainingDiverged as exc:  # the server stops the run, as in-process
         return RecordDict({STEP: ConfigRecord({"step": "train", "diverged": json.dumps([where, str(exc)])})})
