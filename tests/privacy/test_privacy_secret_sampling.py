@@ -11,7 +11,7 @@ from torch import nn
 from secfed.algorithms.base import Schedule
 from secfed.config import PrivacyConfig
 from secfed.privacy.accountant import SampledGaussianAccountant
-from secfed.privacy.dpsgd import ClientDpSgd, poisson_schedule, privatise
+from secfed.privacy.dpsgd import ClientDpSgd, LocalDpSgd, poisson_schedule
 from secfed.privacy.noise import NoiseSource
 from secfed.privacy.policy import resolve
 from secfed.privacy.round import ServerPrivacy
@@ -60,16 +60,16 @@ class _Linear(nn.Module):
 
 
 def _batches(training_seed: int, noise: NoiseSource, examples: int, schedule: Schedule) -> list[list[int]]:
-    """The Poisson batches one client's DP-SGD round draws, as privatise hands them to the loop."""
+    """The Poisson batches one client's DP-SGD round draws, as the framework hands them to the loop."""
     model = _Linear()
     dp = ClientDpSgd(1.0, 1.0, 1e-5, SampledGaussianAccountant(), noise)
-    loop = privatise(model, torch.optim.SGD(model.parameters(), lr=0.1), dp, examples, schedule,
-                     torch.Generator().manual_seed(training_seed))
+    loop = LocalDpSgd(dp, examples, schedule, "fedpav").privatise(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator().manual_seed(training_seed))
     return [b.tolist() for b in loop.batches]
 
 
 def test_dp_sgd_batches_are_not_recomputable_from_the_run_seed() -> None:
-    """The old privatise seeded the batches from the training generator, derive_seed(seed, "train", t, k):
+    """The old DP-SGD loop seeded the batches from the training generator, derive_seed(seed, "train", t, k):
     with the batches known, the printed ε 7.96 (n = 474, B = 32, 16 rounds, z = 1) was ≈ 26."""
     examples, schedule = 200, Schedule(0.1, 0.1, epochs=1, batch_size=16)
     training_seed = derive_seed(SEED, "train", 3, 1)
