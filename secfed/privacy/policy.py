@@ -54,7 +54,7 @@ from secfed.config import ConfigError, ConfigIssue, PrivacyConfig
 from secfed.privacy import distributed
 from secfed.privacy.accountant import gaussian_epsilon, noise_for_target_epsilon
 from secfed.privacy.dfs import DfsPlan, plan_dfs
-from secfed.privacy.distributed import RingTooSmall, SkellamParams, skellam_params
+from secfed.privacy.distributed import RingTooSmall, SkellamParams, collusion_bound, fewest_honest_shares, skellam_params
 from secfed.privacy.dpsgd import poisson_schedule
 from secfed.privacy.ledger import PrivacyLedger
 
@@ -67,6 +67,9 @@ SkipRule = Literal["none", "delta", "sensitivity"]
 DEFAULT_DELTA_CAP = 1e-5
 MIN_SECURE_COHORT = 2  # secure aggregation never "aggregates" one client: that sum would be its update
 DESIGN_DROPOUT = 0.1  # the dropout rate secure aggregation's parameters are chosen for, at least
+# ⌊γ·n⌋ of a session's n clients may collude with the server: the bound secure aggregation's parameters
+# are chosen for (protocols.choose_params' default, which the secure channel uses)
+CORRUPT_FRACTION = 0.2
 
 NOT_DP = "β noise alone is not differential privacy: nothing bounds a client's contribution, so no ε is claimed."
 CENTRAL_TRUST = (
@@ -169,6 +172,8 @@ class PrivacyPlan:
     reproducible_noise: bool
     statements: tuple[str, ...]
     dfs: DfsPlan | None = None  # DFH's per-client statistics channel (outside every client-level ε)
+    colluders: int = 0  # distributed DP: noise shares per round the server may subtract (colluding clients)
+    fewest_shares: int = 1  # distributed DP: fewest honest noise shares any released sum holds
 
     def ledger(self) -> PrivacyLedger | None:
         """A fresh client-level ledger, or None when no ε is claimed."""
@@ -176,7 +181,8 @@ class PrivacyPlan:
             return None
         assert self.delta is not None and self.accounted_delta is not None
         if self.mechanism == "skellam":
-            return PrivacyLedger("skellam", self.delta, skellam=self.skellam)
+            return PrivacyLedger("skellam", self.delta, skellam=self.skellam, colluders=self.colluders,
+                                 fewest_shares=self.fewest_shares)
         return PrivacyLedger(
             "gaussian", self.delta, noise_multiplier=self.accounting_noise_multiplier,
             sample_rate=self.accounting_sample_rate, accounted_delta=self.accounted_delta,
@@ -328,6 +334,7 @@ def resolve(
     ring_bits: int = 32,
     design_dropout: float = DESIGN_DROPOUT,
     dfs: tuple[float, float] | None = None,
+    authenticated: bool = True,
 ) -> PrivacyPlan:
     """Check ``cfg`` against the run and derive the privacy plan.
 
@@ -339,6 +346,8 @@ def resolve(
     ``model_dim`` (length of the shared vector) is needed for ``distributed`` and, with
     ``quantiser_scale`` (secure aggregation's ring units per 1.0), for central noise under secure
     aggregation. ``design_dropout``: the dropout rate secure aggregation is dimensioned for.
+    ``authenticated``: secure aggregation's malicious-server mode (its signature quorum bounds how few
+    inputs a released sum holds, see :func:`.distributed.fewest_honest_shares`).
     """
     if num_clients < 1:
         raise ValueError(f"num_clients must be ≥ 1, got {num_clients}")
@@ -375,6 +384,7 @@ def resolve(
 
     statements: list[str] = []
     skellam: SkellamParams | None = None
+    colluders, fewest = 0, 1
     noise_multiplier: float | None = None
     accounting_z: float | None = None
     accounted_delta = delta
@@ -395,18 +405,13 @@ def resolve(
         mechanism, claims = "skellam", True
         accounting_rate, adjacency = 1.0, SKELLAM_ADJACENCY
         assert delta is not None
-        skellam = _skellam(cfg, delta, rounds, fixed_k, sample_rate, num_clients, model_dim, ring_bits)
+        max_cohort = fixed_k if fixed_k is not None else num_clients
+        colluders = collusion_bound(max_cohort, CORRUPT_FRACTION)
+        fewest = fewest_honest_shares(max_cohort, corrupt_fraction=CORRUPT_FRACTION, authenticated=authenticated,
+                                      min_cohort=MIN_SECURE_COHORT)
+        skellam = _skellam(cfg, delta, rounds, fixed_k, sample_rate, num_clients, model_dim, ring_bits, fewest)
         noise_multiplier = accounting_z = skellam.noise_multiplier
-        statements.append(
-            f"Distributed DP: each client clips its whole shared update to L2 ≤ C = {cfg.clip:g} and adds its share of "
-            f"Skellam noise in the integer ring Z_2^{ring_bits} before masking, so the unmasked sum carries noise std "
-            f"z·C = {skellam.sum_noise_std(skellam.contributors):.4g} (z = {noise_multiplier:.4g}, {skellam.contributors} "
-            f"shares) and the server never sees a noise-free sum."
-        )
-        statements.append(
-            f"(ε, δ = {delta:.3g}) by the Skellam RDP bound (Agarwal, Kairouz & Liu 2021), per round without amplification "
-            "by sampling, zero-out adjacency, counting only the noise shares of clients whose input reached the sum."
-        )
+        statements += _skellam_statements(cfg, skellam, delta, ring_bits, colluders, fewest)
     elif formal or (cfg.dp_beta > 0 and cfg.clip is not None and not blockers):
         mechanism = "gaussian" if formal else "beta"
         claims = True
@@ -518,6 +523,8 @@ def resolve(
         reproducible_noise=cfg.reproducible_noise,
         statements=tuple(statements),
         dfs=dfs_plan,
+        colluders=colluders,
+        fewest_shares=fewest,
     )
 
 
@@ -577,10 +584,30 @@ def _selection(cfg: PrivacyConfig, num_clients: int, clients_per_round: int) -> 
     return "poisson", float(cfg.sample_rate), None
 
 
+def _skellam_statements(cfg: PrivacyConfig, skellam: SkellamParams, delta: float, ring_bits: int, colluders: int,
+                        fewest: int) -> list[str]:
+    """What the plan says about distributed Skellam noise: the mechanism, the ε, the collusion bound."""
+    target = ""
+    if cfg.target_epsilon is not None:
+        target = (f" Each share is calibrated so that even a sum of only {fewest} honest shares — the fewest a released "
+                  f"sum can hold, whoever drops out or colludes — keeps ε ≤ the target {cfg.target_epsilon:g}.")
+    return [
+        f"Distributed DP: each client clips its whole shared update to L2 ≤ C = {cfg.clip:g} and adds its share of "
+        f"Skellam noise in the integer ring Z_2^{ring_bits} before masking, so the unmasked sum carries noise std "
+        f"z·C = {skellam.sum_noise_std(skellam.contributors):.4g} (z = {skellam.noise_multiplier:.4g}, "
+        f"{skellam.contributors} shares) and the server never sees a noise-free sum.{target}",
+        f"(ε, δ = {delta:.3g}) by the Skellam RDP bound (Agarwal, Kairouz & Liu 2021), per round without amplification "
+        f"by sampling, zero-out adjacency. It holds against the server colluding with up to c = {colluders} clients "
+        f"(⌊{CORRUPT_FRACTION:g}·n⌋ of a round's n, secure aggregation's bound): a round counts only the noise shares of "
+        f"clients whose input reached the sum, less c, and never fewer than {fewest}.",
+    ]
+
+
 def _skellam(
     cfg: PrivacyConfig, delta: float, rounds: int, fixed_k: int | None, sample_rate: float,
-    num_clients: int, model_dim: int | None, ring_bits: int,
+    num_clients: int, model_dim: int | None, ring_bits: int, fewest: int,
 ) -> SkellamParams:
+    """The Skellam parameters: for a target ε, calibrated for ``fewest`` honest shares per round."""
     if model_dim is None:
         raise ValueError("distributed noise needs model_dim (the length of the shared vector) to choose the ring scaling")
     assert cfg.clip is not None
@@ -593,7 +620,8 @@ def _skellam(
         z = (
             cfg.noise_multiplier
             if cfg.noise_multiplier is not None
-            else distributed.noise_for_target_epsilon(cfg.target_epsilon, delta, rounds, **setup)  # type: ignore[arg-type]
+            else distributed.noise_for_target_epsilon(cfg.target_epsilon, delta, rounds, shares=fewest,  # type: ignore[arg-type]
+                                                      **setup)
         )
         return skellam_params(noise_multiplier=z, **setup)  # type: ignore[arg-type]
     except RingTooSmall as exc:

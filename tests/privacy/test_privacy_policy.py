@@ -5,6 +5,7 @@ import json
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 from opacus.accountants import RDPAccountant
@@ -249,3 +250,66 @@ def test_noise_source_is_named_in_the_statements() -> None:
     experiment = _plan(clip=1.0, noise_multiplier=1.0, reproducible_noise=True)
     assert any("NOT PRIVATE" in s for s in experiment.statements)
     assert any("outside_epsilon" in s for s in private.statements)  # what no ε covers is said
+
+
+def _distributed_epsilons(plan, cohorts: list[int]) -> float:
+    """ε a run's ledger ends at when its rounds release sums of ``cohorts[t]`` inputs (0: nothing released)."""
+    ledger = plan.ledger()
+    for contributors in cohorts:
+        ledger.record_round(contributors)
+    return ledger.epsilon()
+
+
+def test_distributed_target_is_never_exceeded_whoever_drops_out() -> None:
+    """Issue 20 item 4: the shares were calibrated for the planned cohort and accounted on those that arrived,
+    so one dropped client of 4 every round ended at ε 2.34 for a target of 2. Every cohort a released sum
+    can hold (2 … K, chosen per round by an adversarial server) must stay within the target."""
+    target, rounds = 2.0, 5
+    plan = _plan(dict(model_dim=1000, num_clients=10, clients_per_round=4), clip=1.0, target_epsilon=target,
+                 delta=1e-5, distributed=True)
+    for size in (2, 3, 4):
+        assert _distributed_epsilons(plan, [size] * rounds) <= target
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        assert _distributed_epsilons(plan, list(rng.integers(2, 5, size=rounds))) <= target
+    assert any(f"ε ≤ the target {target:g}" in s for s in plan.statements)
+
+
+def test_distributed_target_is_never_exceeded_under_poisson_cohorts() -> None:
+    """Poisson q = 0.5 over N = 8 clients: 58 % of simulated runs used to exceed the target."""
+    target, rounds = 2.0, 5
+    plan = _plan(dict(model_dim=1000, num_clients=8, clients_per_round=0), clip=1.0, target_epsilon=target, delta=1e-5,
+                 distributed=True, sampling="poisson", sample_rate=0.5)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        cohorts = [int(n) if n >= 2 else 0 for n in rng.binomial(8, 0.5, size=rounds)]  # fewer than 2: no sum
+        assert _distributed_epsilons(plan, cohorts) <= target
+
+
+def test_distributed_epsilon_does_not_count_colluders_noise() -> None:
+    """Issue 20 item 5: c = ⌊0.2·n⌋ clients may collude with the server and subtract their own noise shares;
+    a full round of 5 holds only 4 shares the server cannot remove, and the ε printed must say so."""
+    from secfed.privacy.distributed import account_round
+    from secfed.privacy.skellam import SkellamAccountant
+
+    plan = _plan(dict(model_dim=1000, num_clients=10, clients_per_round=5), clip=1.0, noise_multiplier=1.0,
+                 distributed=True)
+    ledger = plan.ledger()
+    truth = SkellamAccountant()
+    for _ in range(3):
+        ledger.record_round(5)
+        account_round(truth, plan.skellam, 4)
+    assert ledger.epsilon() == pytest.approx(truth.epsilon(plan.delta))
+    assert ledger.metrics()["colluders"] == 1
+    assert any("up to c = 1 clients" in s for s in plan.statements)
+
+
+def test_distributed_floor_of_honest_shares_follows_the_signature_quorum() -> None:
+    """Authenticated: an unmask request needs ⌊(n + c)/2⌋ + 1 signatures, so a released sum keeps ≥ 2 honest
+    shares; unauthenticated, only the two-input rule stands, and with c ≥ 1 one honest share (the client's own)."""
+    run = dict(model_dim=1000, num_clients=20, clients_per_round=10)
+    auth = _plan(run, clip=1.0, noise_multiplier=1.0, distributed=True)
+    plain = _plan({**run, "authenticated": False}, clip=1.0, noise_multiplier=1.0, distributed=True)
+    assert (auth.fewest_shares, auth.colluders) == (2, 2)
+    assert plain.fewest_shares == 1
+    assert _distributed_epsilons(plain, [2]) > _distributed_epsilons(auth, [2])
