@@ -53,7 +53,7 @@ import torch
 from secfed.config import ConfigError, ConfigIssue, PrivacyConfig
 from secfed.privacy import distributed
 from secfed.privacy.accountant import gaussian_epsilon, noise_for_target_epsilon
-from secfed.privacy.dfs import DfsPlan, plan_dfs
+from secfed.privacy.dfs import DfsPlan, dfs_settings, plan_dfs
 from secfed.privacy.distributed import RingTooSmall, SkellamParams, collusion_bound, fewest_honest_shares, skellam_params
 from secfed.privacy.dpsgd import poisson_schedule
 from secfed.privacy.ledger import PrivacyLedger
@@ -241,7 +241,17 @@ def _method_extras(cfg: RunConfig) -> list[str]:
     extras = []
     if cfg.method.kd:
         extras.append("KD soft labels (features on the public set)")
-    return extras
+    return extras + _dfs_extra(dfs_settings(cfg))
+
+
+# what _blockers says of DFH's statistics when they travel unnoised
+RAW_DFS = ("DFH's per-client domain feature statistics (DFS, in the clear beside the masked sum; "
+           "`method.dfs_noise` needs `model.bn_stats` shared, which client-level DP refuses)")
+
+
+def _dfs_extra(dfs: tuple[float, float] | None) -> list[str]:
+    """DFH's DFS channel when no noise covers it: an unnoised per-client upload no client-level ε may sit behind."""
+    return [RAW_DFS] if dfs is not None and dfs[0] == 0 else []
 
 
 def _blockers(aggregation: str, bn_stats: str, dp_sgd: bool, extras: Sequence[str]) -> list[tuple[str, str]]:
@@ -363,7 +373,7 @@ def resolve(
                                   f"q·N = {cfg.sample_rate * num_clients:g}; it contradicts {clients_per_round} — "
                                   "give one of the two"))
     formal = cfg.noise_multiplier is not None or cfg.target_epsilon is not None
-    blockers = _blockers(aggregation, bn_stats, cfg.dp_sgd, extra_uploads)
+    blockers = _blockers(aggregation, bn_stats, cfg.dp_sgd, [*extra_uploads, *_dfs_extra(dfs)])
     if formal:
         issues += [ConfigIssue(key, f"client-level DP is on, but {why}") for key, why in blockers]
     _raise(issues)
