@@ -13,7 +13,10 @@ What a claimed ε means. Client-level (ε, δ): neighbouring runs differ in one 
 * Fixed K-of-N selection: adjacency zero-out (one client's clipped update replaced by zero); no
   amplification (q = 1 in the accountant): conditioned on any selection the round is a Gaussian
   mechanism of sensitivity C.
-* Distributed Skellam noise: zero-out adjacency, no amplification (see :mod:`.distributed`).
+* Distributed Skellam noise: zero-out adjacency, no amplification (see :mod:`.distributed`). The
+  c = ⌊0.2·n⌋ clients secure aggregation lets collude with the server can subtract their noise shares,
+  so a round counts the others only; a target ε is calibrated for the fewest honest shares a released
+  sum can hold, so no dropout pattern and no collusion within that bound pushes ε past it.
 
 Two effects of secure aggregation enter the analysis, so that the printed ε bounds what the code
 does, not an idealised mechanism:
@@ -30,7 +33,10 @@ does, not an idealised mechanism:
   variation argument — or, when p is not negligible, (b) the sum's sensitivity is taken as 2C (adding
   one client changes Σ_S x·[|S| ≥ 2] by at most two clipped updates), i.e. the accountant's noise
   multiplier is halved. A round the protocol aborts is retried among the clients still online
-  (:mod:`secfed.federation.secure_channel`), so the only skip rule is the one analysed.
+  (:mod:`secfed.federation.secure_channel`), so the only skip rule is the one analysed. On Flower the
+  secure sum runs among SuperNodes, each summing its sites first: "two" counts nodes, node j takes part
+  with probability (1 − d)·(1 − (1 − q)^m_j), and the sensitivity is (1 + m)·C for nodes of up to m
+  sites; a plan refuses a layout it was not made for (:meth:`PrivacyPlan.check_layout`).
 
 Under DP every client counts equally: aggregation weight 1 and a fixed denominator W (K for fixed
 selection, the *expected* cohort q·N under Poisson sampling) — never the realised head count.
@@ -174,6 +180,8 @@ class PrivacyPlan:
     dfs: DfsPlan | None = None  # DFH's per-client statistics channel (outside every client-level ε)
     colluders: int = 0  # distributed DP: noise shares per round the server may subtract (colluding clients)
     fewest_shares: int = 1  # distributed DP: fewest honest noise shares any released sum holds
+    node_sites: tuple[int, ...] | None = None  # clients per party of the secure sum (None: one each)
+    authenticated: bool = True  # secure aggregation's malicious-server mode (its quorum bounds fewest_shares)
 
     def ledger(self) -> PrivacyLedger | None:
         """A fresh client-level ledger, or None when no ε is claimed."""
@@ -199,6 +207,30 @@ class PrivacyPlan:
                 f"{left} shared coordinates (BatchNorm statistics?) would be released without noise; "
                 "the claimed ε would be false — share only trainable weights under DP"
             )
+
+    def check_layout(self, node_sites: Sequence[int]) -> None:
+        """Refuse a secure-sum layout the claimed ε was not analysed for (call once the layout is known).
+
+        ``node_sites``: clients per party of the secure sum — on Flower a SuperNode sums its sites first, so
+        the sum runs among nodes, a round with fewer than two nodes releases nothing, and a colluding node
+        holds all its sites' noise shares."""
+        sites = tuple(int(m) for m in node_sites if m > 0)
+        if not self.claims_epsilon or sites == (self.node_sites or (1,) * len(sites)):
+            return
+        where = f"the secure sum runs among {len(sites)} nodes holding {list(sites)} clients"
+        if self.skip_rule != "none":
+            raise ConfigError(KEY["sampling"], f"{where}; this ε's skip rule was analysed for "
+                              f"{'one client per node' if self.node_sites is None else list(self.node_sites)} (a node "
+                              f"of m sites makes the skip sensitivity (1 + m)·C) — use {ref('sampling')} fixed, or "
+                              "one client per node")
+        if self.mechanism == "skellam":
+            colluders = collusion_bound(len(sites), CORRUPT_FRACTION) * max(sites)  # a colluding node's sites
+            fewest = fewest_honest_shares(len(sites), corrupt_fraction=CORRUPT_FRACTION,
+                                          authenticated=self.authenticated, min_cohort=MIN_SECURE_COHORT)
+            if colluders > self.colluders or fewest < self.fewest_shares:
+                raise ConfigError(KEY["distributed"], f"{where}; colluding nodes could subtract {colluders} noise "
+                                  f"shares and a released sum hold {fewest} honest ones, but the ε counts "
+                                  f"{self.colluders} and {self.fewest_shares}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary for the run directory and ``--json``."""
@@ -345,6 +377,7 @@ def resolve(
     design_dropout: float = DESIGN_DROPOUT,
     dfs: tuple[float, float] | None = None,
     authenticated: bool = True,
+    node_sites: Sequence[int] | None = None,
 ) -> PrivacyPlan:
     """Check ``cfg`` against the run and derive the privacy plan.
 
@@ -357,7 +390,8 @@ def resolve(
     ``quantiser_scale`` (secure aggregation's ring units per 1.0), for central noise under secure
     aggregation. ``design_dropout``: the dropout rate secure aggregation is dimensioned for.
     ``authenticated``: secure aggregation's malicious-server mode (its signature quorum bounds how few
-    inputs a released sum holds, see :func:`.distributed.fewest_honest_shares`).
+    inputs a released sum holds, see :func:`.distributed.fewest_honest_shares`). ``node_sites``: how many
+    clients each party of the secure sum holds (Flower: a SuperNode's sites; None: one client each).
     """
     if num_clients < 1:
         raise ValueError(f"num_clients must be ≥ 1, got {num_clients}")
@@ -408,8 +442,10 @@ def resolve(
     if secagg and quantiser_scale is not None and cfg.clip is not None and model_dim is not None:
         inflation = (cfg.clip + math.sqrt(model_dim) / quantiser_scale) / cfg.clip
     poisson_skips = secagg and sampling == "poisson"
+    nodes = tuple(node_sites) if node_sites is not None else (1,) * num_clients
+    skip_factor = 1 + max(nodes)  # adding one client can release its update and one other node's sites
     if poisson_skips:
-        skip_p = _skip_probability(num_clients, sample_rate, design_dropout)
+        skip_p = _skip_probability(nodes, sample_rate, design_dropout)
 
     if cfg.distributed:
         mechanism, claims = "skellam", True
@@ -428,11 +464,13 @@ def resolve(
         assert cfg.clip is not None and delta is not None
         if cfg.target_epsilon is not None:
             noise_multiplier, accounting_z, accounted_delta, skip_rule = _calibrate(
-                cfg.target_epsilon, delta, accounting_rate, rounds, inflation, skip_p if poisson_skips else None)
+                cfg.target_epsilon, delta, accounting_rate, rounds, inflation, skip_p if poisson_skips else None,
+                skip_factor)
         else:
             noise_multiplier = cfg.noise_multiplier if formal else denominator_if_dp * cfg.dp_beta / cfg.clip
             accounting_z, accounted_delta, skip_rule = _account_fixed(
-                noise_multiplier / inflation, delta, accounting_rate, rounds, skip_p if poisson_skips else None)
+                noise_multiplier / inflation, delta, accounting_rate, rounds, skip_p if poisson_skips else None,
+                skip_factor)
         aggregate_std = noise_multiplier * cfg.clip / denominator_if_dp
         if formal:
             statements.append(
@@ -463,8 +501,9 @@ def resolve(
         elif skip_rule == "sensitivity":
             statements.append(
                 f"A Poisson round with fewer than {MIN_SECURE_COHORT} clients left releases no sum, so one client can "
-                "decide whether another's update is released: the sum's sensitivity is taken as 2C (accountant's "
-                f"noise multiplier {accounting_z:.4g}).")
+                f"decide whether others' updates are released: the sum's sensitivity is taken as {skip_factor}C (its "
+                f"own update and the {skip_factor - 1} site(s) of one other secure-sum node; accountant's noise "
+                f"multiplier {accounting_z:.4g}).")
         statements.append(CENTRAL_TRUST)
     elif cfg.dp_beta > 0:
         mechanism = "beta"
@@ -535,14 +574,28 @@ def resolve(
         dfs=dfs_plan,
         colluders=colluders,
         fewest_shares=fewest,
+        node_sites=tuple(node_sites) if node_sites is not None else None,
+        authenticated=authenticated,
     )
 
 
-def _skip_probability(num_clients: int, rate: float, dropout: float) -> float:
-    """P[fewer than MIN_SECURE_COHORT of the other N − 1 clients are sampled and stay online] — the
-    neighbouring dataset with one client fewer is the worst case."""
-    others, q = num_clients - 1, rate * (1 - dropout)
-    return sum(math.comb(others, j) * q**j * (1 - q) ** (others - j) for j in range(min(others, MIN_SECURE_COHORT - 1) + 1))
+def _skip_probability(node_sites: Sequence[int], rate: float, dropout: float) -> float:
+    """P[fewer than MIN_SECURE_COHORT nodes take part] once one client is removed, at worst over which node
+    held it — the neighbouring dataset with one client fewer. The secure sum runs among nodes (one client
+    each in-process; a Flower SuperNode sums its sites first): node j takes part when one of its m_j
+    sites is sampled and the node stays online, r_j = (1 − d)·(1 − (1 − q)^m_j), independently."""
+    def below_two(sizes: list[int]) -> float:
+        r = [(1 - dropout) * (1 - (1 - rate) ** m) for m in sizes if m > 0]
+        none = math.prod(1 - x for x in r)
+        one = sum(x * math.prod(1 - y for i, y in enumerate(r) if i != j) for j, x in enumerate(r))
+        return none + one  # fewer than MIN_SECURE_COHORT = 2
+
+    sizes = list(node_sites)
+    worst = 0.0
+    for m in sorted(set(sizes)):  # nodes of equal size are alike: one removal per size
+        at = sizes.index(m)
+        worst = max(worst, below_two(sizes[:at] + [m - 1] + sizes[at + 1:]))
+    return worst
 
 
 def _skip_term(rounds: int, epsilon: float, p: float) -> float:
@@ -553,11 +606,13 @@ def _skip_term(rounds: int, epsilon: float, p: float) -> float:
         return math.inf
 
 
-def _account_fixed(z: float, delta: float, q: float, rounds: int, skip_p: float | None) -> tuple[float, float, SkipRule]:
-    """(accountant z, accountant δ, skip rule) for a given noise, the one with the smaller ε."""
+def _account_fixed(z: float, delta: float, q: float, rounds: int, skip_p: float | None,
+                   factor: int = 2) -> tuple[float, float, SkipRule]:
+    """(accountant z, accountant δ, skip rule) for a given noise, the one with the smaller ε; ``factor``:
+    the sum's sensitivity in units of C under the "sensitivity" rule (1 + the most sites on one node)."""
     if skip_p is None:
         return z, delta, "none"
-    options = [(gaussian_epsilon(z / 2, q, rounds, delta), z / 2, delta, "sensitivity")]
+    options = [(gaussian_epsilon(z / factor, q, rounds, delta), z / factor, delta, "sensitivity")]
     half = delta / 2
     eps = gaussian_epsilon(z, q, rounds, half)
     if _skip_term(rounds, eps, skip_p) <= delta - half:
@@ -567,7 +622,7 @@ def _account_fixed(z: float, delta: float, q: float, rounds: int, skip_p: float 
 
 
 def _calibrate(target: float, delta: float, q: float, rounds: int, inflation: float,
-               skip_p: float | None) -> tuple[float, float, float, SkipRule]:
+               skip_p: float | None, factor: int = 2) -> tuple[float, float, float, SkipRule]:
     """(noise z, accountant z, accountant δ, skip rule) meeting ``target``: calibrated on the value the
     accountant is given, last, so the printed ε ≤ target; the cheapest rule in noise wins."""
     options: list[tuple[float, float, float, SkipRule]] = []
@@ -576,7 +631,7 @@ def _calibrate(target: float, delta: float, q: float, rounds: int, inflation: fl
         options.append((z * inflation, z, delta, "none"))
     else:
         z = noise_for_target_epsilon(target, delta, q, rounds)
-        options.append((2 * z * inflation, z, delta, "sensitivity"))
+        options.append((factor * z * inflation, z, delta, "sensitivity"))
         half = delta / 2
         if _skip_term(rounds, target, skip_p) <= delta - half:
             z = noise_for_target_epsilon(target, half, q, rounds)

@@ -313,3 +313,53 @@ def test_distributed_floor_of_honest_shares_follows_the_signature_quorum() -> No
     assert (auth.fewest_shares, auth.colluders) == (2, 2)
     assert plain.fewest_shares == 1
     assert _distributed_epsilons(plain, [2]) > _distributed_epsilons(auth, [2])
+
+
+def _released_sum(chosen: set[int], node_of: dict[int, int], x: dict[int, float]) -> float:
+    """What a round releases when the clients ``chosen`` upload: their sum iff ≥ 2 secure-sum nodes take part."""
+    return sum(x[k] for k in chosen) if len({node_of[k] for k in chosen}) >= 2 else 0.0
+
+
+def test_flower_skip_rule_is_per_node() -> None:
+    """Issue 20 item 8: on Flower the secure sum runs among SuperNodes (k mod P = partition-id). By brute force
+    over every cohort of a 2-node layout: adding one client changes the released sum by up to (1 + m)·C, not
+    2C, and the skip probability is that of fewer than two nodes taking part — both what the plan accounts."""
+    import itertools
+
+    from secfed.privacy.policy import _skip_probability
+
+    sites, q, d = (3, 3), 0.3, 0.1
+    node_of = {k: k % 2 for k in range(6)}
+    victim, x = 0, {k: 1.0 for k in range(6)}  # every update at the clip C = 1
+    others = [k for k in range(6) if k != victim]
+    worst = max(abs(_released_sum(set(s) | {victim}, node_of, x) - _released_sum(set(s), node_of, x))
+                for r in range(6) for s in itertools.combinations(others, r))
+    plan = _plan(dict(num_clients=6, clients_per_round=0, node_sites=sites), clip=1.0, noise_multiplier=8.0,
+                 sampling="poisson", sample_rate=q)
+    assert worst == 1 + max(sites)
+    assert plan.skip_rule == "sensitivity" and plan.accounting_noise_multiplier == pytest.approx(8.0 / worst)
+    skip = 0.0  # P[< 2 nodes take part], the victim removed: enumerate samples and node outages
+    for sampled in itertools.product((0, 1), repeat=5):
+        for up in itertools.product((0, 1), repeat=2):
+            p = math.prod(q if s else 1 - q for s in sampled) * math.prod(1 - d if u else d for u in up)
+            nodes = {node_of[k] for k, s in zip(others, sampled) if s and up[node_of[k]]}
+            skip += p if len(nodes) < 2 else 0.0
+    assert _skip_probability(sites, q, d) == pytest.approx(skip)
+    assert _skip_probability((1,) * 6, q, d) == pytest.approx((1 - q * (1 - d)) ** 5 + 5 * q * (1 - d) * (1 - q * (1 - d)) ** 4)
+
+
+def test_a_layout_the_epsilon_was_not_analysed_for_is_refused() -> None:
+    """The plan is made before Flower's SuperNodes say which sites they host; a layout it does not cover is
+    refused by name once they have."""
+    poisson = dict(clip=1.0, noise_multiplier=8.0, sampling="poisson", sample_rate=0.3)
+    with pytest.raises(ConfigError) as caught:
+        _plan(dict(num_clients=6, clients_per_round=0), **poisson).check_layout([3, 3])
+    assert caught.value.key == "privacy.sampling" and "[3, 3]" in str(caught.value)
+    _plan(dict(num_clients=6, clients_per_round=0, node_sites=(3, 3)), **poisson).check_layout([3, 3])
+    _plan(dict(num_clients=6, clients_per_round=0), **poisson).check_layout([1] * 6)
+    fixed = _plan(dict(num_clients=20, clients_per_round=20, model_dim=100), clip=1.0, noise_multiplier=1.0,
+                  distributed=True)
+    fixed.check_layout([10, 10])  # 2 nodes: no colluding node, ≥ 2 honest shares
+    with pytest.raises(ConfigError) as caught:
+        fixed.check_layout([5, 5, 4, 3, 3])  # one colluding node of 5 holds 5 shares; the ε counted c = 4
+    assert caught.value.key == "privacy.distributed"
