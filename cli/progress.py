@@ -61,7 +61,8 @@ class RichReporter:
         parts.append(f"loss {record['loss']:.3f}" if "loss" in record else "loss –")
         parts.append(f"{record['seconds']['round']:.1f} s")
         if "privacy" in record:
-            parts.append(f"ε {record['privacy']['epsilon']:.3g}")
+            colluding = record["privacy"].get("colluders")  # distributed DP: the collusion bound the ε holds for
+            parts.append(f"ε {record['privacy']['epsilon']:.3g}" + (f" (≤ {colluding} colluders)" if colluding is not None else ""))
         if "eval" in record:
             seen = [v["rank1"] for v in record["eval"].values()]
             parts.append(f"rank-1 {100 * sum(seen) / len(seen):.1f}%")

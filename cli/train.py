@@ -226,7 +226,8 @@ def _summary_view(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _privacy_cell(privacy: dict[str, Any]) -> str:
     if "epsilon" in privacy:
-        return f"(ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:.2g}) client-level, {privacy['mechanism']}"
+        colluding = f", against the server with ≤ {privacy['colluders']} colluding clients" if "colluders" in privacy else ""
+        return f"(ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:.2g}) client-level, {privacy['mechanism']}{colluding}"
     if privacy["mechanism"] == "beta":
         return "β noise, no formal guarantee"
     return "no client-level DP" + (" (example-level DP-SGD per client, below)" if "dp_sgd" in privacy else "")

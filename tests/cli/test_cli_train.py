@@ -281,3 +281,12 @@ def test_too_many_identity_clients_is_a_usage_error(synth_cache: Path, tmp_path:
     result = invoke(["train", "--synth-domains", "4", "--synth-scale", "0.3", *TINY, "--scenario", "by-identity",
                      "--num-clients", "500", "--datasets", "gate", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--num-clients" in result.output and "identities" in result.output
+
+
+def test_a_distributed_epsilon_is_printed_with_its_collusion_bound() -> None:
+    """Issue 20 item 5: the ε of distributed noise holds against the server with at most c colluders; say so."""
+    from secfed.cli.train import _privacy_cell
+
+    cell = _privacy_cell({"epsilon": 2.0, "delta": 1e-5, "mechanism": "skellam", "colluders": 1})
+    assert "≤ 1 colluding clients" in cell
+    assert "colluding" not in _privacy_cell({"epsilon": 2.0, "delta": 1e-5, "mechanism": "gaussian"})
