@@ -50,6 +50,7 @@ Problems name configuration keys (``privacy.clip``), never flags; :mod:`secfed.c
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -584,17 +585,20 @@ def _skip_probability(node_sites: Sequence[int], rate: float, dropout: float) ->
     held it — the neighbouring dataset with one client fewer. The secure sum runs among nodes (one client
     each in-process; a Flower SuperNode sums its sites first): node j takes part when one of its m_j
     sites is sampled and the node stays online, r_j = (1 − d)·(1 − (1 − q)^m_j), independently."""
-    def below_two(sizes: list[int]) -> float:
-        r = [(1 - dropout) * (1 - (1 - rate) ** m) for m in sizes if m > 0]
-        none = math.prod(1 - x for x in r)
-        one = sum(x * math.prod(1 - y for i, y in enumerate(r) if i != j) for j, x in enumerate(r))
-        return none + one  # fewer than MIN_SECURE_COHORT = 2
+    def below_two(sizes: Counter[int]) -> float:  # P[0 or 1 nodes take part]; MIN_SECURE_COHORT is 2
+        r = {m: (1 - dropout) * (1 - (1 - rate) ** m) for m, count in sizes.items() if m > 0 and count > 0}  # alike by size
+        none = math.prod((1 - r[m]) ** sizes[m] for m in r)
+        one = sum(sizes[m] * r[m] * (1 - r[m]) ** (sizes[m] - 1) * math.prod((1 - r[o]) ** sizes[o] for o in r if o != m)
+                  for m in r)
+        return none + one
 
-    sizes = list(node_sites)
+    sizes = Counter(int(m) for m in node_sites)
     worst = 0.0
-    for m in sorted(set(sizes)):  # nodes of equal size are alike: one removal per size
-        at = sizes.index(m)
-        worst = max(worst, below_two(sizes[:at] + [m - 1] + sizes[at + 1:]))
+    for m in sorted(sizes):  # remove the client from a node of each size in turn
+        fewer = sizes.copy()
+        fewer[m] -= 1
+        fewer[m - 1] += 1
+        worst = max(worst, below_two(fewer))
     return worst
 
 
