@@ -65,8 +65,10 @@ class RichReporter:
         parts.append(f"{record['seconds']['round']:.1f} s")
         if "privacy" in record:
             server = record["privacy"].get("epsilon_server")
+            colluding = record["privacy"].get("colluders")  # distributed DP: the collusion bound the ε holds for
             parts.append(f"ε {record['privacy']['epsilon']:.3g} vs released models, "
-                         + (f"{server:.3g}" if server is not None else "none") + " vs server")
+                         + (f"{server:.3g}" if server is not None else "none") + " vs server"
+                         + (f" (≤ {colluding} colluders)" if colluding is not None else ""))
         if "noise" in record:
             parts.append(record["noise"])
         if "eval" in record:

@@ -229,7 +229,8 @@ def privacy_cell(privacy: Mapping[str, Any]) -> str:
         server = privacy.get("epsilon_server")
         return (("NOT PRIVATE: " if "NOT PRIVATE" in privacy.get("noise", "") else "")
                 + f"(ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:.2g}) client-level, {privacy['mechanism']}, "
-                f"vs released models; vs server: " + (f"ε = {server:.3g}" if server is not None else "none"))
+                f"vs released models; vs server: " + (f"ε = {server:.3g}" if server is not None else "none")
+                + (f" with ≤ {privacy['colluders']} colluding clients" if "colluders" in privacy else ""))
     if privacy["mechanism"] == "beta":
         return "β noise, no formal guarantee"
     return "no client-level DP" + (" (example-level DP-SGD per client, below)" if "dp_sgd" in privacy else "")

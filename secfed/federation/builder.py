@@ -309,6 +309,7 @@ def build(
         secagg=cfg.secagg.enabled, bn_stats=cfg.model.bn_stats, extra_uploads=extra_uploads, model_dim=layout.size,
         quantiser_scale=channel.scale if isinstance(channel, SecureChannel) else None, ring_bits=RING_BITS,
         design_dropout=max(DESIGN_DROPOUT, cfg.secagg.dropout_rate), dfs=dfs_settings(cfg),
+        authenticated=cfg.secagg.authenticated,
     )
     if cfg.schedule.clients_per_round > num_clients:
         raise ConfigError("schedule.clients_per_round", f"{cfg.schedule.clients_per_round} > the {num_clients} clients")

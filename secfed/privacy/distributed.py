@@ -25,8 +25,10 @@ norm is at most its squared ℓ2 norm), accounted by :class:`~secfed.privacy.ske
 Adjacency is zero-out: one client's clipped update replaced by zero, the client still present and
 still adding its noise share. Rounds compose without any amplification by sampling (valid for fixed
 K-of-N and for Poisson selection alike, just conservative). The accounted noise is that of the clients
-whose input actually reached the sum; if some of them may collude with the server, count only the
-others. Modular reduction, lifting and unrotation are post-processing.
+whose input actually reached the sum, less the shares of the c clients that may collude with the
+server (:func:`honest_shares`); a target ε is calibrated for the fewest honest shares any released sum
+can hold (:func:`fewest_honest_shares`), so dropouts and colluders never push ε past it. Modular
+reduction, lifting and unrotation are post-processing.
 
 Wrap-around (a coordinate of the integer sum leaving the ring) only costs accuracy, never privacy.
 :func:`skellam_params` picks the largest scale s whose wrap-around probability, bounded rigorously
@@ -354,12 +356,48 @@ def account_round(accountant: SkellamAccountant, params: SkellamParams, contribu
     )
 
 
+def collusion_bound(session: int, corrupt_fraction: float) -> int:
+    """c = ⌊γ·n⌋: the clients of a secure-aggregation session of n that may collude with the server —
+    the bound :func:`secfed.protocols.choose_params` dimensions the protocol for (``corrupt_bound``).
+    Colluders can hand the server their noise shares, so those shares protect nobody."""
+    if session < 0 or not 0 <= corrupt_fraction < 1:
+        raise ValueError(f"need session ≥ 0 and corrupt fraction in [0, 1), got {session}, {corrupt_fraction}")
+    return math.floor(corrupt_fraction * session)
+
+
+def fewest_honest_shares(max_session: int, *, corrupt_fraction: float, authenticated: bool, min_cohort: int = 2) -> int:
+    """The fewest honest noise shares any released sum can hold, whatever the dropouts.
+
+    A round may (re)start a session with any n ∈ [``min_cohort``, ``max_session``] clients still online
+    (a malicious server may claim the others dropped). A session of n releases a sum of at least
+    ``min_cohort`` inputs and, in authenticated mode, of at least the ⌊(n + c)/2⌋ + 1 survivors whose
+    signatures an unmask request needs; up to c = ⌊γ·n⌋ of them may be colluders. Unauthenticated, only
+    ``min_cohort`` is assumed (a sparse graph's threshold may lie below c + 1). Never below 1: the client
+    whose privacy is measured is in the sum with its own share.
+    """
+    fewest = min_cohort
+    for n in range(min_cohort, max_session + 1):
+        c = collusion_bound(n, corrupt_fraction)
+        released = max(min_cohort, (n + c) // 2 + 1) if authenticated else min_cohort
+        fewest = min(fewest, max(1, released - c))
+    return fewest
+
+
+def honest_shares(contributors: int, *, colluders: int, fewest: int) -> int:
+    """Noise shares of a released sum of ``contributors`` inputs that the server cannot subtract: all
+    but ``colluders``, and never fewer than the protocol's floor ``fewest`` (:func:`fewest_honest_shares`)."""
+    return min(contributors, max(fewest, contributors - colluders))
+
+
 def noise_for_target_epsilon(
-    target_epsilon: float, delta: float, rounds: int, *, tolerance: float = 0.01, **setup: Any
+    target_epsilon: float, delta: float, rounds: int, *, tolerance: float = 0.01, shares: int | None = None,
+    **setup: Any,
 ) -> float:
-    """The smallest noise multiplier z (to ``tolerance`` in ε) whose Skellam ε after ``rounds`` full
-    rounds of the planned cohort is ≤ ``target_epsilon``. ``setup``: the arguments of
-    :func:`skellam_params` other than ``noise_multiplier``."""
+    """The smallest noise multiplier z (to ``tolerance`` in ε) whose Skellam ε after ``rounds`` rounds,
+    each releasing a sum of ``shares`` honest noise shares (default: the planned cohort), is
+    ≤ ``target_epsilon``. ``setup``: the arguments of :func:`skellam_params` other than
+    ``noise_multiplier``. Calibrating for the fewest shares a released sum can hold
+    (:func:`fewest_honest_shares`) keeps ε ≤ target whoever drops out or colludes."""
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target ε must be a positive finite number, got {target_epsilon}")
     if rounds < 1:
@@ -374,7 +412,7 @@ def noise_for_target_epsilon(
             return math.inf
         accountant = SkellamAccountant()
         for _ in range(rounds):
-            account_round(accountant, params, params.contributors)
+            account_round(accountant, params, params.contributors if shares is None else shares)
         return accountant.epsilon(delta)
 
     lo, hi = 0.0, 1.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from secfed.privacy.accountant import SampledGaussianAccountant
-from secfed.privacy.distributed import SkellamParams, account_round
+from secfed.privacy.distributed import SkellamParams, account_round, honest_shares
 from secfed.privacy.skellam import SkellamAccountant
 
 STATE_VERSION = 1
@@ -20,7 +20,9 @@ class PrivacyLedger:
 
     ``gaussian``: central Gaussian noise (DP-FedAvg, or β with ``--clip``) — every round costs the
     same whatever the cohort, so ``contributors`` is recorded but does not change the step.
-    ``skellam``: distributed noise — a round costs according to how many noise shares reached the sum.
+    ``skellam``: distributed noise — a round costs according to how many noise shares reached the sum,
+    less the ``colluders`` that may hand theirs to the server, never below the protocol's floor
+    ``fewest_shares`` (:func:`~secfed.privacy.distributed.honest_shares`).
     """
 
     def __init__(
@@ -32,6 +34,8 @@ class PrivacyLedger:
         sample_rate: float | None = None,
         skellam: SkellamParams | None = None,
         accounted_delta: float | None = None,
+        colluders: int = 0,
+        fewest_shares: int = 1,
     ) -> None:
         if not 0 < delta < 1:
             raise ValueError(f"δ must lie in (0, 1), got {delta}")
@@ -51,7 +55,9 @@ class PrivacyLedger:
         elif mechanism == "skellam":
             if skellam is None:
                 raise ValueError("a Skellam ledger needs the mechanism's parameters")
-            self.skellam = skellam
+            if colluders < 0 or fewest_shares < 1:
+                raise ValueError(f"need colluders ≥ 0 and fewest shares ≥ 1, got {colluders}, {fewest_shares}")
+            self.skellam, self.colluders, self.fewest_shares = skellam, colluders, fewest_shares
             self._accountant = SkellamAccountant()
         else:
             raise ValueError(f"unknown mechanism {mechanism!r}")
@@ -65,7 +71,8 @@ class PrivacyLedger:
             # still released a noised (zero) sum, and the amplification analysis counts that round.
             self._accountant.step(self.noise_multiplier, self.sample_rate)
         else:
-            account_round(self._accountant, self.skellam, contributors)
+            shares = honest_shares(contributors, colluders=self.colluders, fewest=self.fewest_shares)
+            account_round(self._accountant, self.skellam, shares)
         self.rounds += 1
 
     def epsilon(self) -> float:
@@ -74,7 +81,10 @@ class PrivacyLedger:
 
     def metrics(self) -> dict[str, Any]:
         """What a metrics.jsonl line and the run summary carry."""
-        return {"epsilon": self.epsilon(), "delta": self.delta, "accounted_rounds": self.rounds, "accountant": self.mechanism}
+        out = {"epsilon": self.epsilon(), "delta": self.delta, "accounted_rounds": self.rounds, "accountant": self.mechanism}
+        if self.mechanism == "skellam":
+            out["colluders"] = self.colluders  # the ε holds against the server with up to this many clients
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data: ``torch.save``-able with ``weights_only=True`` and JSON-serialisable."""

@@ -13,7 +13,10 @@ What a claimed ε means. Client-level (ε, δ): neighbouring runs differ in one 
 * Fixed K-of-N selection: adjacency zero-out (one client's clipped update replaced by zero); no
   amplification (q = 1 in the accountant): conditioned on any selection the round is a Gaussian
   mechanism of sensitivity C.
-* Distributed Skellam noise: zero-out adjacency, no amplification (see :mod:`.distributed`).
+* Distributed Skellam noise: zero-out adjacency, no amplification (see :mod:`.distributed`). The
+  c = ⌊0.2·n⌋ clients secure aggregation lets collude with the server can subtract their noise shares,
+  so a round counts the others only; a target ε is calibrated for the fewest honest shares a released
+  sum can hold, so no dropout pattern and no collusion within that bound pushes ε past it.
 
 Two effects of secure aggregation enter the analysis, so that the printed ε bounds what the code
 does, not an idealised mechanism:
@@ -30,7 +33,10 @@ does, not an idealised mechanism:
   variation argument — or, when p is not negligible, (b) the sum's sensitivity is taken as 2C (adding
   one client changes Σ_S x·[|S| ≥ 2] by at most two clipped updates), i.e. the accountant's noise
   multiplier is halved. A round the protocol aborts is retried among the clients still online
-  (:mod:`secfed.federation.secure_channel`), so the only skip rule is the one analysed.
+  (:mod:`secfed.federation.secure_channel`), so the only skip rule is the one analysed. On Flower the
+  secure sum runs among SuperNodes, each summing its sites first: "two" counts nodes, node j takes part
+  with probability (1 − d)·(1 − (1 − q)^m_j), and the sensitivity is (1 + m)·C for nodes of up to m
+  sites; a plan refuses a layout it was not made for (:meth:`PrivacyPlan.check_layout`).
 
 Under DP every client counts equally: aggregation weight 1 and a fixed denominator W (K for fixed
 selection, the *expected* cohort q·N under Poisson sampling) — never the realised head count.
@@ -44,6 +50,7 @@ Problems name configuration keys (``privacy.clip``), never flags; :mod:`secfed.c
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -53,8 +60,8 @@ import torch
 from secfed.config import ConfigError, ConfigIssue, PrivacyConfig
 from secfed.privacy import adversary, distributed
 from secfed.privacy.accountant import gaussian_epsilon, noise_for_target_epsilon
-from secfed.privacy.dfs import DfsPlan, plan_dfs
-from secfed.privacy.distributed import RingTooSmall, SkellamParams, skellam_params
+from secfed.privacy.dfs import DfsPlan, dfs_settings, plan_dfs
+from secfed.privacy.distributed import RingTooSmall, SkellamParams, collusion_bound, fewest_honest_shares, skellam_params
 from secfed.privacy.dpsgd import poisson_schedule
 from secfed.privacy.ledger import PrivacyLedger
 
@@ -67,6 +74,9 @@ SkipRule = Literal["none", "delta", "sensitivity"]
 DEFAULT_DELTA_CAP = 1e-5
 MIN_SECURE_COHORT = 2  # secure aggregation never "aggregates" one client: that sum would be its update
 DESIGN_DROPOUT = 0.1  # the dropout rate secure aggregation's parameters are chosen for, at least
+# ⌊γ·n⌋ of a session's n clients may collude with the server: the bound secure aggregation's parameters
+# are chosen for (protocols.choose_params' default, which the secure channel uses)
+CORRUPT_FRACTION = 0.2
 
 NOT_DP = "β noise alone is not differential privacy: nothing bounds a client's contribution, so no ε is claimed."
 CENTRAL_TRUST = (
@@ -170,6 +180,10 @@ class PrivacyPlan:
     reproducible_noise: bool
     statements: tuple[str, ...]
     dfs: DfsPlan | None = None  # DFH's per-client statistics channel (outside every client-level ε)
+    colluders: int = 0  # distributed DP: noise shares per round the server may subtract (colluding clients)
+    fewest_shares: int = 1  # distributed DP: fewest honest noise shares any released sum holds
+    node_sites: tuple[int, ...] | None = None  # clients per party of the secure sum (None: one each)
+    authenticated: bool = True  # secure aggregation's malicious-server mode (its quorum bounds fewest_shares)
 
     def ledger(self) -> PrivacyLedger | None:
         """A fresh client-level ledger, or None when no ε is claimed."""
@@ -177,7 +191,8 @@ class PrivacyPlan:
             return None
         assert self.delta is not None and self.accounted_delta is not None
         if self.mechanism == "skellam":
-            return PrivacyLedger("skellam", self.delta, skellam=self.skellam)
+            return PrivacyLedger("skellam", self.delta, skellam=self.skellam, colluders=self.colluders,
+                                 fewest_shares=self.fewest_shares)
         return PrivacyLedger(
             "gaussian", self.delta, noise_multiplier=self.accounting_noise_multiplier,
             sample_rate=self.accounting_sample_rate, accounted_delta=self.accounted_delta,
@@ -194,6 +209,30 @@ class PrivacyPlan:
                 f"{left} shared coordinates (BatchNorm statistics?) would be released without noise; "
                 "the claimed ε would be false — share only trainable weights under DP"
             )
+
+    def check_layout(self, node_sites: Sequence[int]) -> None:
+        """Refuse a secure-sum layout the claimed ε was not analysed for (call once the layout is known).
+
+        ``node_sites``: clients per party of the secure sum — on Flower a SuperNode sums its sites first, so
+        the sum runs among nodes, a round with fewer than two nodes releases nothing, and a colluding node
+        holds all its sites' noise shares."""
+        sites = tuple(int(m) for m in node_sites if m > 0)
+        if not self.claims_epsilon or sites == (self.node_sites or (1,) * len(sites)):
+            return
+        where = f"the secure sum runs among {len(sites)} nodes holding {list(sites)} clients"
+        if self.skip_rule != "none":
+            raise ConfigError(KEY["sampling"], f"{where}; this ε's skip rule was analysed for "
+                              f"{'one client per node' if self.node_sites is None else list(self.node_sites)} (a node "
+                              f"of m sites makes the skip sensitivity (1 + m)·C) — use {ref('sampling')} fixed, or "
+                              "one client per node")
+        if self.mechanism == "skellam":
+            colluders = collusion_bound(len(sites), CORRUPT_FRACTION) * max(sites)  # a colluding node's sites
+            fewest = fewest_honest_shares(len(sites), corrupt_fraction=CORRUPT_FRACTION,
+                                          authenticated=self.authenticated, min_cohort=MIN_SECURE_COHORT)
+            if colluders > self.colluders or fewest < self.fewest_shares:
+                raise ConfigError(KEY["distributed"], f"{where}; colluding nodes could subtract {colluders} noise "
+                                  f"shares and a released sum hold {fewest} honest ones, but the ε counts "
+                                  f"{self.colluders} and {self.fewest_shares}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary for the run directory and ``--json``."""
@@ -233,7 +272,17 @@ def _method_extras(cfg: RunConfig) -> list[str]:
     extras = []
     if cfg.method.kd:
         extras.append("KD soft labels (features on the public set)")
-    return extras
+    return extras + _dfs_extra(dfs_settings(cfg))
+
+
+# what _blockers says of DFH's statistics when they travel unnoised
+RAW_DFS = ("DFH's per-client domain feature statistics (DFS, in the clear beside the masked sum; "
+           "`method.dfs_noise` needs `model.bn_stats` shared, which client-level DP refuses)")
+
+
+def _dfs_extra(dfs: tuple[float, float] | None) -> list[str]:
+    """DFH's DFS channel when no noise covers it: an unnoised per-client upload no client-level ε may sit behind."""
+    return [RAW_DFS] if dfs is not None and dfs[0] == 0 else []
 
 
 def _blockers(aggregation: str, bn_stats: str, dp_sgd: bool, extras: Sequence[str]) -> list[tuple[str, str]]:
@@ -326,6 +375,8 @@ def resolve(
     ring_bits: int = 32,
     design_dropout: float = DESIGN_DROPOUT,
     dfs: tuple[float, float] | None = None,
+    authenticated: bool = True,
+    node_sites: Sequence[int] | None = None,
 ) -> PrivacyPlan:
     """Check ``cfg`` against the run and derive the privacy plan.
 
@@ -337,6 +388,9 @@ def resolve(
     ``model_dim`` (length of the shared vector) is needed for ``distributed`` and, with
     ``quantiser_scale`` (secure aggregation's ring units per 1.0), for central noise under secure
     aggregation. ``design_dropout``: the dropout rate secure aggregation is dimensioned for.
+    ``authenticated``: secure aggregation's malicious-server mode (its signature quorum bounds how few
+    inputs a released sum holds, see :func:`.distributed.fewest_honest_shares`). ``node_sites``: how many
+    clients each party of the secure sum holds (Flower: a SuperNode's sites; None: one client each).
     """
     if num_clients < 1:
         raise ValueError(f"num_clients must be ≥ 1, got {num_clients}")
@@ -352,7 +406,7 @@ def resolve(
                                   f"q·N = {cfg.sample_rate * num_clients:g}; it contradicts {clients_per_round} — "
                                   "give one of the two"))
     formal = cfg.noise_multiplier is not None or cfg.target_epsilon is not None
-    blockers = _blockers(aggregation, bn_stats, cfg.dp_sgd, extra_uploads)
+    blockers = _blockers(aggregation, bn_stats, cfg.dp_sgd, [*extra_uploads, *_dfs_extra(dfs)])
     if formal:
         issues += [ConfigIssue(key, f"client-level DP is on, but {why}") for key, why in blockers]
     _raise(issues)
@@ -373,6 +427,7 @@ def resolve(
 
     statements: list[str] = []
     skellam: SkellamParams | None = None
+    colluders, fewest = 0, 1
     noise_multiplier: float | None = None
     accounting_z: float | None = None
     accounted_delta = delta
@@ -386,36 +441,35 @@ def resolve(
     if secagg and quantiser_scale is not None and cfg.clip is not None and model_dim is not None:
         inflation = (cfg.clip + math.sqrt(model_dim) / quantiser_scale) / cfg.clip
     poisson_skips = secagg and sampling == "poisson"
+    nodes = tuple(node_sites) if node_sites is not None else (1,) * num_clients
+    skip_factor = 1 + max(nodes)  # adding one client can release its update and one other node's sites
     if poisson_skips:
-        skip_p = _skip_probability(num_clients, sample_rate, design_dropout)
+        skip_p = _skip_probability(nodes, sample_rate, design_dropout)
 
     if cfg.distributed:
         mechanism, claims = "skellam", True
         accounting_rate, adjacency = 1.0, SKELLAM_ADJACENCY
         assert delta is not None
-        skellam = _skellam(cfg, delta, rounds, fixed_k, sample_rate, num_clients, model_dim, ring_bits)
+        max_cohort = fixed_k if fixed_k is not None else num_clients
+        colluders = collusion_bound(max_cohort, CORRUPT_FRACTION)
+        fewest = fewest_honest_shares(max_cohort, corrupt_fraction=CORRUPT_FRACTION, authenticated=authenticated,
+                                      min_cohort=MIN_SECURE_COHORT)
+        skellam = _skellam(cfg, delta, rounds, fixed_k, sample_rate, num_clients, model_dim, ring_bits, fewest)
         noise_multiplier = accounting_z = skellam.noise_multiplier
-        statements.append(
-            f"Distributed DP: each client clips its whole shared update to L2 ≤ C = {cfg.clip:g} and adds its share of "
-            f"Skellam noise in the integer ring Z_2^{ring_bits} before masking, so the unmasked sum carries noise std "
-            f"z·C = {skellam.sum_noise_std(skellam.contributors):.4g} (z = {noise_multiplier:.4g}, {skellam.contributors} "
-            f"shares) and the server never sees a noise-free sum."
-        )
-        statements.append(
-            f"(ε, δ = {delta:.3g}) by the Skellam RDP bound (Agarwal, Kairouz & Liu 2021), per round without amplification "
-            "by sampling, zero-out adjacency, counting only the noise shares of clients whose input reached the sum."
-        )
+        statements += _skellam_statements(cfg, skellam, delta, ring_bits, colluders, fewest)
     elif formal or (cfg.dp_beta > 0 and cfg.clip is not None and not blockers):
         mechanism = "gaussian" if formal else "beta"
         claims = True
         assert cfg.clip is not None and delta is not None
         if cfg.target_epsilon is not None:
             noise_multiplier, accounting_z, accounted_delta, skip_rule = _calibrate(
-                cfg.target_epsilon, delta, accounting_rate, rounds, inflation, skip_p if poisson_skips else None)
+                cfg.target_epsilon, delta, accounting_rate, rounds, inflation, skip_p if poisson_skips else None,
+                skip_factor)
         else:
             noise_multiplier = cfg.noise_multiplier if formal else denominator_if_dp * cfg.dp_beta / cfg.clip
             accounting_z, accounted_delta, skip_rule = _account_fixed(
-                noise_multiplier / inflation, delta, accounting_rate, rounds, skip_p if poisson_skips else None)
+                noise_multiplier / inflation, delta, accounting_rate, rounds, skip_p if poisson_skips else None,
+                skip_factor)
         aggregate_std = noise_multiplier * cfg.clip / denominator_if_dp
         if formal:
             statements.append(
@@ -446,8 +500,9 @@ def resolve(
         elif skip_rule == "sensitivity":
             statements.append(
                 f"A Poisson round with fewer than {MIN_SECURE_COHORT} clients left releases no sum, so one client can "
-                "decide whether another's update is released: the sum's sensitivity is taken as 2C (accountant's "
-                f"noise multiplier {accounting_z:.4g}).")
+                f"decide whether others' updates are released: the sum's sensitivity is taken as {skip_factor}C (its "
+                f"own update and the {skip_factor - 1} site(s) of one other secure-sum node; accountant's noise "
+                f"multiplier {accounting_z:.4g}).")
         statements.append(CENTRAL_TRUST)
     elif cfg.dp_beta > 0:
         mechanism = "beta"
@@ -520,14 +575,33 @@ def resolve(
         reproducible_noise=cfg.reproducible_noise,
         statements=tuple(statements),
         dfs=dfs_plan,
+        colluders=colluders,
+        fewest_shares=fewest,
+        node_sites=tuple(node_sites) if node_sites is not None else None,
+        authenticated=authenticated,
     )
 
 
-def _skip_probability(num_clients: int, rate: float, dropout: float) -> float:
-    """P[fewer than MIN_SECURE_COHORT of the other N − 1 clients are sampled and stay online] — the
-    neighbouring dataset with one client fewer is the worst case."""
-    others, q = num_clients - 1, rate * (1 - dropout)
-    return sum(math.comb(others, j) * q**j * (1 - q) ** (others - j) for j in range(min(others, MIN_SECURE_COHORT - 1) + 1))
+def _skip_probability(node_sites: Sequence[int], rate: float, dropout: float) -> float:
+    """P[fewer than MIN_SECURE_COHORT nodes take part] once one client is removed, at worst over which node
+    held it — the neighbouring dataset with one client fewer. The secure sum runs among nodes (one client
+    each in-process; a Flower SuperNode sums its sites first): node j takes part when one of its m_j
+    sites is sampled and the node stays online, r_j = (1 − d)·(1 − (1 − q)^m_j), independently."""
+    def below_two(sizes: Counter[int]) -> float:  # P[0 or 1 nodes take part]; MIN_SECURE_COHORT is 2
+        r = {m: (1 - dropout) * (1 - (1 - rate) ** m) for m, count in sizes.items() if m > 0 and count > 0}  # alike by size
+        none = math.prod((1 - r[m]) ** sizes[m] for m in r)
+        one = sum(sizes[m] * r[m] * (1 - r[m]) ** (sizes[m] - 1) * math.prod((1 - r[o]) ** sizes[o] for o in r if o != m)
+                  for m in r)
+        return none + one
+
+    sizes = Counter(int(m) for m in node_sites)
+    worst = 0.0
+    for m in sorted(sizes):  # remove the client from a node of each size in turn
+        fewer = sizes.copy()
+        fewer[m] -= 1
+        fewer[m - 1] += 1
+        worst = max(worst, below_two(fewer))
+    return worst
 
 
 def _skip_term(rounds: int, epsilon: float, p: float) -> float:
@@ -538,11 +612,13 @@ def _skip_term(rounds: int, epsilon: float, p: float) -> float:
         return math.inf
 
 
-def _account_fixed(z: float, delta: float, q: float, rounds: int, skip_p: float | None) -> tuple[float, float, SkipRule]:
-    """(accountant z, accountant δ, skip rule) for a given noise, the one with the smaller ε."""
+def _account_fixed(z: float, delta: float, q: float, rounds: int, skip_p: float | None,
+                   factor: int = 2) -> tuple[float, float, SkipRule]:
+    """(accountant z, accountant δ, skip rule) for a given noise, the one with the smaller ε; ``factor``:
+    the sum's sensitivity in units of C under the "sensitivity" rule (1 + the most sites on one node)."""
     if skip_p is None:
         return z, delta, "none"
-    options = [(gaussian_epsilon(z / 2, q, rounds, delta), z / 2, delta, "sensitivity")]
+    options = [(gaussian_epsilon(z / factor, q, rounds, delta), z / factor, delta, "sensitivity")]
     half = delta / 2
     eps = gaussian_epsilon(z, q, rounds, half)
     if _skip_term(rounds, eps, skip_p) <= delta - half:
@@ -552,7 +628,7 @@ def _account_fixed(z: float, delta: float, q: float, rounds: int, skip_p: float 
 
 
 def _calibrate(target: float, delta: float, q: float, rounds: int, inflation: float,
-               skip_p: float | None) -> tuple[float, float, float, SkipRule]:
+               skip_p: float | None, factor: int = 2) -> tuple[float, float, float, SkipRule]:
     """(noise z, accountant z, accountant δ, skip rule) meeting ``target``: calibrated on the value the
     accountant is given, last, so the printed ε ≤ target; the cheapest rule in noise wins."""
     options: list[tuple[float, float, float, SkipRule]] = []
@@ -561,7 +637,7 @@ def _calibrate(target: float, delta: float, q: float, rounds: int, inflation: fl
         options.append((z * inflation, z, delta, "none"))
     else:
         z = noise_for_target_epsilon(target, delta, q, rounds)
-        options.append((2 * z * inflation, z, delta, "sensitivity"))
+        options.append((factor * z * inflation, z, delta, "sensitivity"))
         half = delta / 2
         if _skip_term(rounds, target, skip_p) <= delta - half:
             z = noise_for_target_epsilon(target, half, q, rounds)
@@ -579,10 +655,30 @@ def _selection(cfg: PrivacyConfig, num_clients: int, clients_per_round: int) -> 
     return "poisson", float(cfg.sample_rate), None
 
 
+def _skellam_statements(cfg: PrivacyConfig, skellam: SkellamParams, delta: float, ring_bits: int, colluders: int,
+                        fewest: int) -> list[str]:
+    """What the plan says about distributed Skellam noise: the mechanism, the ε, the collusion bound."""
+    target = ""
+    if cfg.target_epsilon is not None:
+        target = (f" Each share is calibrated so that even a sum of only {fewest} honest shares — the fewest a released "
+                  f"sum can hold, whoever drops out or colludes — keeps ε ≤ the target {cfg.target_epsilon:g}.")
+    return [
+        f"Distributed DP: each client clips its whole shared update to L2 ≤ C = {cfg.clip:g} and adds its share of "
+        f"Skellam noise in the integer ring Z_2^{ring_bits} before masking, so the unmasked sum carries noise std "
+        f"z·C = {skellam.sum_noise_std(skellam.contributors):.4g} (z = {skellam.noise_multiplier:.4g}, "
+        f"{skellam.contributors} shares) and the server never sees a noise-free sum.{target}",
+        f"(ε, δ = {delta:.3g}) by the Skellam RDP bound (Agarwal, Kairouz & Liu 2021), per round without amplification "
+        f"by sampling, zero-out adjacency. It holds against the server colluding with up to c = {colluders} clients "
+        f"(⌊{CORRUPT_FRACTION:g}·n⌋ of a round's n, secure aggregation's bound): a round counts only the noise shares of "
+        f"clients whose input reached the sum, less c, and never fewer than {fewest}.",
+    ]
+
+
 def _skellam(
     cfg: PrivacyConfig, delta: float, rounds: int, fixed_k: int | None, sample_rate: float,
-    num_clients: int, model_dim: int | None, ring_bits: int,
+    num_clients: int, model_dim: int | None, ring_bits: int, fewest: int,
 ) -> SkellamParams:
+    """The Skellam parameters: for a target ε, calibrated for ``fewest`` honest shares per round."""
     if model_dim is None:
         raise ValueError("distributed noise needs model_dim (the length of the shared vector) to choose the ring scaling")
     assert cfg.clip is not None
@@ -595,7 +691,8 @@ def _skellam(
         z = (
             cfg.noise_multiplier
             if cfg.noise_multiplier is not None
-            else distributed.noise_for_target_epsilon(cfg.target_epsilon, delta, rounds, **setup)  # type: ignore[arg-type]
+            else distributed.noise_for_target_epsilon(cfg.target_epsilon, delta, rounds, shares=fewest,  # type: ignore[arg-type]
+                                                      **setup)
         )
         return skellam_params(noise_multiplier=z, **setup)  # type: ignore[arg-type]
     except RingTooSmall as exc:

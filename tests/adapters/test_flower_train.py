@@ -19,6 +19,7 @@ from secfed.adapters.flower.client_app import app as client_app
 from secfed.adapters.flower.server_app import FlowerRun, Settings
 from secfed.adapters.flower.sites import NodeSites
 from secfed.cli.main import cli
+from secfed.config import ConfigError
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import build
 from secfed.federation.evaluate import evaluate_final, evaluate_global, evaluate_local_training
@@ -149,3 +150,18 @@ def test_settings_a_flower_run_cannot_honour_are_refused_by_name(tmp_path, synth
         connection.write_text(text)
         result = CliRunner().invoke(cli, base, env={"COLUMNS": "250"})
         assert result.exit_code == 2 and expected in result.output, (text, result.output)
+
+
+def test_a_poisson_epsilon_over_nodes_hosting_several_sites_is_refused_by_name(small_config, tmp_path):
+    """Issue 20 item 8: the secure sum runs among SuperNodes; node 0 hosting clients 0 and 2 makes one client's
+    presence decide the release of up to (1 + 2)·C, not the 2C the plan analysed for one client per node."""
+    cfg = small_config
+    cfg.secagg.enabled = True
+    cfg.method.aggregation, cfg.model.bn_stats = "unweighted", "local"
+    cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.2
+    cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 0.5
+    grid, cohort = flower_nodes(tmp_path, 2)
+    with pytest.raises(ConfigError) as caught:
+        FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
+                                 poll=0.01)).run()
+    assert caught.value.key == "privacy.sampling" and "[2, 1]" in str(caught.value)

@@ -269,3 +269,21 @@ def test_local_training_adds_lambda_times_the_hallucinated_loss(monkeypatch: pyt
     assert seen and set(seen) == {"features"}
     seen.clear()
     assert train(1.0, None) == pytest.approx(base, rel=1e-5) and not seen  # no DFS: L = CE + T(F) alone
+
+
+def test_unnoised_dfs_refuses_a_client_level_epsilon() -> None:
+    """Issue 20 item 6: `--dfs-noise` needs shared BatchNorm statistics, client-level DP refuses them, so every DFH
+    run with a client-level ε sent each client's DFS raw. No ε may sit behind that channel: refused by name."""
+    run = {**RUN, "aggregation": "unweighted", "bn_stats": "local", "model_dim": 100}
+    for dp in (dict(clip=1.0, noise_multiplier=1.0), dict(clip=1.0, noise_multiplier=1.0, distributed=True)):
+        with pytest.raises(ConfigError) as caught:
+            resolve(PrivacyConfig(**dp), **run, dfs=(0.0, 4.0))
+        assert caught.value.key == "method.algorithm" and "DFS" in str(caught.value)
+    beta = resolve(PrivacyConfig(clip=1.0, dp_beta=0.1), **run, dfs=(0.0, 4.0))
+    assert not beta.claims_epsilon and beta.ledger() is None
+    assert any("no ε is claimed" in s and "DFS" in s for s in beta.statements)
+    cfg = RunConfig()
+    cfg.method.algorithm, cfg.method.aggregation, cfg.model.bn_stats = "dfh", "unweighted", "local"
+    cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.0
+    with pytest.raises(ConfigError, match="DFS"):
+        check(cfg)  # refused before any data is read

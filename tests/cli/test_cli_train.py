@@ -339,3 +339,12 @@ def test_each_epsilon_is_printed_with_whom_it_protects_against(synth_root: Path,
     assert "against those who see only the released models (amplified by Poisson client sampling" in text
     assert "against the server: none: central DP trusts the server" in text
     assert "Poisson client sampling amplifies the ε only against those who see only the released models" in text
+
+
+def test_a_distributed_epsilon_is_printed_with_its_collusion_bound() -> None:
+    """Issue 20 item 5: the ε of distributed noise holds against the server with at most c colluders; say so."""
+    from secfed.evaluation.report import privacy_cell
+
+    cell = privacy_cell({"epsilon": 2.0, "delta": 1e-5, "mechanism": "skellam", "colluders": 1, "epsilon_server": 2.0})
+    assert "≤ 1 colluding clients" in cell
+    assert "colluding" not in privacy_cell({"epsilon": 2.0, "delta": 1e-5, "mechanism": "gaussian"})

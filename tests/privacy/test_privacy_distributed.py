@@ -193,3 +193,46 @@ def test_full_path_through_secure_aggregation_with_a_dropout() -> None:
     account_round(four, params, len(out.survivors))
     account_round(five, params, n)
     assert four.epsilon(1e-5) > five.epsilon(1e-5)
+
+
+def test_colluders_subtract_their_shares_and_the_ledger_counts_only_the_rest() -> None:
+    """The attack behind issue 20 item 5: a colluding client hands the server its encoding (noise share
+    included); the server subtracts it. What noise is left is that of the other n − c shares, and that is
+    what the ledger accounts — not the n shares the plan was stated for."""
+    from secfed.config import PrivacyConfig
+    from secfed.privacy.policy import resolve
+
+    n = 5
+    plan = resolve(PrivacyConfig(clip=CLIP, noise_multiplier=1.0, distributed=True), num_clients=10,
+                   clients_per_round=n, rounds=1, aggregation="unweighted", secagg=True, bn_stats="local",
+                   model_dim=DIM)
+    params, rng = plan.skellam, np.random.default_rng(4)
+    assert plan.colluders == 1
+    residuals = []
+    for trial in range(4):
+        seed = rotation_seed(9, trial)
+        updates = [rng.normal(size=DIM) * 0.05 for _ in range(n)]
+        shares = [encode(u, params, rotation_seed=seed, rng=rng) for u in updates]
+        total = to_ring(sum(shares), params.ring_bits)
+        known = shares[0]  # the colluder's whole encoding, handed to the server
+        honest_sum = decode_sum(to_ring(centred_lift(total, params.ring_bits) - known, params.ring_bits), params,
+                                rotation_seed=seed)
+        residuals.append(honest_sum - sum(_clipped(u) for u in updates[1:]))
+    left = np.concatenate(residuals).var()
+    assert left == pytest.approx(params.sum_noise_std(n - 1) ** 2, rel=0.1)
+    ledger = plan.ledger()
+    ledger.record_round(n)
+    truth = SkellamAccountant()
+    account_round(truth, params, n - 1)
+    assert ledger.epsilon() == pytest.approx(truth.epsilon(plan.delta))
+
+
+def test_collusion_bound_is_the_secure_channels() -> None:
+    """The accounting's c is the corrupt bound secure aggregation's parameters are chosen for."""
+    from secfed.federation.secure_channel import SecureChannel
+    from secfed.privacy.distributed import collusion_bound
+    from secfed.privacy.policy import CORRUPT_FRACTION
+
+    channel = SecureChannel(run_seed=0, num_clients=40, clip=1.0, authenticated=True, graph="auto", design_dropout=0.1)
+    for n in (2, 3, 4, 5, 9, 10, 17, 40):
+        assert channel.params(n).corrupt_bound == collusion_bound(n, CORRUPT_FRACTION)

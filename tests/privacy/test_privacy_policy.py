@@ -5,6 +5,7 @@ import json
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 from opacus.accountants import RDPAccountant
@@ -249,3 +250,116 @@ def test_noise_source_is_named_in_the_statements() -> None:
     experiment = _plan(clip=1.0, noise_multiplier=1.0, reproducible_noise=True)
     assert any("NOT PRIVATE" in s for s in experiment.statements)
     assert any("outside_epsilon" in s for s in private.statements)  # what no ε covers is said
+
+
+def _distributed_epsilons(plan, cohorts: list[int]) -> float:
+    """ε a run's ledger ends at when its rounds release sums of ``cohorts[t]`` inputs (0: nothing released)."""
+    ledger = plan.ledger()
+    for contributors in cohorts:
+        ledger.record_round(contributors)
+    return ledger.epsilon()
+
+
+def test_distributed_target_is_never_exceeded_whoever_drops_out() -> None:
+    """Issue 20 item 4: the shares were calibrated for the planned cohort and accounted on those that arrived,
+    so one dropped client of 4 every round ended at ε 2.34 for a target of 2. Every cohort a released sum
+    can hold (2 … K, chosen per round by an adversarial server) must stay within the target."""
+    target, rounds = 2.0, 5
+    plan = _plan(dict(model_dim=1000, num_clients=10, clients_per_round=4), clip=1.0, target_epsilon=target,
+                 delta=1e-5, distributed=True)
+    for size in (2, 3, 4):
+        assert _distributed_epsilons(plan, [size] * rounds) <= target
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        assert _distributed_epsilons(plan, list(rng.integers(2, 5, size=rounds))) <= target
+    assert any(f"ε ≤ the target {target:g}" in s for s in plan.statements)
+
+
+def test_distributed_target_is_never_exceeded_under_poisson_cohorts() -> None:
+    """Poisson q = 0.5 over N = 8 clients: 58 % of simulated runs used to exceed the target."""
+    target, rounds = 2.0, 5
+    plan = _plan(dict(model_dim=1000, num_clients=8, clients_per_round=0), clip=1.0, target_epsilon=target, delta=1e-5,
+                 distributed=True, sampling="poisson", sample_rate=0.5)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        cohorts = [int(n) if n >= 2 else 0 for n in rng.binomial(8, 0.5, size=rounds)]  # fewer than 2: no sum
+        assert _distributed_epsilons(plan, cohorts) <= target
+
+
+def test_distributed_epsilon_does_not_count_colluders_noise() -> None:
+    """Issue 20 item 5: c = ⌊0.2·n⌋ clients may collude with the server and subtract their own noise shares;
+    a full round of 5 holds only 4 shares the server cannot remove, and the ε printed must say so."""
+    from secfed.privacy.distributed import account_round
+    from secfed.privacy.skellam import SkellamAccountant
+
+    plan = _plan(dict(model_dim=1000, num_clients=10, clients_per_round=5), clip=1.0, noise_multiplier=1.0,
+                 distributed=True)
+    ledger = plan.ledger()
+    truth = SkellamAccountant()
+    for _ in range(3):
+        ledger.record_round(5)
+        account_round(truth, plan.skellam, 4)
+    assert ledger.epsilon() == pytest.approx(truth.epsilon(plan.delta))
+    assert ledger.metrics()["colluders"] == 1
+    assert any("up to c = 1 clients" in s for s in plan.statements)
+
+
+def test_distributed_floor_of_honest_shares_follows_the_signature_quorum() -> None:
+    """Authenticated: an unmask request needs ⌊(n + c)/2⌋ + 1 signatures, so a released sum keeps ≥ 2 honest
+    shares; unauthenticated, only the two-input rule stands, and with c ≥ 1 one honest share (the client's own)."""
+    run = dict(model_dim=1000, num_clients=20, clients_per_round=10)
+    auth = _plan(run, clip=1.0, noise_multiplier=1.0, distributed=True)
+    plain = _plan({**run, "authenticated": False}, clip=1.0, noise_multiplier=1.0, distributed=True)
+    assert (auth.fewest_shares, auth.colluders) == (2, 2)
+    assert plain.fewest_shares == 1
+    assert _distributed_epsilons(plain, [2]) > _distributed_epsilons(auth, [2])
+
+
+def _released_sum(chosen: set[int], node_of: dict[int, int], x: dict[int, float]) -> float:
+    """What a round releases when the clients ``chosen`` upload: their sum iff ≥ 2 secure-sum nodes take part."""
+    return sum(x[k] for k in chosen) if len({node_of[k] for k in chosen}) >= 2 else 0.0
+
+
+def test_flower_skip_rule_is_per_node() -> None:
+    """Issue 20 item 8: on Flower the secure sum runs among SuperNodes (k mod P = partition-id). By brute force
+    over every cohort of a 2-node layout: adding one client changes the released sum by up to (1 + m)·C, not
+    2C, and the skip probability is that of fewer than two nodes taking part — both what the plan accounts."""
+    import itertools
+
+    from secfed.privacy.policy import _skip_probability
+
+    sites, q, d = (3, 3), 0.3, 0.1
+    node_of = {k: k % 2 for k in range(6)}
+    victim, x = 0, {k: 1.0 for k in range(6)}  # every update at the clip C = 1
+    others = [k for k in range(6) if k != victim]
+    worst = max(abs(_released_sum(set(s) | {victim}, node_of, x) - _released_sum(set(s), node_of, x))
+                for r in range(6) for s in itertools.combinations(others, r))
+    plan = _plan(dict(num_clients=6, clients_per_round=0, node_sites=sites), clip=1.0, noise_multiplier=8.0,
+                 sampling="poisson", sample_rate=q)
+    assert worst == 1 + max(sites)
+    assert plan.skip_rule == "sensitivity" and plan.accounting_noise_multiplier == pytest.approx(8.0 / worst)
+    skip = 0.0  # P[< 2 nodes take part], the victim removed: enumerate samples and node outages
+    for sampled in itertools.product((0, 1), repeat=5):
+        for up in itertools.product((0, 1), repeat=2):
+            p = math.prod(q if s else 1 - q for s in sampled) * math.prod(1 - d if u else d for u in up)
+            nodes = {node_of[k] for k, s in zip(others, sampled) if s and up[node_of[k]]}
+            skip += p if len(nodes) < 2 else 0.0
+    assert _skip_probability(sites, q, d) == pytest.approx(skip)
+    assert _skip_probability((1,) * 6, q, d) == pytest.approx((1 - q * (1 - d)) ** 5 + 5 * q * (1 - d) * (1 - q * (1 - d)) ** 4)
+
+
+def test_a_layout_the_epsilon_was_not_analysed_for_is_refused() -> None:
+    """The plan is made before Flower's SuperNodes say which sites they host; a layout it does not cover is
+    refused by name once they have."""
+    poisson = dict(clip=1.0, noise_multiplier=8.0, sampling="poisson", sample_rate=0.3)
+    with pytest.raises(ConfigError) as caught:
+        _plan(dict(num_clients=6, clients_per_round=0), **poisson).check_layout([3, 3])
+    assert caught.value.key == "privacy.sampling" and "[3, 3]" in str(caught.value)
+    _plan(dict(num_clients=6, clients_per_round=0, node_sites=(3, 3)), **poisson).check_layout([3, 3])
+    _plan(dict(num_clients=6, clients_per_round=0), **poisson).check_layout([1] * 6)
+    fixed = _plan(dict(num_clients=20, clients_per_round=20, model_dim=100), clip=1.0, noise_multiplier=1.0,
+                  distributed=True)
+    fixed.check_layout([10, 10])  # 2 nodes: no colluding node, ≥ 2 honest shares
+    with pytest.raises(ConfigError) as caught:
+        fixed.check_layout([5, 5, 4, 3, 3])  # one colluding node of 5 holds 5 shares; the ε counted c = 4
+    assert caught.value.key == "privacy.distributed"

@@ -147,6 +147,7 @@ class FlowerRun:
         atomic_file.write_text(run_dir / "data.json", json.dumps(fed.data_info, indent=2))
         ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
         hosts = self.hello(fed)
+        fed.server.privacy.plan.check_layout([len(sites) for sites in hosts.values()])  # the sum runs among nodes
         _say(f"secfed on Flower: {fed.method.describe()} · {len(fed.clients)} clients on {len(hosts)} SuperNodes · "
              f"channel {fed.channel.name}" + (" (authenticated)" if cfg.secagg.enabled and cfg.secagg.authenticated else ""))
         history: list[dict[str, Any]] = []
