@@ -33,9 +33,9 @@ from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec
 from secfed.federation.builder import Federation, build
 from secfed.federation.messages import MODEL, Aggregate, Broadcast, Upload
-from secfed.federation.runtime import check_data, restore, schedule_for
+from secfed.federation.runtime import check_data, restore, schedule_for, train_seed
 from secfed.models.sharing import load_shared
-from secfed.seeding import derive_seed, numpy_rng
+from secfed.seeding import numpy_rng
 
 _UPLOAD = re.compile(r"client-(\d{4,})\.upload$")
 _ROUND = re.compile(r"round-(\d{4,})$")
@@ -165,7 +165,7 @@ def rederive_next(run: AuditedRun, client_ids: list[int]) -> RoundEvidence:
         if received is not broadcast:
             personal[k] = received
         wire = codec.encode_broadcast(received)  # as the client would decode it
-        upload, _ = fed.clients[k].step(codec.decode_broadcast(wire), schedule, derive_seed(cfg.seed, "train", t, k))
+        upload, _ = fed.clients[k].step(codec.decode_broadcast(wire), schedule, train_seed(cfg, t, k))
         uploads[k] = upload
     return RoundEvidence(t + 1, "re-derived", broadcast, uploads, schedule, personal)
 

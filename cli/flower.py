@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -36,6 +38,20 @@ from secfed.cli.options import config_options, option_panels
 from secfed.config import RunConfig
 
 APP_NAME = "secfed-train"
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+FLOWER_LOG_LINE = re.compile(r"^(DEBUG|INFO)\s*:")  # Flower's own log lines; secfed's lines are plain
+
+
+def relay(lines: Any, console_out: Any, flower_log: Any) -> None:
+    """``flwr run --stream``'s output: Flower's colour codes stripped, its DEBUG and INFO lines to
+    ``flower_log`` (dropped when None), everything else (secfed's lines, warnings, errors) shown."""
+    for line in lines:
+        plain = ANSI.sub("", line)
+        if FLOWER_LOG_LINE.match(plain):
+            if flower_log is not None:
+                flower_log.write(plain)
+            continue
+        console_out.write(plain)
 
 
 @dataclass(frozen=True)
@@ -138,8 +154,10 @@ def check_flower_config(cfg: RunConfig, connection: Connection, resuming: bool) 
 
 
 def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, json_output: bool = False,
-                    resuming: bool = False, workdir: Path | None = None) -> dict[str, Any] | None:
-    """Submit the run to the SuperLink and stream its output; the summary when the run directory is here."""
+                    resuming: bool = False, workdir: Path | None = None,
+                    flower_log: Path | None = None) -> dict[str, Any] | None:
+    """Submit the run to the SuperLink and stream its output (Flower's own log lines to ``flower_log``);
+    the summary when the run directory is here."""
     require_flower()
     from secfed.adapters.flower.launch import CONNECTION, FLOWER_ENV, make_bin, toml_value, write_app
 
@@ -170,8 +188,8 @@ def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, js
         process = subprocess.Popen(["flwr", "run", str(app), CONNECTION, "--stream"], env=env, cwd=tmp_path,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         try:
-            for line in process.stdout:
-                (sys.stderr if json_output else sys.stdout).write(line)
+            with open(flower_log, "a") if flower_log else open(os.devnull, "w") as log:  # noqa: SIM115
+                relay(process.stdout, sys.stderr if json_output else sys.stdout, log)
             process.wait()
         except KeyboardInterrupt:
             process.terminate()
@@ -209,15 +227,19 @@ def flower_group() -> None:
 @click.option("--node-poll", type=click.FloatRange(min=0.01, max=3.0), default=None, metavar="SECONDS",
               help="Cap the SuperNodes' fixed polls (Flower's: 3 s idle, 0.5 s for replies): faster rounds on "
                    "loopback for a little idle CPU.")
+@click.option("--keep", is_flag=True, help="Keep RUN_DIR/../NAME.flower (the SuperNodes' state and the logs) "
+                                        "after a successful run; a failed run always keeps it.")
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), help="TOML file; flags override it.")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON object on stdout; the rest on stderr.")
 @config_options
-@option_panels(["--supernodes", "--insecure", "--node-poll", "--config", "--json", "--help"])
-def local_command(supernodes: int, insecure: bool, node_poll: float | None, **params: Any) -> None:
+@option_panels(["--supernodes", "--insecure", "--node-poll", "--keep", "--config", "--json", "--help"])
+def local_command(supernodes: int, insecure: bool, node_poll: float | None, keep: bool, **params: Any) -> None:
     """Train on a SuperLink and SUPERNODES SuperNodes started on 127.0.0.1 for this run.
 
-    Every Flower process is stopped afterwards; each SuperNode keeps its sites' state, identity
-    and sealing key in RUN_DIR/../NAME.flower/node-I (the logs are there too).
+    Every Flower process is stopped afterwards. Each SuperNode keeps its sites' state, identity
+    and sealing key in RUN_DIR/../NAME.flower/node-I, and Flower's logs go to
+    RUN_DIR/../NAME.flower/deployment/logs; that folder is removed after a successful run unless
+    --keep is given.
     """
     require_flower()
     from secfed.adapters.flower import Cohort
@@ -239,7 +261,10 @@ def local_command(supernodes: int, insecure: bool, node_poll: float | None, **pa
         ca = fed.pki.ca_cert if fed.pki else None
         connection = Connection(f"127.0.0.1:{fed.port}", ca, cohort_file, phase_timeout=300.0)
         connection.write(work / "connection.toml")
-        train_on_flower(cfg, run_dir, connection, json_output=params["json_output"], workdir=work)
+        train_on_flower(cfg, run_dir, connection, json_output=params["json_output"], workdir=work,
+                        flower_log=fed.logs / "flwr-run.log")
+    if not keep:  # reached only when the run finished: a failed run leaves its logs for the user
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @flower_group.command("keys")

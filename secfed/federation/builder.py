@@ -39,7 +39,8 @@ from secfed.privacy.round import ClientPrivacy, ServerPrivacy
 from secfed.seeding import derive_seed
 
 SYNTH_IMAGE_SIZE = (128, 64)  # the synthetic default is written at this size, then resized to the input
-SPLIT_FILE = "splits.json"  # seeded splits of the small sets, kept in the run directory by default
+SPLIT_FILE = "splits.json"
+ImageLoader = Callable[[Sequence[Sample], int, int], torch.Tensor]  # samples, height, width → uint8 (N, 3, H, W)  # seeded splits of the small sets, kept in the run directory by default
 
 
 def cache_dir() -> Path:
@@ -50,22 +51,28 @@ def cache_dir() -> Path:
 
 
 @dataclass
-class EvalDomain:
-    """A query/gallery split in memory, and the clients whose data came from this domain (none for an
-    unseen domain: no client trained on it)."""
+class DomainInfo:
+    """An evaluation domain by name, and the clients whose data came from it (none for an unseen
+    domain: no client trained on it). What the server knows of a domain."""
 
     name: str
-    query: torch.Tensor  # uint8 (Nq, 3, H, W)
-    gallery: torch.Tensor
-    query_pids: np.ndarray
-    query_camids: np.ndarray
-    gallery_pids: np.ndarray
-    gallery_camids: np.ndarray
     client_ids: tuple[int, ...]
 
     @property
     def unseen(self) -> bool:
         return not self.client_ids
+
+
+@dataclass
+class EvalDomain(DomainInfo):
+    """A domain's query/gallery split in memory (held where the data lives)."""
+
+    query: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # uint8 (Nq, 3, H, W)
+    gallery: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    query_pids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    query_camids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    gallery_pids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    gallery_camids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
 
 @dataclass
@@ -76,11 +83,12 @@ class Federation:
     clients: list[ClientSide]
     server: ServerSide
     channel: Channel
-    domains: list[EvalDomain]
+    domains: list[DomainInfo]  # EvalDomain (with query/gallery) where the data is
     plan: PrivacyPlan
     baselines: dict[int, Site] = field(default_factory=dict)  # local-only training, one per client
     baseline_dp: dict[int, ClientDpSgd] = field(default_factory=dict)
     data_info: dict[str, Any] = field(default_factory=dict)
+    census: Census | None = None  # what the server is told of the data (build_from_census)
 
     @property
     def sites(self) -> list[Site]:
@@ -251,19 +259,41 @@ def make_shards(cfg: RunConfig, datasets: list[ReidDataset]) -> tuple[list[Clien
     return shards, [(dataset, tuple(range(len(shards))))]
 
 
-def _eval_domain(dataset: ReidDataset, clients: tuple[int, ...], height: int, width: int) -> EvalDomain:
+def _eval_domain(dataset: ReidDataset, clients: tuple[int, ...], height: int, width: int,
+                 images: ImageLoader = load_images) -> EvalDomain:
     def arrays(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
         return np.array([s.pid for s in samples], dtype=np.int64), np.array([s.camid for s in samples], dtype=np.int64)
 
     qp, qc = arrays(dataset.query)
     gp, gc = arrays(dataset.gallery)
-    return EvalDomain(
-        dataset.name, load_images(dataset.query, height, width), load_images(dataset.gallery, height, width),
-        qp, qc, gp, gc, clients,
-    )
+    return EvalDomain(dataset.name, clients, query=images(dataset.query, height, width),
+                      gallery=images(dataset.gallery, height, width), query_pids=qp, query_camids=qc,
+                      gallery_pids=gp, gallery_camids=gc)
 
 
 # ---- the federation ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Census:
+    """What the server must know of the sites' data, and nothing more: ``info`` (data.json: datasets,
+    per client its name, image and identity counts, the content fingerprint), the identity count
+    over the federation (one shared head under FedAvg) and the evaluation domains by name with the
+    clients that trained on each. The Flower ServerApp builds its federation from this (the nodes
+    send it), so it never lists or decodes a site's data."""
+
+    info: dict[str, Any]
+    global_classes: int
+    domains: tuple[tuple[str, tuple[int, ...]], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"info": self.info, "global_classes": self.global_classes,
+                "domains": [[name, list(ids)] for name, ids in self.domains]}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Census:
+        return cls(dict(raw["info"]), int(raw["global_classes"]),
+                   tuple((str(name), tuple(int(k) for k in ids)) for name, ids in raw["domains"]))
 
 
 def build(
@@ -273,16 +303,62 @@ def build(
     run_dir: Path | None = None,
     data_root: Path | None = None,
     train_images: bool = True,
+    images: ImageLoader = load_images,
 ) -> Federation:
     """Read data, split it, and create the sites (with their initial models), server and channel.
 
     ``run_dir`` keeps drawn dataset splits (unless `data.split_file` says where); ``data_root``
     overrides `data.root` for moved data. ``train_images=False`` skips decoding the clients'
-    training images (evaluation only needs the models and the query/gallery sets)."""
+    training images (evaluation only needs the models and the query/gallery sets). ``images``
+    decodes a list of samples (a Flower node passes one that keeps what it decoded)."""
     check(cfg)
     split_path = Path(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
     data = resolve_data(cfg, split_path=split_path, root=data_root, progress=progress)
     shards, evaluated = make_shards(cfg, data.trained)
+    h, w = cfg.data.height, cfg.data.width
+    info = dict(data.info)
+    info["datasets"] = [_describe(d) for d in data.trained]
+    info["unseen"] = [_describe(d) for d in data.unseen]
+    info["public_images"] = len(data.public)
+    info["fingerprint"] = fingerprint([*data.trained, *data.unseen], Path(info["root"]))
+    info["clients"] = [{"id": k, "name": s.name, "images": len(s), "classes": s.num_classes} for k, s in enumerate(shards)]
+    census = Census(info, shards[0].num_global_classes,
+                    tuple((d.name, ids) for d, ids in evaluated) + tuple((d.name, ()) for d in data.unseen))
+    fed = assemble(cfg, census, data.public, shards=shards, train_images=train_images,
+                   images=images)
+    fed.domains = [_eval_domain(d, ids, h, w, images) for d, ids in evaluated]
+    fed.domains += [_eval_domain(d, (), h, w, images) for d in data.unseen]
+    return fed
+
+
+def build_from_census(cfg: RunConfig, census: Census) -> Federation:
+    """The server's federation: models, server side, channel and privacy plan from the census alone.
+
+    Its clients hold no images and no labels and its domains no query/gallery (DomainInfo: names and
+    owners): the sites train and evaluate where their data lives. The public set KD distils on is the
+    server's own (`method.kd_public`, or the synthetic default's public folder)."""
+    check(cfg)
+    return assemble(cfg, census, _server_public(cfg), shards=None, train_images=False)
+
+
+def _server_public(cfg: RunConfig) -> list[Path]:
+    """The public images the server holds: none without KD; `method.kd_public`; else the synthetic
+    default's public folder (generated on this machine, never a site's data)."""
+    if not cfg.method.kd:
+        return []
+    if cfg.method.kd_public is not None or cfg.data.root is not None:
+        return _public_from(cfg, Path("."))
+    root, manifest = cached(cache_dir(), domains=cfg.data.synth_domains, seed=cfg.data.seed, scale=cfg.data.synth_scale,
+                            height=SYNTH_IMAGE_SIZE[0], width=SYNTH_IMAGE_SIZE[1], unseen=cfg.data.synth_unseen,
+                            public=DEFAULT_PUBLIC_IMAGES)
+    return _list_images(root / manifest.public.folder)
+
+
+def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards: list[ClientShard] | None,
+             train_images: bool, images: ImageLoader = load_images) -> Federation:
+    """The federation from the census: ``shards`` (a site's side) give the sites their labels and,
+    with ``train_images``, their images; without them (the server's side) sites are empty."""
+    clients_info = census.info["clients"]
     h, w = cfg.data.height, cfg.data.width
     device = resolve_device(cfg.run.device)
     method = base_method(cfg)
@@ -291,16 +367,16 @@ def build(
     # shares one over the union of identities (FedAvg). DP-SGD swaps BatchNorm for GroupNorm in
     # every model (Opacus' rule), so it happens here, once, before anything is copied.
     torch.manual_seed(derive_seed(cfg.seed, "init"))
-    initial = method.build_model(shards[0].num_global_classes)
+    initial = method.build_model(census.global_classes)
     if cfg.privacy.dp_sgd:
         initial = dp_compatible(initial)
     layout = method.layout(initial)
-    public = load_images(data.public, h, w) if data.public else None
+    public = load_images(public_paths, h, w) if public_paths else None
     if cfg.method.kd_images and public is not None:
         public = public[: cfg.method.kd_images]
     method = with_options(method, cfg, public_images=public, server_model=initial.to(device), layout=layout)
 
-    num_clients = len(shards)
+    num_clients = len(clients_info)
     channel: Channel = SecureChannel.for_run(cfg, num_clients) if cfg.secagg.enabled else PlainChannel()
     extra_uploads = ["KD soft labels (features on the public set)"] if cfg.method.kd else []
     plan = resolve(
@@ -314,50 +390,53 @@ def build(
     if cfg.schedule.clients_per_round > num_clients:
         raise ConfigError("schedule.clients_per_round", f"{cfg.schedule.clients_per_round} > the {num_clients} clients")
 
-    total_examples = sum(len(s) for s in shards)
-    weight_scale = 1.0 / total_examples
+    sizes = [int(c["images"]) for c in clients_info]
+    weight_scale = 1.0 / sum(sizes)
     reproducible = cfg.privacy.reproducible_noise
     clients: list[ClientSide] = []
     baselines: dict[int, Site] = {}
     baseline_dp: dict[int, ClientDpSgd] = {}
-    for k, shard in enumerate(shards):
+    for k, entry in enumerate(clients_info):
         model = copy.deepcopy(initial)
         if not method.uses_global_labels:
             torch.manual_seed(derive_seed(cfg.seed, "classifier", k))
-            method.new_head(model, shard.num_classes)
+            method.new_head(model, int(entry["classes"]))
         model = model.to(device)
-        labels = shard.global_labels if method.uses_global_labels else shard.labels
-        images = load_images(shard.samples, h, w) if train_images else torch.empty((0, 3, h, w), dtype=torch.uint8)
-        site = Site(k, shard.name, images.to(device), torch.tensor(labels, dtype=torch.int64, device=device),
-                    model, weight_scale)
+        pixels, labels = _site_data(shards[k] if shards else None, method.uses_global_labels, train_images, h, w,
+                                    images)
+        site = Site(k, str(entry["name"]), pixels.to(device), labels.to(device), model, weight_scale)
         method.setup_site(site)
         noise = NoiseSource(derive_seed(cfg.seed, "client-noise", k), reproducible=reproducible)
-        dp = client_dp_sgd(plan.dp_sgd, cfg, len(shard), noise) if plan.dp_sgd is not None else None
+        dp = client_dp_sgd(plan.dp_sgd, cfg, sizes[k], noise) if plan.dp_sgd is not None else None
         clients.append(ClientSide(site, method, layout, ClientPrivacy(plan, cfg.seed, noise),
                                   hash_models=channel.needs_model_hash, dp_sgd=dp))
         if cfg.run.local_baseline:
-            alone = Site(k, shard.name, site.images, site.labels, copy.deepcopy(model), weight_scale)
+            alone = Site(k, site.name, site.images, site.labels, copy.deepcopy(model), weight_scale)
             method.setup_site(alone)
             baselines[k] = alone
             if plan.dp_sgd is not None:
-                baseline_dp[k] = client_dp_sgd(plan.dp_sgd, cfg, len(shard), noise)
+                baseline_dp[k] = client_dp_sgd(plan.dp_sgd, cfg, sizes[k], noise)
 
     server = ServerSide(
         method=method, layout=layout, weights=layout.flatten(initial.state_dict()).cpu(),
         privacy=ServerPrivacy.from_plan(plan, layout.trainable_mask(), cfg.seed,
                                         NoiseSource(derive_seed(cfg.seed, "server-noise"), reproducible=reproducible)),
-        enrolled={k: len(s) for k, s in enumerate(shards)}, weight_scale=weight_scale,
+        enrolled=dict(enumerate(sizes)), weight_scale=weight_scale,
     )
-    domains = [_eval_domain(d, ids, h, w) for d, ids in evaluated]
-    domains += [_eval_domain(d, (), h, w) for d in data.unseen]
-    info = dict(data.info)
-    info["datasets"] = [_describe(d) for d in data.trained]
-    info["unseen"] = [_describe(d) for d in data.unseen]
-    info["public_images"] = len(data.public)
-    info["fingerprint"] = fingerprint([*data.trained, *data.unseen], Path(info["root"]))
-    info["clients"] = [{"id": k, "name": s.name, "images": len(s), "classes": s.num_classes} for k, s in enumerate(shards)]
-    info["privacy"] = plan.to_dict()
-    return Federation(cfg, method, layout, clients, server, channel, domains, plan, baselines, baseline_dp, info)
+    domains: list[DomainInfo] = [DomainInfo(name, ids) for name, ids in census.domains]
+    info = {**census.info, "privacy": plan.to_dict()}
+    return Federation(cfg, method, layout, clients, server, channel, domains, plan, baselines, baseline_dp, info,
+                      census)
+
+
+def _site_data(shard: ClientShard | None, global_labels: bool, train_images: bool, h: int, w: int,
+               images: ImageLoader) -> tuple[torch.Tensor, torch.Tensor]:
+    """A site's images (empty unless ``train_images``) and labels (empty without its shard)."""
+    if shard is None:
+        return torch.empty((0, 3, h, w), dtype=torch.uint8), torch.empty(0, dtype=torch.int64)
+    labels = torch.tensor(shard.global_labels if global_labels else shard.labels, dtype=torch.int64)
+    pixels = images(shard.samples, h, w) if train_images else torch.empty((0, 3, h, w), dtype=torch.uint8)
+    return pixels, labels
 
 
 def _describe(d: ReidDataset) -> dict[str, Any]:

@@ -5,7 +5,10 @@ Server side and client sides meet only through messages: a Broadcast out, an Upl
 the channel (plain: summed in memory and counted at their wire size; secure aggregation: its own
 messages, encoded and decoded). In one process a Broadcast's tensors are shared by every client,
 which reads them and never writes them (tests/federation/test_methods_seam.py checks every method);
-``secfed train --flower`` carries the same messages through :mod:`secfed.federation.codec`.
+``secfed train --flower`` carries the same messages through :mod:`secfed.federation.codec`, and
+uses the same pieces: :func:`site_round` (a round's work at the sites, seeded by
+:func:`train_seed`), :func:`round_record`, :func:`eval_due` and :func:`eval_record` over the sites'
+evaluation jobs (:mod:`secfed.federation.evaluate`: each site scores its own query/gallery).
 
 ``run`` owns a run directory::
 
@@ -40,7 +43,7 @@ from secfed.evaluation.plots import plot_history
 from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec
 from secfed.federation.builder import Federation, build
-from secfed.federation.evaluate import evaluate_final, evaluate_global, evaluate_local_training
+from secfed.federation.evaluate import Scores, evaluate_here, final_scores, global_scores, local_training_scores
 from secfed.federation.messages import Aggregate, Broadcast, Upload
 from secfed.models.sharing import local_state
 from secfed.privacy import adversary
@@ -141,9 +144,70 @@ def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort:
     return record
 
 
-def _eval_due(cfg: RunConfig, round_number: int) -> bool:
+def train_seed(cfg: RunConfig, round_index: int, client_id: int) -> int:
+    """The seed of a site's local training in a round (its federated step and its local-only
+    baseline alike): the one rule wherever the site runs."""
+    return derive_seed(cfg.seed, "train", round_index, client_id)
+
+
+class SiteDiverged(ArithmeticError):
+    """A site's training produced NaN or infinite values (``where``: the site, or its baseline)."""
+
+    def __init__(self, where: str, cause: str) -> None:
+        super().__init__(f"{where}: {cause}")
+        self.where, self.cause = where, cause
+
+
+@dataclass
+class SiteWork:
+    """What a round's site steps produce: the uploads, and statistics per site name."""
+
+    uploads: list[Upload]
+    stats: dict[str, dict[str, float]]
+    baseline: dict[str, dict[str, float]]
+
+
+def site_round(fed: Federation, t: int, cohort: Sequence[int], baseline_sites: Sequence[int],
+               receive: Callable[[int], Broadcast], done: Callable[[str], None] = lambda name: None) -> SiteWork:
+    """Round ``t``'s work at the sites: every cohort site runs the method and its privacy step on what
+    it received, and the local-only baselines of ``baseline_sites`` train alone (same rule, same
+    seeds, never aggregated). Run in-process for every site, and on each Flower node for its own."""
+    schedule = schedule_for(fed.config, t)
+    work = SiteWork([], {}, {})
+    for k in cohort:
+        client = fed.clients[k]
+        try:
+            upload, stats = client.step(receive(k), schedule, train_seed(fed.config, t, k))
+        except TrainingDiverged as exc:
+            raise SiteDiverged(client.site.name, str(exc)) from None
+        work.uploads.append(upload)
+        if stats is not None:
+            work.stats[client.site.name] = {"loss": stats.loss, "accuracy": stats.accuracy, "examples": stats.examples}
+        done(client.site.name)
+    for k in baseline_sites:
+        alone = fed.baselines[k]
+        try:
+            stats = train_alone(fed.method, alone, schedule, train_seed(fed.config, t, k), fed.baseline_dp.get(k))
+        except TrainingDiverged as exc:
+            raise SiteDiverged(f"{alone.name} (local-only baseline)", str(exc)) from None
+        work.baseline[alone.name] = {"loss": stats.loss, "accuracy": stats.accuracy}
+    return work
+
+
+def eval_due(cfg: RunConfig, round_number: int) -> bool:
+    """Whether the round is evaluated: every `run.eval_every` rounds, and always the last."""
     every = cfg.run.eval_every
     return round_number == cfg.schedule.rounds or (every > 0 and round_number % every == 0)
+
+
+def eval_record(fed: Federation, scores: Scores, final: bool) -> dict[str, Any]:
+    """A metrics line's evaluation keys from the sites' scores (evaluate.plan's jobs)."""
+    out: dict[str, Any] = {"eval": global_scores(fed, scores)}
+    if fed.baselines:
+        out["eval_local"] = {k: v for k, v in local_training_scores(fed, scores).items() if v is not None}
+    if final:
+        out["final"] = final_scores(fed, scores)
+    return out
 
 
 def private_logs(fed: Federation) -> bool:
@@ -221,33 +285,20 @@ def _train_rounds(cfg: RunConfig, fed: Federation, run_dir: Path, reporter: Repo
         broadcast = fed.server.broadcast(t)
         schedule = schedule_for(cfg, t)
 
-        # Every selected client runs the method and its privacy step on what it received.
-        uploads: list[Upload] = []
         personal: dict[int, Broadcast] = {}
-        client_stats: dict[str, dict[str, float]] = {}
-        for k in cohort:
-            client = fed.clients[k]
+
+        def receive(k: int) -> Broadcast:
             received = fed.server.received(broadcast, k)  # Eq. 15 noise, when asked for
             if received is not broadcast:
                 personal[k] = received
-            try:
-                upload, stats = client.step(received, schedule, derive_seed(cfg.seed, "train", t, k))
-            except TrainingDiverged as exc:
-                raise RunDiverged(round_number, client.site.name, str(exc), run_dir, schedule.lr_new) from None
-            uploads.append(upload)
-            if stats is not None:
-                client_stats[client.site.name] = {"loss": stats.loss, "accuracy": stats.accuracy,
-                                                  "examples": stats.examples}
-            reporter.client_done(round_number, client.site.name)
-        # The local-training baseline: every client alone, same rule, same seeds, never aggregated.
-        baseline_stats = {}
-        for k, alone in fed.baselines.items():
-            try:
-                stats = train_alone(fed.method, alone, schedule, derive_seed(cfg.seed, "train", t, k), fed.baseline_dp.get(k))
-            except TrainingDiverged as exc:
-                raise RunDiverged(round_number, f"{alone.name} (local-only baseline)", str(exc), run_dir,
-                                  schedule.lr_new) from None
-            baseline_stats[alone.name] = {"loss": stats.loss, "accuracy": stats.accuracy}
+            return received
+
+        try:
+            work = site_round(fed, t, cohort, list(fed.baselines), receive,
+                              lambda name: reporter.client_done(round_number, name))
+        except SiteDiverged as exc:
+            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new) from None
+        uploads, client_stats, baseline_stats = work.uploads, work.stats, work.baseline
         if cfg.run.record_uploads:
             record_uploads(run_dir, round_number, uploads, broadcast, personal)
         t_train = time.perf_counter()
@@ -261,12 +312,9 @@ def _train_rounds(cfg: RunConfig, fed: Federation, run_dir: Path, reporter: Repo
         dropped = {fed.clients[k].site.name: phase for k, phase in sorted(dropouts.items())}
         record = round_record(fed, round_number, schedule, cohort, dropped, aggregate, client_stats,
                               baseline_stats, privacy)
-        if _eval_due(cfg, round_number):
-            record["eval"] = evaluate_global(fed)
-            if fed.baselines:
-                record["eval_local"] = {k: v for k, v in evaluate_local_training(fed).items() if v is not None}
-        if round_number == cfg.schedule.rounds:  # the last round is always evaluated: reuse its scores
-            record["final"] = evaluate_final(fed, aggregate.contributors, record["eval"], record.get("eval_local", {}))
+        if eval_due(cfg, round_number):
+            final = round_number == cfg.schedule.rounds
+            record.update(eval_record(fed, evaluate_here(fed, final=final, cohort=aggregate.contributors), final))
         t_end = time.perf_counter()
         wall += t_end - t0
         record["seconds"] = {"train": t_train - t0, "aggregate": t_agg - t_train, "eval": t_end - t_agg,
@@ -357,7 +405,8 @@ def prefixed(state: dict[str, Any]) -> dict[str, Any]:
     return {METHOD_STATE + k: v for k, v in state.items()}
 
 
-def _split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_prefixed(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A saved site state → (model tensors, the method's site state): the inverse of :func:`prefixed`."""
     own = {k: v for k, v in state.items() if not k.startswith(METHOD_STATE)}
     method = {k[len(METHOD_STATE):]: v for k, v in state.items() if k.startswith(METHOD_STATE)}
     return own, method
@@ -371,11 +420,11 @@ def restore(fed: Federation, state: dict[str, Any]) -> tuple[list[dict[str, Any]
     fed.method.load_server_state(state.get("server_state", {}))
     fed.server.state = dict(state.get("server_kept", {}))
     for client in fed.clients:
-        own, method = _split(state["clients"][str(client.site.id)])
+        own, method = split_prefixed(state["clients"][str(client.site.id)])
         client.site.model.load_state_dict(own, strict=False)
         fed.method.load_site_state(client.site, method)
     for k, alone in fed.baselines.items():
-        own, method = _split(state["baselines"][str(k)])
+        own, method = split_prefixed(state["baselines"][str(k)])
         alone.model.load_state_dict(own)
         fed.method.load_site_state(alone, method)
     fed.server.privacy.load_state_dict(json.loads(state["privacy"]))

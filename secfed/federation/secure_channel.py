@@ -112,8 +112,8 @@ class SecureChannel:
             data = codec.encode_upload(only_shared(u))
             shared_bytes += len(data)
             shared[u.client_id] = dict(codec.decode_upload(data).shared)
-        segments = self._segments(uploads[0]) if uploads else []
-        inputs = {u.client_id: self._ring_vector(u, segments, self.rounding(t, u.client_id)) for u in uploads}
+        layout = self.layout(ring_shape(uploads[0]) if uploads else [])
+        inputs = {u.client_id: layout.ring_vector(u, self.rounding(t, u.client_id)) for u in uploads}
         clipped = sum(c for _, c in inputs.values())
         up = received = 0
         online = [u.client_id for u in uploads]
@@ -141,7 +141,7 @@ class SecureChannel:
             up += sum(result.bytes_sent)
             received += sum(result.bytes_received)
             contributors = tuple(online[i] for i in result.survivors)
-            sums, weights = self._decode(result.ring_total, segments, len(contributors))
+            sums, weights = layout.decode(result.ring_total, len(contributors))
             return Aggregate(t, sums, weights, contributors, {k: v for k, v in shared.items() if k in contributors},
                              up + shared_bytes, down + received, clipped)
         sums, weights = zero_sums(uploads)
@@ -155,22 +155,38 @@ class SecureChannel:
 
     # ---- ring layout ---------------------------------------------------------------------------
 
-    def _segments(self, upload: Upload) -> list[_Segment]:
+    def layout(self, shape: Sequence[tuple[str, int, str, float | None]]) -> RingLayout:
+        """The ring layout of uploads of this ``shape`` (see :func:`ring_shape`), with this run's quantisers."""
         segments, start = [], 0
-        for name, s in sorted(upload.summed.items()):
-            if s.encoding == "ring":
-                segments.append(_Segment(name, start, s.vector.numel(), None))
-                start += s.vector.numel()
-            else:
-                segments.append(_Segment(name, start, s.vector.numel() + 1, self.quantizer(s.bound)))
-                start += s.vector.numel() + 1
-        return segments
+        for name, numel, encoding, bound in sorted(shape):
+            length = numel if encoding == "ring" else numel + 1
+            segments.append(_Segment(name, start, length, None if encoding == "ring" else self.quantizer(bound)))
+            start += length
+        return RingLayout(tuple(segments))
 
-    def _ring_vector(self, upload: Upload, segments: list[_Segment], rng: np.random.Generator) -> tuple[np.ndarray, int]:
+
+def ring_shape(upload: Upload) -> list[tuple[str, int, str, float | None]]:
+    """What a ring layout depends on, and no value: (name, size, encoding, bound) per summed vector.
+    A Flower node announces this; the server rebuilds the layout from it."""
+    return [(name, s.vector.numel(), s.encoding, s.bound) for name, s in sorted(upload.summed.items())]
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """Where each summed vector lies in a client's ring vector: an upload → its ring vector, a summed
+    ring vector → the decoded sums. The secure channel and the Flower transport both use it."""
+
+    segments: tuple[_Segment, ...]
+
+    @property
+    def length(self) -> int:
+        return sum(s.length for s in self.segments)
+
+    def ring_vector(self, upload: Upload, rng: np.random.Generator) -> tuple[np.ndarray, int]:
         """One client's ring vector and how many of its values were clipped to the segments' bounds."""
-        out = protocols.parallel.zeros(sum(s.length for s in segments))
+        out = protocols.parallel.zeros(self.length)
         clipped = 0
-        for seg in segments:
+        for seg in self.segments:
             s: Summand = upload.summed[seg.name]
             part = out[seg.start : seg.start + seg.length]
             if seg.quantizer is None:
@@ -181,10 +197,11 @@ class SecureChannel:
             clipped += seg.quantizer.quantize_into(part[-1:], np.array([s.weight]), rng)
         return out, clipped
 
-    def _decode(self, total: np.ndarray, segments: list[_Segment], contributors: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    def decode(self, total: np.ndarray, contributors: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """The sums Σ w·x and Σ w per name from a summed ring vector of ``contributors`` clients."""
         sums: dict[str, torch.Tensor] = {}
         weights: dict[str, float] = {}
-        for seg in segments:
+        for seg in self.segments:
             part = total[seg.start : seg.start + seg.length]
             if seg.quantizer is None:
                 sums[seg.name] = torch.from_numpy(part.astype(np.int64))

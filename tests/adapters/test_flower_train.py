@@ -6,6 +6,7 @@ cannot honour are refused by name."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -13,16 +14,17 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from secfed.adapters.flower import Cohort, evaluation
+from secfed.adapters.flower import Cohort
 from secfed.adapters.flower import node as node_files
 from secfed.adapters.flower.client_app import app as client_app
 from secfed.adapters.flower.server_app import FlowerRun, Settings
+from secfed.adapters.flower import sites as sites_module
 from secfed.adapters.flower.sites import NodeSites
 from secfed.cli.main import cli
 from secfed.config import ConfigError
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import build
-from secfed.federation.evaluate import evaluate_final, evaluate_global, evaluate_local_training
+from secfed.federation import evaluate as evaluation
 from secfed.federation.runtime import run
 
 from fakegrid import FakeGrid
@@ -113,8 +115,32 @@ def test_a_sites_state_survives_the_process(small_config, tmp_path):
                            next(first.fed.clients[1].site.model.parameters()))
 
 
+def test_a_node_decodes_its_images_once_and_checks_what_it_kept(small_config, tmp_path, monkeypatch):
+    """A node's second message decodes no image: the first left them in its state folder (0600);
+    a kept file whose tensor was altered is not trusted but decoded again."""
+    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path)}
+    token = secrets.token_hex(16)
+    first = NodeSites.open(small_config, config, token, train=True)
+    kept = sorted((tmp_path / "images").glob("*.pt"))
+    assert kept and all(p.stat().st_mode & 0o777 == 0o600 for p in kept)
+    decoded = []
+    real = sites_module.load_images
+    monkeypatch.setattr(sites_module, "load_images", lambda samples, *a, **kw: decoded.append(len(samples)) or real(samples, *a, **kw))
+    second = NodeSites.open(small_config, config, token, train=True)
+    assert decoded == []
+    for k in second.sites:
+        assert torch.equal(second.fed.clients[k].site.images, first.fed.clients[k].site.images)
+    saved = torch.load(kept[0], weights_only=True)
+    saved["images"][0].fill_(0)  # the digest no longer matches the tensor
+    torch.save(saved, kept[0])
+    third = NodeSites.open(small_config, config, token, train=True)
+    assert len(decoded) == 1
+    for k in third.sites:
+        assert torch.equal(third.fed.clients[k].site.images, first.fed.clients[k].site.images)
+
+
 @pytest.mark.parametrize("bn_stats", ["shared", "local"])
-def test_evaluation_jobs_reproduce_evaluate_py(small_config, bn_stats):
+def test_evaluation_jobs_score_the_models_each_table_names(small_config, bn_stats):
     cfg = small_config
     cfg.model.bn_stats = bn_stats
     cfg.data.leave_out = ["corridor"]  # an unseen domain too
@@ -130,10 +156,71 @@ def test_evaluation_jobs_reproduce_evaluate_py(small_config, bn_stats):
                     buf.mul_(1 + torch.rand(buf.shape, generator=gen))
     cohort = (0,)
     jobs = evaluation.plan(fed, local_training=True, final=True, cohort=cohort)
-    scores = evaluation.run_jobs(fed, [j for js in jobs.values() for j in js], fed.server.weights)
-    assert evaluation.global_scores(fed, scores) == evaluate_global(fed)
-    assert evaluation.local_training_scores(fed, scores) == evaluate_local_training(fed)
-    assert evaluation.final_scores(fed, scores) == evaluate_final(fed, cohort)
+    assert all(job[0] == k for k, site_jobs in jobs.items() for job in site_jobs)  # a site runs only its own jobs
+    tables = evaluation.final_scores(fed, evaluation.run_jobs(fed, [j for js in jobs.values() for j in js]))
+    for d in fed.domains:
+        scorers = [d.client_ids[0]] if not d.unseen else [0] if bn_stats == "shared" else range(len(fed.clients))
+        expected = evaluation.mean_scores(evaluation.score(evaluation.global_model(fed, k), d) for k in scorers)
+        assert tables[d.name]["federated"] == expected
+        assert tables[d.name]["raw_pixels"] == evaluation.raw_pixel_floor(d)
+        if not d.unseen:
+            assert tables[d.name]["local"] == evaluation.mean_scores(
+                evaluation.score(fed.baselines[k].model, d) for k in d.client_ids)
+            assert tables[d.name]["local_model"] == evaluation.mean_scores(
+                evaluation.score(fed.clients[k].site.model, d) for k in d.client_ids if k in cohort)
+
+
+class _ServerMustNotRead:
+    """Fails any open or listing of a path under ``root`` made outside a node's message handler."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        import builtins
+        import os
+
+        self.root, self.on_node, self.caught = str(root.resolve()), False, []
+        for module, name in ((builtins, "open"), (os, "scandir"), (os, "listdir"), (os, "stat")):
+            monkeypatch.setattr(module, name, self._guard(getattr(module, name)))
+
+    def _guard(self, real):
+        def guarded(path=".", *args, **kwargs):
+            where = os.path.abspath(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else ""
+            if not self.on_node and where.startswith(self.root):
+                self.caught.append(where)
+                raise PermissionError(f"the server touched a site's data: {where}")
+            return real(path, *args, **kwargs)
+
+        return guarded
+
+    def node(self, app):
+        def handle(message, context):
+            self.on_node = True
+            try:
+                return app(message, context)
+            finally:
+                self.on_node = False
+
+        return handle
+
+
+def test_the_server_reads_no_sites_data_and_the_sites_evaluate(small_config, tmp_path, monkeypatch, synth_root):
+    """The ServerApp lists no site's images and decodes none (every open/listing under the data root
+    outside a node fails); the run still evaluates every domain, the raw-pixel floor included, and
+    gives the in-process run's scores."""
+    cfg = small_config
+    cfg.schedule.rounds = 1
+    cfg.run.local_baseline = False
+    cfg.data.leave_out = ["corridor"]  # an unseen domain, scored by a node that holds it
+    local = run(cfg, tmp_path / "in-process")
+    grid, _ = flower_nodes(tmp_path, 2)
+    guard = _ServerMustNotRead(synth_root, monkeypatch)
+    for n in grid.apps:
+        grid.apps[n] = guard.node(grid.apps[n])
+    summary = FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), None, phase_timeout=60,
+                                       poll=0.01)).run()
+    assert not guard.caught
+    expected = json.loads((local.run_dir / "summary.json").read_text())
+    assert summary["domains"] == expected["domains"] and summary["unseen"] == expected["unseen"]
+    assert all(row["raw_pixels_rank1"] is not None for row in summary["domains"] + summary["unseen"])
 
 
 def test_settings_a_flower_run_cannot_honour_are_refused_by_name(tmp_path, synth_root):
@@ -165,3 +252,15 @@ def test_a_poisson_epsilon_over_nodes_hosting_several_sites_is_refused_by_name(s
         FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
                                  poll=0.01)).run()
     assert caught.value.key == "privacy.sampling" and "[2, 1]" in str(caught.value)
+
+
+def test_flowers_colour_codes_and_debug_lines_stay_out_of_secfeds_output():
+    import io
+
+    from secfed.cli.flower import relay
+
+    shown, log = io.StringIO(), io.StringIO()
+    relay(["\x1b[92mINFO \x1b[0m:      Starting logstream for run 7\n", "\x1b[94mDEBUG \x1b[0m: pulled 3 messages\n",
+           "round 1/2: 3 contributors, 4.0 s\n", "\x1b[93mWARNING \x1b[0m: node 12 did not answer\n"], shown, log)
+    assert shown.getvalue() == "round 1/2: 3 contributors, 4.0 s\nWARNING : node 12 did not answer\n"
+    assert "Starting logstream" in log.getvalue() and "pulled 3 messages" in log.getvalue() and "\x1b" not in log.getvalue()

@@ -35,9 +35,11 @@ def test_train_on_flower_loopback_writes_the_in_process_run_directory(tmp_path, 
     # In-process first: it also generates the synthetic default into the cache the nodes read.
     local = runner.invoke(cli, ["train", *SMALL, "--out", str(out), "--name", "in-process"])
     assert local.exit_code == 0, local.output
-    flower = runner.invoke(cli, ["flower", "local", "--supernodes", "2", "--node-poll", "0.2", *SMALL,
+    flower = runner.invoke(cli, ["flower", "local", "--supernodes", "2", "--node-poll", "0.2", "--keep", *SMALL,
                                  "--out", str(out), "--name", "flower"])
     assert flower.exit_code == 0, flower.output
+    assert "\x1b[" not in flower.output and "DEBUG" not in flower.output  # Flower's own lines go to its log
+    assert (out / "flower.flower" / "deployment" / "logs" / "flwr-run.log").is_file()
     ours, theirs = out / "flower", out / "in-process"
     assert files(ours) == files(theirs)
     assert {"config.json", "data.json", "metrics.jsonl", "summary.json", "history.png"} <= files(ours)

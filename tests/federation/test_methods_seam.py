@@ -19,6 +19,7 @@ from secfed.federation import codec
 from secfed.federation.builder import build
 from secfed.federation.messages import MODEL, TrainStats
 from secfed.federation.runtime import run, schedule_for
+from secfed.federation.secure_channel import ring_shape
 from secfed.protocols.secagg.messages import MaskedInput
 from secfed.seeding import derive_seed
 
@@ -59,7 +60,7 @@ def test_a_kd_cdw_round_shows_the_server_only_sums(tiny_config: RunConfig, synth
     assert len(masked) == len(uploads)
     rng = np.random.default_rng(0)
     for upload, vector in zip(sorted(uploads, key=lambda u: u.client_id), masked):
-        plain = fed.channel._ring_vector(upload, fed.channel._segments(upload), rng)[0]
+        plain = fed.channel.layout(ring_shape(upload)).ring_vector(upload, rng)[0]
         assert np.mean(plain == vector) < 1e-3
     # what reaches the server side: one sum and one total weight per name, never a per-client m_k or vector
     assert set(aggregate.sums) == {MODEL, KD} and aggregate.contributors == (0, 1, 2)

@@ -2,8 +2,10 @@
 
 Messages from secfed's ServerApp (server_app.py), all carrying the run configuration:
 
-    hello      report the sites this node hosts (sites.py) after checking that its data is the
-               data the server's run reads (content fingerprint)
+    hello      report the sites this node hosts (sites.py) and the run's census (builder.Census: what
+               data.json shows — datasets, per site its image and identity counts, the content
+               fingerprint — and the evaluation domains by name): the server builds its federation
+               from it and never reads a site's data
     train      run the round for the node's sites in the cohort — ClientSide.step on the broadcast,
                the privacy step, the local-only baselines — and save each site's state. With secure
                aggregation the uploads' summed parts become ONE ring vector for the node (the
@@ -14,7 +16,8 @@ Messages from secfed's ServerApp (server_app.py), all carrying the run configura
                Without secure aggregation the reply carries the uploads (the plain channel).
     fetch      inside the secure aggregation's masked-input phase (SecAggMod calls the app): the
                stored ring vector, once, and only for the broadcast it was trained on
-    evaluate   score the jobs of evaluation.py for the node's sites
+    evaluate   score the jobs of federation/evaluate.py for the node's sites on the node's own
+               query/gallery; only the scores travel back
 
 The node's protocol client is SecAggMod (mod.py); this module never sees a protocol message.
 """
@@ -54,14 +57,14 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    from .evaluation import run_jobs
     from secfed.federation import codec
+    from secfed.federation.evaluate import run_jobs
 
     step = msg.content.config_records[STEP]
     sites = _open(step, context, train=False)
     jobs = [tuple(j) for j in json.loads(str(step["jobs"])) if j[0] in sites.sites]
-    weights = codec.decode_broadcast(array_bytes(msg.content[BROADCAST]["common"], BROADCAST)).weights
-    scores = run_jobs(sites.fed, jobs, weights)
+    sites.fed.server.weights = codec.decode_broadcast(array_bytes(msg.content[BROADCAST]["common"], BROADCAST)).weights
+    scores = run_jobs(sites.fed, jobs)  # the node's own query/gallery: only the scores leave
     return Message(RecordDict({STEP: ConfigRecord({"step": "evaluate", "scores": json.dumps(
         [[*job, value] for job, value in scores.items()])})}), reply_to=msg)
 
@@ -80,51 +83,33 @@ def _open(step: ConfigRecord, context: Context, *, train: bool) -> Any:
 
 
 def _hello(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
-    from .sites import DATA_ROOT_KEY
-
     sites = _open(step, context, train=False)
-    fingerprint = sites.fed.data_info["fingerprint"]
-    if fingerprint != step["fingerprint"]:
-        raise node.NodeSetupError("this node's data is not the data the server's run reads (content fingerprints "
-                                  f"differ); point the node config {DATA_ROOT_KEY} at the run's data")
-    return RecordDict({STEP: ConfigRecord({"step": "hello", "sites": sites.sites})})
+    return RecordDict({STEP: ConfigRecord({"step": "hello", "sites": sites.sites,
+                                           "census": json.dumps(sites.fed.census.to_dict())})})
 
 
 def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
-    from secfed.algorithms.base import TrainingDiverged, train_alone
     from secfed.federation import codec
     from secfed.federation.channel import only_shared
-    from secfed.federation.runtime import private_logs, schedule_for
-    from secfed.seeding import derive_seed
+    from secfed.federation.runtime import SiteDiverged, private_logs, site_round
+    from secfed.federation.secure_channel import ring_shape
 
     sites = _open(step, context, train=True)
     fed, cfg = sites.fed, sites.fed.config
     t = int(step["round"])
     cohort = [k for k in sites.sites if k in set(step["cohort"])]
-    schedule = schedule_for(cfg, t)
     broadcasts = content[BROADCAST]
     common = array_bytes(broadcasts["common"], BROADCAST)
-    uploads, stats, baseline = [], {}, {}
-    where = ""
-    try:
-        for k in cohort:
-            client = fed.clients[k]
-            where = client.site.name
-            personal = broadcasts.get(f"site-{k}")
-            data = array_bytes(personal, BROADCAST) if personal is not None else common
-            upload, trained = client.step(codec.decode_broadcast(data), schedule, derive_seed(cfg.seed, "train", t, k))
-            uploads.append(upload)
-            if trained is not None:
-                stats[client.site.name] = {"loss": trained.loss, "accuracy": trained.accuracy,
-                                           "examples": trained.examples}
-        for k in sites.sites:  # the local-only baselines train every round, like in-process
-            if k in fed.baselines:
-                alone = fed.baselines[k]
-                where = f"{alone.name} (local-only baseline)"
-                got = train_alone(fed.method, alone, schedule, derive_seed(cfg.seed, "train", t, k), fed.baseline_dp.get(k))
-                baseline[alone.name] = {"loss": got.loss, "accuracy": got.accuracy}
-    except TrainingDiverged as exc:  # the server stops the run, as in-process
-        return RecordDict({STEP: ConfigRecord({"step": "train", "diverged": json.dumps([where, str(exc)])})})
+
+    def receive(k: int) -> Any:
+        personal = broadcasts.get(f"site-{k}")
+        return codec.decode_broadcast(array_bytes(personal, BROADCAST) if personal is not None else common)
+
+    try:  # the local-only baselines train every round, like in-process
+        work = site_round(fed, t, cohort, [k for k in sites.sites if k in fed.baselines], receive)
+    except SiteDiverged as exc:  # the server stops the run, as in-process
+        return RecordDict({STEP: ConfigRecord({"step": "train", "diverged": json.dumps([exc.where, exc.cause])})})
+    uploads, stats, baseline = work.uploads, work.stats, work.baseline
     for k in sites.sites:
         sites.save(k)
     if private_logs(fed):  # a run that claims an ε logs no per-client figures: they do not leave the node
@@ -136,17 +121,16 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
                              "baseline": json.dumps(baseline), "accountants": json.dumps(accountants)}
     out = ArrayRecord()
     if cfg.secagg.enabled and uploads:
-        channel = fed.channel
-        segments = channel._segments(uploads[0])  # the in-process secure channel's layout and quantisers
-        total = np.zeros(sum(s.length for s in segments) + CLIP_WORD, dtype=np.uint32)
+        shape = ring_shape(uploads[0])
+        layout = fed.channel.layout(shape)  # the in-process secure channel's layout and quantisers
+        total = np.zeros(layout.length + CLIP_WORD, dtype=np.uint32)
         for upload in uploads:
-            vector, clipped = channel._ring_vector(upload, segments, channel.rounding(t, upload.client_id))
+            vector, clipped = layout.ring_vector(upload, fed.channel.rounding(t, upload.client_id))
             total[:-CLIP_WORD] += vector  # wraps mod 2^32: the ring sum of this node's sites
             total[-1] += np.uint32(clipped)
         digest = hashlib.sha256(common).digest()
         _store(context, t, digest + total.tobytes())
-        reply["shape"] = json.dumps([[name, s.vector.numel(), s.encoding, s.bound]
-                                     for name, s in sorted(uploads[0].summed.items())])
+        reply["shape"] = json.dumps(shape)
         for upload in uploads:
             if upload.shared:
                 out[f"site-{upload.client_id}"] = bytes_array(codec.encode_upload(only_shared(upload)))

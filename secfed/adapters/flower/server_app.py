@@ -3,14 +3,16 @@
 It is :func:`secfed.federation.runtime.run` with the client steps and the channel replaced by
 Flower messages, and writes the same run directory (config.json, data.json, metrics.jsonl with
 the same keys, checkpoints/, summary.json, history.png) on the machine that runs the ServerApp
-(the SuperLink's). Per round:
+(the SuperLink's). It never lists or decodes a site's data: the nodes' hello replies carry the
+run's census (builder.Census) and the server builds its federation from that alone. Then per round:
 
     cohort, broadcast                       ServerSide, as in-process
     train      → nodes hosting the cohort   client steps, privacy step, baselines (client_app.py)
     secure aggregation of the nodes'        SecAggWorkflow, bound to the broadcast the nodes
     ring vectors (one per node)             trained on; the protocol asks each node for its vector
     decode, apply, account                  the secure channel's decoding, ServerSide.apply
-    evaluate   → nodes hosting the sites    evaluation.py; raw-pixel scores here
+    evaluate   → nodes hosting the sites    federation/evaluate.py's jobs on the nodes' own
+                                            query/gallery (raw-pixel floor too); only scores return
     record, checkpoint, one metrics line
 
 What differs from an in-process run: each node adds its sites' quantised vectors before masking,
@@ -40,14 +42,17 @@ from flwr.serverapp import Grid, ServerApp
 
 from secfed import atomic_file
 from secfed.config import ConfigError, ConfigIssue, RunConfig, from_dict
+from secfed.environment import environment
 from secfed.evaluation.plots import plot_history
 from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec
-from secfed.federation.builder import Federation, build
-from secfed.federation.messages import Aggregate, Summand, Upload
+from secfed.federation import evaluate as evaluation
+from secfed.federation.builder import Census, Federation, build_from_census
+from secfed.federation.messages import Aggregate, Upload
 from secfed.federation.runtime import (
     RunDiverged,
-    _eval_due,
+    eval_due,
+    eval_record,
     dp_record,
     new_run_dir,
     private_logs,
@@ -59,7 +64,6 @@ from secfed.federation.runtime import (
 )
 from secfed.protocols import ProtocolError
 
-from . import evaluation
 from .client_app import BROADCAST, CLIP_WORD, STEP, UPLOADS
 from .encoding import RING, Encoding
 from .node import Cohort
@@ -141,13 +145,13 @@ class FlowerRun:
 
     def run(self) -> dict[str, Any]:
         cfg, run_dir = self.cfg, self.settings.run_dir
-        with new_run_dir(run_dir):  # a refusal found while building leaves nothing behind
-            fed = build(cfg, run_dir=run_dir, train_images=False)  # the server's view: no client images
+        with new_run_dir(run_dir):  # a refusal found while enrolling or building leaves nothing behind
+            hosts, census = self.hello()
+            fed = build_from_census(cfg, census)  # the server's view: what the nodes enrolled, no site data
+            fed.server.privacy.plan.check_layout([len(sites) for sites in hosts.values()])  # the sum runs among nodes
         atomic_file.write_text(run_dir / "config.json", cfg.to_json())
-        atomic_file.write_text(run_dir / "data.json", json.dumps(fed.data_info, indent=2))
+        atomic_file.write_text(run_dir / "data.json", json.dumps({**fed.data_info, "environment": environment()}, indent=2))
         ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
-        hosts = self.hello(fed)
-        fed.server.privacy.plan.check_layout([len(sites) for sites in hosts.values()])  # the sum runs among nodes
         _say(f"secfed on Flower: {fed.method.describe()} · {len(fed.clients)} clients on {len(hosts)} SuperNodes · "
              f"channel {fed.channel.name}" + (" (authenticated)" if cfg.secagg.enabled and cfg.secagg.authenticated else ""))
         history: list[dict[str, Any]] = []
@@ -165,17 +169,25 @@ class FlowerRun:
         _say(f"run directory: {run_dir}")
         return summary
 
-    def hello(self, fed: Federation) -> dict[int, list[int]]:
-        """node id → the sites it hosts, once every site is hosted by exactly one node."""
-        step = self._step("hello", fingerprint=fed.data_info["fingerprint"])
+    def hello(self) -> tuple[dict[int, list[int]], Census]:
+        """node id → the sites it hosts, once every site is hosted by exactly one node; and the run's
+        census (the data's description the nodes agree on)."""
+        step = self._step("hello")
         hosts: dict[int, list[int]] = {}
+        censuses: dict[str, Census] = {}
         deadline = time.monotonic() + self.settings.start_timeout
         while True:
             new = [n for n in self.grid.get_node_ids() if n not in hosts]
             replies = exchange(self.grid, {n: RecordDict({STEP: step}) for n in new}, timeout=self.settings.phase_timeout,
                                poll=self.settings.poll)
             for n, reply in replies.items():
-                hosts[n] = [int(k) for k in reply.content.config_records[STEP]["sites"]]
+                out = reply.content.config_records[STEP]
+                hosts[n] = [int(k) for k in out["sites"]]
+                census = Census.from_dict(json.loads(str(out["census"])))
+                censuses[census.info["fingerprint"]] = census
+            if len(censuses) > 1:
+                raise RuntimeError("the SuperNodes read different data (content fingerprints differ); point every "
+                                   "node's secfed-data-root at the run's data")
             owners: dict[int, list[int]] = {}
             for n, sites in hosts.items():
                 for k in sites:
@@ -184,9 +196,10 @@ class FlowerRun:
             if twice:
                 raise RuntimeError(f"clients {sorted(twice)} are hosted by more than one SuperNode: give each "
                                    "SuperNode its own partition-id (and the same num-partitions)")
-            missing = [k for k in range(len(fed.clients)) if k not in owners]
-            if not missing:
-                return {n: s for n, s in hosts.items() if s}
+            clients = len(next(iter(censuses.values())).info["clients"]) if censuses else 1
+            missing = [k for k in range(clients) if k not in owners]
+            if censuses and not missing:
+                return {n: s for n, s in hosts.items() if s}, next(iter(censuses.values()))
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no SuperNode hosts clients {missing} after {self.settings.start_timeout:.0f} s")
             time.sleep(1.0)
@@ -236,14 +249,8 @@ class FlowerRun:
         dropped = {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors}
         record = round_record(fed, t + 1, schedule, cohort, dropped, aggregate, client_stats, baseline_stats, privacy)
         final = t + 1 == cfg.schedule.rounds
-        if _eval_due(cfg, t + 1):
-            scores = self.evaluate(fed, hosts, final=final, cohort=aggregate.contributors)
-            record["eval"] = evaluation.global_scores(fed, scores)
-            if fed.baselines:
-                record["eval_local"] = {k: v for k, v in evaluation.local_training_scores(fed, scores).items()
-                                        if v is not None}
-            if final:
-                record["final"] = evaluation.final_scores(fed, scores)
+        if eval_due(cfg, t + 1):
+            record.update(eval_record(fed, self.evaluate(fed, hosts, final=final, cohort=aggregate.contributors), final))
         t_end = time.perf_counter()
         wall += t_end - t0
         record["seconds"] = {"train": t_train - t0, "aggregate": t_agg - t_train, "eval": t_end - t_agg,
@@ -274,10 +281,8 @@ class FlowerRun:
             return _empty(t, bytes_up, down)
         if len(shapes) != 1:
             raise RuntimeError(f"round {t + 1}: SuperNodes sum differently shaped contributions ({len(shapes)} layouts)")
-        skeleton = Upload(-1, t, {name: Summand(torch.empty(numel), 1.0, encoding, bound)
-                                  for name, numel, encoding, bound in json.loads(shapes.pop())})
-        segments = fed.channel._segments(skeleton)  # the secure channel's layout: every node used it
-        length = sum(s.length for s in segments) + CLIP_WORD
+        layout = fed.channel.layout([tuple(x) for x in json.loads(shapes.pop())])  # the layout every node used
+        length = layout.length + CLIP_WORD
         # Every node is asked for the input it computed from THIS broadcast; the request is the
         # same for all and bound into their keys, so a node that was sent another model is caught.
         fetch = RecordDict({STEP: self._step("fetch", round=t, broadcast=hashlib.sha256(wire).hexdigest())})
@@ -289,7 +294,7 @@ class FlowerRun:
             _say(f"round {t + 1}: secure aggregation aborted ({type(exc).__name__}); nothing is released")
             return _empty(t, bytes_up, down)
         contributors = tuple(sorted(k for n in result.survivors for k in trained[n]))
-        sums, weights = fed.channel._decode(result.total[:-CLIP_WORD], segments, len(contributors))
+        sums, weights = layout.decode(result.total[:-CLIP_WORD], len(contributors))
         return Aggregate(t, sums, weights, contributors, {k: v for k, v in shared.items() if k in contributors and v},
                          bytes_up + result.bytes_up, down + result.bytes_down, int(result.total[-1]))
 

@@ -14,14 +14,22 @@ configuration's ``data.root`` (else the synthetic default, generated into this m
         the method's site state (FedReID's expert, …), the DP-SGD accountant, and the same for the
         site's local-only baseline. Loaded with ``torch.load(weights_only=True)``.
 
+    STATE_DIR/images/KEY.pt    decoded images (a site's training set, a domain's query or gallery),
+        kept between messages so that a message decodes nothing the node decoded before. KEY is a
+        SHA-256 over the samples' content fingerprint (relative path, size, identity, camera) and the
+        input size; the file (0600) holds the tensor and its SHA-256, checked on load (a file that
+        fails the check is decoded again and replaced).
+
 TOKEN is the run's random token (a fresh run never reads another run's state).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
+from collections.abc import Sequence
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +40,9 @@ import torch
 from secfed import atomic_file
 from secfed.config import RunConfig
 from secfed.data.images import load_images
+from secfed.data.types import Sample
 from secfed.federation.builder import Federation, build, make_shards, resolve_data
-from secfed.federation.runtime import _split, prefixed
+from secfed.federation.runtime import prefixed, split_prefixed
 
 from . import node
 
@@ -75,22 +84,23 @@ class NodeSites:
         """Build the federation and load the state of this node's sites (and, ``train``, their images)."""
         data_root = node_config.get(DATA_ROOT_KEY)
         root = Path(str(data_root)) if data_root else None
-        fed = build(cfg, data_root=root, train_images=False)
+        cache = ImageCache(node.state_dir(node_config) / "images")
+        fed = build(cfg, data_root=root, train_images=False, images=cache)
         sites = hosted(node_config, len(fed.clients))
         nodes = cls(fed, sites, run_folder(node_config, token))
         if train and sites:
-            nodes._load_images(root)
+            nodes._load_images(root, cache)
         for k in sites:
             nodes._load(k)
         return nodes
 
-    def _load_images(self, root: Path | None) -> None:
+    def _load_images(self, root: Path | None, cache: ImageCache) -> None:
+        """This node's sites' training images, from the cache (decoded once per data and size)."""
         cfg = self.fed.config
-        data = resolve_data(cfg, root=root)
-        shards, _ = make_shards(cfg, data.trained)
+        shards, _ = make_shards(cfg, resolve_data(cfg, root=root).trained)
         for k in self.sites:
             site = self.fed.clients[k].site
-            site.images = load_images(shards[k].samples, cfg.data.height, cfg.data.width).to(site.labels.device)
+            site.images = cache(shards[k].samples, cfg.data.height, cfg.data.width).to(site.labels.device)
             self.fed.method.setup_site(site)
             if k in self.fed.baselines:
                 self.fed.baselines[k].images = site.images
@@ -135,7 +145,39 @@ class NodeSites:
         atomic_file.write_bytes(path, buffer.getvalue())
 
 
+class ImageCache:
+    """Decoded images kept in the node's state folder between messages (see the module docstring)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.decoded = 0  # how many images this process decoded (a warm cache: none)
+
+    def key(self, samples: Sequence[Sample], height: int, width: int) -> str:
+        h = hashlib.sha256(f"secfed-images/v1|{height}x{width}\n".encode())
+        for s in samples:
+            h.update(f"{s.path.resolve().as_posix()}|{s.path.stat().st_size}|{s.pid}|{s.camid}\n".encode())
+        return h.hexdigest()
+
+    def __call__(self, samples: Sequence[Sample], height: int, width: int) -> torch.Tensor:
+        path = self.folder / f"{self.key(samples, height, width)}.pt"
+        if path.is_file():
+            try:
+                saved = torch.load(path, map_location="cpu", weights_only=True)
+                images = saved["images"]
+                if hashlib.sha256(images.numpy().tobytes()).hexdigest() == saved["sha256"]:
+                    return images
+            except Exception:  # a truncated or foreign file: decode again and replace it
+                pass
+        images = load_images(samples, height, width)
+        self.decoded += len(images)
+        buffer = io.BytesIO()
+        torch.save({"images": images, "sha256": hashlib.sha256(images.numpy().tobytes()).hexdigest()}, buffer)
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_file.write_bytes(path, buffer.getvalue(), mode=0o600)
+        return images
+
+
 def _restore(site: Any, state: dict[str, torch.Tensor], fed: Federation, *, strict: bool = True) -> None:
-    own, method = _split(state)
+    own, method = split_prefixed(state)
     site.model.load_state_dict(own, strict=strict)
     fed.method.load_site_state(site, method)
