@@ -163,6 +163,7 @@ class FlowerRun:
             ckpt.append_jsonl(run_dir / "metrics.jsonl", record)
             _say(f"round {t + 1}/{cfg.schedule.rounds}: {record['contributors']} contributors, "
                  f"{record['seconds']['round']:.1f} s" + (f", loss {record['loss']:.3f}" if "loss" in record else ""))
+        ckpt.prune_checkpoints(run_dir, keep=1)  # the last one is written and verified: as in-process, keep it alone
         summary = summarize(fed, history, run_dir, wall)
         atomic_file.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
         plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
