@@ -29,6 +29,7 @@ from secfed.federation.channel import Channel, PlainChannel
 from secfed.federation.client import ClientSide
 from secfed.federation.secure_channel import RING_BITS, SecureChannel
 from secfed.federation.server import ServerSide
+from secfed.models import pretrain
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.accountant import SampledGaussianAccountant
 from secfed.privacy.dfs import dfs_settings
@@ -280,6 +281,7 @@ def build(
     overrides `data.root` for moved data. ``train_images=False`` skips decoding the clients'
     training images (evaluation only needs the models and the query/gallery sets)."""
     check(cfg)
+    pretrain.require(cfg.model.pretrained, cfg.model.backbone, cfg.data.height, cfg.data.width)  # before any data
     split_path = Path(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
     data = resolve_data(cfg, split_path=split_path, root=data_root, progress=progress)
     shards, evaluated = make_shards(cfg, data.trained)
@@ -356,6 +358,8 @@ def build(
     info["fingerprint"] = fingerprint([*data.trained, *data.unseen], Path(info["root"]))
     info["clients"] = [{"id": k, "name": s.name, "images": len(s), "classes": s.num_classes} for k, s in enumerate(shards)]
     info["privacy"] = plan.to_dict()
+    info["pretrained"] = pretrain.describe_initial(
+        cfg.model.pretrained, pretrain.default_recipe(cfg.model.backbone, h, w), initial)
     return Federation(cfg, method, layout, clients, server, channel, domains, plan, baselines, baseline_dp, info)
 
 

@@ -227,6 +227,23 @@ def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def require(choice: str, backbone: str, height: int, width: int) -> None:
+    """Refuse a run that names synthetic weights not built yet before it makes or reads any data."""
+    if choice == "synthetic" and not weights_path(default_recipe(backbone, height, width)).is_file():
+        load(default_recipe(backbone, height, width))  # raises the error that names `secfed pretrain`
+
+
+def describe_initial(choice: str, recipe: Recipe, model: torch.nn.Module) -> dict[str, Any]:
+    """What a run records of its initial backbone (data.json): the choice, and for synthetic weights
+    the file and the SHA-256 of the backbone tensors the run actually started from."""
+    out: dict[str, Any] = {"weights": choice}
+    backbone = getattr(model, "backbone", None)
+    if choice == "synthetic" and backbone is not None:
+        out.update(file=str(weights_path(recipe)), recipe_digest=recipe.digest,
+                   backbone_sha256=_tensor_digest(backbone.state_dict()))
+    return out
+
+
 def initial_weights(model_cfg: Any, height: int, width: int) -> bool | dict[str, torch.Tensor]:
     """What ``ReIDModel(pretrained=...)`` gets for `model.pretrained`: False (none), True (ImageNet),
     or the verified synthetic backbone for this backbone and input size."""
