@@ -18,7 +18,7 @@ from rich.progress import (
 
 from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
 from secfed.config import BACKBONES
-from secfed.models.pretrain import Built, Recipe, build
+from secfed.models.pretrain import Built, Recipe, build, weights_path
 
 _DEFAULT = Recipe()
 
@@ -78,6 +78,8 @@ def pretrain_command(backbone: str, height: int, width: int, identities: int, ep
     set_threads(threads)
     recipe = Recipe(backbone=backbone, height=height, width=width, identities=identities, epochs=epochs, seed=seed)
     bars = _Bars(console)
+    console.print(f"[bold]secfed pretrain[/] {recipe.backbone} {height}×{width} · {identities} synthetic identities "
+                  f"· {epochs} epochs · seed {seed} → {weights_path(recipe)}")
     with cli_errors(), bars.progress:
         built = build(recipe, bars, force=force)
     if json_output:

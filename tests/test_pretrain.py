@@ -10,7 +10,6 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
-from secfed.algorithms import base_method
 from secfed.cli.main import cli
 from secfed.config import RunConfig, from_dict
 from secfed.data.synth import PUBLIC_DOMAIN_INDEX, PUBLIC_RANGE, SCALE_RANGE
@@ -19,6 +18,7 @@ from secfed.data.synth_identity import sample_identity
 from secfed.data.synth_pretrain import IDENTITY_PURPOSE, PRETRAIN_DOMAIN_INDEX, _renderer, plan_identities
 from secfed.data.synth_shot import IDENTITY_PURPOSE as DOMAIN_PURPOSE
 from secfed.data.synth_shot import ShotRenderer
+from secfed.federation.builder import build
 from secfed.federation.codec import decode_tensors
 from secfed.models import pretrain
 from secfed.models.pretrain import Recipe, SyntheticWeightsUnavailable
@@ -134,23 +134,24 @@ def test_every_pretraining_person_is_seen_by_two_cameras_or_more() -> None:
 
 
 def test_a_run_with_synthetic_weights_starts_from_the_cached_backbone(
-        built: tuple[Path, dict], synth_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        built: tuple[Path, dict], tiny_config: RunConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `secfed train --pretrained synthetic` builds (the same `build`): every site's backbone is the
+    cached tensors, and data.json's record of it is the file's own SHA-256 of them."""
     cache, first = built
     monkeypatch.setattr(pretrain, "default_recipe", lambda b, h, w: Recipe(backbone=b, height=h, width=w,
                                                                            identities=4, epochs=1))
     monkeypatch.setenv("SECFED_CACHE", str(cache))
     header, cached = decode_tensors(Path(first["path"]).read_bytes())
-    cfg = RunConfig()
-    cfg.model.pretrained, cfg.data.height, cfg.data.width = "synthetic", 32, 16
-    model = base_method(cfg).build_model(3)
-    state = model.backbone.state_dict()
-    assert state.keys() == cached.keys() and all(torch.equal(state[k], cached[k]) for k in cached)
-    result = invoke(["train", "--data-root", str(synth_root), "--pretrained", "synthetic", "--height", "32",
-                     "--width", "16", "--rounds", "1", "--batch-size", "8", "--no-secagg", "--no-local-baseline",
-                     "--threads", "2", "--out", str(tmp_path), "--name", "r", "--json"], cache)
-    assert result.exit_code == 0, result.output
-    recorded = json.loads((tmp_path / "r" / "data.json").read_text())["pretrained"]
+    tiny_config.model.pretrained = "synthetic"  # tiny_config is 32×16, as TINY
+    fed = build(tiny_config)
+    for client in fed.clients:
+        state = client.site.model.backbone.state_dict()
+        assert state.keys() == cached.keys() and all(torch.equal(state[k], cached[k]) for k in cached)
+    recorded = fed.data_info["pretrained"]
     assert recorded["weights"] == "synthetic" and recorded["backbone_sha256"] == header["tensors_sha256"]
+    tiny_config.model.pretrained = "none"
+    scratch = build(tiny_config).clients[0].site.model.backbone.state_dict()
+    assert not all(torch.equal(scratch[k], cached[k]) for k in cached)
 
 
 def test_missing_synthetic_weights_name_the_command_before_any_data_is_made(tmp_path: Path) -> None:

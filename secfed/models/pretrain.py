@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +40,9 @@ from secfed.data.synth import GENERATOR_VERSION
 from secfed.data.synth_pretrain import render_identities
 from secfed.models.reid import PretrainedWeightsUnavailable, ReIDModel
 from secfed.seeding import derive_seed, torch_generator
+
+if TYPE_CHECKING:
+    from secfed.config import ModelConfig
 
 RECIPE_VERSION = 1  # bump whenever the same recipe would train different weights
 FORMAT = "secfed-pretrained-backbone"
@@ -63,6 +66,10 @@ class Recipe:
     lr: float = 0.05  # every layer is new: the rate a run uses for new layers
     momentum: float = 0.9
     weight_decay: float = 5e-4
+
+    def __post_init__(self) -> None:
+        if self.identities < 2 or self.epochs < 1 or self.batch_size < 1:
+            raise ValueError(f"a pretraining recipe needs ≥ 2 identities, ≥ 1 epoch and a batch: {self}")
 
     def key(self) -> dict[str, Any]:
         return {"generator_version": GENERATOR_VERSION, "recipe_version": RECIPE_VERSION, **asdict(self)}
@@ -244,7 +251,7 @@ def describe_initial(choice: str, recipe: Recipe, model: torch.nn.Module) -> dic
     return out
 
 
-def initial_weights(model_cfg: Any, height: int, width: int) -> bool | dict[str, torch.Tensor]:
+def initial_weights(model_cfg: ModelConfig, height: int, width: int) -> bool | dict[str, torch.Tensor]:
     """What ``ReIDModel(pretrained=...)`` gets for `model.pretrained`: False (none), True (ImageNet),
     or the verified synthetic backbone for this backbone and input size."""
     choice = model_cfg.pretrained
