@@ -58,9 +58,21 @@ def test_two_builds_write_the_same_bytes(built: tuple[Path, dict], tmp_path: Pat
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     cache, first = built
     monkeypatch.setenv("SECFED_CACHE", str(tmp_path))
-    again = pretrain.build(TINY)
+    events: list[tuple[str, int, int, str]] = []
+    again = pretrain.build(TINY, lambda *event: events.append(event))
     assert again.trained and again.path != Path(first["path"])
     assert again.path.read_bytes() == Path(first["path"]).read_bytes()
+    assert [e for e in events if e[0] == "render"][-1][1:3] == (len(plan_identities(0, 4)),) * 2
+
+
+def test_progress_counts_the_batches_that_run() -> None:
+    """The training bar (and so its ETA) ends at its total: a partial last batch is not counted."""
+    events: list[tuple[str, int, int, str]] = []
+    recipe = Recipe(height=32, width=16, identities=4, epochs=2, batch_size=8)
+    assert len(plan_identities(0, 4)) % 8  # a partial batch to drop
+    pretrain.train(recipe, lambda *event: events.append(event))
+    train = [e for e in events if e[0] == "train"]
+    assert train[-1][1] == train[-1][2] == len(train)
 
 
 def test_the_file_name_changes_with_every_part_of_the_recipe() -> None:

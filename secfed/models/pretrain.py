@@ -179,7 +179,7 @@ def train(recipe: Recipe, progress: Progress | None = None) -> tuple[dict[str, t
     optimizer = make_optimizer(model, schedule)
     generator = torch_generator(recipe.seed, "pretrain/batches")
     n = len(data.labels)
-    per_epoch = -(-n // recipe.batch_size)
+    per_epoch = max(1, n // recipe.batch_size)  # epoch_batches drops a partial last batch
     total, done, stats = per_epoch * recipe.epochs, 0, None
     for epoch in range(recipe.epochs):
         lr = recipe.lr * 0.5 * (1 + math.cos(math.pi * epoch / recipe.epochs))  # cosine, per epoch
