@@ -16,6 +16,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from secfed.algorithms.base import TrainingDiverged
 from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
 from secfed.config import BACKBONES
 from secfed.models.pretrain import Built, Recipe, build, weights_path
@@ -81,7 +82,10 @@ def pretrain_command(backbone: str, height: int, width: int, identities: int, ep
     console.print(f"[bold]secfed pretrain[/] {recipe.backbone} {height}×{width} · {identities} synthetic identities "
                   f"· {epochs} epochs · seed {seed} → {weights_path(recipe)}")
     with cli_errors(), bars.progress:
-        built = build(recipe, bars, force=force)
+        try:
+            built = build(recipe, bars, force=force)
+        except TrainingDiverged as exc:  # nothing was written: the cache holds no half-trained file
+            raise click.ClickException(f"pretraining diverged ({exc}); nothing was written") from None
     if json_output:
         emit_json({"path": str(built.path), "sha256": built.sha256, "trained": built.trained,
                    "refused": built.refused, "seconds": round(built.seconds, 3), "recipe": asdict(recipe),
