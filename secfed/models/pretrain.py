@@ -17,9 +17,10 @@ it records; :func:`build` then makes it again.
 
 Determinism: every draw derives from the recipe's seed, and training runs on the CPU, so the same
 machine (CPU, torch build, thread count) writes the same bytes. Another CPU or thread count may
-round differently inside the convolutions and write different weights (the rendered images are
-the same given the same numpy, Pillow/libjpeg and torchvision); a run records the SHA-256 of
-the weights it started from.
+round differently inside the convolutions and write different weights (the rendered images should
+match given the same numpy, Pillow/libjpeg and torchvision builds, but numpy's vectorised
+transcendentals may differ between CPU instruction sets; not tested across CPUs); a run records
+the SHA-256 of the backbone it started from (data.json).
 """
 
 from __future__ import annotations
