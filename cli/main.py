@@ -11,6 +11,7 @@ from secfed.cli.data_inspect import inspect_command
 from secfed.cli.data_synth import synth_command
 from secfed.cli.evaluate import evaluate_command
 from secfed.cli.flower import flower_group
+from secfed.cli.pretrain import pretrain_command
 from secfed.cli.train import train_command
 from secfed.memory import reuse_freed_memory
 
@@ -29,6 +30,7 @@ def data() -> None:
 cli.add_command(train_command)
 cli.add_command(evaluate_command)
 cli.add_command(compare_command)
+cli.add_command(pretrain_command)
 cli.add_command(flower_group)
 cli.add_command(audit_command)
 data.add_command(synth_command, "synth")

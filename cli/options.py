@@ -56,17 +56,31 @@ def param_name(key: Key) -> str:
     return "cfg__" + key.dotted.replace(".", "__")
 
 
+NEGATED = "cfgno__"  # the parameter of a choice's ``--no-…`` flag (``--no-pretrained``: none)
+
+
 def key_of_param(name: str) -> str | None:
-    return name[len("cfg__"):].replace("__", ".") if name.startswith("cfg__") else None
+    for prefix in ("cfg__", NEGATED):
+        if name.startswith(prefix):
+            return name[len(prefix):].replace("__", ".")
+    return None
+
+
+def negative_flag(key: Key) -> str | None:
+    """``--no-…`` of a boolean, or of a choice that is also a flag; None for other settings."""
+    return "--no-" + key.flag[2:] if key.is_flag or key.flag_value else None
 
 
 def config_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate ``command`` with one option per configuration key (in reverse: click stacks them)."""
     for key in reversed(list(KEYS.values())):
         if key.is_flag:
-            positive = key.flag
-            negative = "--no-" + positive[2:]
-            option = click.option(f"{positive}/{negative}", param_name(key), default=None, help=_help(key))
+            option = click.option(f"{key.flag}/{negative_flag(key)}", param_name(key), default=None, help=_help(key))
+        elif key.flag_value:  # --pretrained [CHOICE] (alone: the flag value) and --no-pretrained (none)
+            command = click.option(negative_flag(key), NEGATED + param_name(key)[len("cfg__"):], is_flag=True,
+                                   default=None, help=f"Same as {key.flag} none.")(command)
+            option = click.option(key.flag, param_name(key), type=_Text(_metavar(key)), is_flag=False,
+                                  flag_value=key.flag_value, default=None, help=_help(key))
         else:
             option = click.option(key.flag, param_name(key), type=_Text(_metavar(key)), default=None,
                                   multiple=key.is_list, help=_help(key))
@@ -78,7 +92,8 @@ def option_panels(extra: list[str]) -> Callable[[Callable[..., Any]], Callable[.
     """Decorate a command with one --help panel per configuration section, then ``extra`` options."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        panels = [(GROUP_TITLES[section], [k.flag for k in KEYS.values() if k.section == section])
+        panels = [(GROUP_TITLES[section], [f for k in KEYS.values() if k.section == section
+                                           for f in (k.flag, None if k.is_flag else negative_flag(k)) if f])
                   for section in SECTIONS]
         for title, flags in reversed([*panels, ("Command", extra)]):
             command = click.option_panel(title, options=flags)(command)
@@ -92,9 +107,9 @@ def given_overrides(params: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for name, value in params.items():
         key = key_of_param(name)
-        if key is None or value is None or value == ():
+        if key is None or value is None or value == () or (name.startswith(NEGATED) and not value):
             continue
-        out[key] = list(value) if isinstance(value, tuple) else value
+        out[key] = "none" if name.startswith(NEGATED) else list(value) if isinstance(value, tuple) else value
     return out
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
 # The synthetic generator's ranges, so that `secfed data synth` and `secfed train` accept the same.
@@ -92,13 +92,15 @@ class ConfigError(ValueError):
 # ---- the schema ----------------------------------------------------------------------------------
 
 
-def setting(default: Any, flag: str, help: str, **constraints: Any) -> Any:
+def setting(default: Any, flag: str, help: str, *, flag_value: str | None = None, **constraints: Any) -> Any:
     """A configuration field: its default, the flag that sets it, one line of help, and its range.
 
     ``flag`` is the long option (``--rounds``); a boolean's negative form is ``--no-…`` unless the
-    flag is written ``--on/--off``.
+    flag is written ``--on/--off``. A choice with ``flag_value`` is also a flag: ``--pretrained``
+    alone means ``flag_value``, ``--no-pretrained`` means ``none``.
     """
-    return Field(default, description=help, json_schema_extra={"flag": flag}, **constraints)
+    extra: dict[str, Any] = {"flag": flag} if flag_value is None else {"flag": flag, "flag_value": flag_value}
+    return Field(default, description=help, json_schema_extra=extra, **constraints)
 
 
 class Section(BaseModel):
@@ -134,12 +136,20 @@ class DataConfig(Section):
 
 class ModelConfig(Section):
     backbone: Literal["resnet18", "resnet34", "resnet50"] = setting("resnet18", "--backbone", "torchvision ResNet.")
-    pretrained: bool = setting(False, "--pretrained", "Start from ImageNet weights (must be cached; nothing is "
-                               "downloaded).")
+    pretrained: Literal["none", "imagenet", "synthetic"] = setting(
+        "none", "--pretrained", "Initial backbone: imagenet (torchvision's cached weights; nothing is downloaded; "
+        "plain --pretrained), synthetic (built once by `secfed pretrain`), or none. true/false mean imagenet/none.",
+        flag_value="imagenet")
     neck_dim: int = setting(512, "--neck-dim", "Width of the ReID feature (FedReIDBench's neck: 512).", ge=8)
     neck_dropout: float = setting(0.5, "--neck-dropout", "Dropout after the neck.", ge=0.0, lt=1.0)
     bn_stats: Literal["shared", "local"] = setting(
         "shared", "--bn-stats", "BatchNorm running statistics: averaged with the weights, or kept per client.")
+
+    @field_validator("pretrained", mode="before")
+    @classmethod
+    def _pretrained_from_bool(cls, value: Any) -> Any:
+        """`pretrained = true` (files and saved runs from before "synthetic" existed) means ImageNet."""
+        return {True: "imagenet", False: "none"}.get(value, value) if isinstance(value, bool) else value
 
 
 class MethodConfig(Section):
@@ -173,7 +183,7 @@ class ScheduleConfig(Section):
     """Local training and the round schedule.
 
     FedReIDBench (appendix A.1) trains an ImageNet-pretrained ResNet-50 with lr 0.05 for new layers
-    and 0.005 for the backbone; those are the defaults with ``--pretrained``. Trained from scratch
+    and 0.005 for the backbone; those are the defaults with ``--pretrained`` (imagenet or synthetic). Trained from scratch
     (the CPU default) every layer is new, and 0.05 diverges when a small domain trains alone
     (measured on the synthetic default), so every layer then starts at 0.02. FedReID uses its
     paper's 0.1 (mapping network) and 0.01 (embedding).
@@ -191,6 +201,7 @@ class ScheduleConfig(Section):
     weight_decay: float = setting(5e-4, "--weight-decay", "SGD weight decay.", ge=0)
 
     def resolved_lr(self, pretrained: bool, algorithm: str = "fedpav") -> float:
+        """``pretrained``: the run starts from pretrained weights (ImageNet or synthetic)."""
         if self.lr is not None:
             return self.lr
         if algorithm == "fedreid":
@@ -330,6 +341,11 @@ class Key:
     @property
     def is_flag(self) -> bool:
         return self.annotation is bool
+
+    @property
+    def flag_value(self) -> str | None:
+        """What the flag alone means, for a choice that is also a flag (``--pretrained``: imagenet)."""
+        return (self.field.json_schema_extra or {}).get("flag_value")  # type: ignore[union-attr,return-value]
 
     @property
     def is_list(self) -> bool:
@@ -558,6 +574,6 @@ def settings_table() -> str:
     for key in KEYS.values():
         default = key.default
         shown = "–" if default in (None, []) else (str(default).lower() if isinstance(default, bool) else str(default))
-        flag = f"`{key.flag}`" + (f" / `--no-{key.flag[2:]}`" if key.is_flag else "")
+        flag = f"`{key.flag}`" + (f" / `--no-{key.flag[2:]}`" if key.is_flag or key.flag_value else "")
         rows.append(f"| `{key.dotted}` | {flag} | {shown} | {key.help.replace('|', '/')} |")
     return "\n".join(rows)

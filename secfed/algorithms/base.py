@@ -35,7 +35,8 @@ from torch import nn
 
 from secfed.data.augment import TrainAugment, epoch_batches
 from secfed.federation.messages import MODEL, Aggregate, Broadcast, Contribution, Summand, TrainStats
-from secfed.models.reid import ReIDModel, make_classifier
+from secfed.models.pretrain import initial_weights
+from secfed.models.reid import Pretrained, ReIDModel, make_classifier
 from secfed.models.sharing import SharedLayout, load_shared, shared_layout
 from secfed.privacy import dpsgd
 
@@ -203,8 +204,12 @@ class Method:
 
     def build_model(self, num_classes: int) -> nn.Module:
         m = self.cfg.model
-        return ReIDModel(m.backbone, num_classes, pretrained=m.pretrained, neck_dim=m.neck_dim,
+        return ReIDModel(m.backbone, num_classes, pretrained=self.pretrained_weights(), neck_dim=m.neck_dim,
                          dropout=m.neck_dropout)
+
+    def pretrained_weights(self) -> Pretrained:
+        """The initial backbone `model.pretrained` names (the synthetic one verified from its file)."""
+        return initial_weights(self.cfg.model, self.cfg.data.height, self.cfg.data.width)
 
     def layout(self, model: nn.Module) -> SharedLayout:
         return shared_layout(model, self.shared_prefixes, self.cfg.model.bn_stats)

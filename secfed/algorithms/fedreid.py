@@ -48,7 +48,7 @@ class FedReID(Method):
 
     def build_model(self, num_classes: int) -> nn.Module:
         m = self.cfg.model
-        return MappedReIDModel(m.backbone, num_classes, pretrained=m.pretrained, neck_dim=m.neck_dim,
+        return MappedReIDModel(m.backbone, num_classes, pretrained=self.pretrained_weights(), neck_dim=m.neck_dim,
                                dropout=m.neck_dropout)
 
     def receive(self, site: Site, broadcast: Broadcast, layout: SharedLayout) -> None:

@@ -22,6 +22,7 @@ from secfed.seeding import numpy_rng
 
 SUPERSAMPLE = 2  # figures are drawn at twice the camera's resolution and box-filtered: no jagged edges
 _KIND_CODE = {"person": 0, "distractor": 1, "junk": 2}
+IDENTITY_PURPOSE = "synth/identity"  # the seed purpose of every client, unseen and public person
 
 
 @dataclass
@@ -78,14 +79,16 @@ def _passer_by(rng: np.random.Generator, canvas: tuple[int, int], at: Placement)
 class ShotRenderer:
     """Renders the shots of one domain. Identities are drawn once and reused for every image."""
 
-    def __init__(self, seed: int, domain: int, rigs: list[CameraRig], out_size: tuple[int, int]) -> None:
+    def __init__(self, seed: int, domain: int, rigs: list[CameraRig], out_size: tuple[int, int],
+                 identity_purpose: str = IDENTITY_PURPOSE) -> None:
         self.seed, self.domain, self.rigs, self.out_size = seed, domain, rigs, out_size
+        self.identity_purpose = identity_purpose  # the pretraining set draws its people under another name
         self._people: dict[int, Identity] = {}
 
     def person(self, pid: int) -> Identity:
         """The global person ``pid``: the same appearance in every image, camera and split."""
         if pid not in self._people:
-            self._people[pid] = sample_identity(numpy_rng(self.seed, "synth/identity", pid))
+            self._people[pid] = sample_identity(numpy_rng(self.seed, self.identity_purpose, pid))
         return self._people[pid]
 
     def render(self, shot: Shot) -> np.ndarray:

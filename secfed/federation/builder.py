@@ -29,6 +29,7 @@ from secfed.federation.channel import Channel, PlainChannel
 from secfed.federation.client import ClientSide
 from secfed.federation.secure_channel import RING_BITS, SecureChannel
 from secfed.federation.server import ServerSide
+from secfed.models import pretrain
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.accountant import SampledGaussianAccountant
 from secfed.privacy.dfs import dfs_settings
@@ -312,6 +313,7 @@ def build(
     training images (evaluation only needs the models and the query/gallery sets). ``images``
     decodes a list of samples (a Flower node passes one that keeps what it decoded)."""
     check(cfg)
+    pretrain.require(cfg.model.pretrained, cfg.model.backbone, cfg.data.height, cfg.data.width)  # before any data
     split_path = Path(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
     data = resolve_data(cfg, split_path=split_path, root=data_root, progress=progress)
     shards, evaluated = make_shards(cfg, data.trained)
@@ -424,7 +426,8 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
         enrolled=dict(enumerate(sizes)), weight_scale=weight_scale,
     )
     domains: list[DomainInfo] = [DomainInfo(name, ids) for name, ids in census.domains]
-    info = {**census.info, "privacy": plan.to_dict()}
+    info = {**census.info, "privacy": plan.to_dict(), "pretrained": pretrain.describe_initial(
+        cfg.model.pretrained, pretrain.default_recipe(cfg.model.backbone, cfg.data.height, cfg.data.width), initial)}
     return Federation(cfg, method, layout, clients, server, channel, domains, plan, baselines, baseline_dp, info,
                       census)
 

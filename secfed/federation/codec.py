@@ -27,7 +27,7 @@ from secfed.federation.messages import Broadcast, Summand, Upload
 MAGIC = b"SFED"
 VERSION = 1
 _PREFIX = struct.Struct("<4sBBHI")
-_BROADCAST, _UPLOAD = 1, 2
+_BROADCAST, _UPLOAD, _TENSORS = 1, 2, 3  # 3: a named tensor file (pretrained weights), not a message
 _DTYPES = {"float32": (torch.float32, np.dtype("<f4")), "int64": (torch.int64, np.dtype("<i8"))}
 MAX_HEADER_BYTES = 1 << 20
 MAX_TENSORS = 4096
@@ -96,7 +96,7 @@ def upload_size(message: Upload) -> int:
 
 def _unpack(data: bytes | bytearray | memoryview, kind: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     view = memoryview(data).cast("B")
-    what = "Broadcast" if kind == _BROADCAST else "Upload"
+    what = {_BROADCAST: "Broadcast", _UPLOAD: "Upload"}.get(kind, "tensor file")
     if len(view) < _PREFIX.size:
         raise CodecError(f"{what}: {len(view)} bytes is shorter than the {_PREFIX.size}-byte prefix")
     magic, version, got_kind, reserved, header_len = _PREFIX.unpack_from(view)
@@ -195,3 +195,14 @@ def decode_upload(data: bytes | bytearray | memoryview) -> Upload:
     if model_hash is not None and len(model_hash) != 32:
         raise CodecError("Upload: model_hash must be 32 bytes")
     return Upload(_int(header, "client_id", "Upload"), _int(header, "round", "Upload"), summed, shared, model_hash)
+
+
+def encode_tensors(header: dict[str, Any], named: Mapping[str, torch.Tensor]) -> bytes:
+    """Named float32 / int64 tensors and a JSON header in this format (kind 3): a weights file that
+    is read back without pickle. The same tensors and header give the same bytes."""
+    return b"".join(_parts(_TENSORS, header, named))
+
+
+def decode_tensors(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(header, tensors) of :func:`encode_tensors`' bytes, checked as every message is."""
+    return _unpack(data, _TENSORS)

@@ -93,7 +93,7 @@ class RunResult:
 
 
 def schedule_for(cfg: RunConfig, round_index: int) -> Schedule:
-    s, pretrained, algorithm = cfg.schedule, cfg.model.pretrained, cfg.method.algorithm
+    s, pretrained, algorithm = cfg.schedule, cfg.model.pretrained != "none", cfg.method.algorithm
     return Schedule(
         lr_backbone=step_lr(s.resolved_backbone_lr(pretrained, algorithm), round_index, s.resolved_lr_step, s.lr_gamma),
         lr_new=step_lr(s.resolved_lr(pretrained, algorithm), round_index, s.resolved_lr_step, s.lr_gamma),

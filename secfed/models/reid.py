@@ -9,7 +9,8 @@ is decided in one place only: :mod:`secfed.models.sharing`.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Literal, Union
 
 import torch
 import torchvision
@@ -24,8 +25,13 @@ _WEIGHTS = {
 }
 
 
+# False: from scratch; True: ImageNet (torchvision's cached file); a mapping: these backbone tensors
+# (the synthetic pretraining's, :mod:`secfed.models.pretrain`), loaded strictly, names unchanged.
+Pretrained = Union[bool, Mapping[str, torch.Tensor]]
+
+
 class PretrainedWeightsUnavailable(RuntimeError):
-    """ImageNet weights were asked for but could not be had (no cached file and no download)."""
+    """Pretrained weights were asked for but could not be had (no cached file and no download)."""
 
 
 def _imagenet_state_dict(name: str) -> dict[str, torch.Tensor]:
@@ -78,7 +84,7 @@ class ReIDModel(nn.Module):
         self,
         backbone: str = "resnet18",
         num_classes: int = 1,
-        pretrained: bool = False,
+        pretrained: Pretrained = False,
         neck_dim: int = 512,
         dropout: float = 0.5,
     ) -> None:
@@ -86,10 +92,12 @@ class ReIDModel(nn.Module):
         if backbone not in BACKBONES:
             raise ValueError(f"unknown backbone {backbone!r}; choose one of {', '.join(BACKBONES)}")
         resnet = getattr(torchvision.models, backbone)(weights=None)
-        if pretrained:
+        if pretrained is True:
             resnet.load_state_dict(_imagenet_state_dict(backbone))
         feat_dim = resnet.fc.in_features
         resnet.fc = nn.Identity()
+        if isinstance(pretrained, Mapping):
+            resnet.load_state_dict(pretrained)  # strict: a file for another backbone is refused here
         self.backbone_name = backbone
         self.backbone = resnet
         self.neck = Neck(feat_dim, neck_dim, dropout)
@@ -117,7 +125,7 @@ class MappedReIDModel(ReIDModel):
     """FedReID's client model: the feature embedding network (the backbone, whose pool-5 output is the
     ReID feature) and a local mapping network + classifier. Only the backbone is ever shared."""
 
-    def __init__(self, backbone: str = "resnet18", num_classes: int = 1, pretrained: bool = False,
+    def __init__(self, backbone: str = "resnet18", num_classes: int = 1, pretrained: Pretrained = False,
                  neck_dim: int = 512, dropout: float = 0.5) -> None:
         super().__init__(backbone, num_classes, pretrained=pretrained, neck_dim=neck_dim, dropout=dropout)
         self.neck = MappingNetwork(self.neck[0].in_features, neck_dim, dropout)

@@ -1,0 +1,94 @@
+"""``secfed pretrain``: build (once) the backbone `secfed train --pretrained synthetic` starts from."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import rich_click as click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from secfed.algorithms.base import TrainingDiverged
+from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
+from secfed.config import BACKBONES
+from secfed.models.pretrain import Built, Recipe, build, weights_path
+
+_DEFAULT = Recipe()
+
+
+class _Bars:
+    """One bar per stage (rendering the identity set, training), each with its elapsed time and ETA."""
+
+    def __init__(self, console: Console) -> None:
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[note]}"), console=console, transient=True)
+        self.tasks: dict[str, TaskID] = {}
+
+    def __call__(self, stage: str, done: int, total: int, note: str) -> None:
+        if stage not in self.tasks:
+            title = {"render": "rendering identities", "train": "training backbone"}.get(stage, stage)
+            self.tasks[stage] = self.progress.add_task(title, total=total, note=note)
+        self.progress.update(self.tasks[stage], completed=done, total=total, note=note)
+
+
+def _report(built: Built, console: Console) -> None:
+    if built.refused:
+        console.print(f"[yellow]{built.refused}[/]\nrebuilt it.")
+    verb = "trained and wrote" if built.trained else "already built (verified, nothing trained):"
+    console.print(f"{verb} {built.path}\n  sha256 {built.sha256} · {built.seconds:.1f} s")
+    if built.recipe != Recipe(backbone=built.recipe.backbone, height=built.recipe.height, width=built.recipe.width):
+        console.print("[yellow]not the default recipe: `secfed train --pretrained synthetic` uses the default "
+                      "--identities, --epochs and --seed[/]")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--backbone", type=click.Choice(BACKBONES), default=_DEFAULT.backbone, show_default=True,
+              help="torchvision ResNet, as `secfed train --backbone`.")
+@click.option("--height", type=click.IntRange(16, 1024), default=_DEFAULT.height, show_default=True,
+              help="Input height, as `secfed train --height` (weights are made per input size).")
+@click.option("--width", type=click.IntRange(8, 512), default=_DEFAULT.width, show_default=True,
+              help="Input width, as `secfed train --width`.")
+@click.option("--identities", type=click.IntRange(2, 100_000), default=_DEFAULT.identities, show_default=True,
+              help="People in the synthetic pretraining set (disjoint from every domain's).")
+@click.option("--epochs", type=click.IntRange(1, 1000), default=_DEFAULT.epochs, show_default=True,
+              help="Training epochs over the set.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=_DEFAULT.seed, show_default=True,
+              help="Seed of the set and of training.")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="torch CPU threads (the same machine and threads write the same bytes).")
+@click.option("--force", is_flag=True, help="Train again even when a verified file exists.")
+@click.option("--json", "json_output", is_flag=True, help="Print one JSON object on stdout; the rest on stderr.")
+def pretrain_command(backbone: str, height: int, width: int, identities: int, epochs: int, seed: int,
+                     threads: int | None, force: bool, json_output: bool) -> None:
+    """Pretrain a backbone on synthetic people no domain holds, once; cached by the hash of its recipe.
+
+    The offline equivalent of ImageNet weights: `secfed train --pretrained synthetic` starts from it.
+    A cached file is verified (recipe and SHA-256) and reused; a corrupt or mismatching one is refused
+    by name and rebuilt. Training runs on the CPU.
+    """
+    console = human_console(json_output)
+    set_threads(threads)
+    recipe = Recipe(backbone=backbone, height=height, width=width, identities=identities, epochs=epochs, seed=seed)
+    bars = _Bars(console)
+    console.print(f"[bold]secfed pretrain[/] {recipe.backbone} {height}×{width} · {identities} synthetic identities "
+                  f"· {epochs} epochs · seed {seed} → {weights_path(recipe)}")
+    with cli_errors(), bars.progress:
+        try:
+            built = build(recipe, bars, force=force)
+        except TrainingDiverged as exc:  # nothing was written: the cache holds no half-trained file
+            raise click.ClickException(f"pretraining diverged ({exc}); nothing was written") from None
+    if json_output:
+        emit_json({"path": str(built.path), "sha256": built.sha256, "trained": built.trained,
+                   "refused": built.refused, "seconds": round(built.seconds, 3), "recipe": asdict(recipe),
+                   "key_digest": recipe.digest})
+    else:
+        _report(built, console)

@@ -1,0 +1,261 @@
+"""A backbone pretrained once on the synthetic identity set: the ImageNet start that can be made offline.
+
+    secfed pretrain  ─►  <cache>/pretrained/synthetic-resnet18-64x32-<key>.sfw
+    secfed train --pretrained synthetic  ─►  the run's backbone starts from those tensors
+
+The recipe (:class:`Recipe`): the same :class:`~secfed.models.reid.ReIDModel` a run trains, with one
+classifier over the set's identities (:mod:`secfed.data.synth_pretrain`), cross-entropy on the
+house's augmented batches (:data:`secfed.algorithms.base.AUGMENT`, :func:`train_loop`), SGD with
+Nesterov momentum, a cosine-decayed learning rate per epoch. Only the backbone is kept: the
+neck and classifier of a run start fresh, as they do from ImageNet weights.
+
+The file is named by a hash of everything that makes it (generator version, recipe version and
+recipe: backbone, input size, identities, epochs, seed, optimiser), and holds that key and the
+SHA-256 of its tensors in its header (:func:`secfed.federation.codec.encode_tensors`; no pickle).
+:func:`load` refuses, naming the file, one whose key differs or whose tensors do not hash to what
+it records; :func:`build` then makes it again.
+
+Determinism: every draw derives from the recipe's seed, and training runs on the CPU, so the same
+machine (CPU, torch build, thread count) writes the same bytes. Another CPU or thread count may
+round differently inside the convolutions and write different weights (the rendered images should
+match given the same numpy, Pillow/libjpeg and torchvision builds, but numpy's vectorised
+transcendentals may differ between CPU instruction sets; not tested across CPUs); a run records
+the SHA-256 of the backbone it started from (data.json).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from secfed import atomic_file
+from secfed.data.synth import GENERATOR_VERSION
+from secfed.data.synth_pretrain import render_identities
+from secfed.models.reid import PretrainedWeightsUnavailable, ReIDModel
+from secfed.seeding import derive_seed, torch_generator
+
+if TYPE_CHECKING:
+    from secfed.config import ModelConfig
+
+RECIPE_VERSION = 1  # bump whenever the same recipe would train different weights
+FORMAT = "secfed-pretrained-backbone"
+SUFFIX = ".sfw"
+
+# (stage, done, total, note): "render" counts images, "train" counts batches over all epochs
+Progress = Callable[[str, int, int, str], None]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides the pretrained weights; the defaults are what `--pretrained synthetic` uses."""
+
+    backbone: str = "resnet18"
+    height: int = 64
+    width: int = 32
+    identities: int = 500  # ≈ 4,000 images: more people than the nine domains' train sides together
+    epochs: int = 24
+    seed: int = 0
+    batch_size: int = 64
+    lr: float = 0.05  # every layer is new: the rate a run uses for new layers
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+
+    def __post_init__(self) -> None:
+        if self.identities < 2 or self.epochs < 1 or self.batch_size < 1:
+            raise ValueError(f"a pretraining recipe needs ≥ 2 identities, ≥ 1 epoch and a batch: {self}")
+
+    def key(self) -> dict[str, Any]:
+        return {"generator_version": GENERATOR_VERSION, "recipe_version": RECIPE_VERSION, **asdict(self)}
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.key(), sort_keys=True).encode()).hexdigest()
+
+    @property
+    def filename(self) -> str:
+        return f"synthetic-{self.backbone}-{self.height}x{self.width}-{self.digest[:16]}{SUFFIX}"
+
+    def command(self) -> str:
+        """The `secfed pretrain` command that builds this recipe."""
+        parts = ["secfed pretrain", f"--backbone {self.backbone}", f"--height {self.height}", f"--width {self.width}"]
+        default = Recipe()
+        for name in ("identities", "epochs", "seed"):
+            if getattr(self, name) != getattr(default, name):
+                parts.append(f"--{name} {getattr(self, name)}")
+        return " ".join(parts)
+
+
+def default_recipe(backbone: str, height: int, width: int) -> Recipe:
+    """The recipe `secfed train --pretrained synthetic` looks for at this backbone and input size."""
+    return Recipe(backbone=backbone, height=height, width=width)
+
+
+def weights_dir() -> Path:
+    from secfed.federation.builder import cache_dir  # here: the builder imports the methods, which import us
+
+    return cache_dir() / "pretrained"
+
+
+def weights_path(recipe: Recipe) -> Path:
+    return weights_dir() / recipe.filename
+
+
+class SyntheticWeightsUnavailable(PretrainedWeightsUnavailable):
+    """The synthetic weights are not built yet, or their file is refused; the message names the file
+    and the command that (re)builds it."""
+
+
+def _tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name, tensor in tensors.items():
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{list(t.shape)}\n".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def encode(recipe: Recipe, backbone: dict[str, torch.Tensor], stats: dict[str, Any]) -> bytes:
+    """The weights file's bytes (deterministic: no time, host or path inside)."""
+    from secfed.federation.codec import encode_tensors
+
+    header = {"format": FORMAT, "key": recipe.key(), "digest": recipe.digest,
+              "tensors_sha256": _tensor_digest(backbone), "stats": stats}
+    return encode_tensors(header, backbone)
+
+
+def load(recipe: Recipe, path: Path | None = None) -> dict[str, torch.Tensor]:
+    """The backbone state of ``recipe`` from its cached file, verified; refused files raise
+    :class:`SyntheticWeightsUnavailable` naming the file and saying why."""
+    from secfed.federation.codec import CodecError, decode_tensors
+
+    path = Path(path) if path is not None else weights_path(recipe)
+    rebuild = f"(re)build it with `{recipe.command()}`"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SyntheticWeightsUnavailable(
+            f"synthetic pretrained weights for {recipe.backbone} at {recipe.height}×{recipe.width} are not built "
+            f"yet ({path} does not exist); make them once with `{recipe.command()}`") from None
+    except OSError as exc:
+        raise SyntheticWeightsUnavailable(f"{path}: cannot be read ({exc}); {rebuild}") from None
+    try:
+        header, tensors = decode_tensors(data)
+    except CodecError as exc:
+        raise SyntheticWeightsUnavailable(f"{path}: refused, not a valid weights file ({exc}); {rebuild}") from None
+    if header.get("format") != FORMAT or header.get("key") != recipe.key():
+        raise SyntheticWeightsUnavailable(f"{path}: refused, made by another recipe or generator than "
+                                          f"{recipe.digest[:16]}; {rebuild}")
+    if header.get("tensors_sha256") != _tensor_digest(tensors):
+        raise SyntheticWeightsUnavailable(f"{path}: refused, its tensors do not match their recorded SHA-256 "
+                                          f"(corrupt file); {rebuild}")
+    return tensors
+
+
+def _batches(n: int, batch_size: int, generator: torch.Generator, on_batch: Callable[[], None]) -> Iterator[torch.Tensor]:
+    from secfed.data.augment import epoch_batches
+
+    for index in epoch_batches(n, batch_size, generator):
+        yield index
+        on_batch()
+
+
+def train(recipe: Recipe, progress: Progress | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Render the identity set and train the backbone on it (CPU); (backbone state, final stats)."""
+    from secfed.algorithms.base import Schedule, cross_entropy_loss, make_optimizer, train_loop
+
+    report = progress or (lambda *_: None)
+    data = render_identities(recipe.seed, recipe.identities, recipe.height, recipe.width,
+                             lambda done, total: report("render", done, total, ""))
+    torch.manual_seed(derive_seed(recipe.seed, "pretrain/init"))
+    model = ReIDModel(recipe.backbone, data.identities)
+    schedule = Schedule(recipe.lr, recipe.lr, 1, recipe.batch_size, recipe.momentum, recipe.weight_decay)
+    optimizer = make_optimizer(model, schedule)
+    generator = torch_generator(recipe.seed, "pretrain/batches")
+    n = len(data.labels)
+    per_epoch = max(1, n // recipe.batch_size)  # epoch_batches drops a partial last batch
+    total, done, stats = per_epoch * recipe.epochs, 0, None
+    for epoch in range(recipe.epochs):
+        lr = recipe.lr * 0.5 * (1 + math.cos(math.pi * epoch / recipe.epochs))  # cosine, per epoch
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        note = f"epoch {epoch + 1}/{recipe.epochs}" + (f" · loss {stats.loss:.3f} · acc {stats.accuracy:.0%}"
+                                                       if stats else "")
+
+        def step(note: str = note) -> None:
+            nonlocal done
+            done += 1
+            report("train", done, total, note)
+
+        stats = train_loop(model, optimizer, _batches(n, recipe.batch_size, generator, step), data.images,
+                           data.labels, cross_entropy_loss, generator)
+    backbone = {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}
+    final = {"images": n, "identities": data.identities, "loss": round(stats.loss, 6),
+             "train_accuracy": round(stats.accuracy, 6)}
+    return backbone, final
+
+
+@dataclass(frozen=True)
+class Built:
+    """What :func:`build` did: the file, whether it trained, why an old file was refused, how long it took."""
+
+    path: Path
+    recipe: Recipe
+    trained: bool
+    refused: str | None
+    seconds: float
+    sha256: str  # of the whole file
+
+
+def build(recipe: Recipe, progress: Progress | None = None, *, force: bool = False) -> Built:
+    """The cached weights of ``recipe``: reused when the file verifies, else (re)trained and written."""
+    path = weights_path(recipe)
+    start = time.perf_counter()
+    refused = None
+    if path.exists() and not force:
+        try:
+            load(recipe, path)
+            return Built(path, recipe, False, None, time.perf_counter() - start, _file_sha256(path))
+        except SyntheticWeightsUnavailable as exc:
+            refused = str(exc)
+    backbone, stats = train(recipe, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_file.write_bytes(path, encode(recipe, backbone, stats), mode=0o644)
+    return Built(path, recipe, True, refused, time.perf_counter() - start, _file_sha256(path))
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def require(choice: str, backbone: str, height: int, width: int) -> None:
+    """Refuse a run that names synthetic weights not built yet before it makes or reads any data."""
+    if choice == "synthetic" and not weights_path(default_recipe(backbone, height, width)).is_file():
+        load(default_recipe(backbone, height, width))  # raises the error that names `secfed pretrain`
+
+
+def describe_initial(choice: str, recipe: Recipe, model: torch.nn.Module) -> dict[str, Any]:
+    """What a run records of its initial backbone (data.json): the choice, and for synthetic weights
+    the file and the SHA-256 of the backbone tensors the run actually started from."""
+    out: dict[str, Any] = {"weights": choice}
+    backbone = getattr(model, "backbone", None)
+    if choice == "synthetic" and backbone is not None:
+        out.update(file=str(weights_path(recipe)), recipe_digest=recipe.digest,
+                   backbone_sha256=_tensor_digest(backbone.state_dict()))
+    return out
+
+
+def initial_weights(model_cfg: ModelConfig, height: int, width: int) -> bool | dict[str, torch.Tensor]:
+    """What ``ReIDModel(pretrained=...)`` gets for `model.pretrained`: False (none), True (ImageNet),
+    or the verified synthetic backbone for this backbone and input size."""
+    choice = model_cfg.pretrained
+    if choice == "synthetic":
+        return load(default_recipe(model_cfg.backbone, height, width))
+    return choice == "imagenet"
