@@ -44,7 +44,7 @@ def node_id(log: Path) -> str:
     return re.findall(r"SuperNode ID: (\d+)", log.read_text())[-1]
 
 
-@pytest.mark.slow
+@pytest.mark.deployment  # ≈ 90 s of SuperNode processes: `make test-deployment` (and `make bench`) run it
 def test_secfed_survives_supernodes_killed_mid_round_and_flowers_secaggplus_halts(tmp_path):
     sync = tmp_path / "sync"
     sync.mkdir()
