@@ -24,6 +24,7 @@ import time
 import numpy as np
 import torch
 
+from secfed.environment import cpu
 from secfed.evaluation.metrics import cmc_map, cmc_map_from_distances, cosine_distances
 from secfed.seeding import numpy_rng
 
@@ -80,17 +81,6 @@ def timed(fn, repeats: int):
     return result, min(times), statistics.median(times)
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
@@ -108,7 +98,7 @@ def main() -> int:
         args.seed, args.queries, args.gallery, args.ids, args.distractors, 6, args.dim
     )
     labels = (q_pids, g_pids, q_cams, g_cams)
-    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
+    print(f"machine: {cpu()['model']}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
           f"load average {os.getloadavg()[0]:.1f} at start, python {platform.python_version()}, "
           f"numpy {np.__version__}, torch {torch.__version__}")
     print(f"problem: {args.queries} queries x {args.gallery} gallery ({args.distractors} distractors), "
