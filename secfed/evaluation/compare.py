@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ def labels_for(paths: list[Path]) -> list[str]:
 
 def load_runs(paths: list[Path]) -> list[ComparedRun]:
     runs = [load_run(p) for p in paths]
-    return [ComparedRun(**{**r.__dict__, "label": label}) for r, label in zip(runs, labels_for(paths))]
+    return [replace(r, label=label) for r, label in zip(runs, labels_for(paths))]
 
 
 def comparison_figure(runs: list[ComparedRun]) -> Figure:
