@@ -135,8 +135,11 @@ def decide(tests: dict[str, LeakTest], residual: float | None, fit_threshold: fl
             return Verdict.LEAK, f"{name}: {test.hits}/{test.trials} reconstruction(s) match a victim's own picture " \
                 f"({test.statistic})"
         if test.significant:
-            return Verdict.LEAK, (f"{name}: p = {test.p_value:.2g} < {ALPHA} ({test.hits}/{test.trials} at rank 1, "
-                                  f"chance {test.chance:.2g})")
+            # p comes from the rank of each reconstruction's first true match, not from the rank-1
+            # count: say so, or "1/6 at rank 1, chance 0.17" reads as evidence of nothing
+            return Verdict.LEAK, (f"{name}: p = {test.p_value:.2g} < {ALPHA}: the victims' other pictures rank "
+                                  f"higher than chance ({test.hits}/{test.trials} at rank 1, chance "
+                                  f"{test.chance:.2g})")
     fitted = residual is not None and fit_threshold is not None and residual <= fit_threshold
     if not fitted:
         shown = "n/a" if residual is None else f"{residual:.3g}"

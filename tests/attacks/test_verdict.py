@@ -15,6 +15,15 @@ def test_a_significant_identification_is_a_leak_even_without_a_fit() -> None:
     assert verdict is Verdict.LEAK and "reid-pixels" in reason
 
 
+def test_a_leak_by_ranks_says_its_p_comes_from_the_ranks_not_the_rank_1_count() -> None:
+    # The default run's audit said "p = 0.0014 < 0.01 (1/6 at rank 1, chance 0.17)": a rank-1 count at
+    # chance beside a significant p reads as a contradiction unless the reason says where p comes from.
+    at_chance = LeakTest(True, 1, 6, 1 / 6, 0.0014, "rank-1")
+    verdict, reason = decide({"reid-pixels": at_chance}, residual=0.1, fit_threshold=0.25, complete=True)
+    assert verdict is Verdict.LEAK
+    assert "rank higher than chance" in reason and "1/6 at rank 1" in reason
+
+
 @pytest.mark.parametrize("residual", [None, 0.06, 1.0])
 def test_an_attack_that_did_not_fit_never_says_no_leak(residual: float | None) -> None:
     verdict, reason = decide({"reid-embedding": CHANCE}, residual=residual, fit_threshold=0.05, complete=True)
