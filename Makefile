@@ -26,8 +26,10 @@ setup: $(VENV)/.installed
 run: setup
 	$(BIN)/secfed train
 
+# Two workers at most (one torch thread each, tests/conftest.py): on 2 cores the suite's
+# single-threaded tests then use both; more workers would only add memory.
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --maxprocesses 2 --dist worksteal
 
 test-deployment: setup
 	$(BIN)/python -m pytest -m deployment
