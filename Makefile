@@ -12,7 +12,7 @@ BIN    := $(VENV)/bin
 PIP_FIND_LINKS_CONFIGURED := $(strip $(PIP_FIND_LINKS)$(shell $(PYTHON) -m pip config list 2>/dev/null | grep -i 'find-links'))
 PIP_ENV := $(if $(PIP_FIND_LINKS_CONFIGURED),env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null,)
 
-.PHONY: setup run test test-deployment bench clean
+.PHONY: setup run test test-deployment bench claims clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ bench: setup test-deployment
 	$(BIN)/python bench/bench_secagg.py
 	$(BIN)/python bench/bench_flower.py
 	$(BIN)/python bench/bench_privacy.py
+
+# Every published claim, re-decided (resumable: rerun to continue; hours on 2 cores — see bench/claims.py)
+claims: setup
+	$(BIN)/python bench/claims.py --publish
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

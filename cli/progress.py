@@ -80,7 +80,11 @@ class RichReporter:
             parts.append(f"{len(record['dropped'])} dropped")
         self.console.print(" · ".join(parts))
         if record.get("secagg_clipped"):
+            by_vector = {k: v for k, v in record.get("secagg_clipped_by_vector", {}).items() if v}
+            where = ", ".join(f"{k} {v:,}" for k, v in sorted(by_vector.items()))
+            flags = sorted({"--secagg-stats-clip" if k.endswith("/statistics") else "--secagg-clip" for k in by_vector})
             self.console.print(
                 f"[yellow]round {record['round']}: {record['secagg_clipped']:,} summed values exceeded their range "
-                "and were clipped before secure aggregation; raise --secagg-clip[/]"
+                f"and were clipped before secure aggregation{f' ({where})' if where else ''}; the sum is altered — "
+                f"raise {' or '.join(flags) or '--secagg-clip'}[/]"
             )

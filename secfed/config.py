@@ -231,6 +231,11 @@ class SecAggConfig(Section):
                                   "probability.", ge=0, lt=1)
     clip: float = setting(8.0, "--secagg-clip", "Per-coordinate range of what clients sum, before quantisation.",
                           ge=1)
+    # BatchNorm running statistics are averaged, not trained: a round moves a running variance by as
+    # much as the features' scale (842 measured for DFH's pool-5 statistics, 5.8 for FedPav's), far
+    # beyond the weights' range; 4096 leaves a margin and still resolves 1e-5 at 4 clients.
+    stats_clip: float = setting(4096.0, "--secagg-stats-clip", "Per-coordinate range of the BatchNorm running "
+                                "statistics clients sum (their change per round, times the client's weight).", ge=1)
 
 
 class PrivacyConfig(Section):

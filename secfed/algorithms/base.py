@@ -250,7 +250,8 @@ class Method:
         self.receive(site, broadcast, layout)
         stats = self.local_train(site, schedule, seed)
         update = flat_state(site.model, layout).sub_(broadcast.weights)  # in place: one 4·d-byte buffer, not two
-        return Contribution({MODEL: Summand(update, self.weight(site))}, stats=stats)
+        return Contribution({MODEL: Summand(update, self.weight(site), statistics=layout.statistics_runs())},
+                            stats=stats)
 
     # ---- server ---------------------------------------------------------------------------------
 

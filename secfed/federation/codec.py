@@ -65,7 +65,8 @@ def _broadcast_parts(message: Broadcast) -> list[bytes | memoryview]:
 
 
 def _upload_parts(message: Upload) -> list[bytes | memoryview]:
-    summands = {name: {"weight": s.weight, "encoding": s.encoding, "bound": s.bound} for name, s in message.summed.items()}
+    summands = {name: {"weight": s.weight, "encoding": s.encoding, "bound": s.bound,
+                       "statistics": [list(run) for run in s.statistics]} for name, s in message.summed.items()}
     named = {**{f"summed/{k}": s.vector for k, s in message.summed.items()},
              **{f"shared/{k}": v for k, v in message.shared.items()}}
     header = {"client_id": message.client_id, "round": message.round, "summands": summands,
@@ -167,6 +168,21 @@ def decode_broadcast(data: bytes | bytearray | memoryview) -> Broadcast:
     return Broadcast(_int(header, "round", "Broadcast"), weights, header["layout_id"], payloads)
 
 
+def _statistics_runs(name: str, runs: object, numel: int) -> tuple[tuple[int, int], ...]:
+    """A summand's BatchNorm-statistics runs, checked: in order, disjoint, inside the vector."""
+    if not isinstance(runs, list):
+        raise CodecError(f"Upload: summand {name!r}: statistics must be a list of [start, length], got {runs!r}")
+    out, end = [], 0
+    for run in runs:
+        if not (isinstance(run, list) and len(run) == 2 and all(type(v) is int for v in run)
+                and run[0] >= end and run[1] > 0 and run[0] + run[1] <= numel):
+            raise CodecError(f"Upload: summand {name!r}: statistics run {run!r} is not an ordered, disjoint "
+                             f"[start, length] inside its {numel} values")
+        out.append((run[0], run[1]))
+        end = run[0] + run[1]
+    return tuple(out)
+
+
 def decode_upload(data: bytes | bytearray | memoryview) -> Upload:
     header, tensors = _unpack(data, _UPLOAD)
     summands = header.get("summands")
@@ -186,7 +202,8 @@ def decode_upload(data: bytes | bytearray | memoryview) -> Upload:
         expected = torch.float32 if meta["encoding"] == "float" else torch.int64
         if vector.dim() != 1 or vector.dtype != expected:
             raise CodecError(f"Upload: summand {name!r} must be a flat {expected} vector")
-        summed[name] = Summand(vector, float(meta["weight"]), meta["encoding"], meta.get("bound"))
+        summed[name] = Summand(vector, float(meta["weight"]), meta["encoding"], meta.get("bound"),
+                               _statistics_runs(name, meta.get("statistics", []), vector.numel()))
     digest = header.get("model_hash")
     try:
         model_hash = None if digest is None else bytes.fromhex(digest)

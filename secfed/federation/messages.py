@@ -57,12 +57,15 @@ class Summand:
     distributed-noise mechanism (noise included, weight 1); the channel sums it as it is and the
     server's privacy step decodes the sum. ``bound``: the per-coordinate range of w_k·x_k the
     channel quantises (values beyond are clipped and counted); None: the channel's default.
+    ``statistics``: (start, length) runs of ``vector`` that hold BatchNorm running statistics, which
+    the channel quantises in its statistics range instead (they are not bounded by a learning rate).
     """
 
     vector: torch.Tensor
     weight: float = 1.0
     encoding: Encoding = "float"
     bound: float | None = None
+    statistics: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -106,8 +109,10 @@ class Aggregate:
     shared: Mapping[int, Mapping[str, torch.Tensor]] = field(default_factory=dict)  # client id → its shared payloads
     bytes_up: int = 0  # every byte clients sent in this round
     bytes_down: int = 0  # every byte clients received (the broadcast included)
-    # Coordinates clients clipped to the channel's range before quantisation (summed over clients).
+    # Coordinates clients clipped to the channel's range before quantisation (summed over clients),
+    # in all and per summed vector ("NAME/statistics": its BatchNorm statistics) where the channel knows.
     clipped: int = 0
+    clipped_by_vector: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

@@ -52,7 +52,7 @@ from secfed.seeding import derive_seed, numpy_rng
 
 # What a metrics line may hold under a client-level ε, and what it holds that no ε covers.
 OUTSIDE_EPSILON = ("contributors", "bytes_up", "bytes_down", "seconds", "eval", "eval_local", "final",
-                   "secagg_clipped", "local_baseline")
+                   "secagg_clipped", "secagg_clipped_by_vector", "local_baseline")
 
 
 class Reporter(Protocol):
@@ -131,8 +131,10 @@ def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort:
         "bytes_up": aggregate.bytes_up,
         "bytes_down": aggregate.bytes_down,
     }
-    if aggregate.clipped:
+    if fed.channel.name == "secagg":  # counted every round, zero included: a clipped value alters the sum
         record["secagg_clipped"] = aggregate.clipped
+        if aggregate.clipped_by_vector:
+            record["secagg_clipped_by_vector"] = dict(aggregate.clipped_by_vector)
     if baseline_stats:
         record["local_baseline"] = baseline_stats
     if privacy is not None:
@@ -468,8 +470,19 @@ def summarize(fed: Federation, history: list[dict[str, Any]], run_dir: Path, wal
             "measured_down_bytes": sum(r["bytes_down"] for r in history),
         },
         "privacy": privacy_summary(fed),
+        "secagg_clipped": clipped_summary(history) if fed.channel.name == "secagg" else None,
         "storage": ckpt.disk_usage(run_dir),  # what the run directory weighs: checkpoints, recorded uploads
     }
+
+
+def clipped_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Values clients clipped before secure aggregation over the run: in all, per vector, and the rounds."""
+    by_vector: dict[str, int] = {}
+    for record in history:
+        for key, count in record.get("secagg_clipped_by_vector", {}).items():
+            by_vector[key] = by_vector.get(key, 0) + count
+    return {"values": sum(r.get("secagg_clipped", 0) for r in history), "by_vector": by_vector,
+            "rounds": [r["round"] for r in history if r.get("secagg_clipped")]}
 
 
 def domain_row(name: str, parts: dict[str, Any]) -> dict[str, Any]:

@@ -37,8 +37,16 @@ from secfed.privacy.distributed import to_ring
 from secfed.seeding import derive_seed, numpy_rng
 
 RING_BITS = 32
+STATISTICS = "statistics"  # clipped counts of a summand's BatchNorm statistics: "NAME/statistics"
 MIN_DESIGN_DROPOUT = 0.1  # SecAgg+ parameters are chosen for at least this dropout rate
 MIN_COHORT = 2
+
+
+@dataclass(frozen=True)
+class _Piece:
+    start: int  # within the summand's vector (and its segment)
+    length: int
+    quantizer: protocols.Quantizer
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,8 @@ class _Segment:
     name: str
     start: int
     length: int  # ring words: numel + 1 (the weight) for float summands
-    quantizer: protocols.Quantizer | None  # None: ring-encoded summand
+    quantizer: protocols.Quantizer | None  # None: ring-encoded summand; else the values' and the weight's
+    pieces: tuple[_Piece, ...] = ()  # float summands: the values, cut by range (statistics apart)
 
 
 @dataclass
@@ -57,6 +66,7 @@ class SecureChannel:
     authenticated: bool
     graph: str  # "auto" (SecAgg+ where a sparse graph meets the targets) or "complete" (SecAgg)
     design_dropout: float
+    stats_clip: float = 4096.0  # bound of BatchNorm running statistics inside a float summand
     name: str = "secagg"
 
     @classmethod
@@ -64,7 +74,7 @@ class SecureChannel:
         s = cfg.secagg
         return cls(
             run_seed=cfg.seed, num_clients=num_clients, clip=s.clip, authenticated=s.authenticated, graph=s.graph,
-            design_dropout=max(MIN_DESIGN_DROPOUT, s.dropout_rate),
+            design_dropout=max(MIN_DESIGN_DROPOUT, s.dropout_rate), stats_clip=s.stats_clip,
         )
 
     def quantizer(self, bound: float | None = None) -> protocols.Quantizer:
@@ -113,8 +123,11 @@ class SecureChannel:
             shared_bytes += len(data)
             shared[u.client_id] = dict(codec.decode_upload(data).shared)
         layout = self.layout(ring_shape(uploads[0]) if uploads else [])
-        inputs = {u.client_id: layout.ring_vector(u, self.rounding(t, u.client_id)) for u in uploads}
-        clipped = sum(c for _, c in inputs.values())
+        inputs = {u.client_id: layout.ring_vector_by_name(u, self.rounding(t, u.client_id)) for u in uploads}
+        clipped: dict[str, int] = {}
+        for _, counts in inputs.values():
+            for key, count in counts.items():
+                clipped[key] = clipped.get(key, 0) + count
         up = received = 0
         online = [u.client_id for u in uploads]
         pending = dict(dropouts)
@@ -143,9 +156,9 @@ class SecureChannel:
             contributors = tuple(online[i] for i in result.survivors)
             sums, weights = layout.decode(result.ring_total, len(contributors))
             return Aggregate(t, sums, weights, contributors, {k: v for k, v in shared.items() if k in contributors},
-                             up + shared_bytes, down + received, clipped)
+                             up + shared_bytes, down + received, sum(clipped.values()), clipped)
         sums, weights = zero_sums(uploads)
-        return Aggregate(t, sums, weights, (), {}, up + shared_bytes, down + received, clipped)
+        return Aggregate(t, sums, weights, (), {}, up + shared_bytes, down + received, sum(clipped.values()), clipped)
 
     def rounding(self, round_index: int, client_id: int) -> np.random.Generator:
         """The stochastic rounding draws of one client's ring vector, from the run seed: every
@@ -155,20 +168,40 @@ class SecureChannel:
 
     # ---- ring layout ---------------------------------------------------------------------------
 
-    def layout(self, shape: Sequence[tuple[str, int, str, float | None]]) -> RingLayout:
+    def layout(self, shape: Sequence[Sequence]) -> RingLayout:
         """The ring layout of uploads of this ``shape`` (see :func:`ring_shape`), with this run's quantisers."""
         segments, start = [], 0
-        for name, numel, encoding, bound in sorted(shape):
-            length = numel if encoding == "ring" else numel + 1
-            segments.append(_Segment(name, start, length, None if encoding == "ring" else self.quantizer(bound)))
-            start += length
+        for name, numel, encoding, bound, *rest in sorted(shape, key=lambda entry: entry[0]):
+            if encoding == "ring":
+                segments.append(_Segment(name, start, numel, None))
+                start += numel
+                continue
+            statistics = [tuple(run) for run in (rest[0] if rest else ())]
+            quantizer = self.quantizer(bound)
+            segments.append(_Segment(name, start, numel + 1, quantizer,
+                                     self._pieces(numel, quantizer, statistics)))
+            start += numel + 1
         return RingLayout(tuple(segments))
 
+    def _pieces(self, numel: int, values: protocols.Quantizer, statistics: Sequence[tuple[int, int]]) -> tuple[_Piece, ...]:
+        """The summand's values cut into runs, each with its range: statistics in ``stats_clip``."""
+        stats = self.quantizer(self.stats_clip)
+        pieces, at = [], 0
+        for begin, length in statistics:
+            if begin > at:
+                pieces.append(_Piece(at, begin - at, values))
+            pieces.append(_Piece(begin, length, stats))
+            at = begin + length
+        if at < numel or not pieces:
+            pieces.append(_Piece(at, numel - at, values))
+        return tuple(pieces)
 
-def ring_shape(upload: Upload) -> list[tuple[str, int, str, float | None]]:
-    """What a ring layout depends on, and no value: (name, size, encoding, bound) per summed vector.
-    A Flower node announces this; the server rebuilds the layout from it."""
-    return [(name, s.vector.numel(), s.encoding, s.bound) for name, s in sorted(upload.summed.items())]
+
+def ring_shape(upload: Upload) -> list[tuple[str, int, str, float | None, list[list[int]]]]:
+    """What a ring layout depends on, and no value: (name, size, encoding, bound, statistics runs) per
+    summed vector. A Flower node announces this; the server rebuilds the layout from it."""
+    return [(name, s.vector.numel(), s.encoding, s.bound, [list(run) for run in s.statistics])
+            for name, s in sorted(upload.summed.items())]
 
 
 @dataclass(frozen=True)
@@ -184,17 +217,29 @@ class RingLayout:
 
     def ring_vector(self, upload: Upload, rng: np.random.Generator) -> tuple[np.ndarray, int]:
         """One client's ring vector and how many of its values were clipped to the segments' bounds."""
+        vector, clipped = self.ring_vector_by_name(upload, rng)
+        return vector, sum(clipped.values())
+
+    def ring_vector_by_name(self, upload: Upload, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, int]]:
+        """One client's ring vector and, per summed vector, how many of its values were clipped (a
+        vector's BatchNorm statistics counted apart, under ``NAME/statistics``)."""
         out = protocols.parallel.zeros(self.length)
-        clipped = 0
+        clipped: dict[str, int] = {}
         for seg in self.segments:
             s: Summand = upload.summed[seg.name]
             part = out[seg.start : seg.start + seg.length]
             if seg.quantizer is None:
                 part[:] = to_ring(s.vector.numpy(), RING_BITS)
                 continue
-            # [w·x, w], quantised as one vector would be (the same draws from rng, in order)
-            clipped += seg.quantizer.quantize_into(part[:-1], s.vector.numpy(), rng, weight=s.weight)
-            clipped += seg.quantizer.quantize_into(part[-1:], np.array([s.weight]), rng)
+            # [w·x, w], each run of x in its own range, then the weight (the draws from rng in order)
+            values = s.vector.numpy()
+            for piece in seg.pieces:
+                window = slice(piece.start, piece.start + piece.length)
+                key = seg.name if piece.quantizer is seg.quantizer else f"{seg.name}/{STATISTICS}"
+                count = piece.quantizer.quantize_into(part[window], values[window], rng, weight=s.weight)
+                clipped[key] = clipped.get(key, 0) + count
+            clipped[seg.name] = clipped.get(seg.name, 0) + \
+                seg.quantizer.quantize_into(part[-1:], np.array([s.weight]), rng)
         return out, clipped
 
     def decode(self, total: np.ndarray, contributors: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -207,7 +252,11 @@ class RingLayout:
                 sums[seg.name] = torch.from_numpy(part.astype(np.int64))
                 weights[seg.name] = float(contributors)
             else:
-                sums[seg.name] = torch.from_numpy(seg.quantizer.from_ring(part[:-1], dtype=np.float32))
+                values = np.empty(seg.length - 1, dtype=np.float32)
+                for piece in seg.pieces:
+                    window = slice(piece.start, piece.start + piece.length)
+                    values[window] = piece.quantizer.from_ring(part[window], dtype=np.float32)
+                sums[seg.name] = torch.from_numpy(values)
                 weights[seg.name] = float(seg.quantizer.from_ring(part[-1:])[0])
         return sums, weights
 

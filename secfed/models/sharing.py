@@ -76,6 +76,20 @@ class SharedLayout:
                 mask[seg.offset : seg.offset + seg.numel] = True
         return mask
 
+    def statistics_runs(self) -> tuple[tuple[int, int], ...]:
+        """(start, length) of each contiguous run of BatchNorm running statistics in the flat vector.
+        Not trained by SGD, their change in a round is not bounded by the learning rate: secure
+        aggregation quantises them in a range of their own (``secagg.stats_clip``)."""
+        runs: list[list[int]] = []
+        for seg in self.segments:
+            if seg.trainable:
+                continue
+            if runs and runs[-1][0] + runs[-1][1] == seg.offset:
+                runs[-1][1] += seg.numel
+            else:
+                runs.append([seg.offset, seg.numel])
+        return tuple((start, length) for start, length in runs)
+
     def flatten(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
         """Shared tensors of ``state`` (a state_dict) → one float32 vector, in layout order."""
         return torch.cat([state[s.name].detach().reshape(-1).to(torch.float32) for s in self.segments])

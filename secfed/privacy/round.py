@@ -47,7 +47,8 @@ class ClientPrivacy:
         model = summed[MODEL]
         if self.plan.clip is not None:
             vector, _ = clip_l2(model.vector, self.plan.clip)
-            model = Summand(vector, 1.0 if self.plan.unit_weights else model.weight, model.encoding, model.bound)
+            model = Summand(vector, 1.0 if self.plan.unit_weights else model.weight, model.encoding, model.bound,
+                            model.statistics)
         elif self.plan.unit_weights:
             model = dataclasses.replace(model, weight=1.0)
         if self.plan.skellam is not None:

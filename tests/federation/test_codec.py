@@ -86,3 +86,16 @@ def test_a_broadcast_hashes_its_own_weights_and_a_decoded_copy_agrees() -> None:
     assert b.weights_hash == model_hash(b.weights) == copy.weights_hash
     other = Broadcast(b.round, b.weights + 1e-3, b.layout_id)
     assert other.weights_hash != b.weights_hash
+
+
+def test_statistics_runs_travel_with_their_summand_and_malformed_ones_are_refused() -> None:
+    from secfed.federation import codec
+    from secfed.federation.messages import MODEL, Summand, Upload
+
+    upload = Upload(2, 1, {MODEL: Summand(torch.ones(30), 0.5, statistics=((3, 4), (10, 2)))}, {})
+    back = codec.decode_upload(codec.encode_upload(upload))
+    assert back.summed[MODEL].statistics == ((3, 4), (10, 2))
+    for runs in (((10, 2), (3, 4)), ((28, 5),), ((3, 0),)):  # out of order, past the end, empty
+        bad = Upload(2, 1, {MODEL: Summand(torch.ones(30), 0.5, statistics=runs)}, {})
+        with pytest.raises(codec.CodecError, match="statistics run"):
+            codec.decode_upload(codec.encode_upload(bad))

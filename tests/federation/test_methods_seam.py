@@ -18,10 +18,9 @@ from secfed.config import RunConfig
 from secfed.federation import codec
 from secfed.federation.builder import build
 from secfed.federation.messages import MODEL, TrainStats
-from secfed.federation.runtime import run, schedule_for
+from secfed.federation.runtime import run, schedule_for, train_seed
 from secfed.federation.secure_channel import ring_shape
 from secfed.protocols.secagg.messages import MaskedInput
-from secfed.seeding import derive_seed
 
 
 def _kd_cdw(cfg: RunConfig, synth_root: Path) -> RunConfig:
@@ -40,7 +39,7 @@ def test_a_kd_cdw_round_shows_the_server_only_sums(tiny_config: RunConfig, synth
     fed = build(cfg)
     broadcast = fed.server.broadcast(0)
     uploads = [c.step(codec.decode_broadcast(codec.encode_broadcast(broadcast)), schedule_for(cfg, 0),
-                      derive_seed(cfg.seed, "train", 0, c.site.id))[0] for c in fed.clients]
+                      train_seed(cfg, 0, c.site.id))[0] for c in fed.clients]
     cdw = [u.summed[MODEL].weight for u in uploads]
     assert len(set(cdw)) == len(cdw) and all(0 < m < 2 for m in cdw)  # m_k: client-computed, per client
     assert all(u.summed[KD].vector.numel() == 24 * cfg.model.neck_dim for u in uploads)
@@ -129,11 +128,14 @@ def test_fedreid_shares_only_the_embedding_and_keeps_expert_and_mapping(tiny_con
 
 
 @pytest.mark.parametrize("method", ["fedpav", "fedavg", "fedreid", "dfh", "fedpav+kd+cdw"])
-def test_no_method_writes_into_the_broadcast_every_client_shares(method: str, tiny_config: RunConfig,
-                                                                synth_root: Path) -> None:
+def test_no_method_writes_into_the_broadcast_and_none_clips_under_secure_aggregation(
+        method: str, tiny_config: RunConfig, synth_root: Path) -> None:
     # In one process every client reads the same Broadcast tensors (the runtime does not copy them).
+    # And every method's default sums fit the secure channel's ranges: a clipped value alters the
+    # aggregate (before BatchNorm statistics had a range of their own, FedPav clipped in round 2 and
+    # DFH in every round at this size — see the test below).
     cfg = _kd_cdw(tiny_config, synth_root) if method == "fedpav+kd+cdw" else tiny_config
-    cfg.secagg.enabled = False
+    cfg.secagg.enabled = True
     if method != "fedpav+kd+cdw":
         cfg.method.algorithm = method
     if method == "dfh":
@@ -142,16 +144,32 @@ def test_no_method_writes_into_the_broadcast_every_client_shares(method: str, ti
     for t in range(2):  # round 2 carries payloads under DFH (every client's statistics)
         broadcast = fed.server.broadcast(t)
         before = (broadcast.weights.clone(), {k: v.clone() for k, v in broadcast.payloads.items()})
-        uploads = [c.step(broadcast, schedule_for(cfg, t), derive_seed(cfg.seed, "train", t, c.site.id))[0]
-                   for c in fed.clients]
+        uploads = [c.step(broadcast, schedule_for(cfg, t), train_seed(cfg, t, c.site.id))[0] for c in fed.clients]
         assert torch.equal(broadcast.weights, before[0])
         assert broadcast.payloads.keys() == before[1].keys()
         assert all(torch.equal(broadcast.payloads[k], v) for k, v in before[1].items())
-        fed.server.apply(fed.channel.aggregate(broadcast, uploads, {}, broadcast_bytes=0))
+        aggregate = fed.channel.aggregate(broadcast, uploads, {}, broadcast_bytes=0)
+        assert aggregate.clipped == 0, (t, aggregate.clipped_by_vector)
+        fed.server.apply(aggregate)
         assert not torch.equal(fed.server.weights, before[0])  # the server's new weights are a new tensor
         assert torch.equal(broadcast.weights, before[0])
     if method == "dfh":
         assert broadcast.payloads  # the second round did carry the statistics
+
+
+def test_with_one_range_for_weights_and_statistics_dfh_clips(tiny_config: RunConfig) -> None:
+    # The power of the test above: with BatchNorm statistics in the weights' range (secfed before
+    # secagg.stats_clip), DFH's first round already clips its running variances.
+    tiny_config.secagg.enabled = True
+    tiny_config.secagg.stats_clip = tiny_config.secagg.clip
+    tiny_config.method.algorithm = "dfh"
+    tiny_config.method.ids_per_batch = 4
+    fed = build(tiny_config)
+    broadcast = fed.server.broadcast(0)
+    uploads = [c.step(broadcast, schedule_for(tiny_config, 0), train_seed(tiny_config, 0, c.site.id))[0]
+               for c in fed.clients]
+    aggregate = fed.channel.aggregate(broadcast, uploads, {}, broadcast_bytes=0)
+    assert aggregate.clipped_by_vector[f"{MODEL}/statistics"] > 0 and aggregate.clipped_by_vector[MODEL] == 0
 
 
 def test_non_finite_soft_labels_stop_the_run_naming_round_and_client(tiny_config: RunConfig, synth_root: Path,

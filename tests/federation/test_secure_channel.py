@@ -132,3 +132,39 @@ def test_values_beyond_the_range_are_counted() -> None:
     uploads[1] = Upload(1, 5, {**uploads[1].summed, MODEL: Summand(big, 0.2)}, {}, b"h" * 32)
     assert _aggregate(_channel(3), uploads, {}).clipped == 7
     assert _aggregate(_channel(3), _uploads(3), {}).clipped == 0
+
+
+def test_batchnorm_statistics_are_summed_in_their_own_range_and_counted_apart() -> None:
+    # The default run clipped: a round moves BatchNorm running variances by up to hundreds (842 for
+    # DFH), while the weights' range is 8. Statistics runs are quantised in secagg.stats_clip.
+    uploads, plain_uploads = [], []
+    g = torch.Generator().manual_seed(3)
+    stats = ((100, 50), (400, 20))  # two runs of statistics inside the model vector
+    for k in range(3):
+        vector = torch.randn(DIM, generator=g) * 0.01
+        vector[100:150] = 300.0 * (k + 1)  # running-variance-sized changes
+        vector[400:420] = -50.0
+        uploads.append(Upload(k, 5, {MODEL: Summand(vector, 0.3, statistics=stats)}, {}, model_hash=b"h" * 32))
+        plain_uploads.append(Upload(k, 5, {MODEL: Summand(vector, 0.3)}, {}, model_hash=b"h" * 32))
+    channel = _channel(3)
+    secure = _aggregate(channel, uploads, {})
+    assert secure.clipped == 0 and secure.clipped_by_vector == {MODEL: 0, f"{MODEL}/statistics": 0}
+    plain = PlainChannel().aggregate(_broadcast(), uploads, {}, broadcast_bytes=DIM * 4)
+    fine = 3 * channel.clip / channel.quantizer().max_abs
+    coarse = 3 * channel.stats_clip / channel.quantizer(channel.stats_clip).max_abs
+    in_stats = torch.zeros(DIM, dtype=torch.bool)
+    in_stats[100:150] = in_stats[400:420] = True
+    assert torch.allclose(secure.sums[MODEL][in_stats], plain.sums[MODEL][in_stats], atol=coarse)
+    assert torch.allclose(secure.sums[MODEL][~in_stats], plain.sums[MODEL][~in_stats], atol=fine)
+    # the same values without their statistics runs: clipped to the weights' range, and counted
+    without = _aggregate(channel, plain_uploads, {})
+    assert without.clipped == 3 * 50 + 3 * 20 and without.clipped_by_vector == {MODEL: 210}
+
+
+def test_statistics_beyond_their_range_are_counted_under_their_own_name() -> None:
+    vector = torch.zeros(DIM)
+    vector[10:12] = 1e6  # × 0.5 beyond 4096
+    uploads = [Upload(k, 5, {MODEL: Summand(vector if k == 0 else torch.zeros(DIM), 0.5, statistics=((10, 5),))},
+                      {}, model_hash=b"h" * 32) for k in range(3)]
+    agg = _aggregate(_channel(3), uploads, {})
+    assert agg.clipped_by_vector == {MODEL: 0, f"{MODEL}/statistics": 2} and agg.clipped == 2

@@ -1,0 +1,313 @@
+"""The seed papers' claims, decided from paired seeds — one resumable command (`make claims`).
+
+    python bench/claims.py [--seeds 10] [--workers N] [--device cpu|cuda] [--threads T]
+                           [--only CLAIM ...] [--out bench/results/claims] [--publish] [--max-minutes M]
+
+Each claim compares two arms trained with the SAME seed (same data order, same initial weights): the
+per-seed difference d (in rank-1/mAP points, signed so that positive is what the paper claims) is a
+paired sample, and its mean and 95 % Student-t interval [lo, hi] decide:
+
+    reproduced       lo > threshold                      (the claimed effect is there)
+    not reproduced   hi < threshold + margin             (any effect in the claimed direction is
+                                                          smaller than the margin, 1 point)
+    undecided        otherwise — more seeds would be needed; the interval is printed
+
+Arms (bench_methods.py's and bench_dfh.py's settings, nothing tuned; each run ≤ 5 CPU-minutes):
+
+    fedpav, fedpav+kd, fedpav+cdw, fedpav+kd+cdw, fedreid   the default (4 client domains, 2 unseen,
+                                                             16 rounds, evaluation every 2 rounds)
+    fedreid+beta                                            FedReID with β = 0.0005 (AAAI'21 Fig. 3)
+    lodo:fedpav, lodo:dfh, lodo:dfh-no-dh                   leave-one-domain-out (campus held out), DFH's
+                                                             Tables 1–2 at the paper's λ and margin
+
+Every finished run is appended to OUT/runs.jsonl at once; a rerun skips what is there (kill it at
+any time). Runs go out seed by seed, so an interrupted bench leaves whole pairs. ``--workers`` runs
+that many processes, each on ``--threads`` torch threads. ``--publish`` writes the claims table into
+README.md and bench/RESULTS.md between their ``<!-- claims:begin -->`` / ``<!-- claims:end -->``
+markers, with the environment and the command beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_dfh  # noqa: E402
+import bench_methods  # noqa: E402
+
+from secfed.environment import describe, environment  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
+LODO_TARGET = "campus"
+BETA = 0.0005
+
+
+# ---- arms -------------------------------------------------------------------------------------------
+
+def run_arm(arm: str, seed: int, device: str, threads: int, rounds: int = 16) -> dict[str, Any]:
+    """Train one arm at one seed (in a worker process) and return what the claims read."""
+    import torch
+
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        if arm.startswith("lodo:"):
+            out = _lodo(arm.removeprefix("lodo:"), seed, device, rounds, Path(tmp))
+        else:
+            out = _default(arm, seed, device, rounds, Path(tmp))
+    return {"arm": arm, "seed": seed, "rounds": rounds, **out}
+
+
+def _default(arm: str, seed: int, device: str, rounds: int, tmp: Path) -> dict[str, Any]:
+    from secfed.federation.runtime import run
+
+    method = arm.removesuffix("+beta")
+    cfg = bench_methods.config(method, seed, unseen=2, eval_every=2)
+    cfg.run.device = device
+    cfg.schedule.rounds = rounds
+    if arm.endswith("+beta"):
+        cfg.privacy.dp_beta = BETA
+    start = time.perf_counter()
+    result = run(cfg, tmp / "run")
+    history = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in history if "eval" in r]
+    curves = {name: [r["eval"][name]["rank1"] for r in evaluated] for name in evaluated[-1]["eval"]}
+    return {"seconds": time.perf_counter() - start, "curves": curves, "domains": result.summary["domains"],
+            "unseen": result.summary["unseen"], "environment": environment()}
+
+
+def _lodo(method: str, seed: int, device: str, rounds: int, tmp: Path) -> dict[str, Any]:
+    original = bench_dfh.config
+
+    def on_device(*args: Any) -> Any:
+        cfg = original(*args)
+        cfg.run.device = device
+        return cfg
+
+    bench_dfh.config = on_device  # one_run builds its own config; only the device differs
+    try:
+        row = bench_dfh.one_run(method, LODO_TARGET, seed, rounds, tmp)
+    finally:
+        bench_dfh.config = original
+    return {"seconds": row["wall_seconds"], "unseen": [{"name": LODO_TARGET, **row["unseen"]}],
+            "environment": environment()}
+
+
+# ---- claims -----------------------------------------------------------------------------------------
+
+def seen_rank1(run: dict[str, Any]) -> float:
+    return 100 * statistics.fmean(d["rank1"] for d in run["domains"])
+
+
+def unseen_rank1(run: dict[str, Any]) -> float:
+    return 100 * statistics.fmean(d["rank1"] for d in run["unseen"])
+
+
+def unseen_map(run: dict[str, Any]) -> float:
+    return 100 * statistics.fmean(d["mAP"] for d in run["unseen"])
+
+
+def volatility(run: dict[str, Any]) -> float:
+    return 100 * statistics.fmean(bench_methods.volatility(c) for c in run["curves"].values() if len(c) > 2)
+
+
+def smallest_gain(run: dict[str, Any]) -> float:
+    """Federated − local-only rank-1 on the domain with the fewest training images (MM'20 Fig. 6)."""
+    small = min(run["domains"], key=lambda d: d.get("train_images", math.inf))
+    return 100 * (small["rank1"] - small["local_rank1"])
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str
+    source: str
+    statement: str
+    arms: tuple[str, ...]
+    measure: Callable[[dict[str, dict[str, Any]]], float]  # {arm: run} of one seed → d (points)
+    unit: str
+    threshold: float = 0.0
+    margin: float = 1.0
+
+
+CLAIMS = [
+    Claim("mm20-fig6", "MM'20 Fig. 6", "federation helps the smallest domain (federated − local-only rank-1)",
+          ("fedpav",), lambda r: smallest_gain(r["fedpav"]), "rank-1 points"),
+    Claim("mm20-table3", "MM'20 Table 3", "CDW improves FedPav (mean seen rank-1)",
+          ("fedpav", "fedpav+cdw"), lambda r: seen_rank1(r["fedpav+cdw"]) - seen_rank1(r["fedpav"]), "rank-1 points"),
+    Claim("mm20-fig7", "MM'20 Fig. 7", "KD lowers round-to-round volatility (FedPav − FedPav+KD, std of changes)",
+          ("fedpav", "fedpav+kd"), lambda r: volatility(r["fedpav"]) - volatility(r["fedpav+kd"]), "rank-1 points",
+          margin=0.25),
+    Claim("mm20-alg5", "MM'20 Alg. 5", "KD + CDW improve FedPav (mean seen rank-1)",
+          ("fedpav", "fedpav+kd+cdw"), lambda r: seen_rank1(r["fedpav+kd+cdw"]) - seen_rank1(r["fedpav"]),
+          "rank-1 points"),
+    Claim("aaai21-fig4", "AAAI'21 Fig. 4", "FedReID's expert improves unseen-domain rank-1 over FedPav",
+          ("fedpav", "fedreid"), lambda r: unseen_rank1(r["fedreid"]) - unseen_rank1(r["fedpav"]), "rank-1 points"),
+    Claim("aaai21-fig3", "AAAI'21 Fig. 3", f"β = {BETA} costs FedReID less than 2 seen rank-1 points",
+          ("fedreid", "fedreid+beta"), lambda r: seen_rank1(r["fedreid+beta"]) - seen_rank1(r["fedreid"]),
+          "rank-1 points", threshold=-2.0, margin=0.0),
+    Claim("dfh-table1", "DFH Table 1", f"DFH beats FedPav on the held-out domain ({LODO_TARGET}, mAP)",
+          ("lodo:fedpav", "lodo:dfh"), lambda r: unseen_map(r["lodo:dfh"]) - unseen_map(r["lodo:fedpav"]),
+          "mAP points"),
+    Claim("dfh-table2", "DFH Table 2", "domain hallucination adds to feature hallucination (held-out mAP)",
+          ("lodo:dfh-no-dh", "lodo:dfh"), lambda r: unseen_map(r["lodo:dfh"]) - unseen_map(r["lodo:dfh-no-dh"]),
+          "mAP points"),
+]
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, lo, hi) of the 95 % Student-t interval of ``values`` (lo = hi = mean for one value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, -math.inf, math.inf
+    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def decide(differences: list[float], threshold: float, margin: float) -> str:
+    """reproduced / not reproduced / undecided from the paired differences (module docstring)."""
+    if len(differences) < 2:
+        return "undecided"
+    _, lo, hi = interval(differences)
+    if lo > threshold:
+        return "reproduced"
+    if hi < threshold + margin:
+        return "not reproduced"
+    return "undecided"
+
+
+def paired(claim: Claim, runs: Iterable[dict[str, Any]]) -> list[float]:
+    """One difference per seed that has every arm of the claim."""
+    by_seed: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in runs:
+        by_seed.setdefault(r["seed"], {})[r["arm"]] = r
+    return [claim.measure(arms) for _, arms in sorted(by_seed.items()) if all(a in arms for a in claim.arms)]
+
+
+def table(runs: list[dict[str, Any]], claims: list[Claim]) -> str:
+    lines = ["| claim | statement | seeds | mean d [95 % interval] | decision |", "|---|---|---|---|---|"]
+    for claim in claims:
+        d = paired(claim, runs)
+        if not d:
+            lines.append(f"| {claim.source} | {claim.statement} | 0 | — | not run |")
+            continue
+        mean, lo, hi = interval(d)
+        shown = f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] {claim.unit}" if len(d) > 1 else f"{mean:+.2f} {claim.unit}"
+        lines.append(f"| {claim.source} | {claim.statement} | {len(d)} | {shown} | "
+                     f"**{decide(d, claim.threshold, claim.margin)}** |")
+    return "\n".join(lines)
+
+
+def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str) -> str:
+    envs = {r["environment"]["cpu"] + " · " + r["environment"]["torch"] for r in runs if "environment" in r}
+    wall = sum(r["seconds"] for r in runs) / 60
+    return "\n".join([
+        table(runs, claims), "",
+        f"d > 0 is what the paper claims; reproduced: the interval's low end is above the threshold (0 unless "
+        f"the statement names one); not reproduced: its high end is below threshold + 1 point (0.25 for "
+        f"volatility); otherwise undecided. {len(runs)} runs, {wall:.0f} run-minutes, on "
+        f"{'; '.join(sorted(envs)) or 'n/a'}; generated by `{command}`.",
+    ])
+
+
+def rewrite_between_markers(text: str, block: str) -> str:
+    """``text`` with what lies between the claims markers replaced by ``block`` (markers kept)."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"no {BEGIN} … {END} block")
+    return text[:start + len(BEGIN)] + "\n" + block.strip() + "\n" + text[end:]
+
+
+# ---- the command ------------------------------------------------------------------------------------
+
+def load(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a kill: that run is redone
+            continue
+    return rows
+
+
+def append(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def pending(claims: list[Claim], seeds: int, done: set[tuple[str, int]]) -> list[tuple[str, int]]:
+    """(arm, seed) still to run, seed by seed, each arm once however many claims share it."""
+    arms = list(dict.fromkeys(a for c in claims for a in c.arms))
+    return [(a, s) for s in range(seeds) for a in arms if (a, s) not in done]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", nargs="+", choices=[c.key for c in CLAIMS], help="these claims (default: all)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "claims")
+    # Claims are decided at the default 16 rounds; fewer only to check the command end to end
+    parser.add_argument("--rounds", type=int, default=16, help="rounds per run (16: the published setting)")
+    parser.add_argument("--max-minutes", type=float, help="stop handing out runs after this long")
+    parser.add_argument("--publish", action="store_true", help="rewrite README.md's and RESULTS.md's claims blocks")
+    args = parser.parse_args()
+    claims = [c for c in CLAIMS if not args.only or c.key in args.only]
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "runs.jsonl"
+    runs = [r for r in load(results) if r.get("rounds", 16) == args.rounds]
+    todo = pending(claims, args.seeds, {(r["arm"], r["seed"]) for r in runs})
+    print(describe(), flush=True)
+    print(f"{len(runs)} runs done, {len(todo)} to go on {args.workers} worker(s) × {args.threads} thread(s), "
+          f"device {args.device}", flush=True)
+    bench_dfh.synthetic_default()  # the data once, before workers race for it
+    started = time.monotonic()
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(args.workers, maxtasksperchild=1) as pool:
+        jobs = [pool.apply_async(run_arm, (arm, seed, args.device, args.threads, args.rounds)) for arm, seed in todo]
+        for i, job in enumerate(jobs, 1):
+            remaining = None
+            if args.max_minutes is not None:
+                remaining = max(0.0, args.max_minutes * 60 - (time.monotonic() - started))
+            try:
+                row = job.get(timeout=remaining)
+            except multiprocessing.TimeoutError:
+                print(f"stopped after {args.max_minutes} minutes; rerun to continue", flush=True)
+                pool.terminate()
+                break
+            append(results, row)
+            runs.append(row)
+            elapsed = time.monotonic() - started
+            eta = elapsed / i * (len(jobs) - i)
+            print(f"[{i}/{len(jobs)}] {row['arm']} seed {row['seed']}: {row['seconds']:.0f} s "
+                  f"(elapsed {elapsed / 60:.1f} min, ETA {eta / 60:.1f} min)", flush=True)
+    command = "python bench/claims.py " + " ".join(sys.argv[1:])
+    text = publication(runs, claims, command)
+    (args.out / "claims.md").write_text(text + "\n")
+    print(text)
+    if args.publish:
+        for path in (REPO / "README.md", REPO / "bench" / "RESULTS.md"):
+            path.write_text(rewrite_between_markers(path.read_text(), text))
+
+
+if __name__ == "__main__":
+    main()

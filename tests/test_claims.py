@@ -1,0 +1,72 @@
+"""bench/claims.py's decisions and bookkeeping, on constructed runs (the training itself is bench-only)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def claims():  # noqa: ANN201 - a module loaded from bench/
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("claims", BENCH / "claims.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["claims"] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_claim_is_decided_from_the_paired_interval(claims) -> None:
+    assert claims.decide([2.0, 3.0, 2.5, 3.5, 2.8], 0.0, 1.0) == "reproduced"
+    assert claims.decide([-2.0, -3.0, -1.5, -2.5, -2.2], 0.0, 1.0) == "not reproduced"
+    # a small effect measured tightly: any gain is under the 1-point margin, so not the claimed effect
+    assert claims.decide([0.1, 0.3, -0.1, 0.2, 0.0], 0.0, 1.0) == "not reproduced"
+    assert claims.decide([5.0, -4.0, 3.0, -2.0, 6.0], 0.0, 1.0) == "undecided"
+    assert claims.decide([4.0], 0.0, 1.0) == "undecided"  # one seed decides nothing
+    # "costs less than 2 points": threshold -2, no margin
+    assert claims.decide([-0.5, -1.0, -0.2, -0.8], -2.0, 0.0) == "reproduced"
+    assert claims.decide([-4.0, -5.0, -4.5, -3.8], -2.0, 0.0) == "not reproduced"
+
+
+def test_differences_pair_arms_by_seed_and_skip_incomplete_seeds(claims) -> None:
+    def run(arm: str, seed: int, rank1: float) -> dict:
+        return {"arm": arm, "seed": seed, "domains": [{"name": "a", "rank1": rank1}], "unseen": []}
+
+    runs = [run("fedpav", 0, 0.10), run("fedpav+cdw", 0, 0.13), run("fedpav", 1, 0.20), run("fedpav+cdw", 1, 0.18),
+            run("fedpav", 2, 0.30)]  # seed 2 has no CDW arm yet
+    [table3] = [c for c in claims.CLAIMS if c.key == "mm20-table3"]
+    assert claims.paired(table3, runs) == pytest.approx([3.0, -2.0])
+
+
+def test_the_readme_block_is_rewritten_only_between_its_markers(claims) -> None:
+    text = f"before\n{claims.BEGIN}\nold table\n{claims.END}\nafter\n"
+    new = claims.rewrite_between_markers(text, "| new | table |")
+    assert new == f"before\n{claims.BEGIN}\n| new | table |\n{claims.END}\nafter\n"
+    with pytest.raises(ValueError, match="claims:begin"):
+        claims.rewrite_between_markers("no markers here", "x")
+
+
+def test_the_published_files_carry_the_markers(claims) -> None:
+    for path in (BENCH.parent / "README.md", BENCH / "RESULTS.md"):
+        text = path.read_text()
+        assert text.count(claims.BEGIN) == 1 and text.count(claims.END) == 1, path
+
+
+def test_a_rerun_skips_finished_runs_and_a_line_cut_by_a_kill(claims, tmp_path: Path) -> None:
+    results = tmp_path / "runs.jsonl"
+    claims.append(results, {"arm": "fedpav", "seed": 0})
+    with results.open("a") as f:
+        f.write('{"arm": "fedpav+cdw", "se')  # killed mid-write
+    rows = claims.load(results)
+    assert rows == [{"arm": "fedpav", "seed": 0}]
+    [table3] = [c for c in claims.CLAIMS if c.key == "mm20-table3"]
+    todo = claims.pending([table3], 2, {(r["arm"], r["seed"]) for r in rows})
+    # seed by seed, so an interrupted bench leaves whole pairs; each arm once
+    assert todo == [("fedpav+cdw", 0), ("fedpav", 1), ("fedpav+cdw", 1)]
+    json.loads(results.read_text().splitlines()[0])
