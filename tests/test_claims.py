@@ -70,3 +70,16 @@ def test_a_rerun_skips_finished_runs_and_a_line_cut_by_a_kill(claims, tmp_path: 
     # seed by seed, so an interrupted bench leaves whole pairs; each arm once
     assert todo == [("fedpav+cdw", 0), ("fedpav", 1), ("fedpav+cdw", 1)]
     json.loads(results.read_text().splitlines()[0])
+
+
+def test_the_publication_names_each_machine_and_the_command(claims) -> None:
+    from secfed.environment import environment
+
+    env = environment()
+    runs = [{"arm": arm, "seed": seed, "seconds": 60.0, "environment": env,
+             "domains": [{"name": "a", "rank1": 0.1 + 0.01 * seed + (0.02 if arm == "fedpav+cdw" else 0.0)}],
+             "unseen": []} for seed in range(3) for arm in ("fedpav", "fedpav+cdw")]
+    [table3] = [c for c in claims.CLAIMS if c.key == "mm20-table3"]
+    text = claims.publication(runs, [table3], "python bench/claims.py --seeds 3")
+    assert "| MM'20 Table 3 |" in text and "| 3 |" in text and "**reproduced**" in text
+    assert env["cpu"]["model"] in text and "python bench/claims.py --seeds 3" in text
