@@ -211,11 +211,26 @@ def table(runs: list[dict[str, Any]], claims: list[Claim]) -> str:
     return "\n".join(lines)
 
 
+def spread(runs: list[dict[str, Any]]) -> str:
+    """Per arm: seeds, mean and seed-to-seed standard deviation of the mean seen rank-1 and the mean
+    unseen mAP (issue 24's goal for a setting stable enough to decide: both std ≤ 3 points)."""
+    lines = ["| arm | seeds | seen rank-1, mean (std) | unseen mAP, mean (std) |", "|---|---|---|---|"]
+    for arm in dict.fromkeys(r["arm"] for r in runs):
+        mine = [r for r in runs if r["arm"] == arm]
+        cells = []
+        for values in ([seen_rank1(r) for r in mine if r.get("domains")], [unseen_map(r) for r in mine if r["unseen"]]):
+            sd = statistics.stdev(values) if len(values) > 1 else math.nan
+            cells.append(f"{statistics.fmean(values):.1f} ({sd:.1f})" if values else "—")
+        lines.append(f"| {arm} | {len(mine)} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str) -> str:
     envs = {environment_line(r["environment"]) for r in runs if "environment" in r}
     wall = sum(r["seconds"] for r in runs) / 60
     return "\n".join([
         table(runs, claims), "",
+        spread(runs), "",
         f"d > 0 is what the paper claims; reproduced: the interval's low end is above the threshold (0 unless "
         f"the statement names one); not reproduced: its high end is below threshold + 1 point (0.25 for "
         f"volatility); otherwise undecided. {len(runs)} runs, {wall:.0f} run-minutes, on "
@@ -228,7 +243,8 @@ def environment_line(env: dict[str, Any]) -> str:
     cpu = env.get("cpu") or {}
     cuda = f", CUDA {env['cuda']}" if env.get("cuda") else ""
     return (f"{cpu.get('model', '?')} ({cpu.get('logical_cores', '?')} cores, {env.get('torch_cpu_capability')}), "
-            f"torch {env.get('torch')} on {env.get('torch_threads')} threads{cuda}, commit {str(env.get('commit'))[:7]}")
+            f"torch {env.get('torch')} on {env.get('torch_threads')} threads{cuda}"
+            + (f", commit {str(env['commit'])[:7]}" if env.get("commit") else ""))
 
 
 def rewrite_between_markers(text: str, block: str) -> str:
@@ -289,11 +305,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=16, help="rounds per run (16: the published setting)")
     parser.add_argument("--max-minutes", type=float, help="stop handing out runs after this long")
     parser.add_argument("--publish", action="store_true", help="rewrite README.md's and RESULTS.md's claims blocks")
+    parser.add_argument("--report", action="store_true", help="run nothing: decide from the runs already in --out")
     args = parser.parse_args()
     claims = [c for c in CLAIMS if not args.only or c.key in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "runs.jsonl"
     runs = [r for r in load(results) if r.get("rounds", 16) == args.rounds]
+    if args.report:
+        runs = [r for r in runs if r["seed"] < args.seeds]
+        command = (args.out / "command.txt").read_text().strip() if (args.out / "command.txt").exists() else "?"
+        return publish(runs, claims, command, args)
     todo = pending(claims, args.seeds, {(r["arm"], r["seed"]) for r in runs})
     print(describe(), flush=True)
     print(f"{len(runs)} runs done, {len(todo)} to go on {args.workers} worker(s) × {args.threads} thread(s), "
@@ -320,6 +341,11 @@ def main() -> None:
             print(f"[{i}/{len(jobs)}] {row['arm']} seed {row['seed']}: {row['seconds']:.0f} s "
                   f"(elapsed {elapsed / 60:.1f} min, ETA {eta / 60:.1f} min)", flush=True)
     command = "python bench/claims.py " + " ".join(sys.argv[1:])
+    (args.out / "command.txt").write_text(command + "\n")
+    publish(runs, claims, command, args)
+
+
+def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args: argparse.Namespace) -> None:
     text = publication(runs, claims, command)
     (args.out / "claims.md").write_text(text + "\n")
     print(text)
