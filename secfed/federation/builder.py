@@ -35,7 +35,7 @@ from secfed.privacy.accountant import SampledGaussianAccountant
 from secfed.privacy.dfs import dfs_settings
 from secfed.privacy.dpsgd import ClientDpSgd, dp_compatible
 from secfed.privacy.noise import NoiseSource
-from secfed.privacy.policy import DESIGN_DROPOUT, DpSgdPlan, PrivacyPlan, resolve
+from secfed.privacy.policy import DESIGN_DROPOUT, DpSgdPlan, PrivacyPlan, method_extras, resolve
 from secfed.privacy.round import ClientPrivacy, ServerPrivacy
 from secfed.seeding import derive_seed
 
@@ -380,11 +380,10 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
 
     num_clients = len(clients_info)
     channel: Channel = SecureChannel.for_run(cfg, num_clients) if cfg.secagg.enabled else PlainChannel()
-    extra_uploads = ["KD soft labels (features on the public set)"] if cfg.method.kd else []
     plan = resolve(
         cfg.privacy, num_clients=num_clients, clients_per_round=cfg.schedule.clients_per_round,
         rounds=cfg.schedule.rounds, aggregation="weighted" if cfg.method.aggregation == "weighted" else "unweighted",
-        secagg=cfg.secagg.enabled, bn_stats=cfg.model.bn_stats, extra_uploads=extra_uploads, model_dim=layout.size,
+        secagg=cfg.secagg.enabled, bn_stats=cfg.model.bn_stats, extra_uploads=method_extras(cfg), model_dim=layout.size,
         quantiser_scale=channel.scale if isinstance(channel, SecureChannel) else None, ring_bits=RING_BITS,
         design_dropout=max(DESIGN_DROPOUT, cfg.secagg.dropout_rate), dfs=dfs_settings(cfg),
         authenticated=cfg.secagg.authenticated,

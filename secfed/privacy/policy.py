@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -249,7 +249,8 @@ def static_issues(cfg: RunConfig) -> list[ConfigIssue]:
     p = cfg.privacy
     issues = list(_combination_issues(p, secagg=cfg.secagg.enabled, clients_per_round=cfg.schedule.clients_per_round))
     formal = p.noise_multiplier is not None or p.target_epsilon is not None or p.distributed
-    for key, why in _blockers(cfg.method.aggregation, cfg.model.bn_stats, p.dp_sgd, _method_extras(cfg)):
+    extras = {**method_extras(cfg), **_dfs_extra(dfs_settings(cfg))}
+    for key, why in _blockers(cfg.method.aggregation, cfg.model.bn_stats, p.dp_sgd, extras):
         if formal:
             issues.append(ConfigIssue(key, f"client-level DP is on, but {why}"))
     m = cfg.method
@@ -267,12 +268,10 @@ def static_issues(cfg: RunConfig) -> list[ConfigIssue]:
     return issues
 
 
-def _method_extras(cfg: RunConfig) -> list[str]:
-    """What the method uploads besides the clipped shared update (no client-level noise covers it)."""
-    extras = []
-    if cfg.method.kd:
-        extras.append("KD soft labels (features on the public set)")
-    return extras + _dfs_extra(dfs_settings(cfg))
+def method_extras(cfg: RunConfig) -> dict[str, str]:
+    """What the method uploads besides the clipped shared update, by the setting that makes it
+    upload it (no client-level noise covers these)."""
+    return {"method.kd": "KD soft labels (features on the public set)"} if cfg.method.kd else {}
 
 
 # what _blockers says of DFH's statistics when they travel unnoised
@@ -280,12 +279,12 @@ RAW_DFS = ("DFH's per-client domain feature statistics (DFS, in the clear beside
            "`method.dfs_noise` needs `model.bn_stats` shared, which client-level DP refuses)")
 
 
-def _dfs_extra(dfs: tuple[float, float] | None) -> list[str]:
+def _dfs_extra(dfs: tuple[float, float] | None) -> dict[str, str]:
     """DFH's DFS channel when no noise covers it: an unnoised per-client upload no client-level ε may sit behind."""
-    return [RAW_DFS] if dfs is not None and dfs[0] == 0 else []
+    return {KEY["algorithm"]: RAW_DFS} if dfs is not None and dfs[0] == 0 else {}
 
 
-def _blockers(aggregation: str, bn_stats: str, dp_sgd: bool, extras: Sequence[str]) -> list[tuple[str, str]]:
+def _blockers(aggregation: str, bn_stats: str, dp_sgd: bool, extras: Mapping[str, str]) -> list[tuple[str, str]]:
     """What would make a client-level ε false even with clipping and noise in place."""
     out = []
     if aggregation == "weighted":
@@ -293,8 +292,8 @@ def _blockers(aggregation: str, bn_stats: str, dp_sgd: bool, extras: Sequence[st
                     "weigh more than its clipped update; DP uses weight 1 per client and a fixed denominator"))
     if bn_stats == "shared" and not dp_sgd:
         out.append((KEY["bn_stats"], "BatchNorm running statistics are shared without noise; use local"))
-    if extras:
-        out.append((KEY["algorithm"], f"{', '.join(extras)} would be uploaded without noise"))
+    # each extra upload is refused under the setting that causes it (KD's soft labels: method.kd)
+    out += [(key, f"{what} would be uploaded without noise") for key, what in extras.items()]
     return out
 
 
@@ -369,7 +368,7 @@ def resolve(
     aggregation: Literal["weighted", "unweighted"],
     secagg: bool,
     bn_stats: Literal["shared", "local"],
-    extra_uploads: Sequence[str] = (),
+    extra_uploads: Mapping[str, str] | None = None,
     model_dim: int | None = None,
     quantiser_scale: float | None = None,
     ring_bits: int = 32,
@@ -381,9 +380,9 @@ def resolve(
     """Check ``cfg`` against the run and derive the privacy plan.
 
     ``clients_per_round``: K, 0 = every client. ``aggregation``: "weighted" when the method's
-    aggregation weights depend on client data (n_k, cosine distance). ``extra_uploads``: names of
-    anything else a client uploads that client-level noise does not cover (KD soft labels); such
-    uploads refuse a client-level ε. ``dfs``: (noise multiplier, clip) of DFH's statistics channel,
+    aggregation weights depend on client data (n_k, cosine distance). ``extra_uploads``: setting →
+    what else a client uploads because of it that client-level noise does not cover
+    (:func:`method_extras`: KD soft labels); such uploads refuse a client-level ε, naming the setting. ``dfs``: (noise multiplier, clip) of DFH's statistics channel,
     which has its own statement and ε (:mod:`.dfs`) and never enters the client-level one.
     ``model_dim`` (length of the shared vector) is needed for ``distributed`` and, with
     ``quantiser_scale`` (secure aggregation's ring units per 1.0), for central noise under secure
@@ -406,7 +405,7 @@ def resolve(
                                   f"q·N = {cfg.sample_rate * num_clients:g}; it contradicts {clients_per_round} — "
                                   "give one of the two"))
     formal = cfg.noise_multiplier is not None or cfg.target_epsilon is not None
-    blockers = _blockers(aggregation, bn_stats, cfg.dp_sgd, [*extra_uploads, *_dfs_extra(dfs)])
+    blockers = _blockers(aggregation, bn_stats, cfg.dp_sgd, {**(extra_uploads or {}), **_dfs_extra(dfs)})
     if formal:
         issues += [ConfigIssue(key, f"client-level DP is on, but {why}") for key, why in blockers]
     _raise(issues)

@@ -35,7 +35,7 @@ REFUSALS = [
     (dict(clip=1.0, noise_multiplier=1.0, sample_rate=0.4), {}, "privacy.sample_rate", "Poisson"),
     (dict(clip=1.0, noise_multiplier=1.0), dict(aggregation="weighted"), "method.aggregation", "aggregation weights"),
     (dict(clip=1.0, noise_multiplier=1.0), dict(bn_stats="shared"), "model.bn_stats", "BatchNorm"),
-    (dict(clip=1.0, noise_multiplier=1.0), dict(extra_uploads=("soft labels",)), "method.algorithm", "soft labels"),
+    (dict(clip=1.0, noise_multiplier=1.0), dict(extra_uploads={"method.kd": "soft labels"}), "method.kd", "soft labels"),
     (dict(clip=1.0, noise_multiplier=1.0, delta=0.2), {}, "privacy.delta", "1/N"),
     (dict(clip=1.0, noise_multiplier=1.0, distributed=True), dict(secagg=False), "privacy.distributed", "secure aggregation"),
     (dict(noise_multiplier=1.0, distributed=True), {}, "privacy.noise_multiplier", "add privacy.clip"),
@@ -90,7 +90,7 @@ def test_beta_with_clip_is_a_gaussian_mechanism_with_z_k_beta_over_c() -> None:
 @pytest.mark.parametrize(
     "run, why",
     [(dict(bn_stats="shared"), "BatchNorm"), (dict(aggregation="weighted"), "aggregation weights"),
-     (dict(extra_uploads=("feature statistics",)), "feature statistics")],
+     (dict(extra_uploads={"method.algorithm": "feature statistics"}), "feature statistics")],
 )
 def test_beta_with_clip_claims_nothing_when_something_escapes_the_noise(run: dict, why: str) -> None:
     plan = _plan(run, dp_beta=0.05, clip=0.5)
@@ -363,3 +363,18 @@ def test_a_layout_the_epsilon_was_not_analysed_for_is_refused() -> None:
     with pytest.raises(ConfigError) as caught:
         fixed.check_layout([5, 5, 4, 3, 3])  # one colluding node of 5 holds 5 shares; the ε counted c = 4
     assert caught.value.key == "privacy.distributed"
+
+
+def test_kd_under_client_level_dp_is_refused_naming_method_kd() -> None:
+    # The refusal used to name method.algorithm, which a FedPav+KD user had not set.
+    from secfed.config import RunConfig, check
+
+    cfg = RunConfig()
+    cfg.method.kd = True
+    cfg.model.bn_stats = "local"
+    cfg.method.aggregation = "unweighted"
+    cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.0
+    with pytest.raises(ConfigError) as caught:
+        check(cfg)
+    assert any(issue.key == "method.kd" and "KD soft labels" in issue.message for issue in caught.value.issues)
+    assert not any(issue.key == "method.algorithm" for issue in caught.value.issues)
