@@ -18,8 +18,8 @@ from rich.progress import (
 
 from secfed.algorithms.base import TrainingDiverged
 from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
-from secfed.config import BACKBONES
 from secfed.models.pretrain import Built, Recipe, build, weights_path
+from secfed.models.reid import BACKBONES
 
 _DEFAULT = Recipe()
 

@@ -194,7 +194,8 @@ def simulate(
 def random_dropouts(
     n_clients: int, rate: float, rng: np.random.Generator, *, authenticated: bool = True
 ) -> dict[int, Phase]:
-    """Each client vanishes with probability ``rate``, at a phase drawn uniformly (for ``--dropout-rate``)."""
+    """Each client vanishes with probability ``rate``, at a phase drawn uniformly (benches and tests;
+    the runtime's ``--dropout-rate`` draws its own schedule per round from the run seed)."""
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"dropout rate must be in [0, 1], got {rate}")
     phases = [p for p in Phase if authenticated or p is not Phase.CONSISTENCY_CHECK]

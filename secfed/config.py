@@ -43,9 +43,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 CONFIG_VERSION = 2
-BACKBONES = ("resnet18", "resnet34", "resnet50")
-ALGORITHMS = ("fedpav", "fedavg", "fedreid", "dfh")
-SCENARIOS = ("by-dataset", "by-camera", "by-identity")
 
 
 # ---- problems ------------------------------------------------------------------------------------

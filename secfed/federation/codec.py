@@ -6,9 +6,12 @@
 The header lists every tensor as ``{"name", "dtype", "shape"}`` in the order its bytes follow; only
 float32 and int64 tensors exist on this wire. :func:`decode` checks the magic, version, kind,
 lengths, JSON shape, dtypes, shapes against the bytes present, that nothing trails, and that every
-float is finite — anything else raises :class:`CodecError` saying what is wrong. The in-process
-runtime sends every Broadcast and Upload through this codec, so the seam between server side and
-client side is the same one a transport between processes uses.
+float is finite — anything else raises :class:`CodecError` saying what is wrong. What crosses a
+process boundary goes through it: the Flower transport's messages, the unsummed payloads the secure
+channel carries beside the sum (DFH's statistics), `--record-uploads` and the audit that reads them.
+The in-process runtime hands Broadcast and Upload objects over without encoding them (a copy of
+the model per client would cost more than the round's arithmetic); `codec.upload_size` counts the
+bytes they would take.
 """
 
 from __future__ import annotations
