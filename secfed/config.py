@@ -127,6 +127,9 @@ class DataConfig(Section):
                                        "as unseen domains (never trained on).")
     leave_out: list[str] = setting([], "--leave-out", "Domains held out of training and evaluated as unseen "
                                    "targets (FedDG protocol).")
+    validation: float = setting(0.0, "--validation", "Tuning only: hold out this fraction of each training "
+                                "domain's training identities as its query/gallery (no test set, no unseen domains "
+                                "are scored); 0: off.", ge=0, lt=1)
     height: int = setting(64, "--height", "Model input height in pixels (FedReIDBench: 256).", ge=16, le=1024)
     width: int = setting(32, "--width", "Model input width in pixels (FedReIDBench: 128).", ge=8, le=512)
 

@@ -25,6 +25,7 @@ from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
 from secfed.data.synth import DEFAULT_PUBLIC_IMAGES, SynthManifest, cached
 from secfed.data.types import ReidDataset, Sample
+from secfed.data.validation import ValidationSplitError, validation_split
 from secfed.federation.channel import Channel, PlainChannel
 from secfed.federation.client import ClientSide
 from secfed.federation.secure_channel import RING_BITS, SecureChannel
@@ -131,7 +132,7 @@ def resolve_data(cfg: RunConfig, *, split_path: Path | None = None, root: Path |
     trained, left_out = _leave_out(cfg, trained)
     public = _public_from(cfg, base)
     info = {"source": "disk", "root": str(base)}
-    return RunData(trained, left_out + unseen, public, info)
+    return _validation(cfg, RunData(trained, left_out + unseen, public, info))
 
 
 def _synthetic(cfg: RunConfig, progress: Callable[[str, int, int], None] | None) -> RunData:
@@ -150,7 +151,19 @@ def _synthetic(cfg: RunConfig, progress: Callable[[str, int, int], None] | None)
     public = _public_from(cfg, root) if cfg.method.kd_public else (
         _list_images(root / manifest.public.folder) if cfg.method.kd else [])
     info = {"source": "synthetic", "root": str(root), "generator_version": manifest.version, "seed": data.seed}
-    return RunData(trained, left_out + unseen, public, info)
+    return _validation(cfg, RunData(trained, left_out + unseen, public, info))
+
+
+def _validation(cfg: RunConfig, data: RunData) -> RunData:
+    """Under `data.validation`, the training domains scored on held-out training identities and no
+    unseen domain scored at all: what a hyper-parameter is chosen on never includes a reported test set."""
+    if cfg.data.validation <= 0:
+        return data
+    try:
+        trained = [validation_split(d, cfg.data.validation) for d in data.trained]
+    except ValidationSplitError as exc:
+        raise ConfigError("data.validation", str(exc)) from exc
+    return RunData(trained, [], data.public, {**data.info, "validation": cfg.data.validation})
 
 
 def _choose_synthetic(cfg: RunConfig, names: list[str]) -> list[str]:
