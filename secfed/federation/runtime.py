@@ -1,14 +1,24 @@
-"""The round loop. Reads top to bottom: select, broadcast, client steps, aggregate, server step,
-account, evaluate, checkpoint, log.
+"""The round driver. Reads top to bottom: select, broadcast, client steps, aggregate, server step,
+account, evaluate, checkpoint, log — once, in :func:`drive_round` / :func:`drive`, for every
+transport::
+
+                 drive(): for each round → drive_round → record, checkpoint, metrics line
+                 cohort, broadcast │ apply, account, record, eval planning │ timings
+                                   ▼
+                      Transport.train / Transport.evaluate
+                  ┌────────────────┴─────────────────┐
+          InProcess (this module)          Flower (adapters/flower/server_app.py)
+          site_round at every site,        train/evaluate messages to SuperNodes, which
+          channel.aggregate in memory      run site_round for their sites; SecAgg on the wire
 
 Server side and client sides meet only through messages: a Broadcast out, an Upload back, through
 the channel (plain: summed in memory and counted at their wire size; secure aggregation: its own
 messages, encoded and decoded). In one process a Broadcast's tensors are shared by every client,
 which reads them and never writes them (tests/federation/test_methods_seam.py checks every method);
 ``secfed train --flower`` carries the same messages through :mod:`secfed.federation.codec`, and
-uses the same pieces: :func:`site_round` (a round's work at the sites, seeded by
-:func:`train_seed`), :func:`round_record`, :func:`eval_due` and :func:`eval_record` over the sites'
-evaluation jobs (:mod:`secfed.federation.evaluate`: each site scores its own query/gallery).
+its nodes use the same pieces: :func:`site_round` (a round's work at the sites, seeded by
+:func:`train_seed`) and the sites' evaluation jobs (:mod:`secfed.federation.evaluate`: each site
+scores its own query/gallery).
 
 ``run`` owns a run directory::
 
@@ -242,16 +252,21 @@ def run(
         history, start, wall = restore(fed, state)
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
     else:
-        atomic_file.write_text(run_dir / "config.json", cfg.to_json())
-        # the machine and software beside the data: floating-point results depend on both
-        atomic_file.write_text(run_dir / "data.json", json.dumps({**fed.data_info, "environment": environment()}, indent=2))
-        ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
+        start_run_dir(fed, run_dir)
     reporter.run_started(fed, start)
-    with ckpt.BackgroundWriter() as checkpoints:  # each round's checkpoint is written while the next trains
-        summary = _train_rounds(cfg, fed, run_dir, reporter, on_round_end, checkpoints, history, start, wall)
+    summary = drive(fed, InProcess(run_dir), run_dir, reporter, history=history, start=start, wall=wall,
+                    on_round_end=on_round_end)
     plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
     reporter.finish(summary, run_dir)
     return RunResult(run_dir, summary, fed)
+
+
+def start_run_dir(fed: Federation, run_dir: Path) -> None:
+    """A fresh run's config.json, data.json and empty metrics.jsonl (whatever the transport)."""
+    atomic_file.write_text(run_dir / "config.json", fed.config.to_json())
+    # the machine and software beside the data: floating-point results depend on both
+    atomic_file.write_text(run_dir / "data.json", json.dumps({**fed.data_info, "environment": environment()}, indent=2))
+    ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
 
 
 @contextmanager
@@ -275,18 +290,35 @@ def new_run_dir(run_dir: Path) -> Iterator[None]:
         raise
 
 
-def _train_rounds(cfg: RunConfig, fed: Federation, run_dir: Path, reporter: Reporter,
-                  on_round_end: Callable[[int], None] | None, checkpoints: ckpt.BackgroundWriter,
-                  history: list[dict[str, Any]], start: int, wall: float) -> dict[str, Any]:
-    """The rounds from ``start`` on, then the summary (written to summary.json)."""
-    for t in range(start, cfg.schedule.rounds):
-        round_number = t + 1
-        t0 = time.perf_counter()
-        cohort = fed.server.cohort(t, cfg.schedule.clients_per_round, cfg.seed)
-        reporter.round_started(round_number, [fed.clients[k].site.name for k in cohort])
-        broadcast = fed.server.broadcast(t)
-        schedule = schedule_for(cfg, t)
+@dataclass
+class Trained:
+    """What a transport brings back from a round's training: the aggregate the server applies, the
+    sites' statistics by name, who dropped (site name → phase) and when the training ended."""
 
+    aggregate: Aggregate
+    stats: dict[str, dict[str, float]]
+    baseline: dict[str, dict[str, float]]
+    dropped: dict[str, str]
+    trained_at: float
+
+
+class Transport(Protocol):
+    """How the driver's messages reach the sites: in this process (:class:`InProcess`), or on Flower
+    SuperNodes (``secfed.adapters.flower.server_app``). Everything else in a round is the driver's."""
+
+    def train(self, fed: Federation, t: int, cohort: list[int], broadcast: Broadcast,
+              reporter: Reporter) -> Trained: ...
+    def evaluate(self, fed: Federation, *, final: bool, cohort: tuple[int, ...]) -> Scores: ...
+
+
+@dataclass
+class InProcess:
+    """The in-process transport: every site steps here and the channel aggregates in memory."""
+
+    run_dir: Path
+
+    def train(self, fed: Federation, t: int, cohort: list[int], broadcast: Broadcast,
+              reporter: Reporter) -> Trained:
         personal: dict[int, Broadcast] = {}
 
         def receive(k: int) -> Broadcast:
@@ -295,42 +327,66 @@ def _train_rounds(cfg: RunConfig, fed: Federation, run_dir: Path, reporter: Repo
                 personal[k] = received
             return received
 
-        try:
-            work = site_round(fed, t, cohort, list(fed.baselines), receive,
-                              lambda name: reporter.client_done(round_number, name))
-        except SiteDiverged as exc:
-            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new) from None
-        uploads, client_stats, baseline_stats = work.uploads, work.stats, work.baseline
-        if cfg.run.record_uploads:
-            record_uploads(run_dir, round_number, uploads, broadcast, personal)
-        t_train = time.perf_counter()
-
-        dropouts = dropout_schedule(cfg, t, cohort, fed.channel.phases)
-        aggregate = fed.channel.aggregate(broadcast, uploads, dropouts, broadcast_bytes=codec.broadcast_size(broadcast))
-        fed.server.apply(aggregate)
-        privacy = fed.server.privacy.account(len(aggregate.contributors))
-        t_agg = time.perf_counter()
-
+        work = site_round(fed, t, cohort, list(fed.baselines), receive,
+                          lambda name: reporter.client_done(t + 1, name))
+        if fed.config.run.record_uploads:
+            record_uploads(self.run_dir, t + 1, work.uploads, broadcast, personal)
+        trained_at = time.perf_counter()
+        dropouts = dropout_schedule(fed.config, t, cohort, fed.channel.phases)
+        aggregate = fed.channel.aggregate(broadcast, work.uploads, dropouts,
+                                          broadcast_bytes=codec.broadcast_size(broadcast))
         dropped = {fed.clients[k].site.name: phase for k, phase in sorted(dropouts.items())}
-        record = round_record(fed, round_number, schedule, cohort, dropped, aggregate, client_stats,
-                              baseline_stats, privacy)
-        if eval_due(cfg, round_number):
-            final = round_number == cfg.schedule.rounds
-            record.update(eval_record(fed, evaluate_here(fed, final=final, cohort=aggregate.contributors), final))
-        t_end = time.perf_counter()
-        wall += t_end - t0
-        record["seconds"] = {"train": t_train - t0, "aggregate": t_agg - t_train, "eval": t_end - t_agg,
-                             "round": t_end - t0, "elapsed": wall}
-        if private_logs(fed):
-            record = dp_record(record)
-        history.append(record)
-        checkpoints.save(run_dir, round_number, snapshot(fed, history, wall))
-        ckpt.append_jsonl(run_dir / "metrics.jsonl", record)
-        reporter.round_done(record)
-        if on_round_end is not None:
-            on_round_end(round_number)
+        return Trained(aggregate, work.stats, work.baseline, dropped, trained_at)
 
-    checkpoints.wait()  # the last checkpoint is on disk and verified: the one before it is no longer needed
+    def evaluate(self, fed: Federation, *, final: bool, cohort: tuple[int, ...]) -> Scores:
+        return evaluate_here(fed, final=final, cohort=cohort)
+
+
+def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporter, run_dir: Path,
+                wall: float) -> tuple[dict[str, Any], float]:
+    """Round ``t``, once for every transport: select, broadcast, train and aggregate (the
+    transport), apply, account, record, evaluate. Returns the metrics line and the elapsed wall time."""
+    cfg, round_number = fed.config, t + 1
+    t0 = time.perf_counter()
+    cohort = fed.server.cohort(t, cfg.schedule.clients_per_round, cfg.seed)
+    reporter.round_started(round_number, [fed.clients[k].site.name for k in cohort])
+    schedule = schedule_for(cfg, t)
+    try:
+        trained = transport.train(fed, t, cohort, fed.server.broadcast(t), reporter)
+    except SiteDiverged as exc:
+        raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new) from None
+    aggregate = trained.aggregate
+    fed.server.apply(aggregate)
+    privacy = fed.server.privacy.account(len(aggregate.contributors))
+    t_agg = time.perf_counter()
+    record = round_record(fed, round_number, schedule, cohort, trained.dropped, aggregate, trained.stats,
+                          trained.baseline, privacy)
+    if eval_due(cfg, round_number):
+        final = round_number == cfg.schedule.rounds
+        record.update(eval_record(fed, transport.evaluate(fed, final=final, cohort=aggregate.contributors), final))
+    t_end = time.perf_counter()
+    wall += t_end - t0
+    record["seconds"] = {"train": trained.trained_at - t0, "aggregate": t_agg - trained.trained_at,
+                         "eval": t_end - t_agg, "round": t_end - t0, "elapsed": wall}
+    return (dp_record(record) if private_logs(fed) else record), wall
+
+
+def drive(fed: Federation, transport: Transport, run_dir: Path, reporter: Reporter, *,
+          history: list[dict[str, Any]], start: int = 0, wall: float = 0.0,
+          on_round_end: Callable[[int], None] | None = None,
+          extra_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The rounds from ``start`` on over ``transport``, each recorded and checkpointed (written while
+    the next trains, with ``extra_state`` beside the run's), then the summary (summary.json)."""
+    with ckpt.BackgroundWriter() as checkpoints:
+        for t in range(start, fed.config.schedule.rounds):
+            record, wall = drive_round(fed, transport, t, reporter, run_dir, wall)
+            history.append(record)
+            checkpoints.save(run_dir, t + 1, {**snapshot(fed, history, wall), **(extra_state or {})})
+            ckpt.append_jsonl(run_dir / "metrics.jsonl", record)
+            reporter.round_done(record)
+            if on_round_end is not None:
+                on_round_end(t + 1)
+        checkpoints.wait()  # the last checkpoint is on disk and verified: the one before it is no longer needed
     ckpt.prune_checkpoints(run_dir, keep=1)
     summary = summarize(fed, history, run_dir, wall)
     atomic_file.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))

@@ -1,19 +1,20 @@
-"""The ServerApp of ``secfed train --flower``: secfed's round loop with the clients on SuperNodes.
+"""The ServerApp of ``secfed train --flower``: the Flower transport of secfed's round driver.
 
-It is :func:`secfed.federation.runtime.run` with the client steps and the channel replaced by
-Flower messages, and writes the same run directory (config.json, data.json, metrics.jsonl with
-the same keys, checkpoints/, summary.json, history.png) on the machine that runs the ServerApp
-(the SuperLink's). It never lists or decodes a site's data: the nodes' hello replies carry the
-run's census (builder.Census) and the server builds its federation from that alone. Then per round:
+The round is :func:`secfed.federation.runtime.drive`'s, once for both transports; this module only
+says how its messages reach the sites (the SuperNodes) and writes the run directory on the machine
+that runs the ServerApp (the SuperLink's) through the same runtime code. It never lists or decodes
+a site's data: the nodes' hello replies carry the run's census (builder.Census) and the server
+builds its federation from that alone::
 
-    cohort, broadcast                       ServerSide, as in-process
-    train      → nodes hosting the cohort   client steps, privacy step, baselines (client_app.py)
-    secure aggregation of the nodes'        SecAggWorkflow, bound to the broadcast the nodes
-    ring vectors (one per node)             trained on; the protocol asks each node for its vector
-    decode, apply, account                  the secure channel's decoding, ServerSide.apply
-    evaluate   → nodes hosting the sites    federation/evaluate.py's jobs on the nodes' own
+    runtime.drive_round                     this transport
+    cohort, broadcast
+    train + aggregate ───────────────────▶  train → nodes hosting the cohort (client_app.py: client
+                                            steps, privacy step, baselines); SecAggWorkflow sums
+                                            the nodes' ring vectors, bound to the broadcast; decode
+    apply, account, record
+    evaluate ────────────────────────────▶  federation/evaluate.py's jobs on the nodes' own
                                             query/gallery (raw-pixel floor too); only scores return
-    record, checkpoint, one metrics line
+    checkpoint, one metrics line
 
 What differs from an in-process run: each node adds its sites' quantised vectors before masking,
 so the server learns sums over nodes (a node hosting one site: over sites, as in-process);
@@ -40,27 +41,22 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from secfed import atomic_file
 from secfed.config import ConfigError, ConfigIssue, RunConfig, from_dict
-from secfed.environment import environment
 from secfed.evaluation.plots import plot_history
-from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec
 from secfed.federation import evaluate as evaluation
 from secfed.federation.builder import Census, Federation, build_from_census
-from secfed.federation.messages import Aggregate, Upload
+from secfed.federation.evaluate import Scores
+from secfed.federation.messages import Aggregate, Broadcast, Upload
 from secfed.federation.runtime import (
-    RunDiverged,
-    eval_due,
-    eval_record,
-    dp_record,
+    Reporter,
+    SilentReporter,
+    SiteDiverged,
+    Trained,
+    drive,
     new_run_dir,
-    private_logs,
-    round_record,
     run_title,
-    schedule_for,
-    snapshot,
-    summarize,
+    start_run_dir,
 )
 from secfed.protocols import ProtocolError
 
@@ -149,23 +145,12 @@ class FlowerRun:
             hosts, census = self.hello()
             fed = build_from_census(cfg, census)  # the server's view: what the nodes enrolled, no site data
             fed.server.privacy.plan.check_layout([len(sites) for sites in hosts.values()])  # the sum runs among nodes
-        atomic_file.write_text(run_dir / "config.json", cfg.to_json())
-        atomic_file.write_text(run_dir / "data.json", json.dumps({**fed.data_info, "environment": environment()}, indent=2))
-        ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
+        start_run_dir(fed, run_dir)
         _say(f"secfed on Flower: {fed.method.describe()} · {len(fed.clients)} clients on {len(hosts)} SuperNodes · "
              f"channel {fed.channel.name}" + (" (authenticated)" if cfg.secagg.enabled and cfg.secagg.authenticated else ""))
         history: list[dict[str, Any]] = []
-        wall = 0.0
-        for t in range(cfg.schedule.rounds):
-            record, wall = self.round(fed, hosts, t, history, wall)
-            history.append(record)
-            ckpt.save_checkpoint(run_dir, t + 1, {**snapshot(fed, history, wall), "deployment": "flower"})
-            ckpt.append_jsonl(run_dir / "metrics.jsonl", record)
-            _say(f"round {t + 1}/{cfg.schedule.rounds}: {record['contributors']} contributors, "
-                 f"{record['seconds']['round']:.1f} s" + (f", loss {record['loss']:.3f}" if "loss" in record else ""))
-        ckpt.prune_checkpoints(run_dir, keep=1)  # the last one is written and verified: as in-process, keep it alone
-        summary = summarize(fed, history, run_dir, wall)
-        atomic_file.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+        summary = drive(fed, _Transport(self, hosts), run_dir, _Lines(cfg.schedule.rounds), history=history,
+                        extra_state={"deployment": "flower"})
         plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
         _say(f"run directory: {run_dir}")
         return summary
@@ -205,16 +190,14 @@ class FlowerRun:
                 raise RuntimeError(f"no SuperNode hosts clients {missing} after {self.settings.start_timeout:.0f} s")
             time.sleep(1.0)
 
-    # ---- one round ---------------------------------------------------------------------------------
+    # ---- one round's messages (the driver, federation/runtime.py, does the rest) -----------------------
 
-    def round(self, fed: Federation, hosts: dict[int, list[int]], t: int, history: list[dict[str, Any]],
-              wall: float) -> tuple[dict[str, Any], float]:
-        cfg = self.cfg
+    def train(self, fed: Federation, hosts: dict[int, list[int]], t: int, cohort: list[int],
+              broadcast: Broadcast) -> Trained:
+        """Round ``t``'s train messages to the nodes hosting the cohort, then the secure sum of their
+        replies: the Aggregate, the sites' statistics and the dropouts (a site whose node dropped)."""
         t0 = time.perf_counter()
-        cohort = fed.server.cohort(t, cfg.schedule.clients_per_round, cfg.seed)
-        broadcast = fed.server.broadcast(t)
         wire = codec.encode_broadcast(broadcast)
-        schedule = schedule_for(cfg, t)
         arrays = {"common": bytes_array(wire)}
         for k in cohort:  # Eq. 15: a personal, noised broadcast per client ("double" β)
             personal = fed.server.received(broadcast, k)
@@ -231,32 +214,17 @@ class FlowerRun:
         for n, reply in replies.items():
             out = reply.content.config_records[STEP]
             if "diverged" in out:
-                who, cause = json.loads(str(out["diverged"]))
-                raise RunDiverged(t + 1, who, cause, self.settings.run_dir, schedule.lr_new)
+                raise SiteDiverged(*json.loads(str(out["diverged"])))
             trained[n] = [int(k) for k in out["sites"]]
             client_stats.update(json.loads(str(out["stats"])))
             baseline_stats.update(json.loads(str(out["baseline"])))
             _load_accountants(fed, json.loads(str(out["accountants"])))
-        t_train = time.perf_counter()
-        self._since = t_train
+        t_train = self._since = time.perf_counter()
         _say(f"  trained: {sum(len(v) for v in trained.values())} clients on {len(trained)} SuperNodes "
              f"({t_train - t0:.1f} s)")
-
         aggregate = self.aggregate(fed, broadcast, wire, replies, trained, t)
-        fed.server.apply(aggregate)
-        privacy = fed.server.privacy.account(len(aggregate.contributors))
-        t_agg = time.perf_counter()
-
         dropped = {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors}
-        record = round_record(fed, t + 1, schedule, cohort, dropped, aggregate, client_stats, baseline_stats, privacy)
-        final = t + 1 == cfg.schedule.rounds
-        if eval_due(cfg, t + 1):
-            record.update(eval_record(fed, self.evaluate(fed, hosts, final=final, cohort=aggregate.contributors), final))
-        t_end = time.perf_counter()
-        wall += t_end - t0
-        record["seconds"] = {"train": t_train - t0, "aggregate": t_agg - t_train, "eval": t_end - t_agg,
-                             "round": t_end - t0, "elapsed": wall}
-        return (dp_record(record) if private_logs(fed) else record), wall
+        return Trained(aggregate, client_stats, baseline_stats, dropped, t_train)
 
     def aggregate(self, fed: Federation, broadcast: Any, wire: bytes, replies: Mapping[int, Message],
                   trained: Mapping[int, list[int]], t: int) -> Aggregate:
@@ -300,7 +268,7 @@ class FlowerRun:
                          bytes_up + result.bytes_up, down + result.bytes_down, int(result.total[-1]))
 
     def evaluate(self, fed: Federation, hosts: dict[int, list[int]], *, final: bool,
-                 cohort: tuple[int, ...]) -> dict[evaluation.Job, dict[str, float]]:
+                 cohort: tuple[int, ...]) -> Scores:
         jobs = evaluation.plan(fed, local_training=bool(fed.baselines), final=final, cohort=cohort)
         wire = codec.encode_broadcast(fed.server.broadcast(0))  # the global weights after this round
         contents = {}
@@ -316,6 +284,32 @@ class FlowerRun:
             for k, variant, name, value in json.loads(str(reply.content.config_records[STEP]["scores"])):
                 scores[(int(k), str(variant), str(name))] = value
         return scores
+
+
+@dataclass
+class _Transport:
+    """The Flower transport the round driver sends through (runtime.Transport)."""
+
+    run: FlowerRun
+    hosts: dict[int, list[int]]
+
+    def train(self, fed: Federation, t: int, cohort: list[int], broadcast: Broadcast,
+              reporter: Reporter) -> Trained:
+        return self.run.train(fed, self.hosts, t, cohort, broadcast)
+
+    def evaluate(self, fed: Federation, *, final: bool, cohort: tuple[int, ...]) -> Scores:
+        return self.run.evaluate(fed, self.hosts, final=final, cohort=cohort)
+
+
+class _Lines(SilentReporter):
+    """The ServerApp's progress: one line per round (flwr's log stream carries it to the CLI)."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+
+    def round_done(self, record: dict[str, Any]) -> None:
+        _say(f"round {record['round']}/{self.rounds}: {record['contributors']} contributors, "
+             f"{record['seconds']['round']:.1f} s" + (f", loss {record['loss']:.3f}" if "loss" in record else ""))
 
 
 def _load_accountants(fed: Federation, states: Mapping[str, Mapping[str, Any]]) -> None:
