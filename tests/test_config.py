@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from secfed.config import KEYS, ConfigError, RunConfig, check, from_dict, load_toml, settings_table, with_overrides
+from secfed.config import KEYS, ConfigError, RunConfig, from_dict, load_toml, settings_table, with_overrides
+from secfed.validation import check
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from secfed.config import ConfigError, ConfigIssue, PrivacyConfig
+from secfed.config import PrivacyConfig
+from secfed.errors import ConfigError, ConfigIssue, raise_issues
 from secfed.privacy import adversary, distributed
 from secfed.privacy.accountant import gaussian_epsilon, noise_for_target_epsilon
 from secfed.privacy.dfs import DfsPlan, dfs_settings, plan_dfs
@@ -78,6 +79,8 @@ DESIGN_DROPOUT = 0.1  # the dropout rate secure aggregation's parameters are cho
 # are chosen for (protocols.choose_params' default, which the secure channel uses)
 CORRUPT_FRACTION = 0.2
 
+# what KD uploads beside the clipped update, which no client-level noise covers (named in refusals)
+KD_UPLOAD = "KD soft labels (features on the public set)"
 NOT_DP = "β noise alone is not differential privacy: nothing bounds a client's contribution, so no ε is claimed."
 CENTRAL_TRUST = (
     "Central noise trusts the server: it sees the noise-free sum (secure aggregation hides single updates, "
@@ -245,7 +248,7 @@ class PrivacyPlan:
 
 
 def static_issues(cfg: RunConfig) -> list[ConfigIssue]:
-    """Every privacy rule that can be checked before any data is read (used by :func:`secfed.config.check`)."""
+    """Every privacy rule that can be checked before any data is read (used by :func:`secfed.validation.check`)."""
     p = cfg.privacy
     issues = list(_combination_issues(p, secagg=cfg.secagg.enabled, clients_per_round=cfg.schedule.clients_per_round))
     formal = p.noise_multiplier is not None or p.target_epsilon is not None or p.distributed
@@ -271,7 +274,7 @@ def _method_extras(cfg: RunConfig) -> list[str]:
     """What the method uploads besides the clipped shared update (no client-level noise covers it)."""
     extras = []
     if cfg.method.kd:
-        extras.append("KD soft labels (features on the public set)")
+        extras.append(KD_UPLOAD)
     return extras + _dfs_extra(dfs_settings(cfg))
 
 
@@ -351,12 +354,6 @@ def _dp_sgd_issues(cfg: PrivacyConfig) -> Iterable[ConfigIssue]:
         yield ConfigIssue(KEY["dp_sgd_delta"], f"{ref('dp_sgd_target_epsilon')} needs {ref('dp_sgd_delta')}")
 
 
-def _raise(issues: Iterable[ConfigIssue]) -> None:
-    issues = list(issues)
-    if issues:
-        raise ConfigError(issues)
-
-
 # ---- the plan ------------------------------------------------------------------------------------
 
 
@@ -409,7 +406,7 @@ def resolve(
     blockers = _blockers(aggregation, bn_stats, cfg.dp_sgd, [*extra_uploads, *_dfs_extra(dfs)])
     if formal:
         issues += [ConfigIssue(key, f"client-level DP is on, but {why}") for key, why in blockers]
-    _raise(issues)
+    raise_issues(issues)
 
     dp_sgd = None if not cfg.dp_sgd else DpSgdPlan(cfg.dp_sgd_clip, cfg.dp_sgd_noise_multiplier,
                                                    cfg.dp_sgd_target_epsilon, cfg.dp_sgd_delta)
