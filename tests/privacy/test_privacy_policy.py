@@ -363,3 +363,22 @@ def test_a_layout_the_epsilon_was_not_analysed_for_is_refused() -> None:
     with pytest.raises(ConfigError) as caught:
         fixed.check_layout([5, 5, 4, 3, 3])  # one colluding node of 5 holds 5 shares; the ε counted c = 4
     assert caught.value.key == "privacy.distributed"
+
+
+def test_kd_under_client_level_dp_is_refused_naming_method_kd() -> None:
+    """KD's soft labels leave unnoised: the refusal names the option that sends them (`method.kd`), not the
+    method, both before any data is read and when the plan is resolved (issue 25 item 7)."""
+    from secfed.config import RunConfig
+    from secfed.privacy.policy import KD_UPLOAD
+    from secfed.validation import check
+
+    cfg = RunConfig()
+    cfg.method.kd = True
+    cfg.method.aggregation, cfg.model.bn_stats = "unweighted", "local"
+    cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.0
+    with pytest.raises(ConfigError, match="KD soft labels") as caught:
+        check(cfg)
+    assert [issue.key for issue in caught.value.issues] == ["method.kd"]
+    with pytest.raises(ConfigError, match="KD soft labels") as caught:
+        _plan(dict(extra_uploads=(KD_UPLOAD,)), clip=1.0, noise_multiplier=1.0)
+    assert [issue.key for issue in caught.value.issues] == ["method.kd"]
