@@ -45,8 +45,6 @@ else:  # pragma: no cover
 
 CONFIG_VERSION = 2
 BACKBONES = ("resnet18", "resnet34", "resnet50")
-ALGORITHMS = ("fedpav", "fedavg", "fedreid", "dfh")
-SCENARIOS = ("by-dataset", "by-camera", "by-identity")
 
 
 # ---- the schema ----------------------------------------------------------------------------------

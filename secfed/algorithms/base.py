@@ -3,7 +3,7 @@
 A method is one class that owns four things:
 
     model      ``build_model(num_classes)`` and which of its tensors are shared (``shared_prefixes``)
-    client     ``client_step(site, broadcast, schedule, seed)`` → :class:`Contribution`: local training,
+    client     ``client_step(site, broadcast, layout, schedule, seed)`` → :class:`Contribution`: local training,
                then what to sum (named vectors with the client's own weights) and what to share
     server     ``combine`` (the weighted mean from the sums), ``refine`` (e.g. KD fine-tuning),
                ``payloads`` (what the broadcast carries besides the weights) and ``absorb`` (what the

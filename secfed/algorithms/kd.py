@@ -56,12 +56,10 @@ class KnowledgeDistillation(MethodWrapper):
         self.server_model = copy.deepcopy(server_model)  # the student: the global shared weights + any head
         self.layout = layout
         self.epochs, self.lr, self.seed = epochs, lr, seed
-        self._round = 0
 
     def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule,
                     seed: int) -> Contribution:
         contribution = self.inner.client_step(site, broadcast, layout, schedule, seed)
-        self._round = broadcast.round
         labels = soft_labels(site.model, self.public.to(next(site.model.parameters()).device))
         return with_summand(contribution, KD, Summand(labels.reshape(-1), 1.0, bound=SOFT_LABEL_BOUND))
 

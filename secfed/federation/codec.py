@@ -6,9 +6,10 @@
 The header lists every tensor as ``{"name", "dtype", "shape"}`` in the order its bytes follow; only
 float32 and int64 tensors exist on this wire. :func:`decode` checks the magic, version, kind,
 lengths, JSON shape, dtypes, shapes against the bytes present, that nothing trails, and that every
-float is finite — anything else raises :class:`CodecError` saying what is wrong. The in-process
-runtime sends every Broadcast and Upload through this codec, so the seam between server side and
-client side is the same one a transport between processes uses.
+float is finite — anything else raises :class:`CodecError` saying what is wrong. The Flower
+transport sends these bytes between processes; the in-process runtime sums Upload objects in memory
+and uses this codec to count the bytes a round would send, to carry the shared-not-summed part
+beside secure aggregation, and to record uploads (``--record-uploads``) for the audit.
 """
 
 from __future__ import annotations
