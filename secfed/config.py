@@ -486,16 +486,9 @@ def schema_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
                           f"`data.synth_domains` + `data.synth_unseen` must be ≤ {SYNTH_DOMAINS_RANGE[1]}")
     if meth.kd_public is not None and not meth.kd:
         yield ConfigIssue("method.kd_public", "has no effect without `method.kd`")
-    if meth.algorithm != "dfh":
-        for key in ("dfs_noise",):
-            if getattr(meth, key):
-                yield ConfigIssue(f"method.{key}", "applies to `method.algorithm` dfh")
     if meth.cdw and meth.aggregation == "unweighted":
         yield ConfigIssue("method.cdw", "cosine distance weights are aggregation weights; `method.aggregation` "
                           "unweighted contradicts them")
-    if meth.algorithm == "dfh" and meth.ids_per_batch * 2 > s.batch_size:
-        yield ConfigIssue("method.ids_per_batch", f"P = {meth.ids_per_batch} identities × K ≥ 2 images need "
-                          f"`schedule.batch_size` ≥ {2 * meth.ids_per_batch}, got {s.batch_size}")
     if cfg.run.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?|mps", cfg.run.device):
         yield ConfigIssue("run.device", f"{cfg.run.device!r} is not a device: auto, cpu, cuda, cuda:N")
 

@@ -32,10 +32,15 @@ def method_issues(cfg: RunConfig) -> list[ConfigIssue]:
     name = cfg.method.algorithm
     if name not in METHODS:
         return [ConfigIssue("method.algorithm", f"unknown method {name!r}; known: {', '.join(METHODS)}")]
-    why = METHODS[name].dp_sgd_unsupported
-    if cfg.privacy.dp_sgd and why:
-        return [ConfigIssue("privacy.dp_sgd", f"method {name!r} does not support `privacy.dp_sgd`: {why}")]
-    return []
+    method = METHODS[name]
+    issues = []
+    if cfg.privacy.dp_sgd and method.dp_sgd_unsupported:
+        issues.append(ConfigIssue("privacy.dp_sgd", f"method {name!r} does not support `privacy.dp_sgd`: "
+                                  f"{method.dp_sgd_unsupported}"))
+    for other in METHODS.values():
+        issues += [ConfigIssue(f"method.{key}", f"applies to `method.algorithm` {other.name}")
+                   for key in other.own_settings if other is not method and getattr(cfg.method, key)]
+    return issues + method.config_issues(cfg)
 
 
 def base_method(cfg: RunConfig) -> Method:
