@@ -24,6 +24,7 @@ from secfed.attacks.budget import Budget, Stopwatch
 from secfed.attacks.dfs import DomainStatistics, identity_statistics, membership, pool5_features
 from secfed.attacks.inversion import InversionProblem, SimulatedClient, gradient_inversion
 from secfed.attacks.judge import Judge
+from secfed.attacks.local_training import LocalSteps
 from secfed.attacks.model_inversion import deep_inversion, feature_inversion
 from secfed.attacks.probes import (bias_ratio_probe, linear_then_batchnorm, linear_with_bias, neck_probe,
                                    revealed_batch_statistics)
@@ -102,30 +103,8 @@ def attack_update(*, model: nn.Module, layout: SharedLayout, start: torch.Tensor
         if probe.residual is not None and probe.residual <= PROBE_FIT and len(clients) == 1 and steps.steps == 1:
             seed_features, seed_linear = probe.inputs, linear
 
-    neck_input = {lin for lin, _ in linear_then_batchnorm(model, layout)}
-    for layer in linear_with_bias(model, layout):
-        if watch.expired:
-            notes.append(f"probe linear-bias on {layer}: not run, the time limit was reached")
-            continue
-        w = Stopwatch()
-        grads = steps.gradient_of_one_step({k: observed_d[k] for k in (f"{layer}.weight", f"{layer}.bias")}, start_d, scale)
-        space = "embedding" if layer.startswith("classifier") else "neck-input" if layer in neck_input else ""
-        probe = bias_ratio_probe(layer, grads[f"{layer}.weight"], grads[f"{layer}.bias"], space=space)
-        if not probe.applicable or probe.inputs is None:
-            notes.append(f"probe linear-bias on {layer}: {probe.reason}")
-            continue
-        if space == "embedding":
-            rows, tests = judge.judge_features(F.normalize(probe.inputs, dim=1), victims)
-        elif space == "neck-input":
-            rows, tests = judge.judge_features(judge.embed_neck_inputs(probe.inputs), victims)
-        else:
-            rows, tests = [], {}
-        verdict, reason = decide(tests, probe.residual, PROBE_FIT, complete=False)
-        results.append(_timed(AttackResult(
-            f"probe:linear-bias({layer})", target, verdict, reason, probe.residual,
-            "relative part of ∇W the recovered inputs do not explain", PROBE_FIT, False,
-            assumptions={**assumptions, "model": "one local step"},
-            metrics={"inputs_recovered": probe.batch_estimate}, tests=tests, per_image=rows), w))
+    results += _linear_bias_probes(model, layout, start_d, observed_d, steps, scale, judge, victims, watch,
+                                   target, assumptions, notes)
 
     if watch.expired:
         notes.append("inversion:gradient: not run, the time limit was reached")
@@ -151,6 +130,39 @@ def attack_update(*, model: nn.Module, layout: SharedLayout, start: torch.Tensor
         images=_grid_images(judge, out.images, rows))
     results.append(_timed(result, w))
     return results, notes
+
+
+def _linear_bias_probes(model: nn.Module, layout: SharedLayout, start_d: dict[str, torch.Tensor],
+                        observed_d: dict[str, torch.Tensor], steps: LocalSteps, scale: float, judge: Judge,
+                        victims: Sequence[int], watch: Stopwatch, target: str, assumptions: dict[str, Any],
+                        notes: list[str]) -> list[AttackResult]:
+    """The bias-ratio probe on every Linear-with-bias layer of the update (notes say where it did not apply)."""
+    results: list[AttackResult] = []
+    neck_input = {lin for lin, _ in linear_then_batchnorm(model, layout)}
+    for layer in linear_with_bias(model, layout):
+        if watch.expired:
+            notes.append(f"probe linear-bias on {layer}: not run, the time limit was reached")
+            continue
+        w = Stopwatch()
+        grads = steps.gradient_of_one_step({k: observed_d[k] for k in (f"{layer}.weight", f"{layer}.bias")}, start_d, scale)
+        space = "embedding" if layer.startswith("classifier") else "neck-input" if layer in neck_input else ""
+        probe = bias_ratio_probe(layer, grads[f"{layer}.weight"], grads[f"{layer}.bias"], space=space)
+        if not probe.applicable or probe.inputs is None:
+            notes.append(f"probe linear-bias on {layer}: {probe.reason}")
+            continue
+        if space == "embedding":
+            rows, tests = judge.judge_features(F.normalize(probe.inputs, dim=1), victims)
+        elif space == "neck-input":
+            rows, tests = judge.judge_features(judge.embed_neck_inputs(probe.inputs), victims)
+        else:
+            rows, tests = [], {}
+        verdict, reason = decide(tests, probe.residual, PROBE_FIT, complete=False)
+        results.append(_timed(AttackResult(
+            f"probe:linear-bias({layer})", target, verdict, reason, probe.residual,
+            "relative part of ∇W the recovered inputs do not explain", PROBE_FIT, False,
+            assumptions={**assumptions, "model": "one local step"},
+            metrics={"inputs_recovered": probe.batch_estimate}, tests=tests, per_image=rows), w))
+    return results
 
 
 def _image_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,8 +12,9 @@ import rich_click as click
 
 from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
 from secfed.cli.options import config_options, given_overrides, option_panels, render
-from secfed.config import ConfigError, RunConfig, check, from_dict, load_toml, with_overrides
+from secfed.config import ConfigError, RunConfig, from_dict, load_toml, with_overrides
 from secfed.federation.leave_one_out import SWEEP_FILE, is_sweep
+from secfed.validation import check
 
 # Settings that do not change what is trained (threads, device, where figures are logged), or that repair a run (a lower learning rate after a
 # divergence, the data's new place), so they may accompany --resume.

@@ -2,7 +2,7 @@
 
 Every setting is declared once, below, with its type, its valid range and the command-line flag
 that sets it; the CLI builds its options from these declarations, the TOML loader checks files
-against them, and :func:`check` applies the rules that span settings. A configuration is therefore
+against them, and :func:`secfed.validation.check` applies the rules that span settings. A configuration is therefore
 validated the same way wherever it comes from, and every problem of one invocation is reported at
 once (:class:`ConfigError` carries them all) before any data is generated or loaded.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from pydantic.fields import FieldInfo
 
 # The synthetic generator's ranges, so that `secfed data synth` and `secfed train` accept the same.
+from secfed.errors import ConfigError, ConfigIssue
 from secfed.data.synth import SCALE_RANGE, SYNTH_DOMAINS_RANGE, UNSEEN_RANGE
 
 if sys.version_info >= (3, 11):
@@ -43,47 +44,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 CONFIG_VERSION = 2
-
-
-# ---- problems ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConfigIssue:
-    """One invalid setting: ``key`` (``schedule.rounds``) and what is wrong with it."""
-
-    key: str
-    message: str
-
-
-_KEY_REF = re.compile(r"`([a-z_]+\.[a-z_]+)`")
-
-
-class ConfigError(ValueError):
-    """One or more invalid settings. ``issues`` lists them all; ``key`` is the first one's key."""
-
-    def __init__(self, key_or_issues: str | Iterable[ConfigIssue], message: str | None = None) -> None:
-        if isinstance(key_or_issues, str):
-            issues = [ConfigIssue(key_or_issues, message or "invalid")]
-        else:
-            issues = list(key_or_issues)
-        if not issues:
-            raise ValueError("a ConfigError needs at least one issue")
-        self.issues = issues
-        super().__init__(self.render())
-
-    @property
-    def key(self) -> str:
-        return self.issues[0].key
-
-    def render(self, name: Callable[[str], str] = lambda key: key) -> str:
-        """All issues, one per line, with every key (the subject and `` `keys` `` in messages) shown
-        as ``name(key)`` — a flag on the command line, a TOML key in a file."""
-        lines = []
-        for issue in self.issues:
-            message = _KEY_REF.sub(lambda m: name(m.group(1)), issue.message)
-            lines.append(f"{name(issue.key)}: {message}")
-        return "\n".join(lines)
 
 
 # ---- the schema ----------------------------------------------------------------------------------
@@ -499,27 +459,10 @@ def with_overrides(cfg: RunConfig, values: Mapping[str, Any]) -> RunConfig:
     return result
 
 
-def check(cfg: RunConfig) -> None:
-    """The rules that span settings; raises :class:`ConfigError` listing every violation.
-
-    Checks that need the data (how many clients there are) happen when the federation is built.
-    """
-    issues = list(_cross_field_issues(cfg))
-    from secfed.privacy.policy import static_issues  # the privacy rules live with the privacy plan
-
-    issues += static_issues(cfg)
-    if issues:
-        raise ConfigError(issues)
-
-
-def _cross_field_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
+def schema_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
+    """The rules that span settings of the schema alone (no method, no privacy plan): data, model,
+    secure aggregation, run. :func:`secfed.validation.check` adds the methods' and the privacy rules."""
     d, m, meth, s, sa = cfg.data, cfg.model, cfg.method, cfg.schedule, cfg.secagg
-    from secfed.algorithms import METHODS  # here: the registry imports torch, the schema does not
-
-    if meth.algorithm not in METHODS:
-        yield ConfigIssue("method.algorithm", f"unknown method {meth.algorithm!r}; known: {', '.join(METHODS)}")
-    elif cfg.privacy.dp_sgd and (why := METHODS[meth.algorithm].dp_sgd_unsupported):
-        yield ConfigIssue("privacy.dp_sgd", f"method {meth.algorithm!r} does not support `privacy.dp_sgd`: {why}")
     if m.bn_stats == "local" and d.scenario != "by-dataset":
         yield ConfigIssue("model.bn_stats", "local BatchNorm statistics need `data.scenario` by-dataset "
                           "(each evaluated domain must belong to exactly one client)")
@@ -550,27 +493,11 @@ def _cross_field_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
                           f"`data.synth_domains` + `data.synth_unseen` must be ≤ {SYNTH_DOMAINS_RANGE[1]}")
     if meth.kd_public is not None and not meth.kd:
         yield ConfigIssue("method.kd_public", "has no effect without `method.kd`")
-    if meth.algorithm != "dfh":
-        for key in ("dfs_noise",):
-            if getattr(meth, key):
-                yield ConfigIssue(f"method.{key}", "applies to `method.algorithm` dfh")
     if meth.cdw and meth.aggregation == "unweighted":
         yield ConfigIssue("method.cdw", "cosine distance weights are aggregation weights; `method.aggregation` "
                           "unweighted contradicts them")
-    if meth.algorithm == "dfh" and meth.ids_per_batch * 2 > s.batch_size:
-        yield ConfigIssue("method.ids_per_batch", f"P = {meth.ids_per_batch} identities × K ≥ 2 images need "
-                          f"`schedule.batch_size` ≥ {2 * meth.ids_per_batch}, got {s.batch_size}")
     if cfg.run.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?|mps", cfg.run.device):
         yield ConfigIssue("run.device", f"{cfg.run.device!r} is not a device: auto, cpu, cuda, cuda:N")
-
-
-def run_config(*, toml: Path | None = None, overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """Defaults, then a TOML file, then overrides (typed text, as flags give them); checked as a whole."""
-    cfg = load_toml(toml) if toml is not None else RunConfig()
-    if overrides:
-        cfg = with_overrides(cfg, overrides)
-    check(cfg)
-    return cfg
 
 
 def settings_table() -> str:

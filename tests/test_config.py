@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from secfed.config import KEYS, ConfigError, RunConfig, check, from_dict, load_toml, settings_table, with_overrides
+from secfed.config import KEYS, ConfigError, RunConfig, from_dict, load_toml, settings_table, with_overrides
+from secfed.validation import check
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -110,3 +111,33 @@ def test_flag_text_is_parsed_strictly() -> None:
 def test_the_shipped_examples_are_valid_configurations() -> None:
     for toml in (README.parent / "examples").glob("*.toml"):
         check(load_toml(toml))
+
+
+def test_a_method_declares_its_own_settings_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Methods own their rules (issue 23 item 1): a registered method's `own_settings` are refused under
+    every other method, and its `config_issues` are checked with the rest, before any data is read."""
+    from secfed import algorithms
+    from secfed.algorithms.fedpav import FedPav
+    from secfed.errors import ConfigIssue
+
+    class Picky(FedPav):
+        name = "picky"
+        own_settings = ("kd_epochs",)
+
+        @classmethod
+        def config_issues(cls, cfg: RunConfig) -> list[ConfigIssue]:
+            return [ConfigIssue("schedule.rounds", "picky wants one round")] if cfg.schedule.rounds != 1 else []
+
+    monkeypatch.setitem(algorithms.METHODS, "picky", Picky)
+    cfg = RunConfig()
+    cfg.method.algorithm = "picky"
+    with pytest.raises(ConfigError, match="picky wants one round") as caught:
+        check(cfg)
+    assert [issue.key for issue in caught.value.issues] == ["schedule.rounds"]
+    cfg.schedule.rounds = 1
+    check(cfg)
+    other = RunConfig()
+    assert other.method.kd_epochs  # a non-default value is not needed: any truthy value is Picky's alone
+    with pytest.raises(ConfigError, match="applies to `?method.algorithm`? picky") as caught:
+        check(other)
+    assert caught.value.key == "method.kd_epochs"

@@ -18,6 +18,7 @@ from secfed.algorithms.fedavg import FedAvg
 from secfed.algorithms.fedpav import FedPav
 from secfed.algorithms.fedreid import FedReID
 from secfed.algorithms.kd import KnowledgeDistillation
+from secfed.errors import ConfigError, ConfigIssue
 from secfed.models.sharing import SharedLayout
 
 if TYPE_CHECKING:
@@ -26,11 +27,27 @@ if TYPE_CHECKING:
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (FedPav, FedAvg, FedReID, DFH)}
 
 
+def method_issues(cfg: RunConfig) -> list[ConfigIssue]:
+    """What the chosen method refuses: an unknown name, or a privacy option it declares it cannot support."""
+    name = cfg.method.algorithm
+    if name not in METHODS:
+        return [ConfigIssue("method.algorithm", f"unknown method {name!r}; known: {', '.join(METHODS)}")]
+    method = METHODS[name]
+    issues = []
+    if cfg.privacy.dp_sgd and method.dp_sgd_unsupported:
+        issues.append(ConfigIssue("privacy.dp_sgd", f"method {name!r} does not support `privacy.dp_sgd`: "
+                                  f"{method.dp_sgd_unsupported}"))
+    for other in METHODS.values():
+        issues += [ConfigIssue(f"method.{key}", f"applies to `method.algorithm` {other.name}")
+                   for key in other.own_settings if other is not method and getattr(cfg.method, key)]
+    return issues + method.config_issues(cfg)
+
+
 def base_method(cfg: RunConfig) -> Method:
-    try:
-        return METHODS[cfg.method.algorithm](cfg)
-    except KeyError:
-        raise ValueError(f"unknown algorithm {cfg.method.algorithm!r}; choose one of {', '.join(METHODS)}") from None
+    """The configured method, unwrapped (refuses an unknown name as :func:`method_issues` does)."""
+    if cfg.method.algorithm not in METHODS:
+        raise ConfigError(method_issues(cfg))
+    return METHODS[cfg.method.algorithm](cfg)
 
 
 def with_options(method: Method, cfg: RunConfig, *, public_images: torch.Tensor | None = None,
@@ -47,4 +64,4 @@ def with_options(method: Method, cfg: RunConfig, *, public_images: torch.Tensor 
     return method
 
 
-__all__ = ["METHODS", "Method", "MethodWrapper", "Schedule", "Site", "base_method", "step_lr", "with_options"]
+__all__ = ["METHODS", "Method", "MethodWrapper", "Schedule", "Site", "base_method", "method_issues", "step_lr", "with_options"]

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from secfed.data.augment import TrainAugment, epoch_batches
+from secfed.errors import ConfigIssue
 from secfed.federation.messages import MODEL, Aggregate, Broadcast, Contribution, Summand, TrainStats
 from secfed.models.pretrain import initial_weights
 from secfed.models.reid import Pretrained, ReIDModel, make_classifier
@@ -194,6 +195,13 @@ class Method:
     # loss couples examples, or it trains outside train_loop); None: it can. --dp-sgd is refused
     # naming the method and this reason before any data is read.
     dp_sgd_unsupported: ClassVar[str | None] = None
+    # `method.*` settings only this method reads: any other method refuses a value other than the default
+    own_settings: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def config_issues(cls, cfg: RunConfig) -> list[ConfigIssue]:
+        """This method's own refusals of a configuration, checked before any data is read."""
+        return []
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

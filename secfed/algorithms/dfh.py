@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -47,11 +48,15 @@ from torch import nn
 from secfed.algorithms.base import AUGMENT, Method, Schedule, Site, eval_copy, make_optimizer, train_loop
 from secfed.algorithms.losses import batch_hard_triplet
 from secfed.data.samplers import identity_batches
+from secfed.errors import ConfigIssue
 from secfed.data.transforms import normalize
 from secfed.federation.messages import Aggregate, Broadcast, Contribution, TrainStats
 from secfed.models.reid import ReIDModel
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.dfs import DFS, IFS, ROWS
+
+if TYPE_CHECKING:
+    from secfed.config import RunConfig
 
 PREFIX = "dfs/"  # server state and broadcast payloads: dfs/<client id> → (4, d)
 TABLE = "dfh/table"  # site.extra: this round's DFS table, from the broadcast
@@ -169,6 +174,16 @@ def hallucinated_loss(features: torch.Tensor, labels: torch.Tensor, targets: Tar
 class DFH(Method):
     name = "dfh"
     dp_sgd_unsupported = "its batch-hard triplet losses couple the examples of a batch, so they are not per-example"
+    own_settings = ("dfs_noise",)
+
+    @classmethod
+    def config_issues(cls, cfg: RunConfig) -> list[ConfigIssue]:
+        """P×K batches: P identities of at least two images each must fit one batch."""
+        p, batch = cfg.method.ids_per_batch, cfg.schedule.batch_size
+        if p * 2 > batch:
+            return [ConfigIssue("method.ids_per_batch", f"P = {p} identities × K ≥ 2 images need "
+                                f"`schedule.batch_size` ≥ {2 * p}, got {batch}")]
+        return []
 
     def build_model(self, num_classes: int) -> nn.Module:
         m = self.cfg.model

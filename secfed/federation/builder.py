@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from secfed.algorithms import Method, Site, base_method, with_options
-from secfed.config import ConfigError, RunConfig, check
+from secfed.config import ConfigError, RunConfig
 from secfed.data.images import load_images
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
@@ -36,9 +36,10 @@ from secfed.privacy.accountant import SampledGaussianAccountant
 from secfed.privacy.dfs import dfs_settings
 from secfed.privacy.dpsgd import ClientDpSgd, dp_compatible
 from secfed.privacy.noise import NoiseSource
-from secfed.privacy.policy import DESIGN_DROPOUT, DpSgdPlan, PrivacyPlan, method_extras, resolve
+from secfed.privacy.policy import DESIGN_DROPOUT, KD_UPLOAD, DpSgdPlan, PrivacyPlan, resolve
 from secfed.privacy.round import ClientPrivacy, ServerPrivacy
 from secfed.seeding import derive_seed
+from secfed.validation import check
 
 SYNTH_IMAGE_SIZE = (128, 64)  # the synthetic default is written at this size, then resized to the input
 SPLIT_FILE = "splits.json"
@@ -393,17 +394,15 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
 
     num_clients = len(clients_info)
     channel: Channel = SecureChannel.for_run(cfg, num_clients) if cfg.secagg.enabled else PlainChannel()
+    extra_uploads = [KD_UPLOAD] if cfg.method.kd else []
     plan = resolve(
         cfg.privacy, num_clients=num_clients, clients_per_round=cfg.schedule.clients_per_round,
         rounds=cfg.schedule.rounds, aggregation="weighted" if cfg.method.aggregation == "weighted" else "unweighted",
-        secagg=cfg.secagg.enabled, bn_stats=cfg.model.bn_stats, extra_uploads=method_extras(cfg), model_dim=layout.size,
+        secagg=cfg.secagg.enabled, bn_stats=cfg.model.bn_stats, extra_uploads=extra_uploads, model_dim=layout.size,
         quantiser_scale=channel.scale if isinstance(channel, SecureChannel) else None, ring_bits=RING_BITS,
         design_dropout=max(DESIGN_DROPOUT, cfg.secagg.dropout_rate), dfs=dfs_settings(cfg),
         authenticated=cfg.secagg.authenticated,
     )
-    if cfg.schedule.clients_per_round > num_clients:
-        raise ConfigError("schedule.clients_per_round", f"{cfg.schedule.clients_per_round} > the {num_clients} clients")
-
     sizes = [int(c["images"]) for c in clients_info]
     weight_scale = 1.0 / sum(sizes)
     reproducible = cfg.privacy.reproducible_noise

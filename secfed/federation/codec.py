@@ -6,12 +6,10 @@
 The header lists every tensor as ``{"name", "dtype", "shape"}`` in the order its bytes follow; only
 float32 and int64 tensors exist on this wire. :func:`decode` checks the magic, version, kind,
 lengths, JSON shape, dtypes, shapes against the bytes present, that nothing trails, and that every
-float is finite — anything else raises :class:`CodecError` saying what is wrong. What crosses a
-process boundary goes through it: the Flower transport's messages, the unsummed payloads the secure
-channel carries beside the sum (DFH's statistics), `--record-uploads` and the audit that reads them.
-The in-process runtime hands Broadcast and Upload objects over without encoding them (a copy of
-the model per client would cost more than the round's arithmetic); `codec.upload_size` counts the
-bytes they would take.
+float is finite — anything else raises :class:`CodecError` saying what is wrong. The Flower
+transport sends these bytes between processes; the in-process runtime sums Upload objects in memory
+and uses this codec to count the bytes a round would send, to carry the shared-not-summed part
+beside secure aggregation, and to record uploads (``--record-uploads``) for the audit.
 """
 
 from __future__ import annotations

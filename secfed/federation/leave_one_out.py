@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from secfed import atomic_file
-from secfed.config import ConfigError, RunConfig, check
+from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import resolve_data
+from secfed.validation import check
 from secfed.federation.runtime import Reporter, new_run_dir, run
 
 SWEEP_FILE = "sweep.json"

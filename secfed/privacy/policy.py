@@ -51,13 +51,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from secfed.config import ConfigError, ConfigIssue, PrivacyConfig
+from secfed.config import PrivacyConfig
+from secfed.errors import ConfigError, ConfigIssue, raise_issues
 from secfed.privacy import adversary, distributed
 from secfed.privacy.accountant import gaussian_epsilon, noise_for_target_epsilon
 from secfed.privacy.dfs import DfsPlan, dfs_settings, plan_dfs
@@ -78,6 +79,8 @@ DESIGN_DROPOUT = 0.1  # the dropout rate secure aggregation's parameters are cho
 # are chosen for (protocols.choose_params' default, which the secure channel uses)
 CORRUPT_FRACTION = 0.2
 
+# what KD uploads beside the clipped update, which no client-level noise covers (named in refusals)
+KD_UPLOAD = "KD soft labels (features on the public set)"
 NOT_DP = "β noise alone is not differential privacy: nothing bounds a client's contribution, so no ε is claimed."
 CENTRAL_TRUST = (
     "Central noise trusts the server: it sees the noise-free sum (secure aggregation hides single updates, "
@@ -95,7 +98,7 @@ NOT_COVERED = ("Not covered by any ε: the training logs' per-round timings, byt
 # the configuration keys the plan's refusals name
 KEY = {name: f"privacy.{name}" for name in PrivacyConfig.model_fields}
 KEY.update({"clients_per_round": "schedule.clients_per_round", "bn_stats": "model.bn_stats",
-            "aggregation": "method.aggregation", "algorithm": "method.algorithm", "secagg": "secagg.enabled",
+            "aggregation": "method.aggregation", "algorithm": "method.algorithm", "kd": "method.kd", "secagg": "secagg.enabled",
             "rounds": "schedule.rounds"})
 
 
@@ -245,14 +248,12 @@ class PrivacyPlan:
 
 
 def static_issues(cfg: RunConfig) -> list[ConfigIssue]:
-    """Every privacy rule that can be checked before any data is read (used by :func:`secfed.config.check`)."""
+    """Every privacy rule that can be checked before any data is read (used by :func:`secfed.validation.check`)."""
     p = cfg.privacy
     issues = list(_combination_issues(p, secagg=cfg.secagg.enabled, clients_per_round=cfg.schedule.clients_per_round))
-    formal = p.noise_multiplier is not None or p.target_epsilon is not None or p.distributed
-    extras = {**method_extras(cfg), **_dfs_extra(dfs_settings(cfg))}
-    for key, why in _blockers(cfg.method.aggregation, cfg.model.bn_stats, p.dp_sgd, extras):
-        if formal:
-            issues.append(ConfigIssue(key, f"client-level DP is on, but {why}"))
+    if client_level_dp(p) or p.distributed:
+        issues += [ConfigIssue(key, f"client-level DP is on, but {why}")
+                   for key, why in _blockers(cfg.method.aggregation, cfg.model.bn_stats, p.dp_sgd, _method_extras(cfg))]
     m = cfg.method
     if p.dp_sgd:
         if m.cdw:
@@ -268,10 +269,12 @@ def static_issues(cfg: RunConfig) -> list[ConfigIssue]:
     return issues
 
 
-def method_extras(cfg: RunConfig) -> dict[str, str]:
-    """What the method uploads besides the clipped shared update, by the setting that makes it
-    upload it (no client-level noise covers these)."""
-    return {"method.kd": "KD soft labels (features on the public set)"} if cfg.method.kd else {}
+def _method_extras(cfg: RunConfig) -> list[str]:
+    """What the method uploads besides the clipped shared update (no client-level noise covers it)."""
+    extras = []
+    if cfg.method.kd:
+        extras.append(KD_UPLOAD)
+    return extras + _dfs_extra(dfs_settings(cfg))
 
 
 # what _blockers says of DFH's statistics when they travel unnoised
@@ -279,12 +282,12 @@ RAW_DFS = ("DFH's per-client domain feature statistics (DFS, in the clear beside
            "`method.dfs_noise` needs `model.bn_stats` shared, which client-level DP refuses)")
 
 
-def _dfs_extra(dfs: tuple[float, float] | None) -> dict[str, str]:
+def _dfs_extra(dfs: tuple[float, float] | None) -> list[str]:
     """DFH's DFS channel when no noise covers it: an unnoised per-client upload no client-level ε may sit behind."""
-    return {KEY["algorithm"]: RAW_DFS} if dfs is not None and dfs[0] == 0 else {}
+    return [RAW_DFS] if dfs is not None and dfs[0] == 0 else []
 
 
-def _blockers(aggregation: str, bn_stats: str, dp_sgd: bool, extras: Mapping[str, str]) -> list[tuple[str, str]]:
+def _blockers(aggregation: str, bn_stats: str, dp_sgd: bool, extras: Sequence[str]) -> list[tuple[str, str]]:
     """What would make a client-level ε false even with clipping and noise in place."""
     out = []
     if aggregation == "weighted":
@@ -292,8 +295,12 @@ def _blockers(aggregation: str, bn_stats: str, dp_sgd: bool, extras: Mapping[str
                     "weigh more than its clipped update; DP uses weight 1 per client and a fixed denominator"))
     if bn_stats == "shared" and not dp_sgd:
         out.append((KEY["bn_stats"], "BatchNorm running statistics are shared without noise; use local"))
-    # each extra upload is refused under the setting that causes it (KD's soft labels: method.kd)
-    out += [(key, f"{what} would be uploaded without noise") for key, what in extras.items()]
+    # each unnoised upload is refused under the setting that sends it: KD's soft labels under `method.kd`
+    # (an option of any method), the rest under the method
+    for key, names in ((KEY["kd"], [e for e in extras if e == KD_UPLOAD]),
+                       (KEY["algorithm"], [e for e in extras if e != KD_UPLOAD])):
+        if names:
+            out.append((key, f"{', '.join(names)} would be uploaded without noise"))
     return out
 
 
@@ -350,12 +357,6 @@ def _dp_sgd_issues(cfg: PrivacyConfig) -> Iterable[ConfigIssue]:
         yield ConfigIssue(KEY["dp_sgd_delta"], f"{ref('dp_sgd_target_epsilon')} needs {ref('dp_sgd_delta')}")
 
 
-def _raise(issues: Iterable[ConfigIssue]) -> None:
-    issues = list(issues)
-    if issues:
-        raise ConfigError(issues)
-
-
 # ---- the plan ------------------------------------------------------------------------------------
 
 
@@ -368,7 +369,7 @@ def resolve(
     aggregation: Literal["weighted", "unweighted"],
     secagg: bool,
     bn_stats: Literal["shared", "local"],
-    extra_uploads: Mapping[str, str] | None = None,
+    extra_uploads: Sequence[str] = (),
     model_dim: int | None = None,
     quantiser_scale: float | None = None,
     ring_bits: int = 32,
@@ -377,12 +378,14 @@ def resolve(
     authenticated: bool = True,
     node_sites: Sequence[int] | None = None,
 ) -> PrivacyPlan:
-    """Check ``cfg`` against the run and derive the privacy plan.
+    """Check ``cfg`` against the run and derive the privacy plan: validate, then the plan of the one
+    mechanism that noises the aggregate (Skellam, Gaussian, β or none), then DP-SGD's and DFS's, then
+    what to say about them.
 
     ``clients_per_round``: K, 0 = every client. ``aggregation``: "weighted" when the method's
-    aggregation weights depend on client data (n_k, cosine distance). ``extra_uploads``: setting →
-    what else a client uploads because of it that client-level noise does not cover
-    (:func:`method_extras`: KD soft labels); such uploads refuse a client-level ε, naming the setting. ``dfs``: (noise multiplier, clip) of DFH's statistics channel,
+    aggregation weights depend on client data (n_k, cosine distance). ``extra_uploads``: names of
+    anything else a client uploads that client-level noise does not cover (KD soft labels); such
+    uploads refuse a client-level ε. ``dfs``: (noise multiplier, clip) of DFH's statistics channel,
     which has its own statement and ε (:mod:`.dfs`) and never enters the client-level one.
     ``model_dim`` (length of the shared vector) is needed for ``distributed`` and, with
     ``quantiser_scale`` (secure aggregation's ring units per 1.0), for central noise under secure
@@ -395,6 +398,27 @@ def resolve(
         raise ValueError(f"num_clients must be ≥ 1, got {num_clients}")
     if rounds < 1:
         raise ValueError(f"rounds must be ≥ 1, got {rounds}")
+    blockers = _blockers(aggregation, bn_stats, cfg.dp_sgd, [*extra_uploads, *_dfs_extra(dfs)])
+    raise_issues(_run_issues(cfg, num_clients, clients_per_round, secagg, blockers))
+    run = _facts(cfg, num_clients=num_clients, clients_per_round=clients_per_round, rounds=rounds, secagg=secagg,
+                 blockers=blockers, model_dim=model_dim, quantiser_scale=quantiser_scale, ring_bits=ring_bits,
+                 design_dropout=design_dropout, authenticated=authenticated, node_sites=node_sites)
+    noise = _aggregate_noise(run)
+    dp_sgd = _dp_sgd_plan(cfg)
+    dfs_plan = plan_dfs(dfs, rounds=rounds, delta=run.delta if noise.claims else cfg.delta)
+    statements = [*noise.statements, *_closing_statements(cfg, noise, dp_sgd, run.sampling, dfs, dfs_plan)]
+    return _assemble(run, noise, dp_sgd, dfs_plan, statements)
+
+
+def client_level_dp(cfg: PrivacyConfig) -> bool:
+    """Whether the settings ask for a client-level ε by name (a noise multiplier or a target ε);
+    ``privacy.distributed`` needs one of the two, and β asks for none."""
+    return cfg.noise_multiplier is not None or cfg.target_epsilon is not None
+
+
+def _run_issues(cfg: PrivacyConfig, num_clients: int, clients_per_round: int, secagg: bool,
+                blockers: Sequence[tuple[str, str]]) -> list[ConfigIssue]:
+    """Every refusal of ``cfg`` once the run's size is known (the data-free ones included)."""
     issues = list(_combination_issues(cfg, secagg=secagg, clients_per_round=clients_per_round))
     if not 0 <= clients_per_round <= num_clients:
         issues.append(ConfigIssue(KEY["clients_per_round"], f"must lie in [0, {num_clients}] (0 = every client), "
@@ -404,180 +428,243 @@ def resolve(
         issues.append(ConfigIssue(KEY["clients_per_round"], f"under Poisson sampling the cohort is random with mean "
                                   f"q·N = {cfg.sample_rate * num_clients:g}; it contradicts {clients_per_round} — "
                                   "give one of the two"))
-    formal = cfg.noise_multiplier is not None or cfg.target_epsilon is not None
-    blockers = _blockers(aggregation, bn_stats, cfg.dp_sgd, {**(extra_uploads or {}), **_dfs_extra(dfs)})
-    if formal:
+    if client_level_dp(cfg):
         issues += [ConfigIssue(key, f"client-level DP is on, but {why}") for key, why in blockers]
-    _raise(issues)
+    return issues
 
-    dp_sgd = None if not cfg.dp_sgd else DpSgdPlan(cfg.dp_sgd_clip, cfg.dp_sgd_noise_multiplier,
-                                                   cfg.dp_sgd_target_epsilon, cfg.dp_sgd_delta)
+
+@dataclass(frozen=True)
+class _RunFacts:
+    """What every mechanism's plan reads: the validated settings and the run's shape."""
+
+    cfg: PrivacyConfig
+    num_clients: int
+    rounds: int
+    sampling: Literal["fixed", "poisson"]
+    sample_rate: float
+    fixed_k: int | None
+    denominator: float  # W under DP: K, or the expected cohort q·N
+    accounting_rate: float  # q the Gaussian accountant uses (1.0 under fixed selection)
+    adjacency: str
+    delta: float | None  # None when no ε is wanted
+    blockers: tuple[tuple[str, str], ...]
+    inflation: float  # secure aggregation's rounding: the clipped bound grows by this factor
+    skip_p: float  # per round, P[a Poisson round releases no sum] (0 without Poisson under secure aggregation)
+    poisson_skips: bool
+    skip_factor: int  # the sum's sensitivity in units of C under the "sensitivity" rule
+    model_dim: int | None
+    ring_bits: int
+    authenticated: bool
+    node_sites: tuple[int, ...] | None
+
+
+def _facts(cfg: PrivacyConfig, *, num_clients: int, clients_per_round: int, rounds: int, secagg: bool,
+           blockers: Sequence[tuple[str, str]], model_dim: int | None, quantiser_scale: float | None,
+           ring_bits: int, design_dropout: float, authenticated: bool,
+           node_sites: Sequence[int] | None) -> _RunFacts:
+    """The run's shape as the mechanisms see it: selection, δ, rounding inflation, the Poisson skip rule."""
     sampling, sample_rate, fixed_k = _selection(cfg, num_clients, clients_per_round)
-    denominator_if_dp = float(fixed_k) if fixed_k is not None else sample_rate * num_clients
-    accounting_rate = sample_rate if sampling == "poisson" else 1.0
     adjacency = (
         f"add/remove one client, Poisson client sampling with rate q = {sample_rate:.4g} (amplified)"
         if sampling == "poisson"
         else "zero-out (one client's clipped update replaced by zero), fixed K-of-N selection, "
         "no amplification by sampling claimed (q = 1)"
     )
-    wants_epsilon = formal or cfg.distributed or (cfg.dp_beta > 0 and cfg.clip is not None)
-    delta = checked_delta(cfg.delta, num_clients, "delta", "clients") if wants_epsilon else None
-
-    statements: list[str] = []
-    skellam: SkellamParams | None = None
-    colluders, fewest = 0, 1
-    noise_multiplier: float | None = None
-    accounting_z: float | None = None
-    accounted_delta = delta
-    skip_rule: SkipRule = "none"
-    skip_p = 0.0
-    claims = False
-    aggregate_std = 0.0
-    mechanism: Mechanism = "none"
-    # Central noise: the rounding bound of the secure channel, and the Poisson skip rule.
+    wants_epsilon = client_level_dp(cfg) or cfg.distributed or (cfg.dp_beta > 0 and cfg.clip is not None)
     inflation = 1.0
     if secagg and quantiser_scale is not None and cfg.clip is not None and model_dim is not None:
         inflation = (cfg.clip + math.sqrt(model_dim) / quantiser_scale) / cfg.clip
     poisson_skips = secagg and sampling == "poisson"
     nodes = tuple(node_sites) if node_sites is not None else (1,) * num_clients
-    skip_factor = 1 + max(nodes)  # adding one client can release its update and one other node's sites
-    if poisson_skips:
-        skip_p = _skip_probability(nodes, sample_rate, design_dropout)
-
-    if cfg.distributed:
-        mechanism, claims = "skellam", True
-        accounting_rate, adjacency = 1.0, SKELLAM_ADJACENCY
-        assert delta is not None
-        max_cohort = fixed_k if fixed_k is not None else num_clients
-        colluders = collusion_bound(max_cohort, CORRUPT_FRACTION)
-        fewest = fewest_honest_shares(max_cohort, corrupt_fraction=CORRUPT_FRACTION, authenticated=authenticated,
-                                      min_cohort=MIN_SECURE_COHORT)
-        skellam = _skellam(cfg, delta, rounds, fixed_k, sample_rate, num_clients, model_dim, ring_bits, fewest)
-        noise_multiplier = accounting_z = skellam.noise_multiplier
-        statements += _skellam_statements(cfg, skellam, delta, ring_bits, colluders, fewest)
-    elif formal or (cfg.dp_beta > 0 and cfg.clip is not None and not blockers):
-        mechanism = "gaussian" if formal else "beta"
-        claims = True
-        assert cfg.clip is not None and delta is not None
-        if cfg.target_epsilon is not None:
-            noise_multiplier, accounting_z, accounted_delta, skip_rule = _calibrate(
-                cfg.target_epsilon, delta, accounting_rate, rounds, inflation, skip_p if poisson_skips else None,
-                skip_factor)
-        else:
-            noise_multiplier = cfg.noise_multiplier if formal else denominator_if_dp * cfg.dp_beta / cfg.clip
-            accounting_z, accounted_delta, skip_rule = _account_fixed(
-                noise_multiplier / inflation, delta, accounting_rate, rounds, skip_p if poisson_skips else None,
-                skip_factor)
-        aggregate_std = noise_multiplier * cfg.clip / denominator_if_dp
-        if formal:
-            statements.append(
-                f"Client-level DP (DP-FedAvg, McMahan et al. 2018): each client's whole shared update is clipped to "
-                f"L2 ≤ C = {cfg.clip:g}; the server adds N(0, (z·C)²) with z = {noise_multiplier:.4g} to the unweighted "
-                f"sum and divides by W = {denominator_if_dp:g}."
-            )
-        else:
-            eqs = "Eq. 14" if cfg.dp_beta_mode == "single" else "Eqs. 14 and 15"
-            statements.append(
-                f"β = {cfg.dp_beta:g} white noise (Wu & Gong 2021, {eqs}) on the trainable shared weights; with "
-                f"clipping to L2 ≤ {cfg.clip:g} and the unweighted mean over W = {denominator_if_dp:g} clients it is a "
-                f"Gaussian mechanism with noise multiplier z = W·β/C = {noise_multiplier:.4g}."
-            )
-            if cfg.dp_beta_mode == "double":
-                statements.append("The per-client broadcast noise of Eq. 15 is post-processing: it does not lower the "
-                                  "accounted ε.")
-        statements.append(f"(ε, δ = {delta:.3g}) by Opacus' RDP accountant, adjacency {adjacency}.")
-        if inflation > 1.0:
-            statements.append(
-                f"Secure aggregation's rounding can lengthen a clipped update to {cfg.clip * inflation:.6g}; the "
-                f"accountant is given the noise relative to that bound (z = {noise_multiplier / inflation:.6g}).")
-        if skip_rule == "delta":
-            statements.append(
-                f"A Poisson round with fewer than {MIN_SECURE_COHORT} clients left releases no sum (probability ≤ "
-                f"{skip_p:.3g} per round); that event is folded into δ: the accountant runs at δ = "
-                f"{accounted_delta:.3g}.")
-        elif skip_rule == "sensitivity":
-            statements.append(
-                f"A Poisson round with fewer than {MIN_SECURE_COHORT} clients left releases no sum, so one client can "
-                f"decide whether others' updates are released: the sum's sensitivity is taken as {skip_factor}C (its "
-                f"own update and the {skip_factor - 1} site(s) of one other secure-sum node; accountant's noise "
-                f"multiplier {accounting_z:.4g}).")
-        statements.append(CENTRAL_TRUST)
-    elif cfg.dp_beta > 0:
-        mechanism = "beta"
-        aggregate_std = cfg.dp_beta
-        eqs = "Eq. 14" if cfg.dp_beta_mode == "single" else "Eqs. 14 and 15"
-        statements.append(
-            f"β = {cfg.dp_beta:g} white noise (Wu & Gong 2021, {eqs}) on the trainable shared weights"
-            + (" and, fresh per client, on what each client receives." if cfg.dp_beta_mode == "double" else ".")
-        )
-        if cfg.clip is None:
-            statements.append(NOT_DP + f" Add {ref('clip')} to bound it.")
-        else:
-            statements.append(
-                f"Clipped to L2 ≤ {cfg.clip:g}, but no ε is claimed: " + "; ".join(why for _, why in blockers) + "."
-            )
-    elif cfg.clip is not None:
-        statements.append(f"Updates are clipped to L2 ≤ {cfg.clip:g} but not noised: clipping alone is not differential privacy.")
-    elif cfg.dp_sgd:
-        statements.append("No client-level DP: client updates are neither clipped nor noised, and no client-level ε is claimed.")
-    else:
-        statements.append("No differential privacy: client updates are neither clipped nor noised, and no ε is claimed.")
-
-    if claims:
-        statements.append(adversary.statement(mechanism, sampling))
-    if dp_sgd is not None:
-        noise = (
-            f"z = {dp_sgd.noise_multiplier:g}"
-            if dp_sgd.noise_multiplier is not None
-            else f"z calibrated per client to ε = {dp_sgd.target_epsilon:g}"
-        )
-        statements.append(
-            f"Example-level DP-SGD in every client (Opacus): per-example gradients clipped to {dp_sgd.max_grad_norm:g}, "
-            f"{noise}, Poisson batches; each client's (ε, δ) over its own examples (add/remove one example) is accounted "
-            "separately. BatchNorm is replaced by GroupNorm in every model."
-        )
-    dfs_noised = dfs is not None and dfs[0] > 0
-    if claims or dp_sgd is not None or mechanism == "beta" or dfs_noised:
-        statements.append(REPRODUCIBLE_NOISE if cfg.reproducible_noise else SECURE_NOISE)
-    if claims or dp_sgd is not None:
-        statements.append(NOT_COVERED)
-    dfs_plan = plan_dfs(dfs, rounds=rounds, delta=delta if claims else cfg.delta)
-    if dfs_plan is not None:  # its ε too is NOT PRIVATE under reproducible noise
-        statements.append((adversary.NOT_PRIVATE + ": " if dfs_noised and cfg.reproducible_noise else "")
-                          + dfs_plan.statement())
-
-    unit_weights = claims
-    return PrivacyPlan(
-        mechanism=mechanism,
-        sampling=sampling,
-        sample_rate=sample_rate,
-        clients_per_round=fixed_k,
-        unit_weights=unit_weights,
-        denominator=denominator_if_dp if unit_weights else None,
-        clip=cfg.clip,
-        beta=cfg.dp_beta,
-        beta_mode=cfg.dp_beta_mode,
-        aggregate_noise_std=aggregate_std,
-        noise_multiplier=noise_multiplier,
-        accounting_noise_multiplier=accounting_z if claims else None,
-        claims_epsilon=claims,
-        delta=delta if claims else None,
-        accounted_delta=accounted_delta if claims else None,
-        skip_rule=skip_rule if claims else "none",
-        skip_probability=skip_p,
-        accounting_sample_rate=accounting_rate if claims else None,
-        adjacency=adjacency if claims else None,
-        skellam=skellam,
-        dp_sgd=dp_sgd,
-        rounds=rounds,
-        reproducible_noise=cfg.reproducible_noise,
-        statements=tuple(statements),
-        dfs=dfs_plan,
-        colluders=colluders,
-        fewest_shares=fewest,
+    return _RunFacts(
+        cfg=cfg, num_clients=num_clients, rounds=rounds, sampling=sampling, sample_rate=sample_rate,
+        fixed_k=fixed_k, denominator=float(fixed_k) if fixed_k is not None else sample_rate * num_clients,
+        accounting_rate=sample_rate if sampling == "poisson" else 1.0, adjacency=adjacency,
+        delta=checked_delta(cfg.delta, num_clients, "delta", "clients") if wants_epsilon else None,
+        blockers=tuple(blockers), inflation=inflation,
+        skip_p=_skip_probability(nodes, sample_rate, design_dropout) if poisson_skips else 0.0,
+        poisson_skips=poisson_skips,
+        skip_factor=1 + max(nodes),  # adding one client can release its update and one other node's sites
+        model_dim=model_dim, ring_bits=ring_bits, authenticated=authenticated,
         node_sites=tuple(node_sites) if node_sites is not None else None,
-        authenticated=authenticated,
+    )
+
+
+@dataclass(frozen=True)
+class _NoisePlan:
+    """What the mechanism that noises the aggregate decides, and what it says."""
+
+    mechanism: Mechanism = "none"
+    claims: bool = False
+    statements: tuple[str, ...] = ()
+    noise_multiplier: float | None = None
+    accounting_z: float | None = None
+    accounted_delta: float | None = None  # None: the run's δ
+    skip_rule: SkipRule = "none"
+    aggregate_std: float = 0.0
+    accounting_rate: float | None = None  # None: the run's
+    adjacency: str | None = None  # None: the run's
+    skellam: SkellamParams | None = None
+    colluders: int = 0
+    fewest: int = 1
+
+
+def _aggregate_noise(run: _RunFacts) -> _NoisePlan:
+    """The one mechanism whose noise goes on the aggregate, chosen by the settings."""
+    cfg = run.cfg
+    if cfg.distributed:
+        return _skellam_plan(run)
+    if client_level_dp(cfg) or (cfg.dp_beta > 0 and cfg.clip is not None and not run.blockers):
+        return _gaussian_plan(run)
+    if cfg.dp_beta > 0:
+        return _beta_plan(run)
+    if cfg.clip is not None:
+        return _NoisePlan(statements=(f"Updates are clipped to L2 ≤ {cfg.clip:g} but not noised: clipping alone is "
+                                      "not differential privacy.",))
+    if cfg.dp_sgd:
+        return _NoisePlan(statements=("No client-level DP: client updates are neither clipped nor noised, and no "
+                                      "client-level ε is claimed.",))
+    return _NoisePlan(statements=("No differential privacy: client updates are neither clipped nor noised, and no "
+                                  "ε is claimed.",))
+
+
+def _skellam_plan(run: _RunFacts) -> _NoisePlan:
+    """Distributed DP: every client adds a Skellam share inside the masked sum (zero-out, no amplification)."""
+    cfg, delta = run.cfg, run.delta
+    assert delta is not None
+    max_cohort = run.fixed_k if run.fixed_k is not None else run.num_clients
+    colluders = collusion_bound(max_cohort, CORRUPT_FRACTION)
+    fewest = fewest_honest_shares(max_cohort, corrupt_fraction=CORRUPT_FRACTION, authenticated=run.authenticated,
+                                  min_cohort=MIN_SECURE_COHORT)
+    skellam = _skellam(cfg, delta, run.rounds, run.fixed_k, run.sample_rate, run.num_clients, run.model_dim,
+                       run.ring_bits, fewest)
+    return _NoisePlan(
+        mechanism="skellam", claims=True, noise_multiplier=skellam.noise_multiplier,
+        accounting_z=skellam.noise_multiplier, accounting_rate=1.0, adjacency=SKELLAM_ADJACENCY, skellam=skellam,
+        colluders=colluders, fewest=fewest,
+        statements=tuple(_skellam_statements(cfg, skellam, delta, run.ring_bits, colluders, fewest)),
+    )
+
+
+def _gaussian_plan(run: _RunFacts) -> _NoisePlan:
+    """Central Gaussian noise with an ε: DP-FedAvg (z or a target ε), or β on clipped unit-weight updates."""
+    cfg, delta = run.cfg, run.delta
+    formal = client_level_dp(cfg)
+    assert cfg.clip is not None and delta is not None
+    skip_p = run.skip_p if run.poisson_skips else None
+    if cfg.target_epsilon is not None:
+        z, accounting_z, accounted_delta, skip_rule = _calibrate(
+            cfg.target_epsilon, delta, run.accounting_rate, run.rounds, run.inflation, skip_p, run.skip_factor)
+    else:
+        z = cfg.noise_multiplier if cfg.noise_multiplier is not None else run.denominator * cfg.dp_beta / cfg.clip
+        accounting_z, accounted_delta, skip_rule = _account_fixed(
+            z / run.inflation, delta, run.accounting_rate, run.rounds, skip_p, run.skip_factor)
+    plan = _NoisePlan(mechanism="gaussian" if formal else "beta", claims=True, noise_multiplier=z,
+                      accounting_z=accounting_z, accounted_delta=accounted_delta, skip_rule=skip_rule,
+                      aggregate_std=z * cfg.clip / run.denominator)
+    return replace(plan, statements=tuple(_gaussian_statements(run, plan)))
+
+
+def _gaussian_statements(run: _RunFacts, plan: _NoisePlan) -> list[str]:
+    """What :func:`_gaussian_plan` says: the mechanism, the accountant, rounding, the skip rule, whom it trusts."""
+    cfg, z = run.cfg, plan.noise_multiplier
+    assert cfg.clip is not None and z is not None and run.delta is not None
+    if client_level_dp(cfg):
+        out = [f"Client-level DP (DP-FedAvg, McMahan et al. 2018): each client's whole shared update is clipped to "
+               f"L2 ≤ C = {cfg.clip:g}; the server adds N(0, (z·C)²) with z = {z:.4g} to the unweighted "
+               f"sum and divides by W = {run.denominator:g}."]
+    else:
+        out = [f"β = {cfg.dp_beta:g} white noise (Wu & Gong 2021, {_beta_equations(cfg)}) on the trainable shared "
+               f"weights; with clipping to L2 ≤ {cfg.clip:g} and the unweighted mean over W = {run.denominator:g} "
+               f"clients it is a Gaussian mechanism with noise multiplier z = W·β/C = {z:.4g}."]
+        if cfg.dp_beta_mode == "double":
+            out.append("The per-client broadcast noise of Eq. 15 is post-processing: it does not lower the "
+                       "accounted ε.")
+    out.append(f"(ε, δ = {run.delta:.3g}) by Opacus' RDP accountant, adjacency {run.adjacency}.")
+    if run.inflation > 1.0:
+        out.append(f"Secure aggregation's rounding can lengthen a clipped update to {cfg.clip * run.inflation:.6g}; "
+                   f"the accountant is given the noise relative to that bound (z = {z / run.inflation:.6g}).")
+    if plan.skip_rule == "delta":
+        out.append(f"A Poisson round with fewer than {MIN_SECURE_COHORT} clients left releases no sum (probability ≤ "
+                   f"{run.skip_p:.3g} per round); that event is folded into δ: the accountant runs at δ = "
+                   f"{plan.accounted_delta:.3g}.")
+    elif plan.skip_rule == "sensitivity":
+        out.append(f"A Poisson round with fewer than {MIN_SECURE_COHORT} clients left releases no sum, so one client "
+                   f"can decide whether others' updates are released: the sum's sensitivity is taken as "
+                   f"{run.skip_factor}C (its own update and the {run.skip_factor - 1} site(s) of one other secure-sum "
+                   f"node; accountant's noise multiplier {plan.accounting_z:.4g}).")
+    out.append(CENTRAL_TRUST)
+    return out
+
+
+def _beta_equations(cfg: PrivacyConfig) -> str:
+    """Which of Wu & Gong's equations the β mode uses."""
+    return "Eq. 14" if cfg.dp_beta_mode == "single" else "Eqs. 14 and 15"
+
+
+def _beta_plan(run: _RunFacts) -> _NoisePlan:
+    """β noise without an ε: nothing bounds a contribution, or something else blocks the claim."""
+    cfg = run.cfg
+    out = [f"β = {cfg.dp_beta:g} white noise (Wu & Gong 2021, {_beta_equations(cfg)}) on the trainable shared weights"
+           + (" and, fresh per client, on what each client receives." if cfg.dp_beta_mode == "double" else ".")]
+    if cfg.clip is None:
+        out.append(NOT_DP + f" Add {ref('clip')} to bound it.")
+    else:
+        out.append(f"Clipped to L2 ≤ {cfg.clip:g}, but no ε is claimed: "
+                   + "; ".join(why for _, why in run.blockers) + ".")
+    return _NoisePlan(mechanism="beta", aggregate_std=cfg.dp_beta, statements=tuple(out))
+
+
+def _dp_sgd_plan(cfg: PrivacyConfig) -> DpSgdPlan | None:
+    """Example-level DP-SGD inside every client, or None."""
+    if not cfg.dp_sgd:
+        return None
+    return DpSgdPlan(cfg.dp_sgd_clip, cfg.dp_sgd_noise_multiplier, cfg.dp_sgd_target_epsilon, cfg.dp_sgd_delta)
+
+
+def _closing_statements(cfg: PrivacyConfig, noise: _NoisePlan, dp_sgd: DpSgdPlan | None,
+                        sampling: Literal["fixed", "poisson"], dfs: tuple[float, float] | None,
+                        dfs_plan: DfsPlan | None) -> list[str]:
+    """After the aggregate's mechanism: whom its ε protects against, DP-SGD, where the noise comes from,
+    what no ε covers, and DFH's statistics channel."""
+    out = [adversary.statement(noise.mechanism, sampling)] if noise.claims else []
+    if dp_sgd is not None:
+        z = (f"z = {dp_sgd.noise_multiplier:g}" if dp_sgd.noise_multiplier is not None
+             else f"z calibrated per client to ε = {dp_sgd.target_epsilon:g}")
+        out.append(f"Example-level DP-SGD in every client (Opacus): per-example gradients clipped to "
+                   f"{dp_sgd.max_grad_norm:g}, {z}, Poisson batches; each client's (ε, δ) over its own examples "
+                   "(add/remove one example) is accounted separately. BatchNorm is replaced by GroupNorm in every model.")
+    dfs_noised = dfs is not None and dfs[0] > 0
+    if noise.claims or dp_sgd is not None or noise.mechanism == "beta" or dfs_noised:
+        out.append(REPRODUCIBLE_NOISE if cfg.reproducible_noise else SECURE_NOISE)
+    if noise.claims or dp_sgd is not None:
+        out.append(NOT_COVERED)
+    if dfs_plan is not None:  # its ε too is NOT PRIVATE under reproducible noise
+        out.append((adversary.NOT_PRIVATE + ": " if dfs_noised and cfg.reproducible_noise else "")
+                   + dfs_plan.statement())
+    return out
+
+
+def _assemble(run: _RunFacts, noise: _NoisePlan, dp_sgd: DpSgdPlan | None, dfs_plan: DfsPlan | None,
+              statements: Sequence[str]) -> PrivacyPlan:
+    """The plan: what the mechanism decided, and the run's facts where it claims an ε."""
+    cfg, claims = run.cfg, noise.claims
+    accounted_delta = run.delta if noise.accounted_delta is None else noise.accounted_delta
+    return PrivacyPlan(
+        mechanism=noise.mechanism, sampling=run.sampling, sample_rate=run.sample_rate,
+        clients_per_round=run.fixed_k, unit_weights=claims, denominator=run.denominator if claims else None,
+        clip=cfg.clip, beta=cfg.dp_beta, beta_mode=cfg.dp_beta_mode, aggregate_noise_std=noise.aggregate_std,
+        noise_multiplier=noise.noise_multiplier,
+        accounting_noise_multiplier=noise.accounting_z if claims else None,
+        claims_epsilon=claims, delta=run.delta if claims else None,
+        accounted_delta=accounted_delta if claims else None, skip_rule=noise.skip_rule if claims else "none",
+        skip_probability=run.skip_p,
+        accounting_sample_rate=(run.accounting_rate if noise.accounting_rate is None else noise.accounting_rate)
+        if claims else None,
+        adjacency=(noise.adjacency or run.adjacency) if claims else None,
+        skellam=noise.skellam, dp_sgd=dp_sgd, rounds=run.rounds, reproducible_noise=cfg.reproducible_noise,
+        statements=tuple(statements), dfs=dfs_plan, colluders=noise.colluders, fewest_shares=noise.fewest,
+        node_sites=run.node_sites, authenticated=run.authenticated,
     )
 
 

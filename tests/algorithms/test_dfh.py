@@ -16,7 +16,8 @@ from secfed.algorithms.base import Schedule, Site
 from secfed.algorithms.dfh import (DFH, MalformedDfs, draw_targets, hallucinate, hallucinated_loss,
                                   received_table)
 from secfed.algorithms.losses import batch_hard_triplet
-from secfed.config import ConfigError, PrivacyConfig, RunConfig, check
+from secfed.config import ConfigError, PrivacyConfig, RunConfig
+from secfed.validation import check
 from secfed.data.samplers import identity_batches
 from secfed.federation.messages import MODEL, Aggregate, Contribution, Summand
 from secfed.privacy.accountant import gaussian_epsilon

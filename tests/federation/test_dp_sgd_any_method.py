@@ -11,7 +11,8 @@ import torch
 
 from secfed.algorithms import METHODS
 from secfed.algorithms.base import Method, Site, make_optimizer, train_loop
-from secfed.config import ConfigError, RunConfig, check
+from secfed.config import ConfigError, RunConfig
+from secfed.validation import check
 from secfed.federation.messages import TrainStats
 from secfed.federation.runtime import run
 from secfed.privacy.dpsgd import DpSgdUnsupported

@@ -35,7 +35,7 @@ REFUSALS = [
     (dict(clip=1.0, noise_multiplier=1.0, sample_rate=0.4), {}, "privacy.sample_rate", "Poisson"),
     (dict(clip=1.0, noise_multiplier=1.0), dict(aggregation="weighted"), "method.aggregation", "aggregation weights"),
     (dict(clip=1.0, noise_multiplier=1.0), dict(bn_stats="shared"), "model.bn_stats", "BatchNorm"),
-    (dict(clip=1.0, noise_multiplier=1.0), dict(extra_uploads={"method.kd": "soft labels"}), "method.kd", "soft labels"),
+    (dict(clip=1.0, noise_multiplier=1.0), dict(extra_uploads=("soft labels",)), "method.algorithm", "soft labels"),
     (dict(clip=1.0, noise_multiplier=1.0, delta=0.2), {}, "privacy.delta", "1/N"),
     (dict(clip=1.0, noise_multiplier=1.0, distributed=True), dict(secagg=False), "privacy.distributed", "secure aggregation"),
     (dict(noise_multiplier=1.0, distributed=True), {}, "privacy.noise_multiplier", "add privacy.clip"),
@@ -90,7 +90,7 @@ def test_beta_with_clip_is_a_gaussian_mechanism_with_z_k_beta_over_c() -> None:
 @pytest.mark.parametrize(
     "run, why",
     [(dict(bn_stats="shared"), "BatchNorm"), (dict(aggregation="weighted"), "aggregation weights"),
-     (dict(extra_uploads={"method.algorithm": "feature statistics"}), "feature statistics")],
+     (dict(extra_uploads=("feature statistics",)), "feature statistics")],
 )
 def test_beta_with_clip_claims_nothing_when_something_escapes_the_noise(run: dict, why: str) -> None:
     plan = _plan(run, dp_beta=0.05, clip=0.5)
@@ -366,15 +366,19 @@ def test_a_layout_the_epsilon_was_not_analysed_for_is_refused() -> None:
 
 
 def test_kd_under_client_level_dp_is_refused_naming_method_kd() -> None:
-    # The refusal used to name method.algorithm, which a FedPav+KD user had not set.
-    from secfed.config import RunConfig, check
+    """KD's soft labels leave unnoised: the refusal names the option that sends them (`method.kd`), not the
+    method, both before any data is read and when the plan is resolved (issue 25 item 7)."""
+    from secfed.config import RunConfig
+    from secfed.privacy.policy import KD_UPLOAD
+    from secfed.validation import check
 
     cfg = RunConfig()
     cfg.method.kd = True
-    cfg.model.bn_stats = "local"
-    cfg.method.aggregation = "unweighted"
+    cfg.method.aggregation, cfg.model.bn_stats = "unweighted", "local"
     cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.0
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(ConfigError, match="KD soft labels") as caught:
         check(cfg)
-    assert any(issue.key == "method.kd" and "KD soft labels" in issue.message for issue in caught.value.issues)
-    assert not any(issue.key == "method.algorithm" for issue in caught.value.issues)
+    assert [issue.key for issue in caught.value.issues] == ["method.kd"]
+    with pytest.raises(ConfigError, match="KD soft labels") as caught:
+        _plan(dict(extra_uploads=(KD_UPLOAD,)), clip=1.0, noise_multiplier=1.0)
+    assert [issue.key for issue in caught.value.issues] == ["method.kd"]

@@ -1,0 +1,60 @@
+"""The configuration's errors: one invalid setting (:class:`ConfigIssue`) and all of them (:class:`ConfigError`).
+
+A module of its own, below everything else: the schema (:mod:`secfed.config`), the privacy rules
+(:mod:`secfed.privacy.policy`), the methods and the CLI all raise these, and none of them needs to
+import another to do so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One invalid setting: ``key`` (``schedule.rounds``) and what is wrong with it."""
+
+    key: str
+    message: str
+
+
+_KEY_REF = re.compile(r"`([a-z_]+\.[a-z_]+)`")
+
+
+class ConfigError(ValueError):
+    """One or more invalid settings. ``issues`` lists them all; ``key`` is the first one's key."""
+
+    def __init__(self, key_or_issues: str | Iterable[ConfigIssue], message: str | None = None) -> None:
+        if isinstance(key_or_issues, str):
+            issues = [ConfigIssue(key_or_issues, message or "invalid")]
+        else:
+            issues = list(key_or_issues)
+        if not issues:
+            raise ValueError("a ConfigError needs at least one issue")
+        self.issues = issues
+        super().__init__(self.render())
+
+    @property
+    def key(self) -> str:
+        return self.issues[0].key
+
+    def render(self, name: Callable[[str], str] = lambda key: key) -> str:
+        """All issues, one per line, with every key (the subject and `` `keys` `` in messages) shown
+        as ``name(key)`` — a flag on the command line, a TOML key in a file."""
+        lines = []
+        for issue in self.issues:
+            message = _KEY_REF.sub(lambda m: name(m.group(1)), issue.message)
+            lines.append(f"{name(issue.key)}: {message}")
+        return "\n".join(lines)
+
+
+def raise_issues(issues: Iterable[ConfigIssue]) -> None:
+    """Raise one :class:`ConfigError` listing ``issues``, if there are any."""
+    issues = list(issues)
+    if issues:
+        raise ConfigError(issues)
+
+
+__all__ = ["ConfigError", "ConfigIssue", "raise_issues"]
