@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +28,7 @@ from pathlib import Path
 from secfed.adapters.flower import Cohort
 from secfed.adapters.flower import node as node_files
 from secfed.adapters.flower.launch import Loopback, write_app
+from secfed.environment import describe
 
 APP = Path(__file__).with_name("flower_bench_app.py")
 
@@ -51,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    print(f"machine: {describe()}")
     with tempfile.TemporaryDirectory(prefix="bench-flower-") as tmp:
         tmp_path = Path(tmp)
         cohort_file, sites, configs = tmp_path / "cohort.toml", {}, []
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
               for name in results["secfed_phases"][0]}
     print(f"loopback Deployment Engine: {args.nodes} SuperNodes, d = {args.dimension:,} float32, "
           f"{args.rounds} round(s) each, TLS {'off' if args.no_tls else 'on'}, node poll {args.node_poll} s, "
-          f"task poll {args.task_poll} s; {os.cpu_count()} CPUs, Python {platform.python_version()}")
+          f"task poll {args.task_poll} s")
     print(f"{'round':<44}{'median s':>10}  all")
     labels = {"plain": "plain train round trip (no secure aggregation)",
               "secfed": "secfed (SecAggStrategy(FedAvg), authenticated)", "flower": "Flower SecAgg+ (FedAvg)"}

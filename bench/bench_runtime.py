@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -31,9 +29,9 @@ from secfed.algorithms.base import make_optimizer
 from secfed.config import RunConfig, RunSection
 from secfed.data.augment import TrainAugment, epoch_batches
 from secfed.federation.builder import build
-from secfed.federation.runtime import SilentReporter, run, schedule_for
+from secfed.federation.runtime import SilentReporter, run, schedule_for, train_seed
+from secfed.environment import describe
 from secfed.memory import reuse_freed_memory
-from secfed.seeding import derive_seed
 
 
 class Clock(SilentReporter):
@@ -70,7 +68,7 @@ def plain_seconds(cfg: RunConfig) -> list[float]:
         for client in sites:
             model = client.model
             model.load_state_dict(global_state, strict=False)
-            seed = derive_seed(cfg.seed, "train", t, client.id)
+            seed = train_seed(cfg, t, client.id)
             torch.manual_seed(seed)
             generator = torch.Generator().manual_seed(seed)
             model.train()
@@ -102,8 +100,7 @@ def main() -> None:
     cfg.run.local_baseline = False
     cfg.run.eval_every = 0
     cfg.secagg.enabled = False
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
-          f"{torch.get_num_threads()}, torch {torch.__version__}, freed memory reused: {tuned}")
+    print(f"machine: {describe()}; freed memory reused: {tuned}")
     print(f"workload: synthetic default, 4 clients, {cfg.model.backbone} {cfg.data.height}x{cfg.data.width}, "
           f"{args.rounds} rounds, B={cfg.schedule.batch_size}, E={cfg.schedule.local_epochs}")
 

@@ -47,7 +47,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import resource
 import struct
 import subprocess
@@ -64,6 +63,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from secfed.environment import describe
 from secfed.protocols import (
     GraphParams,
     Quantizer,
@@ -1078,9 +1078,7 @@ def main() -> None:
         server_worker()
         return
     args = parse_args()
-    print(f"secfed.protocols secure aggregation bench — {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, numpy {np.__version__}; protocol threads "
-          f"{parallel.workers()}")
+    print(f"secfed.protocols secure aggregation bench — {describe()}; protocol threads {parallel.workers()}")
     print(f"load average at start: {load()}")
     for section in args.sections:
         start = time.perf_counter()

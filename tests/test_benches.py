@@ -35,3 +35,17 @@ def test_bench_secagg_recovers_the_exact_sum_with_dropouts() -> None:
     headers = [line for line in out.splitlines() if line.startswith(("secagg n=", "secaggplus n="))]
     assert len(headers) == 2, out
     assert all("dropped=1" in line and "sum exact" in line for line in headers)
+
+
+def test_every_bench_secagg_section_runs_at_toy_size_under_a_described_machine() -> None:
+    """The sections README and RESULTS cite (keystream, client, full, server, flower-overflow) still run
+    from their command lines, and the header names the machine through secfed.environment.describe()."""
+    sections = ("keystream", "client", "full", "server", "flower-overflow")
+    out = _run("bench_secagg.py", "--sections", ",".join(sections), "--dims", "64", "--clients", "4",
+               "--variants", "secagg", "--modes", "authenticated", "--flower", "none",
+               "--keystream-neighbours", "2", "--keystream-repeats", "1", "--full-clients", "4", "--full-dim", "16",
+               "--server-clients", "4", "--server-dim", "16")
+    assert "torch kernels" in out.splitlines()[0]  # describe()'s line, not a bench's own
+    assert all(f"   [{s}: " in out for s in sections), out
+    full = [line for line in out.splitlines() if line.lstrip().startswith("4 ") and "exact" in line]
+    assert full, out  # the full section unmasked the exact sum
