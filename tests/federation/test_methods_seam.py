@@ -18,10 +18,9 @@ from secfed.config import RunConfig
 from secfed.federation import codec
 from secfed.federation.builder import build
 from secfed.federation.messages import MODEL, TrainStats
-from secfed.federation.runtime import run, schedule_for
+from secfed.federation.runtime import run, schedule_for, train_seed
 from secfed.federation.secure_channel import ring_shape
 from secfed.protocols.secagg.messages import MaskedInput
-from secfed.seeding import derive_seed
 
 
 def _kd_cdw(cfg: RunConfig, synth_root: Path) -> RunConfig:
@@ -40,7 +39,7 @@ def test_a_kd_cdw_round_shows_the_server_only_sums(tiny_config: RunConfig, synth
     fed = build(cfg)
     broadcast = fed.server.broadcast(0)
     uploads = [c.step(codec.decode_broadcast(codec.encode_broadcast(broadcast)), schedule_for(cfg, 0),
-                      derive_seed(cfg.seed, "train", 0, c.site.id))[0] for c in fed.clients]
+                      train_seed(cfg, 0, c.site.id))[0] for c in fed.clients]
     cdw = [u.summed[MODEL].weight for u in uploads]
     assert len(set(cdw)) == len(cdw) and all(0 < m < 2 for m in cdw)  # m_k: client-computed, per client
     assert all(u.summed[KD].vector.numel() == 24 * cfg.model.neck_dim for u in uploads)
@@ -142,7 +141,7 @@ def test_no_method_writes_into_the_broadcast_every_client_shares(method: str, ti
     for t in range(2):  # round 2 carries payloads under DFH (every client's statistics)
         broadcast = fed.server.broadcast(t)
         before = (broadcast.weights.clone(), {k: v.clone() for k, v in broadcast.payloads.items()})
-        uploads = [c.step(broadcast, schedule_for(cfg, t), derive_seed(cfg.seed, "train", t, c.site.id))[0]
+        uploads = [c.step(broadcast, schedule_for(cfg, t), train_seed(cfg, t, c.site.id))[0]
                    for c in fed.clients]
         assert torch.equal(broadcast.weights, before[0])
         assert broadcast.payloads.keys() == before[1].keys()
