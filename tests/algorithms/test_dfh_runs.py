@@ -19,10 +19,9 @@ from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec
 from secfed.federation.builder import build
 from secfed.federation.messages import Contribution
-from secfed.federation.runtime import run, schedule_for
+from secfed.federation.runtime import run, schedule_for, train_seed
 from secfed.models.sharing import load_shared
 from secfed.privacy.dfs import DFS, IFS
-from secfed.seeding import derive_seed
 
 
 class Crash(Exception):
@@ -65,7 +64,7 @@ def test_the_upload_leaving_a_client_carries_the_four_dfs_vectors_and_no_identit
     ifs = _ifs_by_hand(received, client.site.images, client.site.labels)
     expected = _eq_3_1(ifs)
 
-    upload, _ = client.step(broadcast, schedule_for(dfh_config, 0), derive_seed(3, "train", 0, 2))
+    upload, _ = client.step(broadcast, schedule_for(dfh_config, 0), train_seed(dfh_config, 0, client.site.id))
 
     assert set(upload.shared) == {DFS} and set(upload.summed) == {"model"}
     dim = received.neck[0].in_features

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from secfed.algorithms.base import Schedule
-from secfed.config import PrivacyConfig
+from secfed.config import PrivacyConfig, RunConfig, RunSection
+from secfed.federation.runtime import train_seed
 from secfed.privacy.accountant import SampledGaussianAccountant
 from secfed.privacy.dpsgd import ClientDpSgd, LocalDpSgd, poisson_schedule
 from secfed.privacy.noise import NoiseSource
@@ -69,10 +70,10 @@ def _batches(training_seed: int, noise: NoiseSource, examples: int, schedule: Sc
 
 
 def test_dp_sgd_batches_are_not_recomputable_from_the_run_seed() -> None:
-    """The old DP-SGD loop seeded the batches from the training generator, derive_seed(seed, "train", t, k):
+    """The old DP-SGD loop seeded the batches from the training generator, train_seed(cfg, t, k):
     with the batches known, the printed ε 7.96 (n = 474, B = 32, 16 rounds, z = 1) was ≈ 26."""
     examples, schedule = 200, Schedule(0.1, 0.1, epochs=1, batch_size=16)
-    training_seed = derive_seed(SEED, "train", 3, 1)
+    training_seed = train_seed(RunConfig(run=RunSection(seed=SEED)), 3, 1)  # what anyone with the seed computes
     generator = torch.Generator().manual_seed(training_seed)
     rate, steps = poisson_schedule(examples, schedule.batch_size)
     rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
