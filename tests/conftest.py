@@ -11,10 +11,7 @@ import torch
 from secfed.config import RunConfig, RunSection
 from secfed.data.synth import generate
 
-# Under pytest-xdist (`make test` runs two workers) each worker trains on one thread: two workers
-# keep both cores busy, where one process on two threads left one idle through the suite's
-# single-threaded tests.
-torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+torch.set_num_threads(2)
 # rich draws CLI errors in a box as wide as the terminal: a wide one keeps each message on one line
 os.environ.setdefault("COLUMNS", "250")
 

@@ -143,8 +143,9 @@ def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort:
     }
     if fed.channel.name == "secagg":  # counted every round, zero included: a clipped value alters the sum
         record["secagg_clipped"] = aggregate.clipped
-        if aggregate.clipped_by_vector:
-            record["secagg_clipped_by_vector"] = dict(aggregate.clipped_by_vector)
+        if aggregate.clipped and aggregate.clipped_by_vector:
+            # which vector, where the transport knows (in-process; a Flower node sends one total)
+            record["secagg_clipped_by_vector"] = {k: v for k, v in aggregate.clipped_by_vector.items() if v}
     if baseline_stats:
         record["local_baseline"] = baseline_stats
     if privacy is not None:
