@@ -83,3 +83,14 @@ def test_the_publication_names_each_machine_and_the_command(claims) -> None:
     text = claims.publication(runs, [table3], "python bench/claims.py --seeds 3")
     assert "| MM'20 Table 3 |" in text and "| 3 |" in text and "**reproduced**" in text
     assert env["cpu"]["model"] in text and "python bench/claims.py --seeds 3" in text
+
+
+def test_readme_default_results_are_generated_from_the_fedpav_arm(claims) -> None:
+    runs = [{"arm": "fedpav", "seed": seed, "seconds": 1.0, "unseen": [],
+             "domains": [{"name": "gate", "train_images": 97, "rank1": 0.04 + 0.01 * seed, "local_rank1": 0.02,
+                          "mAP": 0.1, "local_mAP": 0.07}]} for seed in range(3)]
+    block = claims.default_results(runs, "python bench/claims.py")
+    assert "over 3 seeds" in block and "| gate (97) | 5.0 ± " in block
+    readme = (BENCH.parent / "README.md").read_text()
+    assert readme.count(claims.DEFAULT_BEGIN) == 1 and readme.count(claims.DEFAULT_END) == 1
+    assert "runs.jsonl" in readme[readme.index(claims.DEFAULT_BEGIN):readme.index(claims.DEFAULT_END)]
