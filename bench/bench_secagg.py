@@ -66,6 +66,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from secfed.environment import describe
 from secfed.protocols import (
     GraphParams,
+    Phase,
     Quantizer,
     SecAggClient,
     SecAggServer,
@@ -342,9 +343,12 @@ def run_round(params, authenticated: bool, d: int, dropped: set[int], full: bool
 
     for i in range(n):
         send(i, timed(i, "setup", clients[i].advertise_keys))
-    for i, commitments in server.close_phase().items():
-        send(i, timed(i, "setup", clients[i].reveal_graph_nonce, fetch(i, commitments)))
-    for i, roster in server.close_phase().items():
+    outbox = server.close_phase()
+    if server.phase is Phase.GRAPH_SEED:  # sparse graphs only
+        for i, commitments in outbox.items():
+            send(i, timed(i, "setup", clients[i].reveal_graph_nonce, fetch(i, commitments)))
+        outbox = server.close_phase()
+    for i, roster in outbox.items():
         roster = fetch(i, roster)
         if full or i == rep or i in dropped:
             send(i, timed(i, "setup", clients[i].share_keys, roster))
@@ -696,9 +700,12 @@ def full_round(n: int, d: int, authenticated: bool, args) -> dict:
 
     for c in clients:
         send(clock["setup"].run(c.advertise_keys))
-    for i, m in close().items():
-        send(clock["setup"].run(clients[i].reveal_graph_nonce, fetch(m)))
-    for i, m in close().items():
+    outbox = close()
+    if server.phase is Phase.GRAPH_SEED:  # sparse graphs only
+        for i, m in outbox.items():
+            send(clock["setup"].run(clients[i].reveal_graph_nonce, fetch(m)))
+        outbox = close()
+    for i, m in outbox.items():
         send(clock["setup"].run(clients[i].share_keys, fetch(m)))
     expected = np.zeros(d, dtype=np.uint64)
     quant_rng = np.random.default_rng([args.seed, 1])
@@ -878,9 +885,12 @@ def section_server(args) -> None:
 
     for c in clients:
         send(timed(c.id, "setup", c.advertise_keys))
-    for i, m in close().items():
-        send(timed(i, "setup", clients[i].reveal_graph_nonce, m))
-    for i, m in close().items():
+    outbox = close()
+    if not config.params.complete:  # the complete graph skips the graph-seed phase
+        for i, m in outbox.items():
+            send(timed(i, "setup", clients[i].reveal_graph_nonce, m))
+        outbox = close()
+    for i, m in outbox.items():
         if i == rep or i in dropped:
             send(timed(i, "setup", clients[i].share_keys, m))
         else:

@@ -6,10 +6,13 @@ weight 10·(p + 1). The ServerApp runs, over the same SuperNodes in one Flower r
     plain      one train message per node and its reply (no secure aggregation): Flower's cost of
                a message round trip (a ClientApp process per message, polls)
     secfed     SecAggStrategy(FedAvg) over SecAggWorkflow (authenticated): secfed's protocol
+    secfed-unauthenticated   the same, honest-but-curious-server mode (no signatures, no
+               consistency check): the mode that matches what Flower's SecAgg+ protects against
     flower     Flower's SecAgg+ (SecAggPlusWorkflow + secaggplus_mod, legacy FedAvg)
 
 ``rounds`` of each, interleaved, and writes seconds per round (and secfed's per-phase times) to
-``out`` as JSON.
+``out`` as JSON. Each secfed arm keeps one workflow for all its rounds, as ``secfed train
+--flower`` does: the nodes enrol once (timed apart, ``enrol``), not in every round.
 """
 
 from __future__ import annotations
@@ -76,8 +79,7 @@ def plain_round(grid: Grid, nodes: list[int], d: int) -> float:
     return time.monotonic() - t0
 
 
-def secfed_round(grid: Grid, cohort: Cohort, n: int, d: int, poll: float, phases: list) -> float:
-    flow = SecAggWorkflow(cohort=cohort, poll_interval=poll, phase_timeout=120)
+def secfed_round(grid: Grid, flow: SecAggWorkflow, n: int, d: int, phases: list) -> float:
     marks: list[tuple[str, float]] = []
     flow.on_phase = lambda phase, _nodes: marks.append((phase, time.monotonic()))
     strategy = SecAggStrategy(FedAvg(fraction_evaluate=0.0, min_available_nodes=n, min_train_nodes=n), flow)
@@ -111,11 +113,17 @@ def flower_round(grid: Grid, context: Context, n: int, d: int) -> float:
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     n, d, rounds = int(cfg["nodes"]), int(cfg["dimension"]), int(cfg["rounds"])
-    cohort = Cohort.load(str(cfg["cohort"]))
+    poll = float(cfg["poll"])
     nodes = _nodes(grid, n)
-    out: dict = {"plain": [], "secfed": [], "flower": [], "secfed_phases": []}
+    flow = SecAggWorkflow(cohort=Cohort.load(str(cfg["cohort"])), poll_interval=poll, phase_timeout=120)
+    open_flow = SecAggWorkflow(authenticated=False, poll_interval=poll, phase_timeout=120)
+    t0 = time.monotonic()
+    flow.enrol(grid, nodes)
+    out: dict = {"enrol": time.monotonic() - t0, "plain": [], "secfed": [], "secfed-unauthenticated": [],
+                 "flower": [], "secfed_phases": [], "secfed-unauthenticated_phases": []}
     for _ in range(rounds):
         out["plain"].append(plain_round(grid, nodes, d))
-        out["secfed"].append(secfed_round(grid, cohort, n, d, float(cfg["poll"]), out["secfed_phases"]))
+        out["secfed"].append(secfed_round(grid, flow, n, d, out["secfed_phases"]))
+        out["secfed-unauthenticated"].append(secfed_round(grid, open_flow, n, d, out["secfed-unauthenticated_phases"]))
         out["flower"].append(flower_round(grid, context, n, d))
     Path(str(cfg["out"])).write_text(json.dumps(out))

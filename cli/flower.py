@@ -39,9 +39,9 @@ from secfed.config import RunConfig
 
 APP_NAME = "secfed-train"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# Flower's own log lines, with or without the "HH:MM:SS:" its ServerApp process prefixes when it
+# Flower's own log lines, with or without the "[MM/DD/YYYY ]HH:MM:SS:" its ServerApp process prefixes when it
 # exits ("03:11:44:DEBUG:ServerApp finished running."); secfed's lines are plain
-FLOWER_LOG_LINE = re.compile(r"^(?:\d{2}:\d{2}:\d{2}(?:[.,]\d+)?:)?(DEBUG|INFO)\s*:")
+FLOWER_LOG_LINE = re.compile(r"^(?:(?:\d{2}/\d{2}/\d{4} )?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?:)?(DEBUG|INFO)\s*:")
 
 
 def relay(lines: Any, console_out: Any, flower_log: Any) -> None:

@@ -157,10 +157,13 @@ def simulate(
     for i in range(n):
         if alive(i, Phase.ADVERTISE_KEYS):
             upload(i, clients[i].advertise_keys())
-    for i, commitments in server.close_phase().items():
-        if alive(i, Phase.GRAPH_SEED):
-            upload(i, clients[i].reveal_graph_nonce(download(i, commitments)))
-    for i, roster in server.close_phase().items():
+    outbox = server.close_phase()
+    if server.phase is Phase.GRAPH_SEED:  # sparse graphs only: the complete graph needs no seed
+        for i, commitments in outbox.items():
+            if alive(i, Phase.GRAPH_SEED):
+                upload(i, clients[i].reveal_graph_nonce(download(i, commitments)))
+        outbox = server.close_phase()
+    for i, roster in outbox.items():
         if alive(i, Phase.SHARE_KEYS):
             upload(i, clients[i].share_keys(download(i, roster)))
     for i, delivery in server.close_phase().items():

@@ -78,6 +78,7 @@ from .keys import (
     SHARE_PLAINTEXT,
     ListedCommitments,
     advertise_payload,
+    complete_graph_seed,
     consistency_payload,
     graph_commitment,
     graph_seed,
@@ -118,7 +119,6 @@ from .messages import (
     _ids,
     _key_body,
     _key_fields,
-    _pairs,
     _Reader,
     validate,
 )
@@ -211,11 +211,9 @@ class SecAggClient:
         body: list[bytes] = [self.model_hash]
         if secrets:
             body += [self._enc_private.private_bytes_raw(), self._mask_seed, self._self_seed, self._graph_nonce]
-        if listed is not None:  # graph commitments as shown: ids, digest, and (complete graph) each one
+        if listed is not None:  # graph commitments as shown (sparse graph): ids and digest
             ids = listed.ids.astype("<u4")
             body += [struct.pack("<I", len(ids)), ids.tobytes(), listed.digest]
-            if listed.each is not None:
-                body += _pairs(listed.each)
         if self._seed:
             body.append(self._seed)
         body.append(struct.pack("<I", len(self._roster)))
@@ -261,7 +259,7 @@ class SecAggClient:
         seeded = _ORDER.index(ClientState.AWAIT_SHARES) <= state_index <= _ORDER.index(ClientState.AWAIT_UNMASK)
         if bool(flags & _HAS_SECRETS) != live or (seeded and not flags & _HAS_SEED) or (
                 flags & _HAS_SEED and state_index < _ORDER.index(ClientState.AWAIT_SHARES)) or (
-                bool(flags & _HAS_LISTED) != (state is ClientState.AWAIT_ROSTER)):
+                bool(flags & _HAS_LISTED) != (state is ClientState.AWAIT_ROSTER and not config.params.complete)):
             raise MalformedMessage(f"client state: flags {flags:#06x} do not fit state {state.value}")
         r = _Reader(view[_STATE_HEADER.size :], "client state")
         client = cls(config, client_id, model_hash=r.fixed(DIGEST_BYTES, "model hash"), identity_key=identity_key)
@@ -275,11 +273,10 @@ class SecAggClient:
         if flags & _HAS_LISTED:
             ids = np.asarray(r.ids("listed clients"), dtype=np.int64)
             listed_digest = r.fixed(DIGEST_BYTES, "graph commitments digest")
-            each = r.pairs("graph commitments", DIGEST_BYTES) if config.params.complete else None
             if len(ids) and ids[-1] >= config.n_clients:
                 raise MalformedMessage(f"client state: listed client {ids[-1]} is outside the cohort")
             try:
-                client._commitments = ListedCommitments.restore(config, ids, listed_digest, each)
+                client._commitments = ListedCommitments.restore(ids, listed_digest)
             except ValueError as exc:
                 raise MalformedMessage(f"client state: {exc}") from None
         if flags & _HAS_SEED:
@@ -307,7 +304,8 @@ class SecAggClient:
 
     def advertise_keys(self) -> AdvertiseKeys:
         """Create this round's keys, seeds and graph nonce; advertise the public halves and the
-        commitments (signed if authenticated)."""
+        commitments (signed if authenticated). With the complete graph the next message is the key
+        roster (no graph seed to agree on; the nonce's commitment is never opened)."""
         self._expect_state(ClientState.START)
         cfg = self.config
         self._enc_private, enc_public = x25519_keypair()
@@ -324,7 +322,7 @@ class SecAggClient:
                 cfg, self.id, enc_public, mask_public, commitment, nonce_commitment, self.model_hash
             )
             signature = sign(self._identity, payload)
-        self._state = ClientState.AWAIT_COMMITMENTS
+        self._state = ClientState.AWAIT_ROSTER if cfg.params.complete else ClientState.AWAIT_COMMITMENTS
         return AdvertiseKeys(
             **self._envelope(), enc_public=enc_public, mask_public=mask_public,
             self_mask_commitment=commitment, graph_commitment=nonce_commitment, model_hash=self.model_hash,
@@ -347,28 +345,33 @@ class SecAggClient:
                 self._check_cohort(int(listed.ids[-1]), "graph commitments")
             if listed.value_of(self.id) != graph_commitment(self.config, self.id, self._graph_nonce):
                 raise InconsistentView(f"the graph commitments omit or alter client {self.id}'s own")
-            self._commitments = ListedCommitments(self.config, listed)
+            self._commitments = ListedCommitments(listed)
             self._state = ClientState.AWAIT_ROSTER
             return GraphReveal(**self._envelope(), nonce=self._graph_nonce)
 
     # ---- phase 2: share the key seed ------------------------------------------------------------
 
     def share_keys(self, roster: KeyRoster) -> EncryptedShares:
-        """Derive the graph from the revealed nonces; check the neighbours' keys (config, model hash,
-        signatures, graph commitments); seal a t-of-k share of the key seed for each."""
+        """Derive the graph (from the revealed nonces; the complete graph needs none); check the
+        neighbours' keys (config, model hash, signatures, graph commitments); seal a t-of-k share of
+        the key seed for each."""
         self._accept(roster, KeyRoster, ClientState.AWAIT_ROSTER)
         with self._aborting():
-            cfg, t = self.config, self.config.params.threshold
+            cfg, t, complete = self.config, self.config.params.threshold, self.config.params.complete
             revealed = as_table(roster.nonces, GRAPH_NONCE_BYTES)  # validated: ids increasing
-            self._seed = self._check_nonces(revealed)
-            self._graph = NeighbourGraph(cfg.params, self._seed, focus=self.id)
+            if complete and len(revealed):
+                raise MalformedMessage("key roster reveals graph nonces; the complete graph uses none")
+            self._graph = NeighbourGraph(cfg.params, b"", focus=self.id) if complete else None
+            if not complete:
+                self._seed = self._check_nonces(revealed)
+                self._graph = NeighbourGraph(cfg.params, self._seed, focus=self.id)
             self.neighbours = self._graph.of(self.id)
             seen_keys = {public_bytes(self._enc_private), public_bytes(self._mask_private)}
             for e in roster.entries:
                 self._check_neighbour(e.client, "key roster")
-                if revealed.position(e.client) is None:
+                if not complete and revealed.position(e.client) is None:
                     raise UnknownClient(f"key roster lists neighbour {e.client}, which revealed no graph nonce")
-                if e.graph_commitment != graph_commitment(cfg, e.client, revealed.value_of(e.client)):
+                if not complete and e.graph_commitment != graph_commitment(cfg, e.client, revealed.value_of(e.client)):
                     raise InconsistentView(f"neighbour {e.client}'s graph commitment differs from the one listed")
                 if e.config_digest != cfg.digest:
                     raise ConfigMismatch(f"neighbour {e.client} runs this session with different parameters")
@@ -392,6 +395,8 @@ class SecAggClient:
                     f"advertised keys; threshold is {t}"
                 )
             self._roster = {e.client: e for e in roster.entries}
+            if complete:  # the roster as shown, bound into the masked input and the signature
+                self._seed = complete_graph_seed(cfg, [self.id, *self._roster])
             self._commitments = None  # the nonces are checked: the list is no longer needed
             key_shares = shamir.split(self._mask_seed, t, len(self.neighbours))
             sealed = [self._seal_share(v, ShareKind.MASK_KEY, key_shares) for v in self._roster]
@@ -633,7 +638,7 @@ class SecAggClient:
 
         A sparse graph needs every listed nonce: were some allowed to go missing, whoever
         withholds them (colluding clients, or the server claiming they never arrived) could pick
-        the graph among all the subsets. The complete graph does not depend on the seed.
+        the graph among all the subsets.
         """
         cfg, listed = self.config, self._commitments
         unknown = not_in(nonces.ids, listed.ids)
@@ -642,7 +647,7 @@ class SecAggClient:
         if nonces.value_of(self.id) != self._graph_nonce:
             raise InconsistentView(f"key roster omits or alters client {self.id}'s own graph nonce")
         missing = not_in(listed.ids, nonces.ids).tolist()
-        if missing and not cfg.params.complete:
+        if missing:
             raise SeedWithheld(
                 f"clients {missing} committed to graph nonces that the key roster does not reveal; "
                 "a sparse graph cannot be derived without them. Round aborted"
@@ -707,7 +712,8 @@ class SecAggClient:
 
 
 _STATE_MAGIC = b"SACS"
-_STATE_VERSION = 2  # roster entries as in wire version 3; shares of GF(2^31 − 1) (20 bytes)
+_STATE_VERSION = 3  # roster entries as in wire version 3; shares of GF(2^31 − 1) (20 bytes); v3: no listed
+# commitments kept with the complete graph (it skips the graph-seed phase)
 # magic | version u8 | state u8 (index in ClientState) | flags u16 | config digest 32B | client id u32
 # | body length u32 (48 bytes, like a message header); the body follows export_state's order.
 _STATE_HEADER = struct.Struct("<4sBBH32sII")

@@ -94,6 +94,17 @@ def graph_seed(config: SessionConfig, nonces: IdTable) -> bytes:
     return hashlib.sha256(config.binding("graph-seed") + _id_nonce_parts(nonces)).digest()
 
 
+def complete_graph_seed(config: SessionConfig, members: Sequence[int]) -> bytes:
+    """The complete graph's seed: a hash of the clients in the key roster, in client order.
+
+    The complete graph does not depend on a seed, so no nonce is committed to or revealed (one
+    round trip fewer). What the seed still does is bind each client's view of who shares keys into
+    its masked input and its consistency signature: a server that shows two clients different
+    rosters gets two seeds, and their signatures do not certify each other's survivor set.
+    """
+    return hashlib.sha256(config.binding("complete-graph-seed", *sorted(int(v) for v in members))).digest()
+
+
 def _id_nonce_parts(nonces: IdTable) -> bytes:
     """transcript()'s bytes for the parts (client, nonce) of every entry, concatenated."""
     if nonces.width != GRAPH_NONCE_BYTES:
@@ -106,53 +117,35 @@ def _id_nonce_parts(nonces: IdTable) -> bytes:
 
 
 class ListedCommitments:
-    """The graph-nonce commitments one client was shown, kept until the nonces are revealed.
+    """The graph-nonce commitments one client was shown, kept until the nonces are revealed (sparse
+    graphs only: the complete graph needs no nonces, see :func:`complete_graph_seed`).
 
-    With a sparse graph every listed client must reveal, so the listed ids and one SHA-256 of the
-    whole list are enough: the revealed nonces must hash to exactly that list (4 bytes per client
-    kept instead of 36 — a client of a 10,000-cohort keeps 40 kB). The complete graph lets a client
-    that vanished stay unrevealed, so there every commitment is kept and the revealed ones are
-    checked one by one.
+    Every listed client must reveal, so the listed ids and one SHA-256 of the whole list are
+    enough: the revealed nonces must hash to exactly that list (4 bytes per client kept instead of
+    36 — a client of a 10,000-cohort keeps 40 kB).
     """
 
-    def __init__(self, config: SessionConfig, listed: IdTable) -> None:
+    def __init__(self, listed: IdTable) -> None:
         self.ids = listed.ids.astype(np.int64)  # a copy: the list's bytes are not kept
         self._digest = hashlib.sha256(listed.raw).digest()
-        self._each = listed if config.params.complete else None
 
     @property
     def digest(self) -> bytes:
         """SHA-256 of the list's bytes as shown (what the revealed nonces must rebuild)."""
         return self._digest
 
-    @property
-    def each(self) -> IdTable | None:
-        """Every listed commitment (complete graph only; None with a sparse graph)."""
-        return self._each
-
     @classmethod
-    def restore(cls, config: SessionConfig, ids: np.ndarray, digest: bytes, each: IdTable | None) -> ListedCommitments:
-        """The list a client kept, from its parts (a client's saved state); ``each`` is required
-        exactly when the graph is complete and must be the list the ids and digest describe."""
-        if (each is not None) != config.params.complete:
-            raise ValueError("the complete graph keeps every commitment, a sparse one only ids and digest")
-        if each is not None and (not np.array_equal(each.ids, ids) or hashlib.sha256(each.raw).digest() != digest):
-            raise ValueError("listed commitments do not match their ids and digest")
+    def restore(cls, ids: np.ndarray, digest: bytes) -> ListedCommitments:
+        """The list a client kept, from its parts (a client's saved state)."""
         listed = cls.__new__(cls)
         listed.ids = np.asarray(ids, dtype=np.int64)
         listed._digest = bytes(digest)
-        listed._each = each
         return listed
 
     def check(self, config: SessionConfig, nonces: IdTable) -> None:
-        """Raise InconsistentShares unless every revealed nonce opens its listed commitment
-        (and, with the sparse graph, the nonces cover the list exactly: check the ids first)."""
+        """Raise InconsistentShares unless the revealed nonces open exactly the listed commitments
+        (check the ids first)."""
         computed = graph_commitments(config, nonces)
-        if self._each is not None:
-            for (v, _), commitment in zip(nonces, computed):
-                if commitment != self._each.value_of(v):
-                    raise InconsistentShares(f"client {v}'s graph nonce does not match its commitment")
-            return
         shown = np.empty(len(nonces), dtype=[("client", "<u4"), ("commitment", f"V{DIGEST_BYTES}")])
         shown["client"], shown["commitment"] = nonces.ids, np.frombuffer(b"".join(computed), f"V{DIGEST_BYTES}")
         if hashlib.sha256(shown.tobytes()).digest() != self._digest:  # the list rebuilt from the nonces

@@ -51,6 +51,7 @@ from .idtable import IdTable
 from .keys import (
     SEALED_SHARE_BYTES,
     advertise_payload,
+    complete_graph_seed,
     consistency_payload,
     graph_commitment,
     graph_seed,
@@ -358,6 +359,8 @@ class SecAggServer:
             raise BelowThreshold("no client advertised keys. Round aborted")
         self._require_quorum(len(u1), "advertise keys")
         self._u1 = u1
+        if self.config.params.complete:  # no graph seed to agree on: straight to the key roster
+            return self._rosters(u1, IdTable(b"", GRAPH_NONCE_BYTES), complete_graph_seed(self.config, sorted(u1)))
         self._phase = Phase.GRAPH_SEED
         # One table, shared by every client's message (encoding it is a copy of its bytes).
         commitments = IdTable.from_pairs(((v, self._adverts[v].graph_commitment) for v in sorted(u1)), DIGEST_BYTES)
@@ -366,7 +369,7 @@ class SecAggServer:
     def _close_graph_seed(self) -> dict[int, Message]:
         revealed = frozenset(self._nonces)
         missing = sorted(self._u1 - revealed)
-        if missing and not self.config.params.complete:
+        if missing:
             raise SeedWithheld(
                 f"clients {missing} committed to graph nonces and never revealed them; a sparse graph "
                 "cannot be derived without them. Round aborted"
@@ -374,8 +377,12 @@ class SecAggServer:
         if not revealed:
             raise BelowThreshold("no client revealed its graph nonce. Round aborted")
         nonces = IdTable.from_pairs(sorted(self._nonces.items()), GRAPH_NONCE_BYTES)
-        self._seed = graph_seed(self.config, nonces)
-        self._graph = NeighbourGraph(self.config.params, self._seed)
+        return self._rosters(revealed, nonces, graph_seed(self.config, nonces))
+
+    def _rosters(self, revealed: frozenset[int], nonces: IdTable, seed: bytes) -> dict[int, Message]:
+        """Fix the graph from ``seed``; each client in ``revealed`` gets its neighbours' keys."""
+        self._seed = seed
+        self._graph = NeighbourGraph(self.config.params, seed)
         self._require_neighbours(revealed, revealed, "the graph seed", "hold its secret shares")
         self._require_quorum(len(revealed), "the graph seed")
         self._u1r = revealed

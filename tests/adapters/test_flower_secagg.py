@@ -147,7 +147,7 @@ def test_the_sealed_state_opens_only_with_its_own_node_key_run_and_node(deployme
     grid, cohort = deployment(3)
 
     def stop(name, nodes):
-        if name == "graph_seed":
+        if name == "share_keys":  # 3 nodes: the complete graph, whose roster follows the advertisement
             raise KeyboardInterrupt  # freeze the round right after the keys were advertised
 
     with pytest.raises(KeyboardInterrupt):
@@ -160,7 +160,7 @@ def test_the_sealed_state_opens_only_with_its_own_node_key_run_and_node(deployme
     plain = node_files.open_state(key, record["sealed"], purpose="secagg-client", run_id=ctx.run_id, node_id=1000)
     session, state, _ = _unframe(plain)
     client = SecAggClient.from_state(decode_session(session), state, identity_key=node_files.identity_key(folder))
-    assert client.state is ClientState.AWAIT_COMMITMENTS
+    assert client.state is ClientState.AWAIT_ROSTER
     assert state not in grid.contexts[1000]  # only its ciphertext is in the node's stored context
     other = node_files.sealing_key(node_files.state_dir(grid.context(1001).node_config))
     for k, node_id, run_id in ((other, 1000, ctx.run_id), (key, 1001, ctx.run_id), (key, 1000, ctx.run_id + 1)):

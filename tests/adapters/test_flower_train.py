@@ -262,7 +262,9 @@ def test_flowers_colour_codes_and_debug_lines_stay_out_of_secfeds_output():
     shown, log = io.StringIO(), io.StringIO()
     relay(["\x1b[92mINFO \x1b[0m:      Starting logstream for run 7\n", "\x1b[94mDEBUG \x1b[0m: pulled 3 messages\n",
            "round 1/2: 3 contributors, 4.0 s\n", "\x1b[93mWARNING \x1b[0m: node 12 did not answer\n",
-           "03:11:44:DEBUG:ServerApp finished running.\n"], shown, log)
+           "03:11:44:DEBUG:ServerApp finished running.\n", "11/27/2026 03:46:07:INFO:\n",
+           "\x1b[94m11/27/2026 03:46:07:DEBUG:[flwr-serverapp] Will push ServerApp task output\x1b[0m\n"], shown, log)
     assert shown.getvalue() == "round 1/2: 3 contributors, 4.0 s\nWARNING : node 12 did not answer\n"
     assert "Starting logstream" in log.getvalue() and "pulled 3 messages" in log.getvalue() and "\x1b" not in log.getvalue()
     assert "ServerApp finished running" in log.getvalue()  # a timestamped DEBUG line is Flower's too
+    assert "Will push ServerApp task output" in log.getvalue()  # ... with the date before the time too

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from secfed.protocols import GraphParams, SecAggClient, SecAggServer, ServerKey, SessionConfig, decode, encode
+from secfed.protocols import GraphParams, Phase, SecAggClient, SecAggServer, ServerKey, SessionConfig, decode, encode
 from secfed.protocols.crypto import seal
 from secfed.protocols.secagg import keys
 
@@ -49,7 +49,10 @@ class Round:
         return self.server.close_phase()
 
     def reveal(self, commitments: dict, skip=()) -> dict:
-        """Graph nonces in; the key rosters out."""
+        """Graph nonces in; the key rosters out (the complete graph skips this phase: ``commitments``
+        are then the rosters already)."""
+        if self.server.phase is not Phase.GRAPH_SEED:
+            return commitments
         for i, listed in commitments.items():
             if i not in skip:
                 self.server.receive(self.wire(self.clients[i].reveal_graph_nonce(self.wire(listed))))

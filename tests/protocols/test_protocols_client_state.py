@@ -129,14 +129,13 @@ def test_a_held_share_that_does_not_fit_the_roster_is_refused(saved):
         load(r, bad)
 
 
-@pytest.mark.parametrize("degree", [2, None])
-def test_a_listed_commitment_altered_in_the_saved_state_is_refused(make_round, degree):
-    """Between the commitments and the roster the client keeps the list it was shown; a saved
-    list whose digest was changed is refused on restore (complete graph, where every commitment
-    is kept) or when the nonces are revealed (sparse graph, which keeps only ids and digest)."""
+def test_a_listed_commitment_altered_in_the_saved_state_is_refused(make_round):
+    """Between the commitments and the roster a sparse-graph client keeps the ids and digest of the
+    list it was shown; a saved digest that was changed is refused when the nonces are revealed.
+    (The complete graph has no graph-seed phase and keeps no list.)"""
     from secfed.protocols import InconsistentShares
 
-    r = make_round(5, degree=degree, threshold=2)
+    r = make_round(5, degree=2, threshold=2)
     commitments = r.commit()
     r.server.receive(r.wire(r.clients[0].reveal_graph_nonce(r.wire(commitments[0]))))
     data = r.clients[0].export_state()
@@ -144,14 +143,22 @@ def test_a_listed_commitment_altered_in_the_saved_state_is_refused(make_round, d
     assert struct.unpack_from("<H", data, 6)[0] & 8  # the listed commitments are in the state
     digest_at = data.index(struct.pack("<6I", 5, 0, 1, 2, 3, 4)) + 4 * 6
     bad = data[:digest_at] + bytes([data[digest_at] ^ 1]) + data[digest_at + 1 :]
-    if degree is None:
-        with pytest.raises(MalformedMessage, match="do not match"):
-            SecAggClient.from_state(r.config, bad)
-        return
     r.clients[0] = SecAggClient.from_state(r.config, bad)
     rosters = r.reveal(commitments, skip={0})  # client 0 revealed above
     with pytest.raises(InconsistentShares):
         r.clients[0].share_keys(rosters[0])
+
+
+def test_a_complete_graph_client_awaiting_its_roster_restores_and_shares_keys(make_round):
+    """Saved right after advertising (the complete graph's next message is the roster), the state
+    carries no listed commitments, and the restored client shares keys like the original."""
+    r = make_round(4, threshold=2)
+    rosters = r.commit()
+    data = r.clients[0].export_state()
+    assert not struct.unpack_from("<H", data, 6)[0] & 8
+    r.clients[0] = SecAggClient.from_state(r.config, data)
+    r.unmask(r.masked_input(r.share_keys(rosters)))
+    assert np.array_equal(r.server.result.total, r.expected_sum(range(4)))
 
 
 def test_a_signed_survivor_set_outside_the_cohort_is_refused_on_restore(make_round):

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from secfed.protocols import (
     ClientState,
     InconsistentShares,
     InconsistentView,
+    MalformedMessage,
+    Phase,
     SeedWithheld,
     UnknownClient,
 )
@@ -64,12 +67,40 @@ def test_a_withheld_nonce_aborts_a_sparse_round_on_both_sides(make_round):
     assert r.clients[0].state is ClientState.ABORTED
 
 
-def test_the_complete_graph_does_not_need_every_nonce(make_round):
+def test_the_complete_graph_skips_the_graph_seed_phase(make_round):
+    """The complete graph does not depend on a seed: the key roster follows the advertisement
+    directly (one round trip fewer) and carries no nonces; a client that advertised and then
+    vanished is simply not a survivor."""
     r = make_round(5, threshold=2)
-    rosters = r.reveal(r.commit(), skip=(4,))  # 4 advertised, then vanished
-    deliveries = r.share_keys(rosters)
+    rosters = r.commit()
+    assert r.server.phase is Phase.SHARE_KEYS
+    assert all(type(m).__name__ == "KeyRoster" and not m.nonces for m in rosters.values())
+    assert all(c.state is ClientState.AWAIT_ROSTER for c in r.clients)
+    deliveries = r.share_keys(rosters, skip=(4,))  # 4 advertised, then vanished
     r.unmask(r.masked_input(deliveries))
     assert r.server.result.survivors == (0, 1, 2, 3)
+    assert np.array_equal(r.server.result.total, r.expected_sum((0, 1, 2, 3)))
+
+
+def test_a_complete_graph_roster_carrying_nonces_is_refused(make_round):
+    r = make_round(4, threshold=2)
+    roster = r.commit()[0]
+    with pytest.raises(MalformedMessage, match="complete graph uses none"):
+        r.clients[0].share_keys(replace(roster, nonces=((1, bytes(16)),)))
+    assert r.clients[0].state is ClientState.ABORTED
+
+
+def test_two_rosters_of_the_complete_graph_give_two_seeds(make_round):
+    """The seed binds the roster each client was shown into its masked input and its consistency
+    signature: a server that hides client 4 from client 0 but not from client 1 leaves them with
+    different seeds, so neither's signature certifies the other's view."""
+    r = make_round(5, threshold=2, authenticated=True)
+    rosters = r.commit()
+    hidden = replace(rosters[0], entries=tuple(e for e in rosters[0].entries if e.client != 4))
+    r.clients[0].share_keys(r.wire(hidden))
+    r.clients[1].share_keys(r.wire(rosters[1]))
+    assert r.clients[0]._seed != r.clients[1]._seed
+    assert r.clients[1]._seed == r.server._seed  # the honest view is the server's own
 
 
 def test_the_server_cannot_alter_or_omit_nonces(revealed):
@@ -114,16 +145,6 @@ def test_a_roster_entry_must_carry_the_listed_graph_commitment(revealed):
     forged = replace(roster, entries=(replace(entry, graph_commitment=bytes(32)),) + roster.entries[1:])
     with pytest.raises(InconsistentView, match=f"neighbour {entry.client}'s graph commitment"):
         r.clients[0].share_keys(forged)
-
-
-def test_the_complete_graph_checks_each_revealed_nonce(make_round):
-    """The complete graph keeps every listed commitment (nonces may go unrevealed there) and names
-    the client whose nonce was altered."""
-    r = make_round(6, threshold=2)
-    rosters = r.reveal(r.commit(), skip=(5,))
-    altered = replace(rosters[0], nonces=tuple((v, bytes(16) if v == 3 else n) for v, n in rosters[0].nonces))
-    with pytest.raises(InconsistentShares, match="client 3's graph nonce"):
-        r.clients[0].share_keys(altered)
 
 
 def test_bulk_commitments_seed_and_consistency_payload_match_their_definitions(make_round):

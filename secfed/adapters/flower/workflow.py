@@ -56,9 +56,6 @@ from .wire import CONTROL, OURS, content_digest, control, encode_session, get_me
 
 log = logging.getLogger("secfed.flower")
 
-PHASES = ("graph_seed", "share_keys", MASKED_INPUT, "consistency_check", "unmask")
-
-
 @dataclass(frozen=True, eq=False)
 class SecAggResult:
     """One finished aggregation. ``total``: Σ of the survivors' ring vectors (uint32, mod 2^ring_bits).
@@ -232,10 +229,10 @@ class _Session:
             self.encoding.write(ctl)
             outbox[n] = RecordDict({CONTROL: ctl})
         self._phase(ADVERTISE, outbox, self.flow.phase_timeout)
-        for phase in PHASES:
-            if phase == "consistency_check" and not self.config.authenticated:
-                continue
-            messages = self.server.close_phase()
+        # The server says which phase comes next: the complete graph skips the graph seed, the
+        # unauthenticated mode the consistency check.
+        while (messages := self.server.close_phase()):
+            phase = self.server.phase.name.lower()
             outbox = {}
             for i, message in messages.items():
                 n = self.nodes[i]
@@ -247,7 +244,6 @@ class _Session:
                 put_message(content, data)
                 outbox[n] = content
             self._phase(phase, outbox, self.flow.input_timeout if phase == MASKED_INPUT else self.flow.phase_timeout)
-        self.server.close_phase()
         result = self.server.result
         survivors = tuple(self.nodes[i] for i in result.survivors)
         return SecAggResult(
