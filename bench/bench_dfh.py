@@ -92,9 +92,11 @@ class Retrieval(nn.Module):
         return pool5 if self.feature == "pool5" else self.model.neck(pool5)
 
 
-def one_run(method: str, target: str, seed: int, rounds: int, tmp: Path) -> dict:
+def one_run(method: str, target: str, seed: int, rounds: int, tmp: Path, cfg: RunConfig | None = None) -> dict:
+    """One leave-one-domain-out run and its scores; ``cfg``: this run's configuration when the caller
+    adjusted :func:`config`'s (claims.py: device, learning rates)."""
     cpu, wall = time.process_time(), time.perf_counter()
-    result = run(config(method, target, seed, rounds), tmp / f"{method}-{target}-{seed}")
+    result = run(cfg or config(method, target, seed, rounds), tmp / f"{method}-{target}-{seed}")
     fed, summary = result.federation, result.summary
     [unseen] = [d for d in fed.domains if d.unseen]
     [own] = summary["unseen"]

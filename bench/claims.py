@@ -2,6 +2,7 @@
 
     python bench/claims.py [--seeds 10] [--workers N] [--device cpu|cuda] [--threads T]
                            [--only CLAIM ...] [--out bench/results/claims] [--publish] [--max-minutes M]
+                           [--lr-grid 0.5 1 2] [--grid-seeds 1]
 
 Each claim compares two arms trained with the SAME seed (same data order, same initial weights): the
 per-seed difference d (in rank-1/mAP points, signed so that positive is what the paper claims) is a
@@ -12,13 +13,20 @@ paired sample, and its mean and 95 % Student-t interval [lo, hi] decide:
                                                           smaller than the margin, 1 point)
     undecided        otherwise — more seeds would be needed; the interval is printed
 
-Arms (bench_methods.py's and bench_dfh.py's settings, nothing tuned; each run ≤ 5 CPU-minutes):
+Arms (bench_methods.py's and bench_dfh.py's settings; each run ≤ 5 CPU-minutes):
 
     fedpav, fedpav+kd, fedpav+cdw, fedpav+kd+cdw, fedreid   the default (4 client domains, 2 unseen,
                                                              16 rounds, evaluation every 2 rounds)
     fedreid+beta                                            FedReID with β = 0.0005 (AAAI'21 Fig. 3)
     lodo:fedpav, lodo:dfh, lodo:dfh-no-dh                   leave-one-domain-out (campus held out), DFH's
                                                              Tables 1–2 at the paper's λ and margin
+
+Each arm gets the same tuning budget first: its learning rates (new layers and backbone together)
+are scaled by each factor of ``--lr-grid``, trained on seeds of their own (10,000 and up, never a
+claim seed) and scored on the VALIDATION split of the training domains (``data.validation``:
+held-out training identities; no test set and no unseen domain is scored); the factor with the best
+validation mAP is the arm's for every claim run (``fedreid+beta`` takes FedReID's). ``--lr-grid 1``
+skips tuning. The choice is printed and written to OUT/grid.json.
 
 Every finished run is appended to OUT/runs.jsonl at once; a rerun skips what is there (kill it at
 any time). Runs go out seed by seed, so an interrupted bench leaves whole pairs. ``--workers`` runs
@@ -55,56 +63,99 @@ REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 LODO_TARGET = "campus"
 BETA = 0.0005
+VALIDATION_FRACTION = 0.25  # of each training domain's multi-camera identities, held out for tuning
+GRID_SEED = 10_000  # tuning seeds start here: never a claim seed
 
 
 # ---- arms -------------------------------------------------------------------------------------------
 
-def run_arm(arm: str, seed: int, device: str, threads: int, rounds: int = 16) -> dict[str, Any]:
-    """Train one arm at one seed (in a worker process) and return what the claims read."""
+@dataclass(frozen=True)
+class Job:
+    """One run: ``arm`` at ``seed`` with its learning rates × ``lr_scale``; ``validation``: a tuning
+    run, scored on held-out training identities only."""
+
+    arm: str
+    seed: int
+    lr_scale: float = 1.0
+    validation: bool = False
+
+
+def job_of(row: dict[str, Any]) -> Job:
+    """The job a finished row ran (rows from before the grid ran at factor 1, on the test sets)."""
+    return Job(row["arm"], row["seed"], float(row.get("lr_scale", 1.0)), bool(row.get("validation", False)))
+
+
+def tuned_as(arm: str) -> str:
+    """The arm whose learning-rate factor ``arm`` uses (β changes the noise, not the optimiser)."""
+    return arm.removesuffix("+beta")
+
+
+def arm_config(arm: str, seed: int, device: str, rounds: int) -> Any:
+    """The RunConfig of ``arm`` (built by the bench that owns it) on ``device``."""
+    if arm.startswith("lodo:"):
+        cfg = bench_dfh.config(arm.removeprefix("lodo:"), LODO_TARGET, seed, rounds)
+    else:
+        cfg = bench_methods.config(tuned_as(arm), seed, unseen=2, eval_every=2)
+        cfg.schedule.rounds = rounds
+        if arm.endswith("+beta"):
+            cfg.privacy.dp_beta = BETA
+    cfg.run.device = device
+    return cfg
+
+
+def scale_learning_rates(cfg: Any, scale: float) -> None:
+    """Both learning rates (new layers, backbone) of ``cfg`` × ``scale``, from the method's defaults."""
+    pretrained = cfg.model.pretrained != "none"
+    lr = cfg.schedule.resolved_lr(pretrained, cfg.method.algorithm)
+    backbone = cfg.schedule.resolved_backbone_lr(pretrained, cfg.method.algorithm)
+    cfg.schedule.lr, cfg.schedule.lr_backbone = scale * lr, scale * backbone
+
+
+def run_arm(job: Job, device: str, threads: int, rounds: int = 16) -> dict[str, Any]:
+    """Train one job (in a worker process) and return what the claims and the grid read."""
     import torch
 
-    torch.set_num_threads(threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        if arm.startswith("lodo:"):
-            out = _lodo(arm.removeprefix("lodo:"), seed, device, rounds, Path(tmp))
-        else:
-            out = _default(arm, seed, device, rounds, Path(tmp))
-    return {"arm": arm, "seed": seed, "rounds": rounds, **out}
-
-
-def _default(arm: str, seed: int, device: str, rounds: int, tmp: Path) -> dict[str, Any]:
     from secfed.federation.runtime import run
 
-    method = arm.removesuffix("+beta")
-    cfg = bench_methods.config(method, seed, unseen=2, eval_every=2)
-    cfg.run.device = device
-    cfg.schedule.rounds = rounds
-    if arm.endswith("+beta"):
-        cfg.privacy.dp_beta = BETA
-    start = time.perf_counter()
-    result = run(cfg, tmp / "run")
-    history = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    evaluated = [r for r in history if "eval" in r]
-    curves = {name: [r["eval"][name]["rank1"] for r in evaluated] for name in evaluated[-1]["eval"]}
-    return {"seconds": time.perf_counter() - start, "curves": curves, "domains": result.summary["domains"],
-            "unseen": result.summary["unseen"], "environment": environment()}
+    torch.set_num_threads(threads)
+    cfg = arm_config(job.arm, job.seed, device, rounds)
+    scale_learning_rates(cfg, job.lr_scale)
+    head = {"arm": job.arm, "seed": job.seed, "rounds": rounds, "lr_scale": job.lr_scale,
+            "validation": job.validation, "lr": cfg.schedule.lr, "lr_backbone": cfg.schedule.lr_backbone}
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        if job.validation:
+            cfg.data.validation = VALIDATION_FRACTION
+            cfg.data.synth_unseen = 0
+            cfg.run.local_baseline = False
+            summary = run(cfg, Path(tmp) / "run").summary
+            return {**head, "seconds": time.perf_counter() - start, "domains": summary["domains"],
+                    "unseen": [], "environment": environment()}
+        if job.arm.startswith("lodo:"):
+            row = bench_dfh.one_run(job.arm.removeprefix("lodo:"), LODO_TARGET, job.seed, rounds, Path(tmp), cfg=cfg)
+            return {**head, "seconds": row["wall_seconds"], "unseen": [{"name": LODO_TARGET, **row["unseen"]}],
+                    "environment": environment()}
+        result = run(cfg, Path(tmp) / "run")
+        history = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+        evaluated = [r for r in history if "eval" in r]
+        curves = {name: [r["eval"][name]["rank1"] for r in evaluated] for name in evaluated[-1]["eval"]}
+        return {**head, "seconds": time.perf_counter() - start, "curves": curves,
+                "domains": result.summary["domains"], "unseen": result.summary["unseen"], "environment": environment()}
 
 
-def _lodo(method: str, seed: int, device: str, rounds: int, tmp: Path) -> dict[str, Any]:
-    original = bench_dfh.config
-
-    def on_device(*args: Any) -> Any:
-        cfg = original(*args)
-        cfg.run.device = device
-        return cfg
-
-    bench_dfh.config = on_device  # one_run builds its own config; only the device differs
-    try:
-        row = bench_dfh.one_run(method, LODO_TARGET, seed, rounds, tmp)
-    finally:
-        bench_dfh.config = original
-    return {"seconds": row["wall_seconds"], "unseen": [{"name": LODO_TARGET, **row["unseen"]}],
-            "environment": environment()}
+def choose(rows: Iterable[dict[str, Any]], arms: Iterable[str], scales: list[float]) -> dict[str, dict[str, Any]]:
+    """Per tuned arm: validation mAP (%, mean over grid seeds and training domains) per factor, and
+    the factor chosen (the best; 1 when nothing was run)."""
+    out = {}
+    for arm in dict.fromkeys(tuned_as(a) for a in arms):
+        score = {}
+        for scale in scales:
+            got = [r for r in rows if job_of(r).validation and r["arm"] == arm and job_of(r).lr_scale == scale]
+            if got:
+                score[scale] = 100 * statistics.fmean(d["mAP"] for r in got for d in r["domains"])
+        out[arm] = {"validation_mAP": {f"{k:g}": v for k, v in score.items()},
+                    "chosen": max(score, key=score.__getitem__) if score else 1.0}
+    return out
 
 
 # ---- claims -----------------------------------------------------------------------------------------
@@ -223,12 +274,24 @@ def spread(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str) -> str:
+def tuning_line(chosen: dict[str, dict[str, Any]]) -> str:
+    """How each arm's learning rates were chosen, in one sentence."""
+    if all(not g["validation_mAP"] for g in chosen.values()):
+        return "Learning rates: each method's defaults (factor 1; no tuning runs)."
+    return ("Learning-rate factor per arm, chosen on the validation split of its training domains (validation "
+            "mAP % per factor): " + "; ".join(
+                f"{a} ×{g['chosen']:g} ({', '.join(f'×{k}: {v:.1f}' for k, v in g['validation_mAP'].items())})"
+                for a, g in chosen.items()) + ".")
+
+
+def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str,
+                chosen: dict[str, dict[str, Any]]) -> str:
     envs = {environment_line(r["environment"]) for r in runs if "environment" in r}
     wall = sum(r["seconds"] for r in runs) / 60
     return "\n".join([
         table(runs, claims), "",
         spread(runs), "",
+        tuning_line(chosen), "",
         f"d > 0 is what the paper claims; reproduced: the interval's low end is above the threshold (0 unless "
         f"the statement names one); not reproduced: its high end is below threshold + 1 point (0.25 for "
         f"volatility); otherwise undecided. {len(runs)} runs, {wall:.0f} run-minutes, on "
@@ -304,10 +367,29 @@ def append(path: Path, row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def pending(claims: list[Claim], seeds: int, done: set[tuple[str, int]]) -> list[tuple[str, int]]:
-    """(arm, seed) still to run, seed by seed, each arm once however many claims share it."""
-    arms = list(dict.fromkeys(a for c in claims for a in c.arms))
-    return [(a, s) for s in range(seeds) for a in arms if (a, s) not in done]
+def arms_of(claims: list[Claim]) -> list[str]:
+    """Every arm the claims compare, once, in claim order."""
+    return list(dict.fromkeys(a for c in claims for a in c.arms))
+
+
+def grid_jobs(claims: list[Claim], scales: list[float], grid_seeds: int) -> list[Job]:
+    """The tuning runs: each tuned arm at each factor on each grid seed (none for a one-factor grid)."""
+    if len(scales) < 2:
+        return []
+    tuned = dict.fromkeys(tuned_as(a) for a in arms_of(claims))
+    return [Job(a, GRID_SEED + s, scale, True) for s in range(grid_seeds) for a in tuned for scale in scales]
+
+
+def claim_jobs(claims: list[Claim], seeds: int, chosen: dict[str, dict[str, Any]]) -> list[Job]:
+    """The claim runs, seed by seed, each arm once however many claims share it, at its chosen factor."""
+    return [Job(a, s, chosen[tuned_as(a)]["chosen"]) for s in range(seeds) for a in arms_of(claims)]
+
+
+def claim_runs(rows: list[dict[str, Any]], claims: list[Claim], seeds: int,
+               chosen: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The finished rows the claims are decided from: each arm's runs at its chosen factor."""
+    wanted = set(claim_jobs(claims, seeds, chosen))
+    return [r for r in rows if job_of(r) in wanted]
 
 
 def prepare_data(claims: list[Claim]) -> None:
@@ -331,50 +413,72 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "claims")
     # Claims are decided at the default 16 rounds; fewer only to check the command end to end
     parser.add_argument("--rounds", type=int, default=16, help="rounds per run (16: the published setting)")
+    parser.add_argument("--lr-grid", type=float, nargs="+", default=[0.5, 1.0, 2.0],
+                        help="learning-rate factors each arm is tuned over (1 alone: no tuning)")
+    parser.add_argument("--grid-seeds", type=int, default=1, help="tuning seeds per factor")
     parser.add_argument("--max-minutes", type=float, help="stop handing out runs after this long")
     parser.add_argument("--publish", action="store_true", help="rewrite README.md's and RESULTS.md's claims blocks")
     parser.add_argument("--report", action="store_true", help="run nothing: decide from the runs already in --out")
     args = parser.parse_args()
+    if args.seeds < 2 or args.grid_seeds < 1 or any(x <= 0 for x in args.lr_grid):
+        parser.error("--seeds ≥ 2, --grid-seeds ≥ 1, --lr-grid factors > 0")
     claims = [c for c in CLAIMS if not args.only or c.key in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "runs.jsonl"
-    runs = [r for r in load(results) if r.get("rounds", 16) == args.rounds]
+    rows = [r for r in load(results) if r.get("rounds", 16) == args.rounds]
+    command = "python bench/claims.py " + " ".join(sys.argv[1:])
     if args.report:
-        runs = [r for r in runs if r["seed"] < args.seeds]
         command = (args.out / "command.txt").read_text().strip() if (args.out / "command.txt").exists() else "?"
-        return publish(runs, claims, command, args)
-    todo = pending(claims, args.seeds, {(r["arm"], r["seed"]) for r in runs})
-    print(describe(), flush=True)
-    print(f"{len(runs)} runs done, {len(todo)} to go on {args.workers} worker(s) × {args.threads} thread(s), "
-          f"device {args.device}", flush=True)
-    prepare_data(claims)  # once, before the workers race for it
-    started = time.monotonic()
+    else:
+        print(describe(), flush=True)
+        prepare_data(claims)  # once, before the workers race for it
+        started = time.monotonic()
+        rows += execute(grid_jobs(claims, args.lr_grid, args.grid_seeds), rows, results, args, started)
+    chosen = choose(rows, arms_of(claims), args.lr_grid)
+    (args.out / "grid.json").write_text(json.dumps(chosen, indent=1) + "\n")
+    print("learning-rate factors: " + "; ".join(f"{a} ×{g['chosen']:g}" for a, g in chosen.items()), flush=True)
+    if not args.report:
+        rows += execute(claim_jobs(claims, args.seeds, chosen), rows, results, args, started)
+        (args.out / "command.txt").write_text(command + "\n")
+    publish(claim_runs(rows, claims, args.seeds, chosen), claims, command, args, chosen)
+
+
+def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: argparse.Namespace,
+            started: float) -> list[dict[str, Any]]:
+    """Run the jobs not yet in ``rows`` on the worker pool, appending each to ``results`` as it ends
+    (until ``--max-minutes`` from ``started``); the new rows."""
+    done = {job_of(r) for r in rows}
+    todo = [j for j in jobs if j not in done]
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} runs done, {len(todo)} to go on {args.workers} worker(s) × "
+          f"{args.threads} thread(s), device {args.device}", flush=True)
+    new: list[dict[str, Any]] = []
+    if not todo:
+        return new
     context = multiprocessing.get_context("spawn")
     with context.Pool(args.workers, maxtasksperchild=1) as pool:
-        jobs = [pool.apply_async(run_arm, (arm, seed, args.device, args.threads, args.rounds)) for arm, seed in todo]
-        for i, job in enumerate(jobs, 1):
+        pending_runs = [pool.apply_async(run_arm, (job, args.device, args.threads, args.rounds)) for job in todo]
+        for i, pending_run in enumerate(pending_runs, 1):
             remaining = None
             if args.max_minutes is not None:
                 remaining = max(0.0, args.max_minutes * 60 - (time.monotonic() - started))
             try:
-                row = job.get(timeout=remaining)
+                row = pending_run.get(timeout=remaining)
             except multiprocessing.TimeoutError:
                 print(f"stopped after {args.max_minutes} minutes; rerun to continue", flush=True)
                 pool.terminate()
                 break
             append(results, row)
-            runs.append(row)
+            new.append(row)
             elapsed = time.monotonic() - started
-            eta = elapsed / i * (len(jobs) - i)
-            print(f"[{i}/{len(jobs)}] {row['arm']} seed {row['seed']}: {row['seconds']:.0f} s "
-                  f"(elapsed {elapsed / 60:.1f} min, ETA {eta / 60:.1f} min)", flush=True)
-    command = "python bench/claims.py " + " ".join(sys.argv[1:])
-    (args.out / "command.txt").write_text(command + "\n")
-    publish(runs, claims, command, args)
+            what = f"{row['arm']} ×{row['lr_scale']:g}{' (validation)' if row['validation'] else ''}"
+            print(f"[{i}/{len(todo)}] {what} seed {row['seed']}: {row['seconds']:.0f} s "
+                  f"(elapsed {elapsed / 60:.1f} min, ETA {elapsed / i * (len(todo) - i) / 60:.1f} min)", flush=True)
+    return new
 
 
-def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args: argparse.Namespace) -> None:
-    text = publication(runs, claims, command)
+def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args: argparse.Namespace,
+            chosen: dict[str, dict[str, Any]]) -> None:
+    text = publication(runs, claims, command, chosen)
     (args.out / "claims.md").write_text(text + "\n")
     print(text)
     if args.publish:

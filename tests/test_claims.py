@@ -66,10 +66,42 @@ def test_a_rerun_skips_finished_runs_and_a_line_cut_by_a_kill(claims, tmp_path: 
     rows = claims.load(results)
     assert rows == [{"arm": "fedpav", "seed": 0}]
     [table3] = [c for c in claims.CLAIMS if c.key == "mm20-table3"]
-    todo = claims.pending([table3], 2, {(r["arm"], r["seed"]) for r in rows})
+    done = {claims.job_of(r) for r in rows}  # a row from before the grid: factor 1, test sets
+    chosen = claims.choose(rows, claims.arms_of([table3]), [1.0])
+    todo = [(j.arm, j.seed) for j in claims.claim_jobs([table3], 2, chosen) if j not in done]
     # seed by seed, so an interrupted bench leaves whole pairs; each arm once
     assert todo == [("fedpav+cdw", 0), ("fedpav", 1), ("fedpav+cdw", 1)]
     json.loads(results.read_text().splitlines()[0])
+
+
+def test_each_arm_is_tuned_on_validation_runs_of_its_own_seeds_and_claims_use_its_factor(claims) -> None:
+    """Issue 24 item 3: every arm gets the same grid, on tuning seeds no claim uses, scored on the
+    validation split; the claims then run (and are decided from) each arm's best factor only."""
+    [fig3] = [c for c in claims.CLAIMS if c.key == "aaai21-fig3"]  # fedreid and fedreid+beta
+    [table3] = [c for c in claims.CLAIMS if c.key == "mm20-table3"]
+    grid = claims.grid_jobs([fig3, table3], [0.5, 1.0, 2.0], 1)
+    assert {j.arm for j in grid} == {"fedreid", "fedpav", "fedpav+cdw"}  # β takes FedReID's factor
+    assert len(grid) == 9 and all(j.validation and j.seed >= claims.GRID_SEED for j in grid)
+    assert claims.grid_jobs([table3], [1.0], 1) == []  # one factor: nothing to tune
+
+    def row(job, mAP):
+        return {"arm": job.arm, "seed": job.seed, "lr_scale": job.lr_scale, "validation": job.validation,
+                "domains": [{"name": "a", "mAP": mAP}, {"name": "b", "mAP": mAP + 0.02}]}
+
+    best = {"fedreid": 0.5, "fedpav": 2.0, "fedpav+cdw": 1.0}
+    rows = [row(j, 0.3 if j.lr_scale == best[j.arm] else 0.1) for j in grid]
+    chosen = claims.choose(rows, claims.arms_of([fig3, table3]), [0.5, 1.0, 2.0])
+    assert {a: g["chosen"] for a, g in chosen.items()} == best
+    assert chosen["fedpav"]["validation_mAP"]["2"] == pytest.approx(31.0)
+    jobs = claims.claim_jobs([fig3, table3], 2, chosen)
+    assert {(j.arm, j.lr_scale) for j in jobs} == {("fedreid", 0.5), ("fedreid+beta", 0.5), ("fedpav", 2.0),
+                                                   ("fedpav+cdw", 1.0)}
+    assert not any(j.validation or j.seed >= claims.GRID_SEED for j in jobs)
+    # a claim run at another factor (e.g. an untuned one from before) is not decided from
+    finished = rows + [row(j, 0.2) for j in jobs] + [row(claims.Job("fedpav", 0, 1.0), 0.9)]
+    decided = claims.claim_runs(finished, [fig3, table3], 2, chosen)
+    assert len(decided) == len(jobs) and all(not r["validation"] for r in decided)
+    assert "fedpav ×2 (×0.5: 11.0, ×1: 11.0, ×2: 31.0)" in claims.tuning_line(chosen)
 
 
 def test_the_publication_names_each_machine_and_the_command(claims) -> None:
@@ -80,7 +112,8 @@ def test_the_publication_names_each_machine_and_the_command(claims) -> None:
              "domains": [{"name": "a", "rank1": 0.1 + 0.01 * seed + (0.02 if arm == "fedpav+cdw" else 0.0)}],
              "unseen": []} for seed in range(3) for arm in ("fedpav", "fedpav+cdw")]
     [table3] = [c for c in claims.CLAIMS if c.key == "mm20-table3"]
-    text = claims.publication(runs, [table3], "python bench/claims.py --seeds 3")
+    text = claims.publication(runs, [table3], "python bench/claims.py --seeds 3",
+                              claims.choose(runs, ["fedpav", "fedpav+cdw"], [1.0]))
     assert "| MM'20 Table 3 |" in text and "| 3 |" in text and "**reproduced**" in text
     assert env["cpu"]["model"] in text and "python bench/claims.py --seeds 3" in text
 
