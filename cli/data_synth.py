@@ -26,7 +26,7 @@ from secfed.data.synth import (
     generate,
 )
 from secfed.data.synth_domains import PRESETS
-from secfed.data.synth_report import Row, files, recorded, summary
+from secfed.data.synth_report import Row, image_counts, recorded, summary
 
 # (header, row key): the table of `data synth` and of `data inspect` on a synthetic root
 _COLUMNS = (("domain", "name"), ("role", "role"), ("cams", "cameras"), ("train\nids", "train_ids"),
@@ -103,6 +103,4 @@ def synth_command(out: Path, domains: int, unseen: int, public: int, seed: int, 
         return
     console = human_console(json_mode=False)
     print_domains(rows, f"{out} (seed {manifest.seed}, {manifest.height}×{manifest.width})", console)
-    junk = sum(r["junk"] or 0 for r in rows)
-    console.print(f"wrote {sum(files(r) for r in rows)} images in {seconds:.1f} s"
-                  + (f" ({junk} of them junk, which the loaders skip)" if junk else ""))
+    console.print(f"wrote {image_counts(rows)}, in {seconds:.1f} s")
