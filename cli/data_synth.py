@@ -16,6 +16,7 @@ from secfed.data.synth import (
     DEFAULT_PUBLIC_IMAGES,
     HEIGHT_RANGE,
     PUBLIC_RANGE,
+    SCALE_HELP,
     SCALE_RANGE,
     SEED_RANGE,
     SYNTH_DOMAINS_RANGE,
@@ -57,7 +58,7 @@ def print_domains(rows: list[Row], title: str, console: Console) -> None:
 @click.option("--seed", type=click.IntRange(*SEED_RANGE), default=0, show_default=True,
               help="Run seed; the same seed writes byte-identical files.")
 @click.option("--scale", type=click.FloatRange(*SCALE_RANGE), default=1.0, show_default=True,
-              help="Multiplies the number of person ids of every domain, train and test alike.")
+              help=SCALE_HELP)
 @click.option("--height", type=click.IntRange(*HEIGHT_RANGE), default=128, show_default=True,
               help="Height of the written images, in pixels.")
 @click.option("--width", type=click.IntRange(*WIDTH_RANGE), default=64, show_default=True,
