@@ -86,7 +86,7 @@ class KnowledgeDistillation(MethodWrapper):
         done = 0
         for epoch in range(self.epochs):
             batches = epoch_batches(len(images), KD_BATCH, generator)
-            for index in batches:  # every epoch has as many batches: the total is known after the first
+            for index in batches:  # every epoch has as many batches (same images, same batch size)
                 step(KD_ACTIVITY, done, self.epochs * len(batches), f"epoch {epoch + 1}/{self.epochs}")
                 done += 1
                 optimizer.zero_grad(set_to_none=True)
