@@ -20,7 +20,7 @@ from secfed.cli.data_synth import print_domains
 from secfed.data.errors import DataError
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.synth import SynthManifest
-from secfed.data.synth_report import measured, recorded
+from secfed.data.synth_report import image_counts, measured, recorded
 from secfed.data.synth_report import summary as synth_summary
 from secfed.data.types import ReidDataset, Sample
 
@@ -155,8 +155,9 @@ def _inspect_synthetic(root: Path, verify: bool, as_json: bool) -> None:
         return
     console = human_console(json_mode=False)
     print_domains(rows, f"{root} (synthetic, seed {manifest.seed}, {manifest.height}×{manifest.width})", console)
+    console.print(f"holds {image_counts(rows)}")  # the sentence `data synth` printed after writing them
     if checked is not None:
-        console.print(f"verified: all {checked:,} images decode")
+        console.print(f"verified: all {checked:,} images read by the loaders decode")
 
 
 def _print_table(summary: dict, console: Console) -> None:
@@ -176,4 +177,4 @@ def _print_table(summary: dict, console: Console) -> None:
         kept = "drawn in memory (--split-file keeps it)" if split["file"] is None else f"kept in {escape(split['file'])}"
         console.print(f"split: seed {split['seed']}, {kept}")
     if "verified_images" in summary:
-        console.print(f"verified: all {summary['verified_images']:,} images decode")
+        console.print(f"verified: all {summary['verified_images']:,} images read by the loaders decode")

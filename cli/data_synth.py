@@ -16,6 +16,7 @@ from secfed.data.synth import (
     DEFAULT_PUBLIC_IMAGES,
     HEIGHT_RANGE,
     PUBLIC_RANGE,
+    SCALE_HELP,
     SCALE_RANGE,
     SEED_RANGE,
     SYNTH_DOMAINS_RANGE,
@@ -26,7 +27,7 @@ from secfed.data.synth import (
     generate,
 )
 from secfed.data.synth_domains import PRESETS
-from secfed.data.synth_report import Row, files, recorded, summary
+from secfed.data.synth_report import Row, image_counts, recorded, summary
 
 # (header, row key): the table of `data synth` and of `data inspect` on a synthetic root
 _COLUMNS = (("domain", "name"), ("role", "role"), ("cams", "cameras"), ("train\nids", "train_ids"),
@@ -57,7 +58,7 @@ def print_domains(rows: list[Row], title: str, console: Console) -> None:
 @click.option("--seed", type=click.IntRange(*SEED_RANGE), default=0, show_default=True,
               help="Run seed; the same seed writes byte-identical files.")
 @click.option("--scale", type=click.FloatRange(*SCALE_RANGE), default=1.0, show_default=True,
-              help="Multiplies the number of person ids of every domain, train and test alike.")
+              help=SCALE_HELP)
 @click.option("--height", type=click.IntRange(*HEIGHT_RANGE), default=128, show_default=True,
               help="Height of the written images, in pixels.")
 @click.option("--width", type=click.IntRange(*WIDTH_RANGE), default=64, show_default=True,
@@ -103,6 +104,4 @@ def synth_command(out: Path, domains: int, unseen: int, public: int, seed: int, 
         return
     console = human_console(json_mode=False)
     print_domains(rows, f"{out} (seed {manifest.seed}, {manifest.height}×{manifest.width})", console)
-    junk = sum(r["junk"] or 0 for r in rows)
-    console.print(f"wrote {sum(files(r) for r in rows)} images in {seconds:.1f} s"
-                  + (f" ({junk} of them junk, which the loaders skip)" if junk else ""))
+    console.print(f"wrote {image_counts(rows)}, in {seconds:.1f} s")

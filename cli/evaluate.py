@@ -21,14 +21,15 @@ def evaluate_command(run: Path, data_root: Path | None, threads: int | None, jso
 
     The JSON has the keys of `secfed train --json` for the same things (domains, unseen, rounds,
     algorithm)."""
+    from secfed.cli.progress import RichReporter
     from secfed.cli.train import print_domains
     from secfed.federation.evaluate import evaluate_final
     from secfed.federation.runtime import domain_row, open_run, privacy_summary
 
     console = human_console(json_output)
     set_threads(threads)
-    with cli_errors():
-        fed, state, checkpoint = open_run(run, data_root=data_root)
+    with cli_errors(), RichReporter(human_console(True)) as reporter:  # bars on stderr: data, then each domain scored
+        fed, state, checkpoint = open_run(run, reporter, data_root=data_root)
         final = evaluate_final(fed, ())
     images = {c["id"]: c["images"] for c in fed.data_info["clients"]}
     seen: list[dict[str, Any]] = []

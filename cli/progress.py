@@ -1,14 +1,27 @@
-"""What a training run shows on stderr: a bar while data is made and clients train, one line per round."""
+"""What a training run shows on stderr: a bar while data is made and clients train, a bar with an ETA
+for every other wait of a round (scoring the domains, KD fine-tuning, the local-only baselines, a
+checkpoint write: :mod:`secfed.progress`), and one line per round. The bars are transient and drawn on
+a terminal only: plain logs get the lines, and nothing of this reaches the run directory."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from secfed.federation.builder import Federation
+from secfed.progress import listening
 
 
 class RichReporter:
@@ -16,18 +29,25 @@ class RichReporter:
         self.console = console
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"), console=console, transient=True,
+            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console,
+            transient=True,
         )
         self._data_task: int | None = None
         self._clients: int | None = None
         self._rounds = 0
         self._unseen: frozenset[str] = frozenset()
+        self._round: int | None = None
+        self._steps: dict[str, TaskID] = {}  # the waits under way, by activity
+        self._listening: AbstractContextManager[None] = nullcontext()
 
     def __enter__(self) -> RichReporter:
         self.progress.start()
+        self._listening = listening(self.step)  # the library's waits, while the bars are up
+        self._listening.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._listening.__exit__(*exc)
         self.progress.stop()
 
     def data_progress(self, what: str, done: int, total: int) -> None:
@@ -52,10 +72,27 @@ class RichReporter:
         self._clients = self.progress.add_task("clients", total=1, info="")
 
     def round_started(self, round_number: int, cohort: list[str]) -> None:
+        self._round = round_number
         self.progress.update(self._clients, total=max(1, len(cohort)), completed=0, info=f"round {round_number}")
 
     def client_done(self, round_number: int, client: str) -> None:
         self.progress.update(self._clients, advance=1, info=f"round {round_number}: {escape(client)}")
+
+    def step(self, activity: str, done: int, total: int, detail: str = "") -> None:
+        """A :mod:`secfed.progress` listener: a bar per wait under way, with what it does now and its
+        ETA, removed when the wait ends (done == total)."""
+        task = self._steps.get(activity)
+        if done >= total:
+            if task is not None:
+                self.progress.remove_task(self._steps.pop(activity))
+            return
+        info = escape(detail)  # domain and site names are text, not rich markup
+        if task is None:
+            where = f"round {self._round}: " if self._round is not None else ""
+            self._steps[activity] = self.progress.add_task(escape(where + activity), total=total, completed=done,
+                                                           info=info)
+        else:
+            self.progress.update(task, completed=done, total=total, info=info)
 
     def round_done(self, record: dict[str, Any]) -> None:
         """One line: round, clients, loss, seconds, ε so far, and when evaluated the mean rank-1 of the

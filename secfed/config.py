@@ -36,7 +36,7 @@ from pydantic.fields import FieldInfo
 
 # The synthetic generator's ranges, so that `secfed data synth` and `secfed train` accept the same.
 from secfed.errors import ConfigError, ConfigIssue
-from secfed.data.synth import SCALE_RANGE, SYNTH_DOMAINS_RANGE, UNSEEN_RANGE
+from secfed.data.synth import SCALE_HELP, SCALE_RANGE, SYNTH_DOMAINS_RANGE, UNSEEN_RANGE
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -79,7 +79,7 @@ class DataConfig(Section):
                                      "(default: in the run directory; never in the dataset folder).")
     synth_domains: int = setting(4, "--synth-domains", "Synthetic default: number of training domains.",
                                  ge=SYNTH_DOMAINS_RANGE[0], le=SYNTH_DOMAINS_RANGE[1])
-    synth_scale: float = setting(1.0, "--synth-scale", "Synthetic default: multiplies every domain's person ids, train and test alike.",
+    synth_scale: float = setting(1.0, "--synth-scale", f"Synthetic default: {SCALE_HELP[0].lower()}{SCALE_HELP[1:]}",
                                  ge=SCALE_RANGE[0], le=SCALE_RANGE[1])
     synth_unseen: int = setting(0, "--synth-unseen", "Synthetic default: extra domains never trained on, "
                                 "evaluated as unseen targets.", ge=UNSEEN_RANGE[0], le=UNSEEN_RANGE[1])

@@ -216,6 +216,24 @@ def test_scale_multiplies_ids() -> None:
         assert len(b.train_pids) == pytest.approx(4 * len(s.train_pids), rel=0.1)
 
 
+def test_the_scale_help_and_readme_say_what_a_scale_generates() -> None:
+    """--synth-scale multiplies train and test ids alike; the test side is larger at every scale, which
+    once read as "scales training ids only" (issue 25 item 7). The words give the planned sizes."""
+    from secfed.config import KEYS
+
+    first = PRESETS[0]
+    sizes = {scale: (len(p.train_pids), len(p.test_pids)) for scale in (1.0, 0.2)
+             for p in [plan_domain(0, 0, first, scale, 0)]}
+    (train, test), (small_train, small_test) = sizes[1.0], sizes[0.2]
+    assert small_train == round(0.2 * train) and small_test == round(0.2 * test)  # both scaled
+    sentence = f"{first.name} has {train} train and {test} test ids at 1, {small_train} and {small_test} at 0.2"
+    assert "train and test alike" in KEYS["data.synth_scale"].help and sentence in KEYS["data.synth_scale"].help
+    assert sentence in CliRunner().invoke(cli, ["data", "synth", "--help"], terminal_width=400).output
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert (f"{first.name} keeps {small_train} of its {train} train ids and {small_test} of its {test} test ids"
+            in readme)
+
+
 # --- generated data --------------------------------------------------------------------------------
 def test_layout_names_and_images(small: tuple[Path, SynthManifest]) -> None:
     root, manifest = small

@@ -133,6 +133,7 @@ def test_compare_prints_each_run_and_writes_the_plot(tracked: Path, tmp_path: Pa
     assert out["runs"][1]["domains"][name]["rank1"] == 0.625
     human = invoke(["compare", str(tracked), str(other), "--plot", str(plot)]).output
     assert "62.5 / 50.0" in human and "ε = 2.5" in human and "no client-level DP" in human
+    assert "bytes up / down, all clients" in human  # whom the measured traffic counts, as the run summary says
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -26,9 +26,11 @@ from secfed.data.augment import epoch_batches
 from secfed.data.transforms import normalize
 from secfed.federation.messages import Aggregate, Broadcast, Contribution, Summand
 from secfed.models.sharing import SharedLayout, load_shared
+from secfed.progress import step
 
 KD = "kd"
 KD_BATCH = 64
+KD_ACTIVITY = "KD fine-tuning on the public set"
 # Soft labels are raw features: small once trained, but an early model's reach the hundreds or
 # thousands. A wide range costs little precision (32-bit ring: ~2e-5 at 4 clients, ~2e-3 at 100),
 # and values beyond it are clipped and counted in the round's log.
@@ -81,13 +83,18 @@ class KnowledgeDistillation(MethodWrapper):
         schedule = Schedule(lr_backbone=self.lr, lr_new=self.lr, epochs=self.epochs, batch_size=KD_BATCH)
         optimizer = make_optimizer(model, schedule)
         model.train()
-        for _ in range(self.epochs):
-            for index in epoch_batches(len(images), KD_BATCH, generator):
+        done = 0
+        for epoch in range(self.epochs):
+            batches = epoch_batches(len(images), KD_BATCH, generator)
+            for index in batches:  # every epoch has as many batches (same images, same batch size)
+                step(KD_ACTIVITY, done, self.epochs * len(batches), f"epoch {epoch + 1}/{self.epochs}")
+                done += 1
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.mse_loss(model.embed(normalize(images[index])), target[index])
                 loss.backward()
                 optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        step(KD_ACTIVITY, done, done)
         return self.layout.flatten(model.state_dict()).cpu()
 
     def describe(self) -> str:

@@ -65,6 +65,19 @@ PUBLIC_DOMAIN_INDEX = 99  # the public set's index in every seed purpose (domain
 SYNTH_DOMAINS_RANGE = (1, len(PRESETS))
 UNSEEN_RANGE = (0, len(PRESETS) - 1)
 SCALE_RANGE = (0.05, 4.0)  # at 4, all nine presets and the largest public set fit four-digit person ids
+
+
+def _scale_help() -> str:
+    """What a scale does, with the first preset's sizes: its test side is larger by design (one run's
+    rank-1 must be trustworthy), so a scaled domain still has more test ids than train ids."""
+    first = PRESETS[0]
+    (train, test), (small_train, small_test) = first.ids(1.0), first.ids(0.2)
+    return (f"Multiplies every domain's person ids, train and test alike (each rounded, at least 2); test sides are "
+            f"larger by design: {first.name} has {train} train and {test} test ids at 1, {small_train} and "
+            f"{small_test} at 0.2.")
+
+
+SCALE_HELP = _scale_help()  # `secfed data synth --scale` and `secfed train --synth-scale` say the same
 PUBLIC_RANGE = (0, 2000)
 HEIGHT_RANGE = (32, 1024)
 WIDTH_RANGE = (16, 512)

@@ -20,10 +20,20 @@ from secfed.data.types import ReidDataset
 COUNTS = ("train_ids", "train_images", "test_ids", "query_images", "gallery_images", "distractors", "junk")
 
 
+Row = dict[str, Any]  # name, role, format, cameras, then COUNTS (None where a count does not apply)
+
+
 def files(row: Row) -> int:
     """Image files a row stands for: what the loaders read, and the junk they skip."""
     return sum(row[key] or 0 for key in ("train_images", "query_images", "gallery_images", "junk"))
-Row = dict[str, Any]  # name, role, format, cameras, then COUNTS (None where a count does not apply)
+
+
+def image_counts(rows: list[Row]) -> str:
+    """The one sentence ``data synth`` and ``data inspect`` both print about a root's images: the files,
+    how many of them the loaders read, and the junk they skip (so neither total reads as the other)."""
+    junk = sum(row["junk"] or 0 for row in rows)
+    total = sum(files(row) for row in rows)
+    return f"{total:,} image files: {total - junk:,} read by the loaders" + (f", {junk:,} junk they skip" if junk else "")
 
 
 def _domain_row(domain: SynthDomain, role: str) -> Row:

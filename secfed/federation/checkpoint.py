@@ -30,11 +30,13 @@ from typing import Any
 import torch
 
 from secfed import atomic_file
+from secfed.progress import step
 
 FORMAT = "secfed-checkpoint"
 VERSION = 2
 CHECKPOINT_DIR = "checkpoints"
 KEEP = 2  # the newest and the one before it: a resume falls back to it when the newest is damaged
+CHECKPOINT_WAIT = "waiting for a checkpoint to be written"
 _NAME = re.compile(r"round-(\d{4,})\.pt$")
 _REF = "\x00tensor"  # {_REF: i} in the stored state stands for the i-th distinct tensor
 
@@ -161,10 +163,12 @@ class BackgroundWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._round = 0  # the round whose checkpoint is being written
 
     def save(self, run_dir: Path, round_count: int, state: dict[str, Any]) -> None:
         self.wait()
         private = copy.deepcopy(state)  # tensors cloned: the models train on while this is written
+        self._round = round_count
 
         def write() -> None:
             try:
@@ -177,8 +181,13 @@ class BackgroundWriter:
 
     def wait(self) -> None:
         if self._thread is not None:
+            waiting = self._thread.is_alive()
+            if waiting:  # a real wait (a slow disk, a big model): shown, naming the round being written
+                step(CHECKPOINT_WAIT, 0, 1, f"round {self._round}")
             self._thread.join()
             self._thread = None
+            if waiting:
+                step(CHECKPOINT_WAIT, 1, 1)
         if self._error is not None:
             error, self._error = self._error, None
             raise error

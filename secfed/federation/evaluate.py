@@ -33,9 +33,14 @@ from secfed.evaluation.metrics import RetrievalScores
 from secfed.evaluation.raw_pixels import raw_pixel_scores
 from secfed.federation.builder import DomainInfo, EvalDomain, Federation
 from secfed.models.sharing import load_shared
+from secfed.progress import tracked
 
 SCORE_KEYS = ("rank1", "rank5", "rank10", "mAP")
 Job = tuple[int, str, str]  # (site, variant, domain name)
+SCORING = "extracting features and scoring"
+# what a job's variant scores, in the words its progress shows
+VARIANT_WORDS = {"global": "federated model", "baseline": "local-only baseline", "local": "client model before aggregation",
+                 "raw_pixels": "raw pixels"}
 Scores = Mapping[Job, Mapping[str, float]]
 
 
@@ -105,11 +110,11 @@ def plan(fed: Federation, *, local_training: bool, final: bool, cohort: Iterable
 
 def run_jobs(fed: Federation, jobs: Iterable[Job]) -> dict[Job, dict[str, float]]:
     """Site side: score ``jobs`` on the domains this federation holds in memory, the global shared
-    weights being ``fed.server.weights`` (what the site was sent)."""
+    weights being ``fed.server.weights`` (what the site was sent); each job is a progress step."""
     domains = {d.name: d for d in fed.domains}
     out = {}
     with torch.no_grad():
-        for k, variant, name in jobs:
+        for k, variant, name in tracked(SCORING, list(jobs), lambda job: f"{job[2]}: {VARIANT_WORDS[job[1]]}"):
             domain = domains[name]
             if not isinstance(domain, EvalDomain):
                 raise ValueError(f"domain {name}: its query/gallery are not held here")

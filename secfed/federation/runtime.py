@@ -58,11 +58,13 @@ from secfed.federation.messages import Aggregate, Broadcast, Upload
 from secfed.models.sharing import local_state
 from secfed.privacy import adversary
 from secfed.privacy.policy import PrivacyPlan
+from secfed.progress import tracked
 from secfed.seeding import derive_seed, numpy_rng
 
 # What a metrics line may hold under a client-level ε, and what it holds that no ε covers.
 OUTSIDE_EPSILON = ("contributors", "bytes_up", "bytes_down", "seconds", "eval", "eval_local", "final",
                    "secagg_clipped", "secagg_clipped_by_vector", "local_baseline")
+BASELINES = "training the local-only baselines"
 
 
 class Reporter(Protocol):
@@ -197,7 +199,7 @@ def site_round(fed: Federation, t: int, cohort: Sequence[int], baseline_sites: S
         if stats is not None:
             work.stats[client.site.name] = {"loss": stats.loss, "accuracy": stats.accuracy, "examples": stats.examples}
         done(client.site.name)
-    for k in baseline_sites:
+    for k in tracked(BASELINES, list(baseline_sites), lambda k: fed.baselines[k].name):
         alone = fed.baselines[k]
         try:
             stats = train_alone(fed.method, alone, schedule, train_seed(fed.config, t, k), fed.baseline_dp.get(k))

@@ -155,3 +155,22 @@ def test_inspect_refuses_a_synthetic_root_changed_since_synth(tmp_path, synth_ou
     assert result.exit_code == 1 and result.stdout == ""
     assert str(copy / "plaza") in result.output and "train_images" in result.output
     assert _run(copy, "--seed", "2").exit_code == 2  # no drawn split in a synthetic root
+
+
+def test_synth_and_inspect_say_the_same_image_counts_each_labelled(tmp_path):
+    """`data synth` counts the files it wrote, junk included; `inspect --verify` decodes what the loaders
+    read. Both print one sentence with both numbers, so neither total reads as the other's."""
+    out = tmp_path / "out"
+    wrote = CliRunner().invoke(synth_command, [str(out), "--domains", "2", "--scale", "0.1", "--height", "32",
+                                               "--width", "16"], terminal_width=200)
+    assert wrote.exit_code == 0, wrote.output
+    manifest = SynthManifest.load(out)
+    junk = sum(d.junk for d in manifest.domains)
+    on_disk = sum(1 for p in out.rglob("*.jpg"))
+    assert junk > 0  # the case where the two counts differ
+    sentence = f"{on_disk:,} image files: {on_disk - junk:,} read by the loaders, {junk:,} junk they skip"
+    assert f"wrote {sentence}" in wrote.stdout
+    inspected = CliRunner().invoke(inspect_command, [str(out), "--verify"], terminal_width=200)
+    assert inspected.exit_code == 0, inspected.output
+    assert f"holds {sentence}" in inspected.stdout
+    assert f"verified: all {on_disk - junk:,} images read by the loaders decode" in inspected.stdout
