@@ -68,87 +68,86 @@ def protocol_checks(config: Mapping[str, Any], history: Sequence[Mapping[str, An
     privacy = config["privacy"]
     client_level = privacy.get("noise_multiplier") is not None or privacy.get("target_epsilon") is not None
     noised = bool(privacy.get("dp_beta")) or client_level or bool(privacy.get("distributed"))
-    findings = []
+    return [_secure_aggregation(secagg, authenticated), _same_model(model_hashes, authenticated),
+            _min_cohort(history, noised), _dropout_differencing(history, secagg, client_level),
+            _participation_metadata(history)]
 
+
+def _secure_aggregation(secagg: bool, authenticated: bool) -> Finding:
     if secagg:
-        findings.append(Finding("secure-aggregation", "pass", "the summed part of every upload was masked; the server "
-                                "received only sums" + (" (authenticated mode)" if authenticated else "")))
-    else:
-        findings.append(Finding("secure-aggregation", "risk", "secure aggregation was off: the server received every "
-                                "client's update in the clear (the `update` target is what it saw)"))
+        return Finding("secure-aggregation", "pass", "the summed part of every upload was masked; the server "
+                       "received only sums" + (" (authenticated mode)" if authenticated else ""))
+    return Finding("secure-aggregation", "risk", "secure aggregation was off: the server received every "
+                   "client's update in the clear (the `update` target is what it saw)")
 
+
+def _same_model(model_hashes: Mapping[int, Mapping[int, bytes | None]], authenticated: bool) -> Finding:
+    """Did every client of a round train from the same model (recorded hashes, or the protocol's check)?"""
     if model_hashes:
         split = {t: sorted({h.hex() for h in hashes.values() if h is not None}) for t, hashes in model_hashes.items()}
         unhashed = [t for t, hashes in model_hashes.items() if any(h is None for h in hashes.values())]
         differing = [t for t, found in split.items() if len(found) > 1]
         if differing:
-            findings.append(Finding("same-model", "fail", f"clients trained from different models in round(s) "
-                                    f"{', '.join(map(str, sorted(differing)))} (recorded model hashes differ)"))
-        elif unhashed and not any(split.values()):
-            findings.append(Finding("same-model", "pass" if authenticated else "not-checked",
-                                    "the recorded uploads carry no model hash" + (
-                                        "; authenticated secure aggregation compared them in-protocol and every "
-                                        "round completed" if authenticated else " (--no-authenticated)")))
-        else:
-            findings.append(Finding("same-model", "pass", f"every recorded round ({len(split)}) has one model hash "
-                                    "across its clients"))
-    elif authenticated:
-        findings.append(Finding("same-model", "pass", "uploads were not recorded; authenticated secure aggregation "
-                                "compares the clients' own model hashes in every round and aborts on a mismatch, "
-                                "and every round completed"))
-    else:
-        findings.append(Finding("same-model", "not-checked", "no recorded uploads (--record-uploads) and no "
-                                "authenticated secure aggregation: nothing shows every client got the same model"))
+            return Finding("same-model", "fail", f"clients trained from different models in round(s) "
+                           f"{', '.join(map(str, sorted(differing)))} (recorded model hashes differ)")
+        if unhashed and not any(split.values()):
+            return Finding("same-model", "pass" if authenticated else "not-checked",
+                           "the recorded uploads carry no model hash" + (
+                               "; authenticated secure aggregation compared them in-protocol and every "
+                               "round completed" if authenticated else " (--no-authenticated)"))
+        return Finding("same-model", "pass", f"every recorded round ({len(split)}) has one model hash across its clients")
+    if authenticated:
+        return Finding("same-model", "pass", "uploads were not recorded; authenticated secure aggregation "
+                       "compares the clients' own model hashes in every round and aborts on a mismatch, "
+                       "and every round completed")
+    return Finding("same-model", "not-checked", "no recorded uploads (--record-uploads) and no "
+                   "authenticated secure aggregation: nothing shows every client got the same model")
 
+
+def _min_cohort(history: Sequence[Mapping[str, Any]], noised: bool) -> Finding:
     counts = {int(r["round"]): int(r.get("contributors", 0)) for r in history}
     released = {t: c for t, c in counts.items() if c > 0}
     small = sorted(t for t, c in released.items() if c < MIN_SAFE_COHORT)
     if not released:
-        findings.append(Finding("min-cohort", "not-checked", "no round of the log released an aggregate"))
-    elif small:
+        return Finding("min-cohort", "not-checked", "no round of the log released an aggregate")
+    if small:
         what = ", ".join(f"round {t}: {released[t]}" for t in small[:8])
-        status = "risk" if noised else "fail"
-        findings.append(Finding("min-cohort", status, f"aggregates of fewer than {MIN_SAFE_COHORT} clients ({what}): "
-                                "a client of a 2-client sum learns the other's update from the global model's change"
-                                + (" (up to the aggregate's noise)" if noised else " exactly")))
-    else:
-        findings.append(Finding("min-cohort", "pass", f"every released aggregate summed ≥ {min(released.values())} "
-                                f"clients (≥ {MIN_SAFE_COHORT} needed)"))
+        return Finding("min-cohort", "risk" if noised else "fail",
+                       f"aggregates of fewer than {MIN_SAFE_COHORT} clients ({what}): a client of a 2-client sum "
+                       "learns the other's update from the global model's change"
+                       + (" (up to the aggregate's noise)" if noised else " exactly"))
+    return Finding("min-cohort", "pass", f"every released aggregate summed ≥ {min(released.values())} "
+                   f"clients (≥ {MIN_SAFE_COHORT} needed)")
 
+
+def _dropout_differencing(history: Sequence[Mapping[str, Any]], secagg: bool, client_level: bool) -> Finding:
+    """Two aggregates whose cohorts differ by one client give away that client's update."""
     sets = contributor_sets(history, secagg)
     if sets is None and client_level:
-        findings.append(Finding("dropout-differencing", "not-applicable", "client-level DP: its ε bounds what any "
-                                "two aggregates reveal about one client's participation, and the log keeps no "
-                                "cohorts to difference"))
-    elif sets is None:
-        findings.append(Finding("dropout-differencing", "not-checked", "the log keeps no cohorts (a run that claims "
-                                "an ε logs only what its accountant covers) and no client-level DP covers "
-                                "participation"))
-    else:
-        pairs = []
-        rounds = sorted(sets)
-        for i, t in enumerate(rounds):
-            for u in rounds[i + 1:]:
-                a, b = sets[t], sets[u]
-                if a and b and len(a ^ b) == 1:
-                    pairs.append((t, u, next(iter(a ^ b))))
-        if pairs:
-            shown = ", ".join(f"rounds {t}/{u} ({k})" for t, u, k in pairs[:6])
-            more = f" and {len(pairs) - 6} more" if len(pairs) > 6 else ""
-            findings.append(Finding("dropout-differencing", "risk", f"{len(pairs)} pair(s) of aggregates differ by one "
-                                    f"client: {shown}{more}; their difference approximates that client's update"))
-        else:
-            findings.append(Finding("dropout-differencing", "pass", "no two aggregates differ by exactly one client"))
+        return Finding("dropout-differencing", "not-applicable", "client-level DP: its ε bounds what any "
+                       "two aggregates reveal about one client's participation, and the log keeps no "
+                       "cohorts to difference")
+    if sets is None:
+        return Finding("dropout-differencing", "not-checked", "the log keeps no cohorts (a run that claims "
+                       "an ε logs only what its accountant covers) and no client-level DP covers participation")
+    rounds = sorted(sets)
+    pairs = [(t, u, next(iter(sets[t] ^ sets[u]))) for i, t in enumerate(rounds) for u in rounds[i + 1:]
+             if sets[t] and sets[u] and len(sets[t] ^ sets[u]) == 1]
+    if not pairs:
+        return Finding("dropout-differencing", "pass", "no two aggregates differ by exactly one client")
+    shown = ", ".join(f"rounds {t}/{u} ({k})" for t, u, k in pairs[:6])
+    more = f" and {len(pairs) - 6} more" if len(pairs) > 6 else ""
+    return Finding("dropout-differencing", "risk", f"{len(pairs)} pair(s) of aggregates differ by one "
+                   f"client: {shown}{more}; their difference approximates that client's update")
 
-    per_client = [r for r in history if "clients" in r or "cohort" in r]
-    if per_client:
-        findings.append(Finding("participation-metadata", "risk", "metrics.jsonl records every round's cohort and each "
-                                "client's training loss and accuracy; no ε covers them — keep the run directory "
-                                "server-private or run with client-level DP (which logs only what it covers)"))
-    else:
-        findings.append(Finding("participation-metadata", "pass", "the log keeps only what the accounted mechanism "
-                                "releases (and labels what no ε covers)"))
-    return findings
+
+def _participation_metadata(history: Sequence[Mapping[str, Any]]) -> Finding:
+    if any("clients" in r or "cohort" in r for r in history):
+        return Finding("participation-metadata", "risk", "metrics.jsonl records every round's cohort and each "
+                       "client's training loss and accuracy; no ε covers them — keep the run directory "
+                       "server-private or run with client-level DP (which logs only what it covers)")
+    return Finding("participation-metadata", "pass", "the log keeps only what the accounted mechanism "
+                   "releases (and labels what no ε covers)")
 
 
 def protocol_verdict(findings: Sequence[Finding]) -> tuple[Verdict, str]:

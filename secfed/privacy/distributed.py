@@ -224,21 +224,8 @@ def skellam_params(
         except RingTooSmall:
             return rotated
         return rotated if rotated.scale > plain.scale * (1 + 1e-9) else plain
-    if dim < 1:
-        raise ValueError(f"dimension must be ≥ 1, got {dim}")
-    if not (math.isfinite(clip) and clip > 0):
-        raise ValueError(f"clip norm must be a positive finite number, got {clip}")
-    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
-        raise ValueError(f"noise multiplier must be a positive finite number, got {noise_multiplier}")
-    if contributors < 1:
-        raise ValueError(f"contributors must be ≥ 1, got {contributors}")
     max_contributors = contributors if max_contributors is None else max_contributors
-    if max_contributors < contributors:
-        raise ValueError(f"max_contributors ({max_contributors}) < contributors ({contributors})")
-    if not 0 < max_wrap_probability < 1:
-        raise ValueError(f"max wrap-around probability must lie in (0, 1), got {max_wrap_probability}")
-    if not 2 <= ring_bits <= MAX_RING_BITS:
-        raise ValueError(f"ring bits must lie in [2, {MAX_RING_BITS}], got {ring_bits}")
+    _check_skellam_inputs(dim, clip, noise_multiplier, ring_bits, contributors, max_contributors, max_wrap_probability)
     padded = padded_size(dim) if rotate else dim
     shape = dict(
         dim=dim, padded_dim=padded, rotate=rotate, clip=clip, noise_multiplier=noise_multiplier,
@@ -270,6 +257,25 @@ def skellam_params(
         l1_sensitivity=min(math.sqrt(padded) * l2, l2**2),
         wrap_probability=math.exp(_log_wrap_probability(scale, ring_bits=ring_bits, **shape)),
     )
+
+
+def _check_skellam_inputs(dim: int, clip: float, noise_multiplier: float, ring_bits: int, contributors: int,
+                          max_contributors: int, max_wrap_probability: float) -> None:
+    """ValueError naming the first input of :func:`skellam_params` outside its domain."""
+    if dim < 1:
+        raise ValueError(f"dimension must be ≥ 1, got {dim}")
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip norm must be a positive finite number, got {clip}")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        raise ValueError(f"noise multiplier must be a positive finite number, got {noise_multiplier}")
+    if contributors < 1:
+        raise ValueError(f"contributors must be ≥ 1, got {contributors}")
+    if max_contributors < contributors:
+        raise ValueError(f"max_contributors ({max_contributors}) < contributors ({contributors})")
+    if not 0 < max_wrap_probability < 1:
+        raise ValueError(f"max wrap-around probability must lie in (0, 1), got {max_wrap_probability}")
+    if not 2 <= ring_bits <= MAX_RING_BITS:
+        raise ValueError(f"ring bits must lie in [2, {MAX_RING_BITS}], got {ring_bits}")
 
 
 def _ring_problem(ring_bits: int, max_wrap_probability: float, shape: dict[str, Any]) -> str | None:
