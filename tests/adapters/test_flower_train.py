@@ -52,15 +52,21 @@ def flower_nodes(tmp_path: Path, n: int) -> tuple[FakeGrid, Path]:
     return FakeGrid(nodes), cohort_file
 
 
-def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_directory(small_config, tmp_path):
+def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_directory(small_config, tmp_path,
+                                                                                       capsys):
     cfg = small_config
     cfg.secagg.enabled = True  # authenticated, the default
     cfg.run.local_baseline = False  # halves the cost; the baselines' state is checked below
     local = run(cfg, tmp_path / "in-process")
     grid, cohort = flower_nodes(tmp_path, 2)  # 3 clients: node 0 hosts clients 0 and 2, node 1 client 1
     token = secrets.token_hex(16)
+    capsys.readouterr()
     FlowerRun(grid, Settings(cfg, tmp_path / "flower", token, cohort, phase_timeout=60, poll=0.01)).run()
     ours, theirs = tmp_path / "flower", local.run_dir
+    # No silent wait (issue 25 item 2): every step says when it starts, and from round 2 what it took last time
+    said = capsys.readouterr().out
+    assert said.count("  training: 3 clients") == 2 and "  training: 3 clients; ≈" in said
+    assert "  secure aggregation: share_keys (2 nodes; ≈" in said and "  final scoring: " in said
 
     def files(folder: Path) -> set[str]:
         return {str(p.relative_to(folder)) for p in folder.rglob("*")}

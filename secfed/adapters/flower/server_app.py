@@ -127,11 +127,24 @@ class FlowerRun:
                 phase_timeout=settings.phase_timeout, input_timeout=settings.phase_timeout,
                 poll_interval=settings.poll, on_phase=self._phase)
         self._since = time.perf_counter()
+        self._phase_now: str | None = None  # the step under way, and how long each took last time
+        self._took: dict[str, float] = {}
 
     def _phase(self, phase: str, nodes: Any) -> None:
         now = time.perf_counter()
-        _say(f"  secure aggregation: {phase} ({len(nodes)} nodes; {now - self._since:.1f} s since the previous step)")
-        self._since = now
+        self._done(now)
+        _say(f"  secure aggregation: {phase} ({len(nodes)} nodes{self._expect(phase)}; "
+             f"{now - self._since:.1f} s since the previous step)")
+        self._since, self._phase_now = now, phase
+
+    def _done(self, now: float) -> None:
+        """Remember how long the step under way took (each step's line then says what to expect)."""
+        if self._phase_now is not None:
+            self._took[self._phase_now] = now - self._since
+            self._phase_now = None
+
+    def _expect(self, step: str) -> str:
+        return f"; ≈ {self._took[step]:.0f} s last round" if step in self._took else ""
 
     def _step(self, step: str, **fields: Any) -> ConfigRecord:
         return ConfigRecord({"step": step, "config": json.dumps(self.cfg.to_dict()), "token": self.settings.token,
@@ -203,6 +216,9 @@ class FlowerRun:
             personal = fed.server.received(broadcast, k)
             if personal is not broadcast:
                 arrays[f"site-{k}"] = bytes_array(codec.encode_broadcast(personal))
+        self._done(t0)
+        _say(f"  training: {len(cohort)} clients{self._expect('train')}")
+        self._since, self._phase_now = t0, "train"
         step = self._step("train", round=t, cohort=cohort)
         targets = {n: RecordDict({STEP: step, BROADCAST: ArrayRecord(arrays)})
                    for n, sites in hosts.items() if set(sites) & set(cohort)}
@@ -219,7 +235,9 @@ class FlowerRun:
             client_stats.update(json.loads(str(out["stats"])))
             baseline_stats.update(json.loads(str(out["baseline"])))
             _load_accountants(fed, json.loads(str(out["accountants"])))
-        t_train = self._since = time.perf_counter()
+        t_train = time.perf_counter()
+        self._done(t_train)
+        self._since = t_train
         _say(f"  trained: {sum(len(v) for v in trained.values())} clients on {len(trained)} SuperNodes "
              f"({t_train - t0:.1f} s)")
         aggregate = self.aggregate(fed, broadcast, wire, replies, trained, t)
@@ -258,6 +276,7 @@ class FlowerRun:
         messages = [Message(fetch, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
         try:
             result = self.flow.aggregate(self.grid, messages, Encoding(RING, length=length), round=t)
+            self._done(time.perf_counter())  # the last phase (unmask) ends here
         except ProtocolError as exc:
             log.warning("round %d: secure aggregation aborted, nothing released: %s: %s", t + 1, type(exc).__name__, exc)
             _say(f"round {t + 1}: secure aggregation aborted ({type(exc).__name__}); nothing is released")
@@ -277,8 +296,12 @@ class FlowerRun:
             if mine:
                 contents[n] = RecordDict({STEP: self._step("evaluate", jobs=json.dumps(mine)),
                                           BROADCAST: ArrayRecord({"common": bytes_array(wire)})})
+        what = "final scoring" if final else "scoring"
+        _say(f"  {what}: {sum(len(c) for c in jobs.values())} jobs on {len(contents)} SuperNodes{self._expect(what)}")
+        t0 = time.perf_counter()
         replies = exchange(self.grid, contents, timeout=self.settings.train_timeout, poll=self.settings.poll,
                            message_type=MessageType.EVALUATE)
+        self._took[what] = time.perf_counter() - t0
         scores = {}
         for reply in replies.values():
             for k, variant, name, value in json.loads(str(reply.content.config_records[STEP]["scores"])):
