@@ -40,7 +40,8 @@ from .errors import (
     WrongSender,
 )
 from .quantize import Quantizer, largest_cohort, ring_bits
-from .secagg.client import ClientState, SecAggClient
+from .driver import Session, StepTime, Transport, WireTransport, drive
+from .secagg.client import ClientPrimitives, ClientState, SecAggClient
 from .secagg.graph import GraphParams, NeighbourGraph, choose_params
 from .secagg.keys import model_digest
 from .secagg.messages import decode, encode, encoded_size, validate
@@ -53,6 +54,7 @@ __all__ = [
     "AggregateResult",
     "BelowThreshold",
     "BothSharesRequested",
+    "ClientPrimitives",
     "ClientState",
     "ConfigMismatch",
     "DecryptionFailed",
@@ -72,16 +74,21 @@ __all__ = [
     "SecAggServer",
     "SeedWithheld",
     "ServerKey",
+    "Session",
     "SessionConfig",
     "SignatureInvalid",
     "SimulationResult",
+    "StepTime",
+    "Transport",
     "UnknownClient",
     "UnsupportedVersion",
+    "WireTransport",
     "WrongPhase",
     "WrongRound",
     "WrongSender",
     "choose_params",
     "decode",
+    "drive",
     "encode",
     "encoded_size",
     "errors",
