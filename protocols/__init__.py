@@ -40,7 +40,7 @@ from .errors import (
     WrongSender,
 )
 from .quantize import Quantizer, largest_cohort, ring_bits
-from .driver import Session, StepTime, Transport, WireTransport, drive
+from .driver import Phases, Session, StepTime, Transport, WireTransport, drive
 from .secagg.client import ClientPrimitives, ClientState, SecAggClient
 from .secagg.graph import GraphParams, NeighbourGraph, choose_params
 from .secagg.keys import model_digest
@@ -67,6 +67,7 @@ __all__ = [
     "NeighbourGraph",
     "OverflowRefused",
     "Phase",
+    "Phases",
     "ProtocolError",
     "Quantizer",
     "ReplayedMessage",

@@ -2,8 +2,9 @@
 the benches and the tests share.
 
 A :class:`Session` holds one round's parties (identities, server key, config, clients, server).
-:func:`drive` walks the phases: each live client's step, its message carried by a
-:class:`Transport`, the server closing the phase. Every step's seconds go to an optional
+:func:`drive` walks the phases (:class:`Phases`, one at a time, for tests that stop between
+them): each live client's step, its message carried by a :class:`Transport`, the server closing
+the phase. Every step's seconds go to an optional
 ``on_step`` hook as a :class:`StepTime` — how a bench times a round without a driver of its own.
 :class:`WireTransport` carries messages as a real transport would: encoded to bytes, counted,
 decoded by the receiver, the server in this process.
@@ -12,7 +13,7 @@ decoded by the receiver, the server in this process.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -120,11 +121,14 @@ class Session:
     @classmethod
     def new(cls, params: GraphParams, *, dimension: int, ring_bits: int, input_bound: int | None,
             authenticated: bool = True, model_hashes: Sequence[bytes] | None = None,
-            session_id: bytes | None = None, round: int = 0) -> Session:
-        """Fresh identities (standing in for a PKI) and server key, a config binding them, and
-        ``params.n_clients`` clients and a server for it."""
+            session_id: bytes | None = None, round: int = 0,
+            identities: Sequence[Ed25519PrivateKey] | None = None) -> Session:
+        """A fresh server key, a config binding it and the clients' identities (fresh ones standing
+        in for a PKI unless ``identities`` are given), and ``params.n_clients`` clients and a server."""
         n = params.n_clients
-        identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
+        if identities is None:
+            identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
+        identities = list(identities)
         server_key = ServerKey.generate()  # fresh per session; unmask responses are sealed to it
         config = SessionConfig(
             session_id=session_id if session_id is not None else new_session_id(), round=round,
@@ -149,34 +153,71 @@ def always(client: int, phase: Phase) -> bool:
     return True
 
 
+class Phases:
+    """The round's phases one at a time, for a caller that stops between them (tests that tamper
+    with what flows); :func:`drive` runs them all. Each takes the server's previous outbox, lets
+    every addressed client for which ``alive(i, phase)`` holds and that is not in ``skip`` take its
+    step and upload the reply, and returns the server's next outbox."""
+
+    def __init__(self, clients: Sequence[SecAggClient], transport: Transport, *,
+                 alive: Callable[[int, Phase], bool] = always, on_step: StepHook | None = None) -> None:
+        self.clients, self.transport, self.alive, self.on_step = clients, transport, alive, on_step
+
+    def advertise(self, skip: Collection[int] = ()) -> dict[int, Message]:
+        """Key advertisements (with graph commitments) in; the commitment lists out."""
+        for i in range(len(self.clients)):
+            if self._takes_part(i, Phase.ADVERTISE_KEYS, skip):
+                self.transport.upload(i, self._step(i, Phase.ADVERTISE_KEYS, "advertise_keys"))
+        return self.transport.close_phase()
+
+    def reveal(self, outbox: dict[int, Message], skip: Collection[int] = ()) -> dict[int, Message]:
+        """Graph nonces in; the key rosters out."""
+        return self._answer(outbox, Phase.GRAPH_SEED, "reveal_graph_nonce", skip)
+
+    def share_keys(self, outbox: dict[int, Message], skip: Collection[int] = ()) -> dict[int, Message]:
+        """Sealed key-seed shares in; each client's share delivery out."""
+        return self._answer(outbox, Phase.SHARE_KEYS, "share_keys", skip)
+
+    def masked_input(self, outbox: dict[int, Message], ring_input: Callable[[int], np.ndarray],
+                     skip: Collection[int] = ()) -> dict[int, Message]:
+        """Masked inputs of ``ring_input(i)`` in; the survivor lists (authenticated) or unmask requests out."""
+        for i, delivery in outbox.items():
+            if self._takes_part(i, Phase.MASKED_INPUT, skip):
+                self._step(i, Phase.MASKED_INPUT, "receive_shares", self.transport.download(i, delivery))
+                x = timed(self.on_step, "client", "quantize", Phase.MASKED_INPUT, i, ring_input, i)
+                self.transport.upload(i, self._step(i, Phase.MASKED_INPUT, "mask", x))
+        return self.transport.close_phase()
+
+    def consistency(self, outbox: dict[int, Message], skip: Collection[int] = ()) -> dict[int, Message]:
+        """Signatures on the survivor set in (authenticated mode); the unmask requests out."""
+        return self._answer(outbox, Phase.CONSISTENCY_CHECK, "consistency_check", skip)
+
+    def unmask(self, outbox: dict[int, Message], skip: Collection[int] = ()) -> None:
+        """Unmask responses in; the server's result is then ready."""
+        self._answer(outbox, Phase.UNMASK, "unmask", skip)
+
+    def _takes_part(self, i: int, phase: Phase, skip: Collection[int]) -> bool:
+        return i not in skip and self.alive(i, phase)
+
+    def _step(self, i: int, phase: Phase, name: str, *args: object) -> Message:
+        return timed(self.on_step, "client", name, phase, i, getattr(self.clients[i], name), *args)
+
+    def _answer(self, outbox: dict[int, Message], phase: Phase, name: str, skip: Collection[int]) -> dict[int, Message]:
+        for i, message in outbox.items():
+            if self._takes_part(i, phase, skip):
+                self.transport.upload(i, self._step(i, phase, name, self.transport.download(i, message)))
+        return self.transport.close_phase()
+
+
 def drive(clients: Sequence[SecAggClient], transport: Transport, ring_input: Callable[[int], np.ndarray], *,
           alive: Callable[[int, Phase], bool] = always, on_step: StepHook | None = None) -> None:
-    """Run every phase of one round: each client for which ``alive(i, phase)`` holds takes its
-    step and uploads the reply; the others vanish there (a client not alive at a phase sends
-    nothing from then on only if ``alive`` says so for the later phases too). ``ring_input(i)``
-    makes client i's ring vector when it masks. The result is the server's (``server.result``);
-    protocol refusals propagate as their typed errors."""
-
-    def step(i: int, phase: Phase, name: str, *args: object) -> Message:
-        return timed(on_step, "client", name, phase, i, getattr(clients[i], name), *args)
-
-    def answer(outbox: dict[int, Message], phase: Phase, name: str) -> dict[int, Message]:
-        for i, message in outbox.items():
-            if alive(i, phase):
-                transport.upload(i, step(i, phase, name, transport.download(i, message)))
-        return transport.close_phase()
-
-    for i in range(len(clients)):
-        if alive(i, Phase.ADVERTISE_KEYS):
-            transport.upload(i, step(i, Phase.ADVERTISE_KEYS, "advertise_keys"))
-    outbox = answer(transport.close_phase(), Phase.GRAPH_SEED, "reveal_graph_nonce")
-    outbox = answer(outbox, Phase.SHARE_KEYS, "share_keys")
-    for i, delivery in outbox.items():
-        if alive(i, Phase.MASKED_INPUT):
-            step(i, Phase.MASKED_INPUT, "receive_shares", transport.download(i, delivery))
-            x = timed(on_step, "client", "quantize", Phase.MASKED_INPUT, i, ring_input, i)
-            transport.upload(i, step(i, Phase.MASKED_INPUT, "mask", x))
-    outbox = transport.close_phase()
+    """Run every phase of one round (:class:`Phases`): each client for which ``alive(i, phase)``
+    holds takes its step and uploads the reply; the others send nothing at that phase (to vanish
+    for good, ``alive`` says so for the later phases too). ``ring_input(i)`` makes client i's ring
+    vector when it masks. The result is the server's (``server.result``); protocol refusals
+    propagate as their typed errors."""
+    phases = Phases(clients, transport, alive=alive, on_step=on_step)
+    outbox = phases.masked_input(phases.share_keys(phases.reveal(phases.advertise())), ring_input)
     if clients[0].config.authenticated:
-        outbox = answer(outbox, Phase.CONSISTENCY_CHECK, "consistency_check")
-    answer(outbox, Phase.UNMASK, "unmask")
+        outbox = phases.consistency(outbox)
+    phases.unmask(outbox)
