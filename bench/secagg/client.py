@@ -179,11 +179,12 @@ def run_round(params, authenticated: bool, d: int, dropped: set[int], full: bool
             session.clients[i] = session.client(i, primitives=stand_in_primitives(np.random.default_rng([args.seed, 2, i])))
     plain = np.zeros(d, dtype=np.uint64) if full else None
     quant_rng, idle = np.random.default_rng([args.seed, 1]), np.zeros(d, dtype=np.uint32)
+    rep_update = update_of(args.seed, rep, d)  # made outside the timed step: quantize times to_ring alone
 
     def ring_input(i: int) -> np.ndarray:
         if not full and i != rep:
             return idle  # a stand-in never reads it
-        ring = q.to_ring(update_of(args.seed, i, d), quant_rng)
+        ring = q.to_ring(rep_update if i == rep else update_of(args.seed, i, d), quant_rng)
         if plain is not None:
             np.add(plain, ring, out=plain)
         return ring
