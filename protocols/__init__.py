@@ -10,7 +10,8 @@ The front door::
 
 For a real deployment drive the state machines yourself — :class:`SecAggClient` and
 :class:`SecAggServer` take and return typed messages; :func:`encode` / :func:`decode` move them
-as bytes over whatever transport you have. Authenticated mode (Ed25519 identities from the
+as bytes over whatever transport you have (:func:`drive` runs a whole round's phases over any
+:class:`Transport`, timing each step for an ``on_step`` hook). Authenticated mode (Ed25519 identities from the
 deployment's PKI) is the default; ``authenticated=False`` is private only against an
 honest-but-curious server. Bulk work — keystreams, hashing, signature batches — runs on every core
 in threads (:func:`parallel.set_workers` to change how many). This package never imports torch.

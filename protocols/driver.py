@@ -2,12 +2,12 @@
 the benches and the tests share.
 
 A :class:`Session` holds one round's parties (identities, server key, config, clients, server).
-:func:`drive` walks the phases (:class:`Phases`, one at a time, for tests that stop between
-them): each live client's step, its message carried by a :class:`Transport`, the server closing
-the phase. Every step's seconds go to an optional
-``on_step`` hook as a :class:`StepTime` — how a bench times a round without a driver of its own.
-:class:`WireTransport` carries messages as a real transport would: encoded to bytes, counted,
-decoded by the receiver, the server in this process.
+:func:`drive` walks the phases (:class:`Phases` runs them one at a time, for tests that stop
+between them): each live client's step, its message carried by a :class:`Transport`, the server
+closing the phase. Every step's seconds go to an optional ``on_step`` hook as a :class:`StepTime`
+— how a bench times a round without a driver of its own. :class:`WireTransport` carries messages
+as a real transport would: encoded to bytes, counted, decoded by the receiver, the server in this
+process.
 """
 
 from __future__ import annotations
