@@ -10,7 +10,8 @@ The front door::
 
 For a real deployment drive the state machines yourself — :class:`SecAggClient` and
 :class:`SecAggServer` take and return typed messages; :func:`encode` / :func:`decode` move them
-as bytes over whatever transport you have. Authenticated mode (Ed25519 identities from the
+as bytes over whatever transport you have (:func:`drive` runs a whole round's phases over any
+:class:`Transport`, timing each step for an ``on_step`` hook). Authenticated mode (Ed25519 identities from the
 deployment's PKI) is the default; ``authenticated=False`` is private only against an
 honest-but-curious server. Bulk work — keystreams, hashing, signature batches — runs on every core
 in threads (:func:`parallel.set_workers` to change how many). This package never imports torch.
@@ -40,7 +41,8 @@ from .errors import (
     WrongSender,
 )
 from .quantize import Quantizer, largest_cohort, ring_bits
-from .secagg.client import ClientState, SecAggClient
+from .driver import Phases, Session, StepTime, Transport, WireTransport, drive
+from .secagg.client import ClientPrimitives, ClientState, SecAggClient
 from .secagg.graph import GraphParams, NeighbourGraph, choose_params
 from .secagg.keys import model_digest
 from .secagg.messages import decode, encode, encoded_size, validate
@@ -53,6 +55,7 @@ __all__ = [
     "AggregateResult",
     "BelowThreshold",
     "BothSharesRequested",
+    "ClientPrimitives",
     "ClientState",
     "ConfigMismatch",
     "DecryptionFailed",
@@ -65,6 +68,7 @@ __all__ = [
     "NeighbourGraph",
     "OverflowRefused",
     "Phase",
+    "Phases",
     "ProtocolError",
     "Quantizer",
     "ReplayedMessage",
@@ -72,16 +76,21 @@ __all__ = [
     "SecAggServer",
     "SeedWithheld",
     "ServerKey",
+    "Session",
     "SessionConfig",
     "SignatureInvalid",
     "SimulationResult",
+    "StepTime",
+    "Transport",
     "UnknownClient",
     "UnsupportedVersion",
+    "WireTransport",
     "WrongPhase",
     "WrongRound",
     "WrongSender",
     "choose_params",
     "decode",
+    "drive",
     "encode",
     "encoded_size",
     "errors",

@@ -20,8 +20,9 @@ digest, fused); :func:`accumulate` the server's on arrival (digest and sum, fuse
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -40,6 +41,14 @@ STREAM_GROUP = 256
 MIN_WORDS_PER_WORKER = parallel.MIN_WORDS_PER_WORKER
 
 assert VECTOR_LEAF_WORDS % CHUNK_WORDS == 0  # a chunk never straddles two leaves
+
+
+class LeafHasher(Protocol):
+    """What :func:`mask_into` feeds each leaf of the vector to (BLAKE3 by default)."""
+
+    def update(self, data: memoryview, /) -> object: ...
+
+    def digest(self) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,8 @@ def apply_masks(acc: np.ndarray, streams: Sequence[MaskStream], *, bits: int) ->
 
 
 def mask_into(
-    out: np.ndarray, source: np.ndarray, streams: Sequence[MaskStream], *, bits: int, bound: int | None
+    out: np.ndarray, source: np.ndarray, streams: Sequence[MaskStream], *, bits: int, bound: int | None,
+    hasher: Callable[[], LeafHasher] = leaf_hasher,
 ) -> bytes:
     """``out ← (source + Σ sign·mask(key)) mod 2^bits``; returns :func:`~.crypto.vector_digest` of ``out``.
 
@@ -104,6 +114,10 @@ def mask_into(
     magnitude read as signed ring integers, ``(v + M) mod 2^bits ≤ 2M`` (:class:`BoundExceeded`
     for the first beyond). One pass: each chunk is checked,
     copied, masked, reduced and hashed while it is in cache.
+
+    ``hasher`` makes a fresh hasher per leaf; the default (:func:`~.crypto.leaf_hasher`) gives the
+    vector digest the protocol signs. Anything else is for measuring the pass without its digest
+    (bench/secagg/keystream.py): the returned value is then not the vector's digest.
     """
     low = ring_mask(bits)
     _check_accumulator(out)
@@ -113,7 +127,7 @@ def mask_into(
         raise ValueError(f"bound {bound} is outside the ring Z_2^{bits}")
     ranges = _ranges(out.size)
     leaves = parallel.run_all([
-        lambda lo=lo, hi=hi: _mask_range(out, source, streams, lo, hi, low, bound) for lo, hi in ranges
+        lambda lo=lo, hi=hi: _mask_range(out, source, streams, lo, hi, low, bound, hasher) for lo, hi in ranges
     ])
     return digest_of_leaves(out.size, (leaf for part in leaves for leaf in part))
 
@@ -192,14 +206,14 @@ def _stream_range(acc: np.ndarray, streams: Sequence[MaskStream], lo: int, hi: i
 
 def _mask_range(
     out: np.ndarray, source: np.ndarray, streams: Sequence[MaskStream], lo: int, hi: int, low: int,
-    bound: int | None,
+    bound: int | None, hasher: Callable[[], LeafHasher],
 ) -> list[bytes]:
     buf = bytearray(4 * min(CHUNK_WORDS, hi - lo))
     words = np.frombuffer(buf, dtype="<u4")
     scratch = np.empty(min(CHUNK_WORDS, hi - lo), dtype=np.uint32)
     single_group = len(streams) <= STREAM_GROUP
     encryptors = _encryptors(streams, lo) if single_group else []
-    leaves, leaf = [], leaf_hasher()
+    leaves, leaf = [], hasher()
     for start in range(lo, hi, CHUNK_WORDS):
         stop = min(start + CHUNK_WORDS, hi)
         x, part = source[start:stop], out[start:stop]
@@ -211,13 +225,20 @@ def _mask_range(
             leaf.update(memoryview(part).cast("B"))
             if (stop - lo) % VECTOR_LEAF_WORDS == 0 or stop == hi:
                 leaves.append(leaf.digest())
-                leaf = leaf_hasher()
+                leaf = hasher()
         else:
             np.copyto(part, x)
     if not single_group:  # many streams (a complete graph's client): mask group by group, then hash
         _stream_range(out, streams, lo, hi, low)
-        leaves = [leaf_digest(out[s : min(s + VECTOR_LEAF_WORDS, hi)]) for s in range(lo, hi, VECTOR_LEAF_WORDS)]
+        leaves = [_hashed(hasher, out[s : min(s + VECTOR_LEAF_WORDS, hi)]) for s in range(lo, hi, VECTOR_LEAF_WORDS)]
     return leaves
+
+
+def _hashed(hasher: Callable[[], LeafHasher], words: np.ndarray) -> bytes:
+    """One leaf's digest by a fresh ``hasher`` (the default's equals :func:`~.crypto.leaf_digest`)."""
+    leaf = hasher()
+    leaf.update(memoryview(words).cast("B"))
+    return leaf.digest()
 
 
 def _check_chunk(x: np.ndarray, scratch: np.ndarray, offset: int, low: int, bound: int | None) -> None:

@@ -2,7 +2,8 @@
 
 :func:`simulate` is how integrators test their embedding and how secfed's in-process federation
 runs secure aggregation: each message is encoded to bytes, counted, and decoded by its receiver,
-exactly as a real transport would carry it, so the byte counts are the real ones.
+exactly as a real transport would carry it, so the byte counts are the real ones. The phases are
+:func:`.driver.drive`'s, the one driver the benches and tests share.
 """
 
 from __future__ import annotations
@@ -11,14 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from .driver import Session, StepHook, WireTransport, drive
 from .quantize import Quantizer
-from .secagg.client import NO_MODEL_HASH, SecAggClient
 from .secagg.graph import GraphParams, choose_params
-from .secagg.messages import Message, decode, encode
-from .secagg.server import SecAggServer
-from .secagg.session import Phase, ServerKey, SessionConfig, new_session_id
+from .secagg.session import Phase, SessionConfig
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,6 +57,7 @@ def simulate(
     model_hashes: Sequence[bytes] | None = None,
     session_id: bytes | None = None,
     round: int = 0,
+    on_step: StepHook | None = None,
 ) -> SimulationResult:
     """Securely aggregate ``inputs`` (one 1-D vector per client): a :class:`SimulationResult` holding the
     unmasked sum of the survivors, who they are, and the bytes each party sent and received.
@@ -78,30 +77,13 @@ def simulate(
     ``authenticated`` (default) runs Bonawitz's malicious-server variant with fresh Ed25519
     identities standing in for a PKI; ``authenticated=False`` is the weaker variant, private only
     against an honest-but-curious server. ``model_hashes[i]`` is the model digest client i reports.
+    ``on_step`` receives the seconds of every step — each client's, the server's, the wire's — as a
+    :class:`~.driver.StepTime` (how the benches time a round).
 
     Protocol refusals propagate as their typed errors (e.g. BelowThreshold, ModelMismatch).
     """
-    n = len(inputs)
-    if n < 2:
-        raise ValueError(f"simulate needs at least 2 clients, got {n}")
-    dims = {np.shape(x) for x in inputs}
-    if len(dims) != 1 or len(next(iter(dims))) != 1:
-        raise ValueError(f"inputs must be 1-D vectors of one length; got shapes {sorted(dims)}")
-    dimension = next(iter(dims))[0]
-    if quantizer is not None:
-        if rng is None:
-            raise ValueError("float inputs need rng: stochastic rounding draws from it (seed it from the run seed)")
-        if quantizer.n_clients < n:
-            raise ValueError(f"quantizer was sized for {quantizer.n_clients} clients; the cohort has {n}")
-        if ring_bits is not None and ring_bits != quantizer.bits:
-            raise ValueError(f"ring_bits={ring_bits} contradicts the quantizer's {quantizer.bits} bits")
-        if input_bound is not None and input_bound != quantizer.max_abs:
-            raise ValueError(f"input_bound={input_bound} contradicts the quantizer's max_abs {quantizer.max_abs}")
-        ring_bits, input_bound = quantizer.bits, quantizer.max_abs
-    else:
-        if not all(np.issubdtype(np.asarray(x).dtype, np.integer) for x in inputs):
-            raise TypeError("float inputs need a quantizer; ring inputs must be unsigned integers (uint32)")
-        ring_bits = 32 if ring_bits is None else ring_bits
+    n, dimension = _cohort_shape(inputs)
+    ring_bits, input_bound = _ring_of(inputs, quantizer, rng, ring_bits, input_bound)
     if params is None:
         params = choose_params(
             n, dropout_rate=dropout_rate, corrupt_fraction=corrupt_fraction, authenticated=authenticated
@@ -111,87 +93,59 @@ def simulate(
     if model_hashes is not None and len(model_hashes) != n:
         raise ValueError(f"{len(model_hashes)} model hashes for {n} clients")
     vanish = _dropout_schedule(dropouts or {}, n, authenticated)
-
-    identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
-    server_key = ServerKey.generate()  # fresh per session; unmask responses are sealed to it
-    config = SessionConfig(
-        session_id=session_id if session_id is not None else new_session_id(),
-        round=round,
-        params=params,
-        dimension=dimension,
-        ring_bits=ring_bits,
-        input_bound=input_bound,
-        server_key=server_key.public,
-        authenticated=authenticated,
-        identity_keys=tuple(k.public_key().public_bytes_raw() for k in identities),
-    )
-    clients = [
-        SecAggClient(
-            config, i,
-            model_hash=model_hashes[i] if model_hashes is not None else NO_MODEL_HASH,
-            identity_key=identities[i] if authenticated else None,
-        )
-        for i in range(n)
-    ]
-    server = SecAggServer(config, server_key)
-    sent, received = [0] * n, [0] * n
-
-    def alive(i: int, phase: Phase) -> bool:
-        return i not in vanish or vanish[i] > phase
-
-    def upload(i: int, message: Message) -> None:
-        data = encode(message)
-        sent[i] += len(data)
-        server.receive(decode(data))
-
-    def download(i: int, message: Message) -> Message:
-        data = encode(message)
-        received[i] += len(data)
-        return decode(data)
+    session = Session.new(params, dimension=dimension, ring_bits=ring_bits, input_bound=input_bound,
+                          authenticated=authenticated, model_hashes=model_hashes, session_id=session_id,
+                          round=round)
+    transport = WireTransport(session.server, n, on_step)
 
     def ring_input(i: int) -> np.ndarray:
         if quantizer is not None:
             return quantizer.to_ring(np.asarray(inputs[i]), rng)
         return np.asarray(inputs[i])
 
-    for i in range(n):
-        if alive(i, Phase.ADVERTISE_KEYS):
-            upload(i, clients[i].advertise_keys())
-    outbox = server.close_phase()
-    if server.phase is Phase.GRAPH_SEED:  # sparse graphs only: the complete graph needs no seed
-        for i, commitments in outbox.items():
-            if alive(i, Phase.GRAPH_SEED):
-                upload(i, clients[i].reveal_graph_nonce(download(i, commitments)))
-        outbox = server.close_phase()
-    for i, roster in outbox.items():
-        if alive(i, Phase.SHARE_KEYS):
-            upload(i, clients[i].share_keys(download(i, roster)))
-    for i, delivery in server.close_phase().items():
-        if alive(i, Phase.MASKED_INPUT):
-            clients[i].receive_shares(download(i, delivery))
-            upload(i, clients[i].mask(ring_input(i)))
-    outbox = server.close_phase()
-    if authenticated:
-        for i, survivors in outbox.items():
-            if alive(i, Phase.CONSISTENCY_CHECK):
-                upload(i, clients[i].consistency_check(download(i, survivors)))
-        outbox = server.close_phase()
-    for i, request in outbox.items():
-        if alive(i, Phase.UNMASK):
-            upload(i, clients[i].unmask(download(i, request)))
-    server.close_phase()
-
-    result = server.result
+    drive(session.clients, transport, ring_input, on_step=on_step,
+          alive=lambda i, phase: i not in vanish or vanish[i] > phase)
+    result = session.server.result
     total = quantizer.from_ring(result.total) if quantizer is not None else result.total
     return SimulationResult(
         total=total,
         ring_total=result.total,
         survivors=result.survivors,
         dropped=result.dropped,
-        bytes_sent=tuple(sent),
-        bytes_received=tuple(received),
-        config=config,
+        bytes_sent=tuple(transport.sent),
+        bytes_received=tuple(transport.received),
+        config=session.config,
     )
+
+
+def _cohort_shape(inputs: Sequence[np.ndarray]) -> tuple[int, int]:
+    """(clients, dimension) of ``inputs``: at least two 1-D vectors of one length."""
+    n = len(inputs)
+    if n < 2:
+        raise ValueError(f"simulate needs at least 2 clients, got {n}")
+    dims = {np.shape(x) for x in inputs}
+    if len(dims) != 1 or len(next(iter(dims))) != 1:
+        raise ValueError(f"inputs must be 1-D vectors of one length; got shapes {sorted(dims)}")
+    return n, next(iter(dims))[0]
+
+
+def _ring_of(inputs: Sequence[np.ndarray], quantizer: Quantizer | None, rng: np.random.Generator | None,
+             ring_bits: int | None, input_bound: int | None) -> tuple[int, int | None]:
+    """The session's (ring bits, input bound): the quantizer's, which the arguments must not
+    contradict, or for ring inputs the arguments' (32 bits by default)."""
+    if quantizer is None:
+        if not all(np.issubdtype(np.asarray(x).dtype, np.integer) for x in inputs):
+            raise TypeError("float inputs need a quantizer; ring inputs must be unsigned integers (uint32)")
+        return (32 if ring_bits is None else ring_bits), input_bound
+    if rng is None:
+        raise ValueError("float inputs need rng: stochastic rounding draws from it (seed it from the run seed)")
+    if quantizer.n_clients < len(inputs):
+        raise ValueError(f"quantizer was sized for {quantizer.n_clients} clients; the cohort has {len(inputs)}")
+    if ring_bits is not None and ring_bits != quantizer.bits:
+        raise ValueError(f"ring_bits={ring_bits} contradicts the quantizer's {quantizer.bits} bits")
+    if input_bound is not None and input_bound != quantizer.max_abs:
+        raise ValueError(f"input_bound={input_bound} contradicts the quantizer's max_abs {quantizer.max_abs}")
+    return quantizer.bits, quantizer.max_abs
 
 
 def random_dropouts(

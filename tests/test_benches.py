@@ -49,3 +49,13 @@ def test_every_bench_secagg_section_runs_at_toy_size_under_a_described_machine()
     assert all(f"   [{s}: " in out for s in sections), out
     full = [line for line in out.splitlines() if line.lstrip().startswith("4 ") and "exact" in line]
     assert full, out  # the full section unmasked the exact sum
+
+
+def test_no_bench_patches_the_protocol() -> None:
+    """Benches measure the protocol through its public hooks (simulate's and drive's ``on_step``,
+    ``ClientPrimitives``, ``mask_into(hasher=)``), never by patching its internals: a patched
+    bench measures code that does not ship and breaks silently when the internals move."""
+    patched = [f"{path.relative_to(BENCH)}:{n}" for path in sorted(BENCH.rglob("*.py"))
+               for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               if "mock.patch" in line or "monkeypatch" in line or "unittest import mock" in line]
+    assert not patched, "benches patch code: " + ", ".join(patched)

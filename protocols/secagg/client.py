@@ -32,7 +32,8 @@ import contextlib
 import enum
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -127,6 +128,27 @@ from .session import SessionConfig
 NO_MODEL_HASH = bytes(DIGEST_BYTES)
 
 
+@dataclass(frozen=True)
+class ClientPrimitives:
+    """The three bulk primitives a client calls: the masking pass (:func:`~..prg.mask_into`), the
+    Shamir split of its two seeds (:func:`~..shamir.split`) and the batch check of the consistency
+    quorum's signatures (:func:`~..crypto.verify_all`).
+
+    Only a load generator replaces them: bench/secagg/standins.py gives a server thousands of
+    survivors' traffic by letting clients whose input nobody reads upload a uniform vector, split
+    nothing and trust the quorum. Such a client protects nothing of its own (its input is not in
+    the sum) and weakens its neighbours' protection against a lying server, so it is never built
+    with a real input; the default, :data:`PRIMITIVES`, is the protocol.
+    """
+
+    mask_into: Callable[..., bytes] = mask_into
+    split: Callable[[bytes, int, int], list[shamir.Share]] = shamir.split
+    verify_all: Callable[..., None] = verify_all
+
+
+PRIMITIVES = ClientPrimitives()
+
+
 class ClientState(enum.Enum):
     """What the client waits for next."""
 
@@ -151,6 +173,7 @@ class SecAggClient:
     neighbours must carry the same one. ``identity_key``: this client's long-term Ed25519 key,
     required in authenticated mode (its public half must be ``config.identity_keys[client_id]``).
     ``neighbours`` is known once the key roster has fixed the graph (empty before).
+    ``primitives``: leave at :data:`PRIMITIVES` (see :class:`ClientPrimitives`).
     """
 
     def __init__(
@@ -160,6 +183,7 @@ class SecAggClient:
         *,
         model_hash: bytes = NO_MODEL_HASH,
         identity_key: Ed25519PrivateKey | None = None,
+        primitives: ClientPrimitives = PRIMITIVES,
     ) -> None:
         if not 0 <= client_id < config.n_clients:
             raise ValueError(f"client_id {client_id} is outside the cohort [0, {config.n_clients})")
@@ -177,6 +201,7 @@ class SecAggClient:
         self.model_hash = model_hash
         self.neighbours: tuple[int, ...] = ()
         self._identity = identity_key
+        self._primitives = primitives
         self._state = ClientState.START
         self._commitments: ListedCommitments | None = None  # graph commitments, as the server listed them
         self._seed = b""  # the graph seed, once known
@@ -398,7 +423,7 @@ class SecAggClient:
             if complete:  # the roster as shown, bound into the masked input and the signature
                 self._seed = complete_graph_seed(cfg, [self.id, *self._roster])
             self._commitments = None  # the nonces are checked: the list is no longer needed
-            key_shares = shamir.split(self._mask_seed, t, len(self.neighbours))
+            key_shares = self._primitives.split(self._mask_seed, t, len(self.neighbours))
             sealed = [self._seal_share(v, ShareKind.MASK_KEY, key_shares) for v in self._roster]
             self._state = ClientState.AWAIT_SHARES
             return EncryptedShares(**self._envelope(), shares=tuple(sealed))
@@ -435,13 +460,13 @@ class SecAggClient:
             streams.append(MaskStream(key, pairwise_sign(self.id, v)))
         acc = parallel.zeros(cfg.dimension)
         try:  # one pass: bound check, masks, reduction and the vector's digest
-            digest = mask_into(acc, source, streams, bits=cfg.ring_bits, bound=cfg.input_bound)
+            digest = self._primitives.mask_into(acc, source, streams, bits=cfg.ring_bits, bound=cfg.input_bound)
         except BoundExceeded as exc:
             raise ValueError(
                 f"client input at index {exc.index} is {_signed(exc.value, cfg.ring_bits)}, beyond the session's "
                 f"input bound {cfg.input_bound} (the ring was sized for it; quantize with the session's quantizer)"
             ) from None
-        self_shares = shamir.split(self._self_seed, cfg.params.threshold, len(self.neighbours))
+        self_shares = self._primitives.split(self._self_seed, cfg.params.threshold, len(self.neighbours))
         sealed = tuple(self._seal_share(v, ShareKind.SELF_MASK, self_shares) for v in sorted(self._held))
         payload = masked_input_payload(cfg, self.id, self._seed, digest, sealed)
         tag = mac(input_tag_key(cfg, self.id, self._self_seed), payload)
@@ -681,7 +706,7 @@ class SecAggClient:
         strangers = not_in(signatures.ids, np.asarray(request.survivors, dtype=np.int64))
         if strangers.size:
             raise UnknownClient(f"consistency signature from {strangers[0]}, which is not a survivor")
-        verify_all(
+        self._primitives.verify_all(
             [(cfg.identity_keys[signer], signature) for signer, signature in signatures], payload,
             who=lambda i: f"client {signatures.ids[i]}'s consistency check",
         )

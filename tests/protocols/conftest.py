@@ -4,36 +4,45 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from secfed.protocols import GraphParams, Phase, SecAggClient, SecAggServer, ServerKey, SessionConfig, decode, encode
+from secfed.protocols import GraphParams, Phases, Session, decode, encode
 from secfed.protocols.crypto import seal
 from secfed.protocols.secagg import keys
 
 
+class _Wire:
+    """The round's transport: every message through ``round.wire`` (which a test may replace, to
+    record or alter the bytes), uploads to the round's server."""
+
+    def __init__(self, round_: Round) -> None:
+        self.round = round_
+
+    def upload(self, client: int, message):
+        self.round.server.receive(self.round.wire(message))
+
+    def download(self, client: int, message):
+        return self.round.wire(message)
+
+    def close_phase(self) -> dict:
+        return self.round.server.close_phase()
+
+
 class Round:
-    """n clients and a server over the wire format; each method runs one phase and returns the outbox."""
+    """n clients and a server over the wire format, driven by the protocol's own phase driver
+    (:class:`Phases`); each method runs one phase and returns the outbox, so a test can stop between
+    phases and tamper with what flows. Clients in ``skip`` send nothing at that phase."""
 
     def __init__(self, n: int, *, degree: int | None = None, threshold: int, authenticated: bool = False,
                  dimension: int = 8, ring_bits: int = 32, input_bound: int | None = None, seed: int = 0,
                  round_: int = 7, corrupt_bound: int = 0, identities=None) -> None:
         params = GraphParams.explicit(n, degree or n - 1, threshold, corrupt_bound=corrupt_bound,
                                       authenticated=authenticated)
-        if identities is None:
-            identities = [Ed25519PrivateKey.generate() for _ in range(n)] if authenticated else []
-        self.identities = identities
-        self.server_key = ServerKey.generate()
-        self.config = SessionConfig(
-            session_id=bytes(range(16)), round=round_, params=params, dimension=dimension,
-            server_key=self.server_key.public,
-            ring_bits=ring_bits, input_bound=input_bound, authenticated=authenticated,
-            identity_keys=tuple(k.public_key().public_bytes_raw() for k in self.identities),
-        )
-        self.clients = [
-            SecAggClient(self.config, i, identity_key=self.identities[i] if authenticated else None)
-            for i in range(n)
-        ]
-        self.server = SecAggServer(self.config, self.server_key)
+        session = Session.new(params, dimension=dimension, ring_bits=ring_bits, input_bound=input_bound,
+                              authenticated=authenticated, session_id=bytes(range(16)), round=round_,
+                              identities=identities)
+        self.identities, self.server_key, self.config = session.identities, session.server_key, session.config
+        self.clients, self.server = session.clients, session.server
+        self.phases = Phases(self.clients, _Wire(self))
         rng = np.random.default_rng(seed)
         self.inputs = [rng.integers(0, 1 << ring_bits, dimension, dtype=np.uint64).astype(np.uint32) for _ in range(n)]
 
@@ -43,20 +52,11 @@ class Round:
 
     def commit(self, skip=()) -> dict:
         """Key advertisements (with graph commitments) in; the commitment lists out."""
-        for c in self.clients:
-            if c.id not in skip:
-                self.server.receive(self.wire(c.advertise_keys()))
-        return self.server.close_phase()
+        return self.phases.advertise(skip)
 
     def reveal(self, commitments: dict, skip=()) -> dict:
-        """Graph nonces in; the key rosters out (the complete graph skips this phase: ``commitments``
-        are then the rosters already)."""
-        if self.server.phase is not Phase.GRAPH_SEED:
-            return commitments
-        for i, listed in commitments.items():
-            if i not in skip:
-                self.server.receive(self.wire(self.clients[i].reveal_graph_nonce(self.wire(listed))))
-        return self.server.close_phase()
+        """Graph nonces in; the key rosters out."""
+        return self.phases.reveal(commitments, skip)
 
     def advertise(self, skip=()) -> dict:
         """Both: clients in ``skip`` never advertise; the key rosters out."""
@@ -67,29 +67,16 @@ class Round:
         return self.server.graph
 
     def share_keys(self, rosters: dict, skip=()) -> dict:
-        for i, roster in rosters.items():
-            if i not in skip:
-                self.server.receive(self.wire(self.clients[i].share_keys(self.wire(roster))))
-        return self.server.close_phase()
+        return self.phases.share_keys(rosters, skip)
 
     def masked_input(self, deliveries: dict, skip=()) -> dict:
-        for i, delivery in deliveries.items():
-            if i not in skip:
-                self.clients[i].receive_shares(self.wire(delivery))
-                self.server.receive(self.wire(self.clients[i].mask(self.inputs[i])))
-        return self.server.close_phase()
+        return self.phases.masked_input(deliveries, lambda i: self.inputs[i], skip)
 
     def consistency(self, lists: dict, skip=()) -> dict:
-        for i, survivors in lists.items():
-            if i not in skip:
-                self.server.receive(self.wire(self.clients[i].consistency_check(self.wire(survivors))))
-        return self.server.close_phase()
+        return self.phases.consistency(lists, skip)
 
     def unmask(self, requests: dict, skip=()) -> None:
-        for i, request in requests.items():
-            if i not in skip:
-                self.server.receive(self.wire(self.clients[i].unmask(self.wire(request))))
-        self.server.close_phase()
+        self.phases.unmask(requests, skip)
 
     def response_key(self, client: int) -> bytes:
         """The key client's unmask response is sealed under, as the server derives it."""

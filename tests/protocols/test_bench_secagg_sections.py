@@ -25,8 +25,8 @@ def test_full_and_server_sections_run_and_check_the_sum(capsys):
     args = bench.parse_args(["--sections", "full,server", "--full-clients", "8,14", "--full-modes",
                              "unauthenticated,authenticated", "--full-dim", "50", "--server-clients", "12",
                              "--server-dim", "3000"])
-    bench.section_full(args)
-    bench.section_server(args)
+    bench.SECTIONS["full"](args)
+    bench.SECTIONS["server"](args)
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.strip().split(" ")[0] in ("8", "14")]
     assert len(rows) == 4 and all(" exact " in row for row in rows), out

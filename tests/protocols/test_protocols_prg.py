@@ -161,3 +161,31 @@ def test_mask_into_checks_the_ring_and_the_bound_and_names_the_first_index(two_w
     x[7] = 1 << 10  # outside Z_2^10
     with pytest.raises(ValueError, match="index 7"):
         mask_into(out, x, [], bits=10, bound=None)
+
+
+class _Recorder:
+    """A leaf hasher that keeps the bytes it is fed (and hashes nothing)."""
+
+    fed: list[bytes] = []
+
+    def update(self, data) -> None:
+        _Recorder.fed.append(bytes(data))
+
+    def digest(self) -> bytes:
+        return b"leaf"
+
+
+@pytest.mark.parametrize("streams", [3, prg.STREAM_GROUP + 1])
+def test_mask_into_feeds_every_masked_byte_to_the_hasher_it_is_given(streams):
+    """``hasher=`` replaces the leaf digest in both paths (few streams: fused per chunk; many: per
+    leaf after masking): it sees exactly the masked output, in order, and the masking is unchanged."""
+    keys = [MaskStream(i.to_bytes(16, "little"), (-1) ** i) for i in range(streams)]
+    x = np.arange(CHUNK_WORDS + 9, dtype=np.uint32)
+    reference = np.empty_like(x)
+    digest = mask_into(reference, x, keys, bits=32, bound=None)
+    assert digest == vector_digest(reference)  # the default hasher gives the signed digest
+    _Recorder.fed = []
+    out = np.empty_like(x)
+    assert mask_into(out, x, keys, bits=32, bound=None, hasher=_Recorder) != digest
+    assert np.array_equal(out, reference)
+    assert b"".join(_Recorder.fed) == reference.tobytes()

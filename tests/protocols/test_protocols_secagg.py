@@ -5,17 +5,22 @@ nonce is withheld)."""
 
 from __future__ import annotations
 
-import importlib
-from unittest import mock
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secfed.protocols import BelowThreshold, GraphParams, Phase, Quantizer, SecAggServer, SeedWithheld, simulate
-
-simulate_module = importlib.import_module("secfed.protocols.simulate")  # the module, not the function
+from secfed.protocols import (
+    BelowThreshold,
+    GraphParams,
+    Phase,
+    Quantizer,
+    SeedWithheld,
+    Session,
+    WireTransport,
+    drive,
+    simulate,
+)
 PHASES = [Phase.ADVERTISE_KEYS, Phase.GRAPH_SEED, Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.UNMASK]
 
 
@@ -71,20 +76,18 @@ def expected_abort(params, graph, dropouts, authenticated) -> bool:
 
 
 def run(params, dropouts, bits, inputs, authenticated=False):
-    servers = []
-
-    class Recorded(SecAggServer):  # to read the round's graph even when the round aborts
-        def __init__(self, config, key):
-            super().__init__(config, key)
-            servers.append(self)
-
+    """One round through the phase driver simulate uses, the server kept to read the round's graph
+    even when the round aborts."""
+    session = Session.new(params, dimension=len(inputs[0]), ring_bits=bits, input_bound=None,
+                          authenticated=authenticated)
     aborted = None
-    with mock.patch.object(simulate_module, "SecAggServer", Recorded):
-        try:
-            out = simulate(inputs, dropouts=dropouts, ring_bits=bits, params=params, authenticated=authenticated)
-        except BelowThreshold as exc:
-            aborted = exc
-    must_abort = expected_abort(params, lambda: servers[0].graph, dropouts, authenticated)
+    try:
+        drive(session.clients, WireTransport(session.server, params.n_clients), lambda i: inputs[i],
+              alive=lambda i, phase: dropouts.get(i, 99) > phase)
+        out = session.server.result
+    except BelowThreshold as exc:
+        aborted = exc
+    must_abort = expected_abort(params, lambda: session.server.graph, dropouts, authenticated)
     if aborted is not None:
         assert must_abort, f"spurious abort with dropouts {dropouts}: {aborted}"
         if isinstance(aborted, SeedWithheld):

@@ -1,11 +1,25 @@
-"""simulate(): argument checking, byte accounting, dropout schedules."""
+"""simulate(): argument checking, byte accounting, dropout schedules, the per-step timing hook; the
+client's replaceable primitives."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from secfed.protocols import GraphParams, Phase, Quantizer, random_dropouts, simulate
+from secfed.protocols import (
+    ClientPrimitives,
+    GraphParams,
+    Phase,
+    Quantizer,
+    Session,
+    WireTransport,
+    drive,
+    random_dropouts,
+    simulate,
+)
+from secfed.protocols.crypto import verify_all
+from secfed.protocols.prg import mask_into
+from secfed.protocols.shamir import split
 from secfed.protocols.secagg.messages import HEADER_BYTES
 
 
@@ -85,3 +99,55 @@ def test_phase_parse_accepts_names_and_numbers():
     assert Phase.parse(5) is Phase.UNMASK
     assert Phase.parse("graph_seed") is Phase.GRAPH_SEED
     assert Phase.parse(Phase.SHARE_KEYS) is Phase.SHARE_KEYS
+
+
+CLIENT_STEPS = ["advertise_keys", "reveal_graph_nonce", "share_keys", "receive_shares", "quantize", "mask",
+                "consistency_check", "unmask"]
+
+
+@pytest.mark.parametrize("n, k, t", [(8, 4, 3), (5, 4, 3)], ids=["sparse", "complete"])
+def test_on_step_times_every_step_of_every_party_in_protocol_order(n, k, t):
+    """The hook the benches time rounds with: each live client's steps once each, in order, with the
+    phase they belong to; a client that vanishes at the masked input has no step from then on; the
+    server closes each phase once (the complete graph has no graph-seed phase); the wire carries
+    exactly the bytes counted."""
+    steps = []
+    params = GraphParams.explicit(n, k, t)
+    out = simulate(ring(n, 16), dropouts={3: "masked_input"}, params=params, on_step=steps.append)
+    expected = [s for s in CLIENT_STEPS if not (params.complete and s == "reveal_graph_nonce")]
+    uploads_each = 5 if params.complete else 6
+    assert all(s.wall >= 0 and s.cpu >= 0 for s in steps)
+    for i in range(n):
+        mine = [s.step for s in steps if s.party == "client" and s.client == i]
+        assert mine == (expected[:expected.index("share_keys") + 1] if i == 3 else expected), i
+    phases = {s.step: s.phase for s in steps if s.party == "client" and s.client == 0}
+    assert phases["mask"] is phases["quantize"] is Phase.MASKED_INPUT and phases["unmask"] is Phase.UNMASK
+    closed = [s.phase for s in steps if s.party == "server" and s.step == "close"]
+    assert closed == [p for p in Phase if not (params.complete and p is Phase.GRAPH_SEED)]
+    received = [s.client for s in steps if s.party == "server" and s.step == "receive"]
+    uploads = [s.client for s in steps if s.party == "wire" and s.step == "upload"]
+    assert received == uploads and received.count(3) == uploads_each - 3 and received.count(0) == uploads_each
+    assert out.survivors == tuple(i for i in range(n) if i != 3)
+
+
+def test_primitives_replaced_in_some_clients_are_the_ones_they_call():
+    """``primitives=`` is the seam a load generator replaces (and nothing else changes): the
+    replaced clients call theirs — one mask pass, two splits, one quorum check each — the others
+    the protocol's, and the round is the same round (exact sum)."""
+    calls = []
+
+    def recording(name, real):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return call
+
+    recorder = ClientPrimitives(mask_into=recording("mask_into", mask_into), split=recording("split", split),
+                                verify_all=recording("verify_all", verify_all))
+    inputs = ring(4, 32)
+    session = Session.new(GraphParams.explicit(4, 3, 2), dimension=32, ring_bits=32, input_bound=None)
+    session.clients[1] = session.client(1, primitives=recorder)
+    drive(session.clients, WireTransport(session.server, 4), lambda i: inputs[i])
+    assert sorted(calls) == ["mask_into", "split", "split", "verify_all"]
+    expected = sum(x.astype(np.uint64) for x in inputs) % 2**32
+    assert np.array_equal(session.server.result.total, expected)
