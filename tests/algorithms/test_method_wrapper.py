@@ -26,10 +26,10 @@ DECLARATIONS = sorted(Method.__annotations__)
 
 
 def _overriding_everything() -> type[Method]:
-    """A method that answers every hook with a marker naming the hook, and declares a fresh object
-    for every declaration, so nothing it says can be mistaken for Method's default."""
+    """A method that notes every hook it is asked in ``self.asked``, and declares a fresh object for
+    every declaration, so nothing it says can be mistaken for Method's default."""
     def marker(hook: str) -> Any:
-        return lambda self, *args, **kwargs: ("inner", hook)
+        return lambda self, *args, **kwargs: self.__dict__.setdefault("asked", []).append(hook)
 
     namespace: dict[str, Any] = {hook: marker(hook) for hook in HOOKS}
     namespace.update({key: object() for key in DECLARATIONS})
@@ -59,11 +59,20 @@ def test_method_has_hooks_and_declarations_to_check() -> None:
 
 @pytest.mark.parametrize("option", ["plain", "cdw", "kd"])
 def test_every_hook_of_method_reaches_the_wrapped_method(option: str) -> None:
-    """Each hook the option does not answer itself returns the wrapped method's answer, not Method's."""
-    wrapper = _wrap(option, _overriding_everything()(RunConfig()))
+    """Each hook the option does not answer itself is asked of the wrapped method, not answered by Method."""
+    inner = _overriding_everything()(RunConfig())
+    wrapper = _wrap(option, inner)
     own = {hook for hook in HOOKS if hook in vars(type(wrapper)) and type(wrapper) is not MethodWrapper}
     assert own <= {"client_step", "refine", "describe"}  # what KD and CDW add to a method
-    missed = [hook for hook in HOOKS if hook not in own and _call(wrapper, hook) != ("inner", hook)]
+    missed = []
+    for hook in sorted(set(HOOKS) - own):
+        asked = len(inner.__dict__.get("asked", []))
+        try:
+            _call(wrapper, hook)
+        except Exception:  # noqa: BLE001 - Method's own answer choking on placeholders is a miss too
+            pass
+        if inner.__dict__.get("asked", [])[asked:] != [hook]:
+            missed.append(hook)
     assert not missed, f"{option} answers {missed} itself instead of asking the wrapped method"
 
 
