@@ -30,6 +30,7 @@ from secfed.attacks.registry import TARGETS, AuditContext, TargetReport
 from secfed.attacks.verdict import SEVERITY, Verdict
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.runtime import dropout_schedule
+from secfed.privacy.dfs import DFS
 
 ATTACKS = ("inversion", "membership", "protocol", "all")
 
@@ -115,7 +116,7 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
         raise AuditError("RUN", str(exc)) from None
     say(f"opened {run.checkpoint} (after round {run.rounds_done})")
     k = client_index(run, request.client)
-    shares_dfs = run.config.method.algorithm == "dfh"
+    shares_dfs = DFS in run.fed.method.shared_in_clear
     if request.target == "dfs" and not shares_dfs:
         raise AuditError("--target", f"this run ({run.fed.method.describe()}) shares no DFS: domain feature "
                          "statistics are shared only by --algorithm dfh, so there is nothing to attack")

@@ -25,6 +25,7 @@ from secfed.attacks.local_training import LocalSteps
 from secfed.config import RunConfig
 from secfed.federation.messages import MODEL, Broadcast
 from secfed.federation.runtime import schedule_for
+from secfed.models.reid import make_classifier
 from secfed.models.sharing import SharedLayout
 
 
@@ -48,7 +49,7 @@ def client_update(cfg: RunConfig, model: nn.Module, images: torch.Tensor, labels
     classes = int(labels.max()) + 1
     if not method.uses_global_labels:
         torch.manual_seed(seed)
-        method.new_head(site_model, classes)
+        site_model.classifier = make_classifier(site_model.feature_dim, classes)
     schedule: Schedule = schedule_for(cfg, round_index)
     schedule = replace(schedule, batch_size=batch_size or schedule.batch_size, epochs=epochs or schedule.epochs)
     site = Site(0, "control", images, labels, site_model, 1.0 / len(images))

@@ -105,10 +105,12 @@ def arm_config(arm: str, seed: int, device: str, rounds: int) -> Any:
 
 def scale_learning_rates(cfg: Any, scale: float) -> None:
     """Both learning rates (new layers, backbone) of ``cfg`` × ``scale``, from the method's defaults."""
+    from secfed.algorithms import method_class
+
     pretrained = cfg.model.pretrained != "none"
-    lr = cfg.schedule.resolved_lr(pretrained, cfg.method.algorithm)
-    backbone = cfg.schedule.resolved_backbone_lr(pretrained, cfg.method.algorithm)
-    cfg.schedule.lr, cfg.schedule.lr_backbone = scale * lr, scale * backbone
+    new, backbone = method_class(cfg).learning_rates or (None, None)  # a method's paper may fix its own
+    cfg.schedule.lr = scale * cfg.schedule.resolved_lr(pretrained, new)
+    cfg.schedule.lr_backbone = scale * cfg.schedule.resolved_backbone_lr(pretrained, backbone)
 
 
 def run_arm(job: Job, device: str, threads: int, rounds: int = 16) -> dict[str, Any]:

@@ -145,8 +145,9 @@ class ScheduleConfig(Section):
     FedReIDBench (appendix A.1) trains an ImageNet-pretrained ResNet-50 with lr 0.05 for new layers
     and 0.005 for the backbone; those are the defaults with ``--pretrained`` (imagenet or synthetic). Trained from scratch
     (the CPU default) every layer is new, and 0.05 diverges when a small domain trains alone
-    (measured on the synthetic default), so every layer then starts at 0.02. FedReID uses its
-    paper's 0.1 (mapping network) and 0.01 (embedding).
+    (measured on the synthetic default), so every layer then starts at 0.02. A method whose paper
+    fixes its rates declares them (``Method.learning_rates``: FedReID's 0.1 and 0.01) and they replace
+    these defaults.
     """
 
     rounds: int = setting(16, "--rounds", "Communication rounds.", ge=1)
@@ -160,20 +161,22 @@ class ScheduleConfig(Section):
     momentum: float = setting(0.9, "--momentum", "SGD momentum (Nesterov, as both reference codes).", ge=0, lt=1)
     weight_decay: float = setting(5e-4, "--weight-decay", "SGD weight decay.", ge=0)
 
-    def resolved_lr(self, pretrained: bool, algorithm: str = "fedpav") -> float:
-        """``pretrained``: the run starts from pretrained weights (ImageNet or synthetic)."""
+    def resolved_lr(self, pretrained: bool, method_default: float | None = None) -> float:
+        """``pretrained``: the run starts from pretrained weights (ImageNet or synthetic);
+        ``method_default``: the rate the method's paper fixes (its ``learning_rates``), if any."""
         if self.lr is not None:
             return self.lr
-        if algorithm == "fedreid":
-            return 0.1
+        if method_default is not None:
+            return method_default
         return 0.05 if pretrained else 0.02
 
-    def resolved_backbone_lr(self, pretrained: bool, algorithm: str = "fedpav") -> float:
+    def resolved_backbone_lr(self, pretrained: bool, method_default: float | None = None) -> float:
+        """As :meth:`resolved_lr`, for the backbone (from scratch it follows the new layers' rate)."""
         if self.lr_backbone is not None:
             return self.lr_backbone
-        if algorithm == "fedreid":
-            return 0.01
-        return 0.005 if pretrained else self.resolved_lr(pretrained, algorithm)
+        if method_default is not None:
+            return method_default
+        return 0.005 if pretrained else self.resolved_lr(pretrained)
 
     @property
     def resolved_lr_step(self) -> int:

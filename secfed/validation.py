@@ -14,15 +14,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from secfed.algorithms import method_issues
+from secfed.algorithms import METHODS, Method, method_issues
 from secfed.config import RunConfig, load_toml, schema_issues, with_overrides
 from secfed.errors import raise_issues
 from secfed.privacy.policy import static_issues
 
 
 def check(cfg: RunConfig) -> None:
-    """Every rule that spans settings; raises :class:`~secfed.errors.ConfigError` listing every violation."""
-    raise_issues([*method_issues(cfg), *schema_issues(cfg), *static_issues(cfg)])
+    """Every rule that spans settings; raises :class:`~secfed.errors.ConfigError` listing every violation.
+    (An unknown method is one of them; the privacy rules then read the default method's declarations.)"""
+    method = METHODS.get(cfg.method.algorithm, Method)
+    raise_issues([*method_issues(cfg), *schema_issues(cfg), *static_issues(cfg, method)])
 
 
 def run_config(*, toml: Path | None = None, overrides: Mapping[str, Any] | None = None) -> RunConfig:

@@ -43,11 +43,17 @@ def method_issues(cfg: RunConfig) -> list[ConfigIssue]:
     return issues + method.config_issues(cfg)
 
 
-def base_method(cfg: RunConfig) -> Method:
-    """The configured method, unwrapped (refuses an unknown name as :func:`method_issues` does)."""
+def method_class(cfg: RunConfig) -> type[Method]:
+    """The registered class of the configured method, whose declarations say its rules (refuses an
+    unknown name as :func:`method_issues` does)."""
     if cfg.method.algorithm not in METHODS:
         raise ConfigError(method_issues(cfg))
-    return METHODS[cfg.method.algorithm](cfg)
+    return METHODS[cfg.method.algorithm]
+
+
+def base_method(cfg: RunConfig) -> Method:
+    """The configured method, unwrapped."""
+    return method_class(cfg)(cfg)
 
 
 def with_options(method: Method, cfg: RunConfig, *, public_images: torch.Tensor | None = None,
@@ -64,4 +70,5 @@ def with_options(method: Method, cfg: RunConfig, *, public_images: torch.Tensor 
     return method
 
 
-__all__ = ["METHODS", "Method", "MethodWrapper", "Schedule", "Site", "base_method", "method_issues", "step_lr", "with_options"]
+__all__ = ["METHODS", "Method", "MethodWrapper", "Schedule", "Site", "base_method", "method_class", "method_issues",
+           "step_lr", "with_options"]

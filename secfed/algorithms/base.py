@@ -5,10 +5,15 @@ A method is one class that owns four things:
     model      ``build_model(num_classes)`` and which of its tensors are shared (``shared_prefixes``)
     client     ``client_step(site, broadcast, layout, schedule, seed)`` → :class:`Contribution`: local training,
                then what to sum (named vectors with the client's own weights) and what to share
-    server     ``combine`` (the weighted mean from the sums), ``refine`` (e.g. KD fine-tuning),
-               ``payloads`` (what the broadcast carries besides the weights) and ``absorb`` (what the
-               server keeps of the clients' shared payloads)
-    state      ``site_state`` / ``server_state`` and their loaders: tensors a resume needs
+    server     ``refine`` after the weighted mean (e.g. KD fine-tuning), ``payloads`` (what the
+               broadcast carries besides the weights) and ``absorb`` (what the server keeps of the
+               clients' shared payloads)
+    state      ``site_state`` / ``load_site_state``: tensors of a site a resume needs
+
+and declares its rules as class attributes, read through the registry (:data:`secfed.algorithms.METHODS`)
+before any data is read: the settings only it reads (``own_settings``) and its refusals
+(``config_issues``), whether DP-SGD can cover its loss (``dp_sgd_unsupported``), learning rates its
+paper fixes (``learning_rates``), what it shares in the clear outside the secure sum (``shared_in_clear``).
 
 :class:`Method` answers all of them the FedPav way (cross-entropy on a local classifier, the
 backbone and neck shared, weights n_k/n). Methods override what differs; options that add to any
@@ -25,6 +30,7 @@ versions — whatever the method. A method whose loss is not a mean of per-examp
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -37,7 +43,7 @@ from secfed.data.augment import TrainAugment, epoch_batches
 from secfed.errors import ConfigIssue
 from secfed.federation.messages import MODEL, Aggregate, Broadcast, Contribution, Summand, TrainStats
 from secfed.models.pretrain import initial_weights
-from secfed.models.reid import Pretrained, ReIDModel, make_classifier
+from secfed.models.reid import Pretrained, ReIDModel
 from secfed.models.sharing import SharedLayout, load_shared, shared_layout
 from secfed.privacy import dpsgd
 
@@ -185,6 +191,12 @@ def flat_state(model: nn.Module, layout: SharedLayout) -> torch.Tensor:
     return layout.flatten(model.state_dict()).cpu()
 
 
+def update_weight(site: Site, aggregation: str) -> float:
+    """A client's aggregation weight of its model update: n_k / Σ n (FedPav, MM'20 Alg. 1), or 1 for
+    a plain mean (`method.aggregation` unweighted)."""
+    return 1.0 if aggregation == "unweighted" else site.num_examples * site.weight_scale
+
+
 class Method:
     """The FedPav way of answering every question (see the module docstring)."""
 
@@ -197,6 +209,14 @@ class Method:
     dp_sgd_unsupported: ClassVar[str | None] = None
     # `method.*` settings only this method reads: any other method refuses a value other than the default
     own_settings: ClassVar[tuple[str, ...]] = ()
+    # (new layers, backbone) learning rates when the method's paper fixes them (FedReID); None: the
+    # schedule's defaults. `schedule.lr` / `schedule.lr_backbone` given by the user override either.
+    learning_rates: ClassVar[tuple[float, float] | None] = None
+    # Names of the per-client payloads this method shares in the clear, outside the secure sum (DFH:
+    # its DFS); the privacy plan covers and states each, and the audit attacks them.
+    shared_in_clear: ClassVar[tuple[str, ...]] = ()
+    # A client's aggregation weight is a public function of its enrolled size (CDW's is not).
+    public_weights: bool = True
 
     @classmethod
     def config_issues(cls, cfg: RunConfig) -> list[ConfigIssue]:
@@ -205,12 +225,11 @@ class Method:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        # a client's aggregation weight is a public function of its enrolled size (CDW: it is not)
-        self.public_weights = True
 
     # ---- model ----------------------------------------------------------------------------------
 
     def build_model(self, num_classes: int) -> nn.Module:
+        """The initial model: backbone, neck and a classifier over ``num_classes`` identities."""
         m = self.cfg.model
         return ReIDModel(m.backbone, num_classes, pretrained=self.pretrained_weights(), neck_dim=m.neck_dim,
                          dropout=m.neck_dropout)
@@ -220,11 +239,8 @@ class Method:
         return initial_weights(self.cfg.model, self.cfg.data.height, self.cfg.data.width)
 
     def layout(self, model: nn.Module) -> SharedLayout:
+        """Which of ``model``'s tensors are shared (``shared_prefixes``, `model.bn_stats`), flattened how."""
         return shared_layout(model, self.shared_prefixes, self.cfg.model.bn_stats)
-
-    def new_head(self, model: nn.Module, num_classes: int) -> None:
-        """Give a site's model its own classifier (local-label methods; the caller seeds torch)."""
-        model.classifier = make_classifier(model.feature_dim, num_classes)
 
     def setup_site(self, site: Site) -> None:
         """Method state a site keeps besides its model (none for FedPav)."""
@@ -244,13 +260,6 @@ class Method:
         return train_loop(model, make_optimizer(model, schedule), shuffled_batches(site.num_examples, schedule, generator),
                           site.images, site.labels, cross_entropy_loss, generator)
 
-    def weight(self, site: Site) -> float:
-        """The client's aggregation weight of its model update: n_k / Σ n (FedPav, MM'20 Alg. 1), or 1
-        for a plain mean."""
-        if self.cfg.method.aggregation == "unweighted":
-            return 1.0
-        return site.num_examples * site.weight_scale
-
     def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule,
                     seed: int) -> Contribution:
         """Receive, train locally, and contribute the update of the shared weights with the client's weight.
@@ -258,8 +267,8 @@ class Method:
         self.receive(site, broadcast, layout)
         stats = self.local_train(site, schedule, seed)
         update = flat_state(site.model, layout).sub_(broadcast.weights)  # in place: one 4·d-byte buffer, not two
-        return Contribution({MODEL: Summand(update, self.weight(site), statistics=layout.statistics_runs())},
-                            stats=stats)
+        weight = update_weight(site, self.cfg.method.aggregation)
+        return Contribution({MODEL: Summand(update, weight, statistics=layout.statistics_runs())}, stats=stats)
 
     # ---- server ---------------------------------------------------------------------------------
 
@@ -270,98 +279,57 @@ class Method:
     def absorb(self, server_state: dict[str, torch.Tensor], aggregate: Aggregate) -> None:
         """Keep what the server needs of the clients' shared (not summed) payloads."""
 
-    def combine(self, weights: torch.Tensor, aggregate: Aggregate, denominator: float | None) -> torch.Tensor:
-        """w ← w + Σ w_k·Δ_k / W, W = Σ w_k (the method's weights) or the privacy plan's fixed one."""
-        total = aggregate.weights.get(MODEL, 0.0) if denominator is None else denominator
-        if total <= 0:
-            raise ValueError(f"round {aggregate.round}: the aggregate carries no weight (no client contributed)")
-        return torch.add(weights, aggregate.sums[MODEL], alpha=1.0 / total)
-
     def refine(self, weights: torch.Tensor, aggregate: Aggregate) -> torch.Tensor:
-        """After the mean (and the privacy plan's noise): server-side training (KD); none by default."""
+        """After the weighted mean (and the privacy plan's noise): server-side training (KD); none by default."""
         return weights
 
     # ---- state ----------------------------------------------------------------------------------
 
     def site_state(self, site: Site) -> dict[str, torch.Tensor]:
+        """Tensors a site keeps besides its model that a resume needs (FedReID: its latest local model)."""
         return {}
 
     def load_site_state(self, site: Site, state: Mapping[str, torch.Tensor]) -> None:
-        pass
-
-    def server_state(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def load_server_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        pass
+        """Restore what :meth:`site_state` saved."""
 
     def describe(self) -> str:
+        """The method and its options, as the run's log names them."""
         return self.name
 
 
+# The questions a method answers (its public instance methods) and what it declares (its annotated
+# attributes), both read off Method itself: a hook or declaration added there is forwarded by
+# MethodWrapper without a line of its own.
+HOOKS: tuple[str, ...] = tuple(name for name, value in vars(Method).items()
+                               if not name.startswith("_") and inspect.isfunction(value))
+DECLARATIONS: tuple[str, ...] = tuple(Method.__annotations__)
+
+
 class MethodWrapper(Method):
-    """An option that adds to any method (KD, CDW): every question goes to ``inner`` unless overridden."""
+    """An option that adds to any method (KD, CDW): every hook in :data:`HOOKS` and every declaration
+    in :data:`DECLARATIONS` is the wrapped method's (``inner``) unless the option overrides it, as
+    Flower's mods wrap a message handler. The forwarding is generated, never hand-written, so a hook
+    added to :class:`Method` cannot silently fall back to FedPav's answer under an option."""
 
     def __init__(self, inner: Method) -> None:
         super().__init__(inner.cfg)
         self.inner = inner
-        self.shared_prefixes = inner.shared_prefixes  # type: ignore[misc]
-        self.uses_global_labels = inner.uses_global_labels  # type: ignore[misc]
-        self.name = inner.name  # type: ignore[misc]
-        self.dp_sgd_unsupported = inner.dp_sgd_unsupported  # type: ignore[misc]
-        self.public_weights = inner.public_weights
+        for key in DECLARATIONS:
+            setattr(self, key, getattr(inner, key))
 
-    def build_model(self, num_classes: int) -> nn.Module:
-        return self.inner.build_model(num_classes)
 
-    def layout(self, model: nn.Module) -> SharedLayout:
-        return self.inner.layout(model)
+def _forward(hook: str) -> Callable[..., Any]:
+    """A method of MethodWrapper that asks ``self.inner`` the question ``hook`` names."""
+    def forward(self: MethodWrapper, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.inner, hook)(*args, **kwargs)
 
-    def new_head(self, model: nn.Module, num_classes: int) -> None:
-        self.inner.new_head(model, num_classes)
+    forward.__name__, forward.__qualname__ = hook, f"MethodWrapper.{hook}"
+    forward.__doc__ = f"``inner.{hook}``: {getattr(Method, hook).__doc__ or ''}"
+    return forward
 
-    def setup_site(self, site: Site) -> None:
-        self.inner.setup_site(site)
 
-    def receive(self, site: Site, broadcast: Broadcast, layout: SharedLayout) -> None:
-        self.inner.receive(site, broadcast, layout)
-
-    def local_train(self, site: Site, schedule: Schedule, seed: int, model: nn.Module | None = None) -> TrainStats:
-        return self.inner.local_train(site, schedule, seed, model)
-
-    def weight(self, site: Site) -> float:
-        return self.inner.weight(site)
-
-    def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule,
-                    seed: int) -> Contribution:
-        return self.inner.client_step(site, broadcast, layout, schedule, seed)
-
-    def payloads(self, server_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.inner.payloads(server_state)
-
-    def absorb(self, server_state: dict[str, torch.Tensor], aggregate: Aggregate) -> None:
-        self.inner.absorb(server_state, aggregate)
-
-    def combine(self, weights: torch.Tensor, aggregate: Aggregate, denominator: float | None) -> torch.Tensor:
-        return self.inner.combine(weights, aggregate, denominator)
-
-    def refine(self, weights: torch.Tensor, aggregate: Aggregate) -> torch.Tensor:
-        return self.inner.refine(weights, aggregate)
-
-    def site_state(self, site: Site) -> dict[str, torch.Tensor]:
-        return self.inner.site_state(site)
-
-    def load_site_state(self, site: Site, state: Mapping[str, torch.Tensor]) -> None:
-        self.inner.load_site_state(site, state)
-
-    def server_state(self) -> dict[str, torch.Tensor]:
-        return self.inner.server_state()
-
-    def load_server_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.inner.load_server_state(state)
-
-    def describe(self) -> str:
-        return self.inner.describe()
+for _hook in HOOKS:
+    setattr(MethodWrapper, _hook, _forward(_hook))
 
 
 def eval_copy(model: nn.Module) -> nn.Module:

@@ -175,15 +175,22 @@ class DFH(Method):
     name = "dfh"
     dp_sgd_unsupported = "its batch-hard triplet losses couple the examples of a batch, so they are not per-example"
     own_settings = ("dfs_noise",)
+    shared_in_clear = (DFS,)
 
     @classmethod
     def config_issues(cls, cfg: RunConfig) -> list[ConfigIssue]:
-        """P×K batches: P identities of at least two images each must fit one batch."""
+        """P×K batches: P identities of at least two images each must fit one batch. The DFS mechanism's
+        ε treats the feature extractor as public, which local BatchNorm statistics are not."""
         p, batch = cfg.method.ids_per_batch, cfg.schedule.batch_size
+        issues = []
         if p * 2 > batch:
-            return [ConfigIssue("method.ids_per_batch", f"P = {p} identities × K ≥ 2 images need "
-                                f"`schedule.batch_size` ≥ {2 * p}, got {batch}")]
-        return []
+            issues.append(ConfigIssue("method.ids_per_batch", f"P = {p} identities × K ≥ 2 images need "
+                                      f"`schedule.batch_size` ≥ {2 * p}, got {batch}"))
+        if cfg.method.dfs_noise > 0 and cfg.model.bn_stats == "local":
+            issues.append(ConfigIssue("method.dfs_noise", "the DFS mechanism treats the feature extractor as public, "
+                                      "but local BatchNorm statistics come from the client's own images; use "
+                                      "`model.bn_stats` shared"))
+        return issues
 
     def build_model(self, num_classes: int) -> nn.Module:
         m = self.cfg.model

@@ -43,6 +43,7 @@ class _WithExpert(nn.Module):
 class FedReID(Method):
     name = "fedreid"
     shared_prefixes = ("backbone.",)
+    learning_rates = (0.1, 0.01)  # the paper's: mapping network, embedding
     dp_sgd_unsupported = ("its expert distillation trains two models jointly and calls them outside the model's "
                           "forward pass, so Opacus gets no per-example gradients of it")
 

@@ -56,7 +56,7 @@ class KnowledgeDistillation(MethodWrapper):
             raise ValueError(f"knowledge distillation needs a public set of at least 2 images, got {len(public_images)}")
         self.public = public_images
         self.server_model = copy.deepcopy(server_model)  # the student: the global shared weights + any head
-        self.layout = layout
+        self.student_layout = layout  # not `layout`: that is the method's hook, forwarded to `inner`
         self.epochs, self.lr, self.seed = epochs, lr, seed
 
     def client_step(self, site: Site, broadcast: Broadcast, layout: SharedLayout, schedule: Schedule,
@@ -75,7 +75,7 @@ class KnowledgeDistillation(MethodWrapper):
     def distill(self, weights: torch.Tensor, target: torch.Tensor, round_index: int) -> torch.Tensor:
         """Fine-tune the global model towards ``target`` features of the public set: MSE, SGD."""
         model = self.server_model
-        load_shared(model, self.layout, weights)
+        load_shared(model, self.student_layout, weights)
         device = next(model.parameters()).device
         images, target = self.public.to(device), target.to(device)
         generator = torch.Generator().manual_seed(self.seed + round_index)
@@ -95,7 +95,7 @@ class KnowledgeDistillation(MethodWrapper):
                 optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step(KD_ACTIVITY, done, done)
-        return self.layout.flatten(model.state_dict()).cpu()
+        return self.student_layout.flatten(model.state_dict()).cpu()
 
     def describe(self) -> str:
         return f"{self.inner.describe()}+kd"

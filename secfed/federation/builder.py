@@ -31,6 +31,7 @@ from secfed.federation.client import ClientSide
 from secfed.federation.secure_channel import RING_BITS, SecureChannel
 from secfed.federation.server import ServerSide
 from secfed.models import pretrain
+from secfed.models.reid import make_classifier
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.accountant import SampledGaussianAccountant
 from secfed.privacy.dfs import dfs_settings
@@ -400,7 +401,7 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
         rounds=cfg.schedule.rounds, aggregation="weighted" if cfg.method.aggregation == "weighted" else "unweighted",
         secagg=cfg.secagg.enabled, bn_stats=cfg.model.bn_stats, extra_uploads=extra_uploads, model_dim=layout.size,
         quantiser_scale=channel.scale if isinstance(channel, SecureChannel) else None, ring_bits=RING_BITS,
-        design_dropout=max(DESIGN_DROPOUT, cfg.secagg.dropout_rate), dfs=dfs_settings(cfg),
+        design_dropout=max(DESIGN_DROPOUT, cfg.secagg.dropout_rate), dfs=dfs_settings(cfg, method),
         authenticated=cfg.secagg.authenticated,
     )
     sizes = [int(c["images"]) for c in clients_info]
@@ -413,7 +414,7 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
         model = copy.deepcopy(initial)
         if not method.uses_global_labels:
             torch.manual_seed(derive_seed(cfg.seed, "classifier", k))
-            method.new_head(model, int(entry["classes"]))
+            model.classifier = make_classifier(model.feature_dim, int(entry["classes"]))  # the site's own head
         model = model.to(device)
         pixels, labels = _site_data(shards[k] if shards else None, method.uses_global_labels, train_images, h, w,
                                     images)

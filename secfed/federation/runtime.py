@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from secfed import atomic_file, tracking
+from secfed.algorithms import method_class
 from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr, train_alone
 from secfed.config import ConfigError, RunConfig, from_dict
 from secfed.environment import environment
@@ -105,10 +106,11 @@ class RunResult:
 
 
 def schedule_for(cfg: RunConfig, round_index: int) -> Schedule:
-    s, pretrained, algorithm = cfg.schedule, cfg.model.pretrained != "none", cfg.method.algorithm
+    s, pretrained = cfg.schedule, cfg.model.pretrained != "none"
+    new, backbone = method_class(cfg).learning_rates or (None, None)
     return Schedule(
-        lr_backbone=step_lr(s.resolved_backbone_lr(pretrained, algorithm), round_index, s.resolved_lr_step, s.lr_gamma),
-        lr_new=step_lr(s.resolved_lr(pretrained, algorithm), round_index, s.resolved_lr_step, s.lr_gamma),
+        lr_backbone=step_lr(s.resolved_backbone_lr(pretrained, backbone), round_index, s.resolved_lr_step, s.lr_gamma),
+        lr_new=step_lr(s.resolved_lr(pretrained, new), round_index, s.resolved_lr_step, s.lr_gamma),
         epochs=s.local_epochs,
         batch_size=s.batch_size,
         momentum=s.momentum,
@@ -445,7 +447,6 @@ def snapshot(fed: Federation, history: list[dict[str, Any]], wall: float) -> dic
         "layout_id": fed.layout.fingerprint(),
         "data_fingerprint": fed.data_info["fingerprint"],
         "global": fed.server.weights,
-        "server_state": fed.method.server_state(),
         "server_kept": dict(fed.server.state),  # what the method keeps on the server side (DFH: every client's DFS)
         "clients": {str(c.site.id): {**local_state(c.site.model, fed.layout), **prefixed(fed.method.site_state(c.site))}
                     for c in fed.clients},
@@ -478,7 +479,6 @@ def restore(fed: Federation, state: dict[str, Any]) -> tuple[list[dict[str, Any]
     if state["layout_id"] != fed.layout.fingerprint():
         raise ckpt.CheckpointError("checkpoint was written for another model layout (backbone or sharing rule)")
     fed.server.weights = state["global"]
-    fed.method.load_server_state(state.get("server_state", {}))
     fed.server.state = dict(state.get("server_kept", {}))
     for client in fed.clients:
         own, method = split_prefixed(state["clients"][str(client.site.id)])

@@ -5,7 +5,7 @@ channel's :class:`~secfed.federation.messages.Aggregate` (in), so it can live in
 than the clients (in-process for ``secfed train``, Flower messages for ``secfed train --flower``).
 
     select → broadcast → … channel … → apply:
-        decode (distributed DP) → absorb shared payloads → the method's mean → Eq. 15 correction
+        decode (distributed DP) → absorb shared payloads → the weighted mean → Eq. 15 correction
         and central noise (privacy plan) → the method's refinement (KD)
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from secfed.algorithms.base import Method
-from secfed.federation.messages import Aggregate, Broadcast
+from secfed.federation.messages import MODEL, Aggregate, Broadcast
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.round import ServerPrivacy
 from secfed.seeding import numpy_rng
@@ -29,6 +29,14 @@ def select_clients(num_clients: int, round_index: int, run_seed: int, clients_pe
     rng = numpy_rng(run_seed, "select", round_index)
     k = clients_per_round or num_clients
     return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
+
+
+def weighted_mean(weights: torch.Tensor, aggregate: Aggregate, denominator: float | None) -> torch.Tensor:
+    """w ← w + Σ w_k·Δ_k / W, W = Σ w_k (the clients' weights, inside the sum) or the privacy plan's fixed one."""
+    total = aggregate.weights.get(MODEL, 0.0) if denominator is None else denominator
+    if total <= 0:
+        raise ValueError(f"round {aggregate.round}: the aggregate carries no weight (no client contributed)")
+    return torch.add(weights, aggregate.sums[MODEL], alpha=1.0 / total)
 
 
 @dataclass
@@ -67,7 +75,7 @@ class ServerSide:
         denominator = self.privacy.denominator
         if aggregate.empty and denominator is None:
             return
-        weights = self.weights if aggregate.empty else self.method.combine(self.weights, aggregate, denominator)
+        weights = self.weights if aggregate.empty else weighted_mean(self.weights, aggregate, denominator)
         contributors = {k: self.public_weight(k) for k in aggregate.contributors}
         weights = self.privacy.finish(weights, aggregate.round, contributors)
         if not aggregate.empty:

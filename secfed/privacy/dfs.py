@@ -47,6 +47,7 @@ from secfed.privacy.accountant import gaussian_epsilon
 from secfed.privacy.noise import NoiseSource, gaussian
 
 if TYPE_CHECKING:
+    from secfed.algorithms.base import Method
     from secfed.config import RunConfig
 
 IFS = "ifs"  # Contribution.shared: (2, N, d) per-identity means and variances — never uploaded
@@ -93,9 +94,10 @@ class DfsPlan:
                 "model is treated as public). This ε is separate from, and NOT inside, the printed client-level ε.")
 
 
-def dfs_settings(cfg: RunConfig) -> tuple[float, float] | None:
-    """(noise multiplier, clip) of the run's DFS channel, or None when its method shares no DFS."""
-    if cfg.method.algorithm != "dfh":
+def dfs_settings(cfg: RunConfig, method: Method | type[Method]) -> tuple[float, float] | None:
+    """(noise multiplier, clip) of the run's DFS channel, or None when ``method`` (the run's, as the
+    registry has it) declares no DFS among what it shares in the clear."""
+    if DFS not in method.shared_in_clear:
         return None
     return cfg.method.dfs_noise, cfg.method.dfs_clip
 

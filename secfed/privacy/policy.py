@@ -67,6 +67,7 @@ from secfed.privacy.dpsgd import poisson_schedule
 from secfed.privacy.ledger import PrivacyLedger
 
 if TYPE_CHECKING:
+    from secfed.algorithms.base import Method
     from secfed.config import RunConfig
 
 Mechanism = Literal["none", "beta", "gaussian", "skellam"]
@@ -247,34 +248,32 @@ class PrivacyPlan:
 # ---- checks that need no data ----------------------------------------------------------------------
 
 
-def static_issues(cfg: RunConfig) -> list[ConfigIssue]:
-    """Every privacy rule that can be checked before any data is read (used by :func:`secfed.validation.check`)."""
+def static_issues(cfg: RunConfig, method: type[Method]) -> list[ConfigIssue]:
+    """Every privacy rule that can be checked before any data is read (used by :func:`secfed.validation.check`);
+    ``method``: the configured method's class, whose declarations say what it shares."""
     p = cfg.privacy
     issues = list(_combination_issues(p, secagg=cfg.secagg.enabled, clients_per_round=cfg.schedule.clients_per_round))
     if client_level_dp(p) or p.distributed:
         issues += [ConfigIssue(key, f"client-level DP is on, but {why}")
-                   for key, why in _blockers(cfg.method.aggregation, cfg.model.bn_stats, p.dp_sgd, _method_extras(cfg))]
+                   for key, why in _blockers(cfg.method.aggregation, cfg.model.bn_stats, p.dp_sgd,
+                                             _method_extras(cfg, method))]
     m = cfg.method
     if p.dp_sgd:
         if m.cdw:
             issues.append(ConfigIssue("method.cdw", "cosine distance weights are computed from the client's private "
                                       "images outside DP-SGD, so example-level DP would not cover them"))
-    if m.algorithm == "dfh" and m.dfs_noise > 0 and cfg.model.bn_stats == "local":
-        issues.append(ConfigIssue("method.dfs_noise", "the DFS mechanism treats the feature extractor as public, but "
-                                  "local BatchNorm statistics come from the client's own images; use `model.bn_stats` "
-                                  "shared"))
     if p.dp_beta_mode == "double" and m.cdw:
         issues.append(ConfigIssue(KEY["dp_beta_mode"], "Eq. 15's correction needs the aggregation weights, which "
                                   "cosine distance weights keep secret inside the masked sum"))
     return issues
 
 
-def _method_extras(cfg: RunConfig) -> list[str]:
+def _method_extras(cfg: RunConfig, method: type[Method]) -> list[str]:
     """What the method uploads besides the clipped shared update (no client-level noise covers it)."""
     extras = []
     if cfg.method.kd:
         extras.append(KD_UPLOAD)
-    return extras + _dfs_extra(dfs_settings(cfg))
+    return extras + _dfs_extra(dfs_settings(cfg, method))
 
 
 # what _blockers says of DFH's statistics when they travel unnoised
