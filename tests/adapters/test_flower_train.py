@@ -67,6 +67,8 @@ def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_dire
     said = capsys.readouterr().out
     assert said.count("  training: 3 clients") == 2 and "  training: 3 clients; ≈" in said
     assert "  secure aggregation: share_keys (2 nodes; ≈" in said and "  final scoring: " in said
+    # Enrolment rode with the hello (issue 22 item 3): no round trip of its own, and every node enrolled
+    assert "secure aggregation: enrol" not in said and "secure aggregation: unmask (2 nodes" in said
 
     def files(folder: Path) -> set[str]:
         return {str(p.relative_to(folder)) for p in folder.rglob("*")}

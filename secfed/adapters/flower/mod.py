@@ -5,7 +5,8 @@
 The mod answers the train messages that carry secfed's control record (everything else goes to
 the app untouched) and runs one :class:`~secfed.protocols.SecAggClient` across them:
 
-    enrol              prove the node's Ed25519 identity (authenticated mode)
+    enrol              prove the node's Ed25519 identity (authenticated mode); riding on an app
+                       message (the run's first), the app answers that message in the same reply
     advertise_keys     check the session against this node's policy, create keys → AdvertiseKeys
     graph_seed, share_keys, consistency_check, unmask      the protocol's next step
     masked_input       open the neighbours' shares, check the model is the one announced, run the
@@ -95,7 +96,7 @@ class SecAggMod:
         try:
             stage = typed(ctl, "stage", str)
             if stage == ENROL:
-                return run.enrol(msg, ctl)
+                return run.enrol(msg, ctl, call_next)
             if stage == ADVERTISE:
                 return run.advertise(msg, ctl)
             return run.step(msg, stage, call_next)
@@ -151,13 +152,24 @@ class _NodeRun:
     def folder(self) -> Path:
         return self.mod.folder(self.context)
 
-    def enrol(self, msg: Message, ctl: ConfigRecord) -> Message:
+    def enrol(self, msg: Message, ctl: ConfigRecord, call_next: ClientAppCallable) -> Message:
+        """Prove the node's identity; a message that also carries the app's content (the run's first
+        message, e.g. ``secfed train --flower``'s hello) is answered by the app too, in the same reply:
+        enrolment then costs no round trip of its own."""
         nonce = typed(ctl, "nonce", bytes)
         if len(nonce) != _NONCE_BYTES:
             raise MalformedMessage(f"{CONTROL}: enrolment nonce must be {_NONCE_BYTES} bytes")
         identity = node.identity_key(self.folder)
         proof = sign(identity, enrol_payload(self.context.run_id, self.context.node_id, nonce))
-        return _reply(msg, ConfigRecord({"stage": ENROL, "identity": node.public_identity(identity), "proof": proof}))
+        clear = None
+        if len(without_ours(msg.content)):
+            msg.content = without_ours(msg.content)
+            reply = call_next(msg, self.context)
+            if reply.has_error():
+                raise ReplyRefused(f"the app failed: {reply.error.reason}")
+            clear = without_ours(reply.content)
+        return _reply(msg, ConfigRecord({"stage": ENROL, "identity": node.public_identity(identity), "proof": proof}),
+                      clear=clear)
 
     def advertise(self, msg: Message, ctl: ConfigRecord) -> Message:
         config = decode_session(typed(ctl, "session", bytes))

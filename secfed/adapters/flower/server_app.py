@@ -63,7 +63,7 @@ from secfed.protocols import ProtocolError
 from .client_app import BROADCAST, CLIP_WORD, STEP, UPLOADS
 from .encoding import RING, Encoding
 from .node import Cohort
-from .wire import array_bytes, bytes_array
+from .wire import CONTROL, array_bytes, bytes_array
 from .workflow import SecAggWorkflow, exchange
 
 log = logging.getLogger("secfed.flower")
@@ -177,8 +177,12 @@ class FlowerRun:
         deadline = time.monotonic() + self.settings.start_timeout
         while True:
             new = [n for n in self.grid.get_node_ids() if n not in hosts]
-            replies = exchange(self.grid, {n: RecordDict({STEP: step}) for n in new}, timeout=self.settings.phase_timeout,
-                               poll=self.settings.poll)
+            challenges = self.flow.challenges(new) if self.flow is not None else {}  # enrolment rides along
+            contents = {n: RecordDict({STEP: step, **({CONTROL: challenges[n]} if n in challenges else {})})
+                        for n in new}
+            replies = exchange(self.grid, contents, timeout=self.settings.phase_timeout, poll=self.settings.poll)
+            if challenges:
+                self.flow.accept(replies, challenges)
             for n, reply in replies.items():
                 out = reply.content.config_records[STEP]
                 hosts[n] = [int(k) for k in out["sites"]]

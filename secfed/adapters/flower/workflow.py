@@ -15,7 +15,9 @@ message content: the app trains on it there, and its deadline is ``input_timeout
 
 Authenticated mode (the default) first enrols nodes it has not seen: a node proves it holds an
 Ed25519 identity from the cohort file by signing a fresh nonce bound to the run and its node id;
-the session's identity keys are those. Nodes outside the cohort take no part.
+the session's identity keys are those. Nodes outside the cohort take no part. The challenge can ride
+on the run's first app message (:meth:`SecAggWorkflow.challenges` / :meth:`~SecAggWorkflow.accept`:
+``secfed train --flower`` sends it with its hello), so enrolment costs no round trip of its own.
 
 Flower's ``Grid.send_and_receive`` polls every 3 s; this workflow pushes and pulls itself every
 ``poll_interval`` seconds, so a phase ends as soon as its last reply is in.
@@ -113,28 +115,43 @@ class SecAggWorkflow:
 
     def enrol(self, grid: Grid, node_ids: Sequence[int]) -> dict[int, bytes]:
         """Identity keys of ``node_ids`` (cached; new nodes prove theirs). Nodes that fail are left out."""
-        new = [n for n in node_ids if n not in self.identities]
-        if new:
-            nonces = {n: os.urandom(16) for n in new}
-            self._notify(ENROL, new)
-            replies = self._exchange(grid, {n: RecordDict({CONTROL: ConfigRecord({"stage": ENROL, "nonce": nonces[n]})})
-                                            for n in new}, self.phase_timeout, "0")
-            for n, reply in replies.items():
-                try:
-                    ctl = _reply_control(reply, ENROL)
-                    key, proof = typed(ctl, "identity", bytes), typed(ctl, "proof", bytes)
-                    if key not in self.cohort:
-                        raise WrongSender(f"node {n} enrols with an identity key outside the cohort")
-                    verify(key, proof, enrol_payload(reply.metadata.run_id, n, nonces[n]), who=f"node {n}'s enrolment")
-                except ProtocolError as exc:
-                    log.warning("node %s not enrolled: %s", n, exc)
-                    continue
-                # A site whose SuperNode restarted comes back under a new node id: the newest proof wins.
-                for old in [m for m, k in self.identities.items() if k == key]:
-                    log.info("node %s now holds %s's identity (was node %s)", n, self.cohort.name_of(key), old)
-                    del self.identities[old]
-                self.identities[n] = key
+        challenges = self.challenges(node_ids)
+        if challenges:
+            self._notify(ENROL, list(challenges))
+            replies = self._exchange(grid, {n: RecordDict({CONTROL: c}) for n, c in challenges.items()},
+                                     self.phase_timeout, "0")
+            self.accept(replies, challenges)
         return {n: self.identities[n] for n in node_ids if n in self.identities}
+
+    def challenges(self, node_ids: Sequence[int]) -> dict[int, ConfigRecord]:
+        """The enrolment challenge (a fresh nonce) for each of ``node_ids`` not enrolled yet: a control
+        record to send alone (:meth:`enrol`) or on the node's first app message (the SecAggMod then
+        answers both in one reply) and to hand back to :meth:`accept` with the replies."""
+        if not self.authenticated:
+            return {}
+        return {n: ConfigRecord({"stage": ENROL, "nonce": os.urandom(16)}) for n in node_ids
+                if n not in self.identities}
+
+    def accept(self, replies: Mapping[int, Message], challenges: Mapping[int, ConfigRecord]) -> None:
+        """Enrol the nodes whose replies prove an identity of the cohort for their challenge."""
+        for n, reply in replies.items():
+            if n not in challenges:
+                continue
+            try:
+                ctl = _reply_control(reply, ENROL)
+                key, proof = typed(ctl, "identity", bytes), typed(ctl, "proof", bytes)
+                if key not in self.cohort:
+                    raise WrongSender(f"node {n} enrols with an identity key outside the cohort")
+                nonce = typed(challenges[n], "nonce", bytes)
+                verify(key, proof, enrol_payload(reply.metadata.run_id, n, nonce), who=f"node {n}'s enrolment")
+            except ProtocolError as exc:
+                log.warning("node %s not enrolled: %s", n, exc)
+                continue
+            # A site whose SuperNode restarted comes back under a new node id: the newest proof wins.
+            for old in [m for m, k in self.identities.items() if k == key]:
+                log.info("node %s now holds %s's identity (was node %s)", n, self.cohort.name_of(key), old)
+                del self.identities[old]
+            self.identities[n] = key
 
     # ---- one aggregation --------------------------------------------------------------------------
 
