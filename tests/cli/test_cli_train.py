@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from secfed.cli.main import cli
+from secfed.evaluation.communication import format_bytes
 
 TINY = ["--height", "32", "--width", "16", "--rounds", "2", "--batch-size", "8", "--no-secagg", "--threads", "2"]
 
@@ -212,6 +213,9 @@ def test_resume_of_a_finished_run_reads_its_saved_config_and_reports_the_same(tr
     assert result.exit_code == 0, result.output
     again = json.loads(result.stdout)
     assert again["rounds"] == 2 and again["domains"] == summary["domains"]
+    # the last line says where the run is and what it weighs on disk
+    weighs = format_bytes(again["storage"]["run_dir_bytes"])
+    assert f"run directory: {run_dir} ({weighs} on disk)\n" in result.output
 
 
 def test_a_moved_run_and_its_moved_data_evaluate_with_data_root(trained: tuple[dict, Path], synth_root: Path,
