@@ -260,7 +260,7 @@ def decode_tensors(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any]
 # ---- on disk ---------------------------------------------------------------------------------------
 
 
-def _planes(data: bytes | memoryview, itemsize: int, *, inverse: bool = False) -> np.ndarray:
+def _planes(data: bytes | memoryview | np.ndarray, itemsize: int, *, inverse: bool = False) -> np.ndarray:
     """A tensor's bytes as byte planes (every value's first byte, then every second byte, ...), or back.
     In a float32 update the sign and exponent bytes of values of like size repeat, so the planes
     deflate to about half; interleaved they hardly deflate at all."""
@@ -285,7 +285,7 @@ def compress(message: bytes | memoryview) -> bytes:
     return b"".join(parts)
 
 
-def decompress(data: bytes | memoryview) -> bytes:
+def decompress(data: bytes | memoryview) -> bytearray:
     """The message bytes :func:`compress` stored. A damaged file (zlib's checksum, a truncated stream,
     trailing bytes, a table that does not fit) is a :class:`CodecError`."""
     view = memoryview(data).cast("B")
@@ -301,10 +301,11 @@ def decompress(data: bytes | memoryview) -> bytes:
     if not inflater.eof or inflater.unused_data:
         raise CodecError("stored message: damaged (the compressed stream is truncated or followed by other bytes)")
     _, _, spans = _scan(message, None)
+    out = np.frombuffer(message, dtype=np.uint8)  # writes through to `message`
     for entry, pos, size in spans:
-        message[pos : pos + size] = _planes(memoryview(message)[pos : pos + size],
-                                            _DTYPES[entry["dtype"]][1].itemsize, inverse=True).tobytes()
-    return bytes(message)
+        itemsize = _DTYPES[entry["dtype"]][1].itemsize
+        out[pos : pos + size] = _planes(out[pos : pos + size], itemsize, inverse=True).reshape(-1)
+    return message
 
 
 def upload_identity(data: bytes | memoryview) -> tuple[int, bytes | None]:

@@ -31,7 +31,8 @@ def _round() -> tuple[Broadcast, dict[int, Broadcast], list[Upload]]:
     weights[:3] = torch.tensor([-0.0, 0.0, 1e-40])  # signed zero and a subnormal must survive too
     broadcast = Broadcast(4, weights, "layout-a", {"dfs/1": torch.randn(3, 8, generator=g)})
     personal = {2: Broadcast(4, weights + 1e-3 * torch.randn(20_000, generator=g), "layout-a")}
-    uploads = [Upload(k, 4, {MODEL: Summand(1e-3 * torch.randn(20_000, generator=g), 10.0 + k, "float", 2.0, ((0, 50),)),
+    update = [1e-3 * torch.randn(20_000, generator=g) for _ in range(2)]
+    uploads = [Upload(k, 4, {MODEL: Summand(update[k - 1], 10.0 + k, "float", 2.0, ((0, 50),)),
                              "ring": Summand(torch.randint(0, 2**32, (5_000,), generator=g), 1.0, "ring")},
                       {"dfs": torch.randn(3, 8, generator=g)}, bytes(range(32)))
                for k in (1, 2)]
