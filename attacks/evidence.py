@@ -38,7 +38,6 @@ from secfed.models.sharing import load_shared
 from secfed.seeding import numpy_rng
 
 
-
 class AuditError(ValueError):
     """A request the run cannot answer (a round not recorded, an unknown client, no DFS). ``option``
     names the flag it concerns."""

@@ -9,7 +9,9 @@ lengths, JSON shape, dtypes, shapes against the bytes present, that nothing trai
 float is finite — anything else raises :class:`CodecError` saying what is wrong. The Flower
 transport sends these bytes between processes; the in-process runtime sums Upload objects in memory
 and uses this codec to count the bytes a round would send, to carry the shared-not-summed part
-beside secure aggregation, and to record uploads (``--record-uploads``) for the audit.
+beside secure aggregation, and to record uploads (``--record-uploads``) for the audit, which keeps
+them as :func:`compress` stores them: ``"SFEZ" | version u8 | zlib(the message, each tensor's bytes
+as byte planes)``, lossless; :func:`decompress` gives the message back for ``decode_*`` to check.
 """
 
 from __future__ import annotations

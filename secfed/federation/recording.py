@@ -17,8 +17,8 @@ import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import cast
 from pathlib import Path
+from typing import cast
 
 import torch
 

@@ -49,6 +49,9 @@ def test_train_json_is_one_object_with_the_promised_keys(trained: tuple[dict, Pa
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["round-0002.pt"]
     assert storage["checkpoint_bytes"] == (run_dir / "checkpoints" / "round-0002.pt").stat().st_size
     assert storage["uploads_bytes"] == 0 and storage["run_dir_bytes"] > storage["checkpoint_bytes"]
+    # the shared weights once, and each local-only baseline's own model (one per domain): no site's copy
+    # of the global weights again (the clients' local heads are small)
+    assert storage["checkpoint_bytes"] < 1.1 * (1 + len(names)) * comm["shared_model_bytes"]
 
 
 def test_run_directory_holds_config_metrics_checkpoint_plot(trained: tuple[dict, Path]) -> None:
