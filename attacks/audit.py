@@ -22,13 +22,14 @@ from typing import Any
 
 from secfed.attacks.budget import BUDGETS, REPORT_RESERVE, Budget, Stopwatch
 from secfed.attacks.evidence import (AuditedRun, AuditError, RoundEvidence, client_index, gallery_for, model_with,
-                                     next_cohort, open_for_audit, read_recorded, recorded_rounds, rederive_next,
+                                     next_cohort, open_for_audit, read_recorded, rederive_next,
                                      run_facts)
 from secfed.attacks.judge import Judge
 from secfed.attacks.protocol import contributor_sets, protocol_checks, protocol_verdict
 from secfed.attacks.registry import TARGETS, AuditContext, TargetReport
 from secfed.attacks.verdict import SEVERITY, Verdict
 from secfed.federation import checkpoint as ckpt
+from secfed.federation import recording
 from secfed.federation.runtime import dropout_schedule
 from secfed.privacy.dfs import DFS
 
@@ -169,7 +170,7 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
 
 
 def _evidence(run: AuditedRun, requested: int | None, k: int, say: Callable[[str], None]) -> RoundEvidence:
-    recorded = recorded_rounds(run.run_dir)
+    recorded = recording.recorded_rounds(run.run_dir)
     nxt = run.rounds_done + 1
     chosen = requested if requested is not None else (max(recorded) if recorded else nxt)
     if chosen in recorded:
@@ -200,12 +201,13 @@ def _contributors(run: AuditedRun, evidence: RoundEvidence) -> list[int]:
 
 def _protocol(run: AuditedRun) -> TargetReport:
     hashes: dict[int, dict[int, bytes | None]] = {}
-    for t in recorded_rounds(run.run_dir):
+    for t in recording.recorded_rounds(run.run_dir):
         try:
-            evidence = read_recorded(run, t)
-        except AuditError:
+            recorded = recording.model_hashes(run.run_dir, t)  # the uploads' headers: their tensors are not read
+        except recording.RecordingError:
             continue
-        hashes[t] = {i: u.model_hash for i, u in evidence.uploads.items()}
+        if recorded:
+            hashes[t] = recorded
     findings = protocol_checks(run.config.to_dict(), run.history, hashes)
     verdict, reason = protocol_verdict(findings)
     return TargetReport("protocol", verdict, reason, True, "the run's protocol and what its server-side files keep",

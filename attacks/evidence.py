@@ -1,7 +1,8 @@
 """What a run shared, as the audit reads it from the run directory or re-derives it.
 
-    recorded     RUN/uploads/round-NNNN/client-KKKK.upload (codec bytes) and broadcast.bin, kept by
-                 ``--record-uploads``: exactly what left each client and what it started from
+    recorded     RUN/uploads/round-NNNN/, kept by ``--record-uploads`` (read by
+                 :func:`secfed.federation.recording.read_round`): exactly what left each client and
+                 what it started from
     re-derived   when nothing was recorded: the client's real step — the method's ``client_step`` and
                  the privacy step, through :meth:`secfed.federation.client.ClientSide.step` — on the
                  client's own data, from the checkpoint's global weights and the client's local state.
@@ -18,7 +19,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,15 +30,12 @@ from secfed.algorithms.base import Schedule
 from secfed.attacks.judge import Gallery
 from secfed.config import RunConfig, from_dict
 from secfed.federation import checkpoint as ckpt
-from secfed.federation import codec
+from secfed.federation import codec, recording
 from secfed.federation.builder import Federation, build
 from secfed.federation.messages import MODEL, Aggregate, Broadcast, Upload
 from secfed.federation.runtime import check_data, restore, schedule_for, train_seed
 from secfed.models.sharing import load_shared
 from secfed.seeding import numpy_rng
-
-_UPLOAD = re.compile(r"client-(\d{4,})\.upload$")
-_ROUND = re.compile(r"round-(\d{4,})$")
 
 
 class AuditError(ValueError):
@@ -119,36 +116,18 @@ class RoundEvidence:
         return self.personal.get(client_id, self.broadcast).weights
 
 
-def recorded_rounds(run_dir: Path) -> list[int]:
-    folder = Path(run_dir) / "uploads"
-    if not folder.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _ROUND.search(p.name)) and p.is_dir())
-
-
 def read_recorded(run: AuditedRun, round_number: int) -> RoundEvidence:
-    folder = run.run_dir / "uploads" / f"round-{round_number:04d}"
-    if not (folder / "broadcast.bin").is_file():
-        raise AuditError("--round", f"round {round_number}'s uploads were recorded without the broadcast they "
-                         f"answered ({folder / 'broadcast.bin'} is missing: a run from before secfed kept it), so "
-                         "the weights they started from are unknown; audit the re-derived next round instead "
-                         f"(--round {run.rounds_done + 1})")
     try:
-        broadcast = codec.decode_broadcast((folder / "broadcast.bin").read_bytes())
-        uploads = {}
-        personal = {}
-        for p in sorted(folder.iterdir()):
-            if m := _UPLOAD.search(p.name):
-                upload = codec.decode_upload(p.read_bytes())
-                uploads[upload.client_id] = upload
-            elif p.suffix == ".broadcast":
-                personal[int(p.stem.split("-")[1])] = codec.decode_broadcast(p.read_bytes())
-    except codec.CodecError as exc:
-        raise AuditError("--round", f"{folder}: {exc}") from None
-    if not uploads:
-        raise AuditError("--round", f"{folder} holds no upload")
-    return RoundEvidence(round_number, "recorded", broadcast, uploads, schedule_for(run.config, round_number - 1),
-                         personal)
+        recorded = recording.read_round(run.run_dir, round_number)
+    except recording.NoBroadcast as exc:
+        raise AuditError("--round", f"round {round_number}'s uploads were recorded without the broadcast they "
+                         f"answered ({exc}: a run from before secfed kept it), so the weights they started from "
+                         f"are unknown; audit the re-derived next round instead (--round {run.rounds_done + 1})"
+                         ) from None
+    except recording.RecordingError as exc:
+        raise AuditError("--round", str(exc)) from None
+    return RoundEvidence(round_number, "recorded", recorded.broadcast, recorded.uploads,
+                         schedule_for(run.config, round_number - 1), recorded.personal)
 
 
 def rederive_next(run: AuditedRun, client_ids: list[int]) -> RoundEvidence:

@@ -106,6 +106,7 @@ def train_command(**params: Any) -> None:
     with --config is overridden by flags.
     """
     from secfed.cli.progress import RichReporter
+    from secfed.evaluation.communication import format_bytes
     from secfed.federation import checkpoint as ckpt
     from secfed.federation.runtime import run
 
@@ -136,7 +137,7 @@ def train_command(**params: Any) -> None:
             reporter.console.print(f"[yellow]interrupted {where}; continue with: secfed train --resume {run_dir}[/]")
             sys.exit(130)
     show_summary(console, result.summary)
-    console.print(f"run directory: {run_dir}")
+    console.print(f"run directory: {run_dir} ({format_bytes(result.summary['storage']['run_dir_bytes'])} on disk)")
     if params["json_output"]:
         emit_json(result.summary)
 

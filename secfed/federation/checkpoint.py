@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from secfed import atomic_file
+from secfed.federation import recording
 from secfed.progress import step
 
 FORMAT = "secfed-checkpoint"
@@ -268,7 +269,7 @@ def disk_usage(run_dir: Path) -> dict[str, int]:
         return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
     run_dir = Path(run_dir)
-    return {"checkpoint_bytes": size(run_dir / CHECKPOINT_DIR), "uploads_bytes": size(run_dir / "uploads"),
+    return {"checkpoint_bytes": size(run_dir / CHECKPOINT_DIR), "uploads_bytes": size(run_dir / recording.FOLDER),
             "run_dir_bytes": size(run_dir)}
 
 

@@ -9,7 +9,9 @@ lengths, JSON shape, dtypes, shapes against the bytes present, that nothing trai
 float is finite — anything else raises :class:`CodecError` saying what is wrong. The Flower
 transport sends these bytes between processes; the in-process runtime sums Upload objects in memory
 and uses this codec to count the bytes a round would send, to carry the shared-not-summed part
-beside secure aggregation, and to record uploads (``--record-uploads``) for the audit.
+beside secure aggregation, and to record uploads (``--record-uploads``) for the audit, which keeps
+them as :func:`compress` stores them: ``"SFEZ" | version u8 | zlib(the message, each tensor's bytes
+as byte planes)``, lossless; :func:`decompress` gives the message back for ``decode_*`` to check.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +33,8 @@ VERSION = 1
 _PREFIX = struct.Struct("<4sBBHI")
 _BROADCAST, _UPLOAD, _TENSORS = 1, 2, 3  # 3: a named tensor file (pretrained weights), not a message
 _DTYPES = {"float32": (torch.float32, np.dtype("<f4")), "int64": (torch.int64, np.dtype("<i8"))}
+STORED_MAGIC = b"SFEZ"  # a message as kept on disk: see compress()
+_STORED = struct.Struct("<4sB")  # magic, version
 MAX_HEADER_BYTES = 1 << 20
 MAX_TENSORS = 4096
 
@@ -96,9 +101,13 @@ def upload_size(message: Upload) -> int:
 # ---- decoding --------------------------------------------------------------------------------------
 
 
-def _unpack(data: bytes | bytearray | memoryview, kind: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    view = memoryview(data).cast("B")
-    what = {_BROADCAST: "Broadcast", _UPLOAD: "Upload"}.get(kind, "tensor file")
+def _what(kind: int | None) -> str:
+    return {_BROADCAST: "Broadcast", _UPLOAD: "Upload", None: "message"}.get(kind, "tensor file")
+
+
+def _header(view: memoryview, kind: int | None) -> dict[str, Any]:
+    """The message's prefix and JSON header, checked (``kind`` None: any kind); ``view`` may end there."""
+    what = _what(kind)
     if len(view) < _PREFIX.size:
         raise CodecError(f"{what}: {len(view)} bytes is shorter than the {_PREFIX.size}-byte prefix")
     magic, version, got_kind, reserved, header_len = _PREFIX.unpack_from(view)
@@ -106,7 +115,7 @@ def _unpack(data: bytes | bytearray | memoryview, kind: int) -> tuple[dict[str, 
         raise CodecError(f"{what}: bad magic {bytes(magic)!r}; expected {MAGIC!r}")
     if version != VERSION:
         raise CodecError(f"{what}: wire version {version}; this secfed reads version {VERSION}")
-    if got_kind != kind:
+    if kind is not None and got_kind != kind:
         raise CodecError(f"expected a {what}, got message kind {got_kind}")
     if reserved != 0:
         raise CodecError(f"{what}: reserved field must be 0")
@@ -120,28 +129,47 @@ def _unpack(data: bytes | bytearray | memoryview, kind: int) -> tuple[dict[str, 
         raise CodecError(f"{what}: header has no tensor table")
     if len(header["tensors"]) > MAX_TENSORS:
         raise CodecError(f"{what}: {len(header['tensors'])} tensors exceed {MAX_TENSORS}")
-    pos = _PREFIX.size + header_len
-    tensors: dict[str, torch.Tensor] = {}
+    return header
+
+
+def _scan(data: bytes | bytearray | memoryview, kind: int | None
+          ) -> tuple[memoryview, dict[str, Any], list[tuple[dict[str, Any], int, int]]]:
+    """The message's prefix, header and tensor table, checked against the bytes present (``kind``
+    None: any kind). Returns the bytes, the header and, per tensor, (entry, offset, byte length)."""
+    view = memoryview(data).cast("B")
+    what = _what(kind)
+    header = _header(view, kind)
+    pos = _PREFIX.size + _PREFIX.unpack_from(view)[4]
+    spans: list[tuple[dict[str, Any], int, int]] = []
+    names: set[str] = set()
     for entry in header["tensors"]:
         if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry.get("dtype") in _DTYPES
                 and isinstance(entry.get("shape"), list)
                 and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry["shape"])):
             raise CodecError(f"{what}: malformed tensor entry {entry!r}")
-        name = entry["name"]
-        if name in tensors:
-            raise CodecError(f"{what}: tensor {name!r} appears twice")
-        torch_dtype, np_dtype = _DTYPES[entry["dtype"]]
-        count = math.prod(entry["shape"])
-        size = count * np_dtype.itemsize
+        if entry["name"] in names:
+            raise CodecError(f"{what}: tensor {entry['name']!r} appears twice")
+        names.add(entry["name"])
+        size = math.prod(entry["shape"]) * _DTYPES[entry["dtype"]][1].itemsize
         if size > len(view) - pos:
-            raise CodecError(f"{what}: tensor {name!r} needs {size} bytes, {len(view) - pos} left")
-        array = np.frombuffer(view[pos : pos + size], dtype=np_dtype).reshape(entry["shape"])
-        if np_dtype.kind == "f" and not np.isfinite(array).all():
-            raise CodecError(f"{what}: tensor {name!r} holds NaN or infinite values")
-        tensors[name] = torch.from_numpy(array.astype(np_dtype.newbyteorder("="), copy=True))
+            raise CodecError(f"{what}: tensor {entry['name']!r} needs {size} bytes, {len(view) - pos} left")
+        spans.append((entry, pos, size))
         pos += size
     if pos != len(view):
         raise CodecError(f"{what}: {len(view) - pos} trailing bytes after the last tensor")
+    return view, header, spans
+
+
+def _unpack(data: bytes | bytearray | memoryview, kind: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    view, header, spans = _scan(data, kind)
+    what = _what(kind)
+    tensors: dict[str, torch.Tensor] = {}
+    for entry, pos, size in spans:
+        np_dtype = _DTYPES[entry["dtype"]][1]
+        array = np.frombuffer(view[pos : pos + size], dtype=np_dtype).reshape(entry["shape"])
+        if np_dtype.kind == "f" and not np.isfinite(array).all():
+            raise CodecError(f"{what}: tensor {entry['name']!r} holds NaN or infinite values")
+        tensors[entry["name"]] = torch.from_numpy(array.astype(np_dtype.newbyteorder("="), copy=True))
     return header, tensors
 
 
@@ -205,6 +233,11 @@ def decode_upload(data: bytes | bytearray | memoryview) -> Upload:
             raise CodecError(f"Upload: summand {name!r} must be a flat {expected} vector")
         summed[name] = Summand(vector, float(meta["weight"]), meta["encoding"], meta.get("bound"),
                                _statistics_runs(name, meta.get("statistics", []), vector.numel()))
+    return Upload(_int(header, "client_id", "Upload"), _int(header, "round", "Upload"), summed, shared,
+                  _model_hash(header))
+
+
+def _model_hash(header: dict[str, Any]) -> bytes | None:
     digest = header.get("model_hash")
     try:
         model_hash = None if digest is None else bytes.fromhex(digest)
@@ -212,7 +245,7 @@ def decode_upload(data: bytes | bytearray | memoryview) -> Upload:
         raise CodecError(f"Upload: model_hash must be hex, got {digest!r}") from None
     if model_hash is not None and len(model_hash) != 32:
         raise CodecError("Upload: model_hash must be 32 bytes")
-    return Upload(_int(header, "client_id", "Upload"), _int(header, "round", "Upload"), summed, shared, model_hash)
+    return model_hash
 
 
 def encode_tensors(header: dict[str, Any], named: Mapping[str, torch.Tensor]) -> bytes:
@@ -224,3 +257,74 @@ def encode_tensors(header: dict[str, Any], named: Mapping[str, torch.Tensor]) ->
 def decode_tensors(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(header, tensors) of :func:`encode_tensors`' bytes, checked as every message is."""
     return _unpack(data, _TENSORS)
+
+
+# ---- on disk ---------------------------------------------------------------------------------------
+
+
+def _planes(data: bytes | memoryview | np.ndarray, itemsize: int, *, inverse: bool = False) -> np.ndarray:
+    """A tensor's bytes as byte planes (every value's first byte, then every second byte, ...), or back.
+    In a float32 update the sign and exponent bytes of values of like size repeat, so the planes
+    deflate to about half; interleaved they hardly deflate at all."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    shape = (itemsize, -1) if inverse else (-1, itemsize)
+    return np.ascontiguousarray(raw.reshape(shape).T)
+
+
+def compress(message: bytes | memoryview) -> bytes:
+    """A Broadcast or Upload's bytes as kept on disk (recorded uploads), losslessly smaller:
+    ``"SFEZ" | version u8 | zlib(prefix | header | each tensor's bytes as byte planes)``.
+    :func:`decompress` gives back the same bytes, which ``decode_*`` then check as ever."""
+    view, _, spans = _scan(message, None)
+    # Run-length matches only: on an update's planes as small as level 6's output and 2-3x faster (a
+    # ResNet-18 update: 0.49 of its bytes; the broadcast, mostly random mantissa bits, 0.83)
+    packer = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_RLE)
+    header_end = spans[0][1] if spans else len(view)
+    parts = [_STORED.pack(STORED_MAGIC, VERSION), packer.compress(view[:header_end])]
+    for entry, pos, size in spans:
+        parts.append(packer.compress(_planes(view[pos : pos + size], _DTYPES[entry["dtype"]][1].itemsize)))
+    parts.append(packer.flush())
+    return b"".join(parts)
+
+
+def decompress(data: bytes | memoryview) -> bytearray:
+    """The message bytes :func:`compress` stored. A damaged file (zlib's checksum, a truncated stream,
+    trailing bytes, a table that does not fit) is a :class:`CodecError`."""
+    view = memoryview(data).cast("B")
+    if len(view) < _STORED.size or bytes(view[:4]) != STORED_MAGIC:
+        raise CodecError(f"stored message: not a compressed secfed message (expected magic {STORED_MAGIC!r})")
+    if view[4] != VERSION:
+        raise CodecError(f"stored message: version {view[4]}; this secfed reads version {VERSION}")
+    inflater = zlib.decompressobj()
+    try:
+        message = bytearray(inflater.decompress(view[_STORED.size :]))
+    except zlib.error as exc:
+        raise CodecError(f"stored message: damaged ({exc})") from None
+    if not inflater.eof or inflater.unused_data:
+        raise CodecError("stored message: damaged (the compressed stream is truncated or followed by other bytes)")
+    _, _, spans = _scan(message, None)
+    out = np.frombuffer(message, dtype=np.uint8)  # writes through to `message`
+    for entry, pos, size in spans:
+        itemsize = _DTYPES[entry["dtype"]][1].itemsize
+        out[pos : pos + size] = _planes(out[pos : pos + size], itemsize, inverse=True).reshape(-1)
+    return message
+
+
+def upload_identity(data: bytes | memoryview) -> tuple[int, bytes | None]:
+    """(client id, model hash) of an Upload's bytes, plain or as :func:`compress` stored them, from its
+    header alone: the tensors are neither inflated nor read (the audit's protocol check needs only these)."""
+    view = memoryview(data).cast("B")
+    if bytes(view[:4]) == STORED_MAGIC:
+        if len(view) < _STORED.size or view[4] != VERSION:
+            raise CodecError("stored message: not a compressed secfed message of this version")
+        inflater = zlib.decompressobj()
+        try:
+            head = inflater.decompress(view[_STORED.size :], _PREFIX.size)
+            if len(head) == _PREFIX.size:
+                header_len = min(_PREFIX.unpack(head)[4], MAX_HEADER_BYTES + 1)
+                head += inflater.decompress(inflater.unconsumed_tail, header_len)
+        except zlib.error as exc:
+            raise CodecError(f"stored message: damaged ({exc})") from None
+        view = memoryview(head)
+    header = _header(view, _UPLOAD)
+    return _int(header, "client_id", "Upload"), _model_hash(header)

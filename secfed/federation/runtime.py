@@ -28,7 +28,8 @@ scores its own query/gallery).
     RUN/metrics.jsonl      one line per round: losses, bytes up/down, seconds, ε, evaluation when run
     RUN/checkpoints/       round-NNNN.pt after every round, written atomically while the next trains, each with a
                            digest checked on load (the newest two kept while training, the last one at the end)
-    RUN/uploads/           with `run.record_uploads`: every upload and broadcast of every round (for the audit)
+    RUN/uploads/           with `run.record_uploads`: every upload and broadcast of every round, compressed
+                           (for the audit; :mod:`secfed.federation.recording` writes and reads them)
     RUN/summary.json       the final results (also what `--json` prints)
     RUN/history.png        rank-1 and mAP per round, federated and local-only, and the training loss
 """
@@ -52,7 +53,7 @@ from secfed.environment import environment
 from secfed.evaluation.communication import communication_cost
 from secfed.evaluation.plots import plot_history
 from secfed.federation import checkpoint as ckpt
-from secfed.federation import codec
+from secfed.federation import codec, recording
 from secfed.federation.builder import Federation, build
 from secfed.federation.evaluate import Scores, evaluate_here, final_scores, global_scores, local_training_scores
 from secfed.federation.messages import Aggregate, Broadcast, Upload
@@ -335,7 +336,7 @@ class InProcess:
         work = site_round(fed, t, cohort, list(fed.baselines), receive,
                           lambda name: reporter.client_done(t + 1, name))
         if fed.config.run.record_uploads:
-            record_uploads(self.run_dir, t + 1, work.uploads, broadcast, personal)
+            recording.write_round(self.run_dir, t + 1, work.uploads, broadcast, personal)
         trained_at = time.perf_counter()
         dropouts = dropout_schedule(fed.config, t, cohort, fed.channel.phases)
         aggregate = fed.channel.aggregate(broadcast, work.uploads, dropouts,
@@ -404,22 +405,6 @@ def dp_record(record: dict[str, Any]) -> dict[str, Any]:
     kept = {k: v for k, v in record.items() if k not in ("cohort", "dropped", "clients", "loss")}
     kept["outside_epsilon"] = [k for k in OUTSIDE_EPSILON if k in kept]
     return kept
-
-
-def record_uploads(run_dir: Path, round_number: int, uploads: list[Upload], broadcast: Broadcast,
-                   personal: Mapping[int, Broadcast] | None = None) -> None:
-    """Keep every upload of the round and the broadcast it answered, encoded as the wire carries them
-    (read by ``secfed audit``: an update means nothing without the weights it started from).
-
-    ``broadcast.bin`` is what every client received; ``client-KKKK.broadcast`` replaces it for a client
-    that received its own (Eq. 15 noise)."""
-    folder = run_dir / "uploads" / f"round-{round_number:04d}"
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_file.write_bytes(folder / "broadcast.bin", codec.encode_broadcast(broadcast))
-    for client_id, received in (personal or {}).items():
-        atomic_file.write_bytes(folder / f"client-{client_id:04d}.broadcast", codec.encode_broadcast(received))
-    for upload in uploads:
-        atomic_file.write_bytes(folder / f"client-{upload.client_id:04d}.upload", codec.encode_upload(upload))
 
 
 def run_title(cfg: RunConfig, run_dir: Path) -> str:

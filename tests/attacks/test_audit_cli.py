@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from secfed.cli.main import cli
 from secfed.federation import checkpoint as ckpt
-from secfed.federation import codec
+from secfed.federation import recording
 
 SLACK = 3.0  # seconds past --time-limit: an attack's judging, begun before the deadline, and the report
 
@@ -33,14 +33,22 @@ def _files(folder: Path) -> set[str]:
 def test_recorded_broadcasts_and_uploads_rebuild_the_round(recorded_run: Path) -> None:
     """The seam the audit stands on: the recorded broadcast of round 1 + the weighted mean of its
     uploads = the global model after round 1 (plain channel, no noise)."""
-    folder = recorded_run / "uploads" / "round-0001"
-    broadcast = codec.decode_broadcast((folder / "broadcast.bin").read_bytes())
-    uploads = [codec.decode_upload(p.read_bytes()) for p in sorted(folder.glob("client-*.upload"))]
+    recorded = recording.read_round(recorded_run, 1)
+    broadcast, uploads = recorded.broadcast, list(recorded.uploads.values())
     assert len(uploads) == 3 and all(u.round == 0 for u in uploads)
     total = sum(u.summed["model"].weight for u in uploads)
     mean = sum(u.summed["model"].weight * u.summed["model"].vector for u in uploads) / total
     final = ckpt.load_checkpoint(ckpt.latest_checkpoint(recorded_run))["global"]
     torch.testing.assert_close(broadcast.weights + mean, final, rtol=0, atol=1e-5)
+
+
+def test_recorded_uploads_weigh_well_under_a_model_per_file(recorded_run: Path) -> None:
+    """--record-uploads keeps each file (the broadcast, each upload: a shared model's worth of float32
+    on the wire) in well under the model's bytes, read back bit for bit (the seam test above)."""
+    model_bytes = 4 * ckpt.load_checkpoint(ckpt.latest_checkpoint(recorded_run))["global"].numel()
+    files = list((recorded_run / "uploads" / "round-0001").iterdir())
+    assert len(files) == 4  # the broadcast and three uploads
+    assert sum(p.stat().st_size for p in files) < 0.75 * len(files) * model_bytes
 
 
 def test_a_quick_audit_writes_its_report_and_gates_on_the_verdict(recorded_run: Path, tmp_path: Path) -> None:

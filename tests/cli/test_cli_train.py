@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from secfed.cli.main import cli
+from secfed.evaluation.communication import format_bytes
 
 TINY = ["--height", "32", "--width", "16", "--rounds", "2", "--batch-size", "8", "--no-secagg", "--threads", "2"]
 
@@ -48,6 +49,9 @@ def test_train_json_is_one_object_with_the_promised_keys(trained: tuple[dict, Pa
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["round-0002.pt"]
     assert storage["checkpoint_bytes"] == (run_dir / "checkpoints" / "round-0002.pt").stat().st_size
     assert storage["uploads_bytes"] == 0 and storage["run_dir_bytes"] > storage["checkpoint_bytes"]
+    # the shared weights once, and each local-only baseline's own model (one per domain): no site's copy
+    # of the global weights again (the clients' local heads are small)
+    assert storage["checkpoint_bytes"] < 1.1 * (1 + len(names)) * comm["shared_model_bytes"]
 
 
 def test_run_directory_holds_config_metrics_checkpoint_plot(trained: tuple[dict, Path]) -> None:
@@ -212,6 +216,9 @@ def test_resume_of_a_finished_run_reads_its_saved_config_and_reports_the_same(tr
     assert result.exit_code == 0, result.output
     again = json.loads(result.stdout)
     assert again["rounds"] == 2 and again["domains"] == summary["domains"]
+    # the last line says where the run is and what it weighs on disk
+    weighs = format_bytes(again["storage"]["run_dir_bytes"])
+    assert f"run directory: {run_dir} ({weighs} on disk)\n" in result.output
 
 
 def test_a_moved_run_and_its_moved_data_evaluate_with_data_root(trained: tuple[dict, Path], synth_root: Path,
