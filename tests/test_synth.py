@@ -506,7 +506,7 @@ def test_cli_writes_and_summarises(tmp_path: Path) -> None:
         assert d.name in result.output
         assert f" {d.train_images} " in result.output.replace("│", " ")
     files = sum(1 for p in out.rglob("*") if p.suffix in (".jpg", ".png", ".bmp"))
-    assert f"wrote {files} images" in result.output  # every file written, junk included (and said so)
+    assert f"wrote {files:,} image files: " in result.output  # every file written, junk included (and said so)
 
 
 @pytest.mark.parametrize(
