@@ -242,9 +242,6 @@ class Method:
         """Which of ``model``'s tensors are shared (``shared_prefixes``, `model.bn_stats`), flattened how."""
         return shared_layout(model, self.shared_prefixes, self.cfg.model.bn_stats)
 
-    def setup_site(self, site: Site) -> None:
-        """Method state a site keeps besides its model (none for FedPav)."""
-
     # ---- client ---------------------------------------------------------------------------------
 
     def receive(self, site: Site, broadcast: Broadcast, layout: SharedLayout) -> None:

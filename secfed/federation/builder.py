@@ -419,14 +419,12 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
         pixels, labels = _site_data(shards[k] if shards else None, method.uses_global_labels, train_images, h, w,
                                     images)
         site = Site(k, str(entry["name"]), pixels.to(device), labels.to(device), model, weight_scale)
-        method.setup_site(site)
         noise = NoiseSource(derive_seed(cfg.seed, "client-noise", k), reproducible=reproducible)
         dp = client_dp_sgd(plan.dp_sgd, cfg, sizes[k], noise) if plan.dp_sgd is not None else None
         clients.append(ClientSide(site, method, layout, ClientPrivacy(plan, cfg.seed, noise),
                                   hash_models=channel.needs_model_hash, dp_sgd=dp))
         if cfg.run.local_baseline:
             alone = Site(k, site.name, site.images, site.labels, copy.deepcopy(model), weight_scale)
-            method.setup_site(alone)
             baselines[k] = alone
             if plan.dp_sgd is not None:
                 baseline_dp[k] = client_dp_sgd(plan.dp_sgd, cfg, sizes[k], noise)

@@ -101,10 +101,8 @@ class NodeSites:
         for k in self.sites:
             site = self.fed.clients[k].site
             site.images = cache(shards[k].samples, cfg.data.height, cfg.data.width).to(site.labels.device)
-            self.fed.method.setup_site(site)
             if k in self.fed.baselines:
                 self.fed.baselines[k].images = site.images
-                self.fed.method.setup_site(self.fed.baselines[k])
 
     def site_file(self, k: int) -> Path:
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.fed.clients[k].site.name)
