@@ -289,17 +289,17 @@ def compress(message: bytes | memoryview) -> bytes:
 
 def decompress(data: bytes | memoryview) -> bytearray:
     """The message bytes :func:`compress` stored. A damaged file (zlib's checksum, a truncated stream,
-    trailing bytes, a table that does not fit) is a :class:`CodecError`."""
-    view = memoryview(data).cast("B")
-    if len(view) < _STORED.size or bytes(view[:4]) != STORED_MAGIC:
-        raise CodecError(f"stored message: not a compressed secfed message (expected magic {STORED_MAGIC!r})")
-    if view[4] != VERSION:
-        raise CodecError(f"stored message: version {view[4]}; this secfed reads version {VERSION}")
-    inflater = zlib.decompressobj()
+    trailing bytes, a table that does not fit) is a :class:`CodecError`. The header is inflated first
+    and the rest only up to the length its tensor table declares, so a crafted file cannot inflate
+    beyond what it claims to hold (a decompression bomb)."""
+    inflater, head = _inflate_header(data)
+    declared = _declared_length(head)
     try:
-        message = bytearray(inflater.decompress(view[_STORED.size :]))
+        message = bytearray(head) + inflater.decompress(inflater.unconsumed_tail, max(1, declared - len(head) + 1))
     except zlib.error as exc:
         raise CodecError(f"stored message: damaged ({exc})") from None
+    if len(message) > declared or inflater.unconsumed_tail:
+        raise CodecError(f"stored message: inflates beyond the {declared} bytes its header declares")
     if not inflater.eof or inflater.unused_data:
         raise CodecError("stored message: damaged (the compressed stream is truncated or followed by other bytes)")
     _, _, spans = _scan(message, None)
@@ -310,21 +310,39 @@ def decompress(data: bytes | memoryview) -> bytearray:
     return message
 
 
+def _inflate_header(data: bytes | memoryview) -> tuple[Any, bytes]:
+    """A stored message's inflater and its inflated prefix and JSON header (nothing beyond)."""
+    view = memoryview(data).cast("B")
+    if len(view) < _STORED.size or bytes(view[:4]) != STORED_MAGIC:
+        raise CodecError(f"stored message: not a compressed secfed message (expected magic {STORED_MAGIC!r})")
+    if view[4] != VERSION:
+        raise CodecError(f"stored message: version {view[4]}; this secfed reads version {VERSION}")
+    inflater = zlib.decompressobj()
+    try:
+        head = inflater.decompress(view[_STORED.size :], _PREFIX.size)
+        if len(head) == _PREFIX.size:
+            header_len = min(_PREFIX.unpack(head)[4], MAX_HEADER_BYTES + 1)
+            head += inflater.decompress(inflater.unconsumed_tail, header_len)
+    except zlib.error as exc:
+        raise CodecError(f"stored message: damaged ({exc})") from None
+    return inflater, head
+
+
+def _declared_length(head: bytes) -> int:
+    """The whole message's length as its prefix, header and tensor table declare it (checked later
+    against the bytes, by :func:`_scan`)."""
+    header = _header(memoryview(head), None)
+    sizes = [math.prod(e["shape"]) * _DTYPES[e["dtype"]][1].itemsize for e in header["tensors"]
+             if isinstance(e, dict) and e.get("dtype") in _DTYPES and isinstance(e.get("shape"), list)
+             and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in e["shape"])]
+    return len(head) + sum(sizes)
+
+
 def upload_identity(data: bytes | memoryview) -> tuple[int, bytes | None]:
     """(client id, model hash) of an Upload's bytes, plain or as :func:`compress` stored them, from its
     header alone: the tensors are neither inflated nor read (the audit's protocol check needs only these)."""
     view = memoryview(data).cast("B")
     if bytes(view[:4]) == STORED_MAGIC:
-        if len(view) < _STORED.size or view[4] != VERSION:
-            raise CodecError("stored message: not a compressed secfed message of this version")
-        inflater = zlib.decompressobj()
-        try:
-            head = inflater.decompress(view[_STORED.size :], _PREFIX.size)
-            if len(head) == _PREFIX.size:
-                header_len = min(_PREFIX.unpack(head)[4], MAX_HEADER_BYTES + 1)
-                head += inflater.decompress(inflater.unconsumed_tail, header_len)
-        except zlib.error as exc:
-            raise CodecError(f"stored message: damaged ({exc})") from None
-        view = memoryview(head)
+        view = memoryview(_inflate_header(view)[1])
     header = _header(view, _UPLOAD)
     return _int(header, "client_id", "Upload"), _model_hash(header)

@@ -92,6 +92,22 @@ def test_a_flipped_byte_in_a_stored_message_is_refused_or_changes_nothing() -> N
             codec.decompress(bad)
 
 
+def test_a_stored_message_cannot_inflate_beyond_what_its_header_declares() -> None:
+    """A decompression bomb: the header declares 300 floats, the deflate stream goes on with 256 MiB
+    of zeros (a 250 kB file). It is refused after at most one byte beyond the declared length, never
+    inflated whole (before, decompress inflated everything first)."""
+    import zlib
+
+    _, _, uploads = _round()
+    message = codec.encode_upload(Upload(1, 4, {MODEL: Summand(uploads[0].summed[MODEL].vector[:300])}))
+    stored = codec.compress(message)
+    bomb = stored[:5] + zlib.compress(message + bytes(256 << 20), 9)
+    assert len(bomb) < 300_000
+    with pytest.raises(codec.CodecError, match="inflates beyond the"):
+        codec.decompress(bomb)
+    assert codec.upload_identity(bomb)[0] == 1  # the header alone still reads
+
+
 def test_a_damaged_recorded_file_is_an_error_that_names_it(tmp_path: Path) -> None:
     broadcast, personal, uploads = _round()
     recording.write_round(tmp_path, 1, uploads, broadcast, personal)
