@@ -9,6 +9,7 @@ from typing import Any
 
 import rich_click as click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from secfed.config import ConfigError
 from secfed.data.errors import DataError
@@ -48,3 +49,11 @@ def set_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def eta_bars(console: Console) -> Progress:
+    """Transient bars: what is under way, how far, elapsed time, ETA and a free ``info`` field (set
+    ``info=`` on every task)."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console,
+                    transient=True)

@@ -6,18 +6,10 @@ from dataclasses import asdict
 
 import rich_click as click
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import TaskID
 
 from secfed.algorithms.base import TrainingDiverged
-from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
+from secfed.cli.common import cli_errors, emit_json, eta_bars, human_console, set_threads
 from secfed.models.pretrain import Built, Recipe, build, weights_path
 from secfed.models.reid import BACKBONES
 
@@ -28,16 +20,14 @@ class _Bars:
     """One bar per stage (rendering the identity set, training), each with its elapsed time and ETA."""
 
     def __init__(self, console: Console) -> None:
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                 TextColumn("{task.fields[note]}"), console=console, transient=True)
+        self.progress = eta_bars(console)
         self.tasks: dict[str, TaskID] = {}
 
     def __call__(self, stage: str, done: int, total: int, note: str) -> None:
         if stage not in self.tasks:
             title = {"render": "rendering identities", "train": "training backbone"}.get(stage, stage)
-            self.tasks[stage] = self.progress.add_task(title, total=total, note=note)
-        self.progress.update(self.tasks[stage], completed=done, total=total, note=note)
+            self.tasks[stage] = self.progress.add_task(title, total=total, info=note)
+        self.progress.update(self.tasks[stage], completed=done, total=total, info=note)
 
 
 def _report(built: Built, console: Console) -> None:

@@ -10,16 +10,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import TaskID
 
+from secfed.cli.common import eta_bars
 from secfed.federation.builder import Federation
 from secfed.progress import listening
 
@@ -27,11 +20,7 @@ from secfed.progress import listening
 class RichReporter:
     def __init__(self, console: Console) -> None:
         self.console = console
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console,
-            transient=True,
-        )
+        self.progress = eta_bars(console)
         self._data_task: int | None = None
         self._clients: int | None = None
         self._rounds = 0
