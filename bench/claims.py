@@ -148,11 +148,12 @@ def run_arm(job: Job, device: str, threads: int, rounds: int = 16) -> dict[str, 
 def choose(rows: Iterable[dict[str, Any]], arms: Iterable[str], scales: list[float]) -> dict[str, dict[str, Any]]:
     """Per tuned arm: validation mAP (%, mean over grid seeds and training domains) per factor, and
     the factor chosen (the best; 1 when nothing was run)."""
+    tuning = [(job_of(r), r) for r in rows if r.get("validation")]  # the grid's runs
     out = {}
     for arm in dict.fromkeys(tuned_as(a) for a in arms):
         score = {}
         for scale in scales:
-            got = [r for r in rows if job_of(r).validation and r["arm"] == arm and job_of(r).lr_scale == scale]
+            got = [r for job, r in tuning if job.arm == arm and job.lr_scale == scale]
             if got:
                 score[scale] = 100 * statistics.fmean(d["mAP"] for r in got for d in r["domains"])
         out[arm] = {"validation_mAP": {f"{k:g}": v for k, v in score.items()},

@@ -132,6 +132,16 @@ def _header(view: memoryview, kind: int | None) -> dict[str, Any]:
     return header
 
 
+def _well_formed(entry: object) -> bool:
+    """A tensor-table entry with a known dtype and a shape of non-negative ints (its name aside)."""
+    return (isinstance(entry, dict) and entry.get("dtype") in _DTYPES and isinstance(entry.get("shape"), list)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry["shape"]))
+
+
+def _byte_size(entry: dict[str, Any]) -> int:
+    return math.prod(entry["shape"]) * _DTYPES[entry["dtype"]][1].itemsize
+
+
 def _scan(data: bytes | bytearray | memoryview, kind: int | None
           ) -> tuple[memoryview, dict[str, Any], list[tuple[dict[str, Any], int, int]]]:
     """The message's prefix, header and tensor table, checked against the bytes present (``kind``
@@ -143,14 +153,12 @@ def _scan(data: bytes | bytearray | memoryview, kind: int | None
     spans: list[tuple[dict[str, Any], int, int]] = []
     names: set[str] = set()
     for entry in header["tensors"]:
-        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry.get("dtype") in _DTYPES
-                and isinstance(entry.get("shape"), list)
-                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry["shape"])):
+        if not (_well_formed(entry) and isinstance(entry.get("name"), str)):
             raise CodecError(f"{what}: malformed tensor entry {entry!r}")
         if entry["name"] in names:
             raise CodecError(f"{what}: tensor {entry['name']!r} appears twice")
         names.add(entry["name"])
-        size = math.prod(entry["shape"]) * _DTYPES[entry["dtype"]][1].itemsize
+        size = _byte_size(entry)
         if size > len(view) - pos:
             raise CodecError(f"{what}: tensor {entry['name']!r} needs {size} bytes, {len(view) - pos} left")
         spans.append((entry, pos, size))
@@ -332,10 +340,7 @@ def _declared_length(head: bytes) -> int:
     """The whole message's length as its prefix, header and tensor table declare it (checked later
     against the bytes, by :func:`_scan`)."""
     header = _header(memoryview(head), None)
-    sizes = [math.prod(e["shape"]) * _DTYPES[e["dtype"]][1].itemsize for e in header["tensors"]
-             if isinstance(e, dict) and e.get("dtype") in _DTYPES and isinstance(e.get("shape"), list)
-             and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in e["shape"])]
-    return len(head) + sum(sizes)
+    return len(head) + sum(_byte_size(e) for e in header["tensors"] if _well_formed(e))
 
 
 def upload_identity(data: bytes | memoryview) -> tuple[int, bytes | None]:

@@ -132,19 +132,21 @@ class FlowerRun:
 
     def _phase(self, phase: str, nodes: Any) -> None:
         now = time.perf_counter()
+        since = now - self._since
+        _say(f"  secure aggregation: {phase} ({len(nodes)} nodes{self._begin(phase, now)}; "
+             f"{since:.1f} s since the previous step)")
+
+    def _begin(self, step: str, now: float) -> str:
+        """``step`` starts at ``now`` (the step under way ends); what it took last round, for its line."""
         self._done(now)
-        _say(f"  secure aggregation: {phase} ({len(nodes)} nodes{self._expect(phase)}; "
-             f"{now - self._since:.1f} s since the previous step)")
-        self._since, self._phase_now = now, phase
+        self._since, self._phase_now = now, step
+        return f"; ≈ {self._took[step]:.0f} s last round" if step in self._took else ""
 
     def _done(self, now: float) -> None:
         """Remember how long the step under way took (each step's line then says what to expect)."""
         if self._phase_now is not None:
             self._took[self._phase_now] = now - self._since
             self._phase_now = None
-
-    def _expect(self, step: str) -> str:
-        return f"; ≈ {self._took[step]:.0f} s last round" if step in self._took else ""
 
     def _step(self, step: str, **fields: Any) -> ConfigRecord:
         return ConfigRecord({"step": step, "config": json.dumps(self.cfg.to_dict()), "token": self.settings.token,
@@ -220,9 +222,7 @@ class FlowerRun:
             personal = fed.server.received(broadcast, k)
             if personal is not broadcast:
                 arrays[f"site-{k}"] = bytes_array(codec.encode_broadcast(personal))
-        self._done(t0)
-        _say(f"  training: {len(cohort)} clients{self._expect('train')}")
-        self._since, self._phase_now = t0, "train"
+        _say(f"  training: {len(cohort)} clients{self._begin('train', t0)}")
         step = self._step("train", round=t, cohort=cohort)
         targets = {n: RecordDict({STEP: step, BROADCAST: ArrayRecord(arrays)})
                    for n, sites in hosts.items() if set(sites) & set(cohort)}
@@ -301,11 +301,11 @@ class FlowerRun:
                 contents[n] = RecordDict({STEP: self._step("evaluate", jobs=json.dumps(mine)),
                                           BROADCAST: ArrayRecord({"common": bytes_array(wire)})})
         what = "final scoring" if final else "scoring"
-        _say(f"  {what}: {sum(len(c) for c in jobs.values())} jobs on {len(contents)} SuperNodes{self._expect(what)}")
-        t0 = time.perf_counter()
+        expect = self._begin(what, time.perf_counter())
+        _say(f"  {what}: {sum(len(c) for c in jobs.values())} jobs on {len(contents)} SuperNodes{expect}")
         replies = exchange(self.grid, contents, timeout=self.settings.train_timeout, poll=self.settings.poll,
                            message_type=MessageType.EVALUATE)
-        self._took[what] = time.perf_counter() - t0
+        self._done(time.perf_counter())
         scores = {}
         for reply in replies.values():
             for k, variant, name, value in json.loads(str(reply.content.config_records[STEP]["scores"])):
