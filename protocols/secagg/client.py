@@ -384,20 +384,22 @@ class SecAggClient:
         with self._aborting():
             cfg, t, complete = self.config, self.config.params.threshold, self.config.params.complete
             revealed = as_table(roster.nonces, GRAPH_NONCE_BYTES)  # validated: ids increasing
-            if complete and len(revealed):
-                raise MalformedMessage("key roster reveals graph nonces; the complete graph uses none")
-            self._graph = NeighbourGraph(cfg.params, b"", focus=self.id) if complete else None
-            if not complete:
+            if complete:  # the graph does not depend on a seed; the roster's own seed is set below
+                if len(revealed):
+                    raise MalformedMessage("key roster reveals graph nonces; the complete graph uses none")
+                self._graph = NeighbourGraph(cfg.params, b"", focus=self.id)
+            else:
                 self._seed = self._check_nonces(revealed)
                 self._graph = NeighbourGraph(cfg.params, self._seed, focus=self.id)
             self.neighbours = self._graph.of(self.id)
             seen_keys = {public_bytes(self._enc_private), public_bytes(self._mask_private)}
             for e in roster.entries:
                 self._check_neighbour(e.client, "key roster")
-                if not complete and revealed.position(e.client) is None:
-                    raise UnknownClient(f"key roster lists neighbour {e.client}, which revealed no graph nonce")
-                if not complete and e.graph_commitment != graph_commitment(cfg, e.client, revealed.value_of(e.client)):
-                    raise InconsistentView(f"neighbour {e.client}'s graph commitment differs from the one listed")
+                if not complete:  # the entry carries the commitment its revealed nonce opens
+                    if revealed.position(e.client) is None:
+                        raise UnknownClient(f"key roster lists neighbour {e.client}, which revealed no graph nonce")
+                    if e.graph_commitment != graph_commitment(cfg, e.client, revealed.value_of(e.client)):
+                        raise InconsistentView(f"neighbour {e.client}'s graph commitment differs from the one listed")
                 if e.config_digest != cfg.digest:
                     raise ConfigMismatch(f"neighbour {e.client} runs this session with different parameters")
                 if e.model_hash != self.model_hash:
