@@ -51,7 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    print(f"machine: {describe()}")
+    machine = describe()
+    print(f"machine: {machine}")
     with tempfile.TemporaryDirectory(prefix="bench-flower-") as tmp:
         tmp_path = Path(tmp)
         cohort_file, sites, configs = tmp_path / "cohort.toml", {}, []
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{ratios['secfed-unauthenticated']:.2f}; secfed ÷ plain: {median['secfed'] / median['plain']:.2f}; "
           f"whole bench {total:.0f} s")
     report = {"args": vars(args), "median": median, "ratio_to_flower": ratios, "rounds": results,
-              "secfed_phase_median": phases, "machine": describe()}
+              "secfed_phase_median": phases, "machine": machine}
     print(json.dumps(report))
     return report
 
