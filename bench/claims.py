@@ -26,18 +26,22 @@ are scaled by each factor of ``--lr-grid``, trained on seeds of their own (10,00
 claim seed) and scored on the VALIDATION split of the training domains (``data.validation``:
 held-out training identities; no test set and no unseen domain is scored); the factor with the best
 validation mAP is the arm's for every claim run (``fedreid+beta`` takes FedReID's). ``--lr-grid 1``
-skips tuning. The choice is printed and written to OUT/grid.json.
+skips tuning. The choice is printed and written to OUT/grid.json. ``--at-defaults`` decides the
+claims from the runs at factor 1 (each method's defaults) and prints the grid's choice beside them,
+for when the tuned claim runs have not been made yet.
 
 Every finished run is appended to OUT/runs.jsonl at once; a rerun skips what is there (kill it at
 any time). Runs go out seed by seed, so an interrupted bench leaves whole pairs. ``--workers`` runs
-that many processes, each on ``--threads`` torch threads. ``--publish`` writes the claims table into
-README.md and bench/RESULTS.md between their ``<!-- claims:begin -->`` / ``<!-- claims:end -->``
-markers, with the environment and the command beside it.
+that many processes, each on ``--threads`` torch threads. The table goes to OUT/claims.md and the
+forest plot of the intervals to OUT/claims.png; ``--publish`` also writes the table into README.md and
+bench/RESULTS.md between their ``<!-- claims:begin -->`` / ``<!-- claims:end -->`` markers, with the
+environment and the command beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import multiprocessing
@@ -277,24 +281,58 @@ def spread(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def tuning_line(chosen: dict[str, dict[str, Any]]) -> str:
-    """How each arm's learning rates were chosen, in one sentence."""
+DECISION_COLOURS = {"reproduced": "tab:green", "not reproduced": "tab:red", "undecided": "tab:grey"}
+
+
+def figure(runs: list[dict[str, Any]], claims: list[Claim], out_png: Path) -> None:
+    """The claims as a forest plot: each claim's mean paired difference and 95 % interval against its
+    threshold (dashed), coloured by the decision; a claim with no paired seeds is left out."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from secfed import atomic_file
+
+    shown = [(c, paired(c, runs)) for c in claims]
+    shown = [(c, d) for c, d in shown if len(d) > 1]
+    fig = Figure(figsize=(7.5, 0.55 * len(shown) + 1.4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for y, (claim, d) in enumerate(reversed(shown)):
+        mean, lo, hi = interval(d)
+        colour = DECISION_COLOURS[decide(d, claim.threshold, claim.margin)]
+        ax.errorbar(mean, y, xerr=[[mean - lo], [hi - mean]], fmt="o", color=colour, capsize=3)
+        ax.vlines(claim.threshold, y - 0.4, y + 0.4, colors="black", linestyles="--", linewidth=0.8)
+    ax.set_yticks(range(len(shown)), [f"{c.source} (n={len(d)})" for c, d in reversed(shown)], fontsize=8)
+    ax.set_xlabel("paired difference d, points (> threshold: what the paper claims)")
+    ax.set_title("claims: mean d and 95 % interval (green reproduced, red not, grey undecided)", fontsize=9)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    atomic_file.write_bytes(out_png, buffer.getvalue())
+
+
+def tuning_line(chosen: dict[str, dict[str, Any]], at_defaults: bool = False) -> str:
+    """How each arm's learning rates were chosen, in one sentence (``at_defaults``: the claims ran at
+    factor 1 whatever the grid chose)."""
     if all(not g["validation_mAP"] for g in chosen.values()):
         return "Learning rates: each method's defaults (factor 1; no tuning runs)."
-    return ("Learning-rate factor per arm, chosen on the validation split of its training domains (validation "
-            "mAP % per factor): " + "; ".join(
-                f"{a} ×{g['chosen']:g} ({', '.join(f'×{k}: {v:.1f}' for k, v in g['validation_mAP'].items())})"
-                for a, g in chosen.items()) + ".")
+    grid = "; ".join(f"{a} ×{g['chosen']:g} ({', '.join(f'×{k}: {v:.1f}' for k, v in g['validation_mAP'].items())})"
+                     for a, g in chosen.items())
+    if at_defaults:
+        return ("Learning rates: each method's defaults (factor 1) — NOT the tuned ones. The grid on the validation "
+                f"split of the training domains (validation mAP % per factor) chose: {grid}; the claims at those "
+                "factors are not run yet.")
+    return f"Learning-rate factor per arm, chosen on the validation split of its training domains (validation mAP % per factor): {grid}."
 
 
 def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str,
-                chosen: dict[str, dict[str, Any]]) -> str:
+                chosen: dict[str, dict[str, Any]], at_defaults: bool = False) -> str:
     envs = {environment_line(r["environment"]) for r in runs if "environment" in r}
     wall = sum(r["seconds"] for r in runs) / 60
     return "\n".join([
         table(runs, claims), "",
         spread(runs), "",
-        tuning_line(chosen), "",
+        tuning_line(chosen, at_defaults), "",
         f"d > 0 is what the paper claims; reproduced: the interval's low end is above the threshold (0 unless "
         f"the statement names one); not reproduced: its high end is below threshold + 1 point (0.25 for "
         f"volatility); otherwise undecided. {len(runs)} runs, {wall:.0f} run-minutes, on "
@@ -422,9 +460,13 @@ def main() -> None:
     parser.add_argument("--max-minutes", type=float, help="stop handing out runs after this long")
     parser.add_argument("--publish", action="store_true", help="rewrite README.md's and RESULTS.md's claims blocks")
     parser.add_argument("--report", action="store_true", help="run nothing: decide from the runs already in --out")
+    parser.add_argument("--at-defaults", action="store_true",
+                        help="with --report: decide from the runs at factor 1, printing the grid's choice beside them")
     args = parser.parse_args()
     if args.seeds < 2 or args.grid_seeds < 1 or any(x <= 0 for x in args.lr_grid):
         parser.error("--seeds ≥ 2, --grid-seeds ≥ 1, --lr-grid factors > 0")
+    if args.at_defaults and not args.report:
+        parser.error("--at-defaults decides from runs already made: use it with --report")
     claims = [c for c in CLAIMS if not args.only or c.key in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "runs.jsonl"
@@ -443,7 +485,8 @@ def main() -> None:
     if not args.report:
         rows += execute(claim_jobs(claims, args.seeds, chosen), rows, results, args, started)
         (args.out / "command.txt").write_text(command + "\n")
-    publish(claim_runs(rows, claims, args.seeds, chosen), claims, command, args, chosen)
+    decided = {a: {**g, "chosen": 1.0} for a, g in chosen.items()} if args.at_defaults else chosen
+    publish(claim_runs(rows, claims, args.seeds, decided), claims, command, args, chosen)
 
 
 def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: argparse.Namespace,
@@ -481,8 +524,9 @@ def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: ar
 
 def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args: argparse.Namespace,
             chosen: dict[str, dict[str, Any]]) -> None:
-    text = publication(runs, claims, command, chosen)
+    text = publication(runs, claims, command, chosen, args.at_defaults)
     (args.out / "claims.md").write_text(text + "\n")
+    figure(runs, claims, args.out / "claims.png")
     print(text)
     if args.publish:
         for path in (REPO / "README.md", REPO / "bench" / "RESULTS.md"):

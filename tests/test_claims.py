@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -102,6 +103,13 @@ def test_each_arm_is_tuned_on_validation_runs_of_its_own_seeds_and_claims_use_it
     decided = claims.claim_runs(finished, [fig3, table3], 2, chosen)
     assert len(decided) == len(jobs) and all(not r["validation"] for r in decided)
     assert "fedpav ×2 (×0.5: 11.0, ×1: 11.0, ×2: 31.0)" in claims.tuning_line(chosen)
+    # --at-defaults: decided from the factor-1 runs, saying so beside the grid's choice
+    at_defaults = {a: {**g, "chosen": 1.0} for a, g in chosen.items()}
+    untuned = claims.claim_runs(finished, [table3], 2, at_defaults)
+    assert {(r["arm"], r["seed"]) for r in untuned} == {("fedpav", 0), ("fedpav+cdw", 0), ("fedpav+cdw", 1)}
+    assert all(r["lr_scale"] == 1.0 for r in untuned)
+    line = claims.tuning_line(chosen, at_defaults=True)
+    assert "NOT the tuned ones" in line and "fedpav ×2" in line and "not run yet" in line
 
 
 def test_the_publication_names_each_machine_and_the_command(claims) -> None:
@@ -116,6 +124,21 @@ def test_the_publication_names_each_machine_and_the_command(claims) -> None:
                               claims.choose(runs, ["fedpav", "fedpav+cdw"], [1.0]))
     assert "| MM'20 Table 3 |" in text and "| 3 |" in text and "**reproduced**" in text
     assert env["cpu"]["model"] in text and "python bench/claims.py --seeds 3" in text
+
+
+def test_the_forest_plot_draws_each_decided_claim(claims, tmp_path) -> None:
+    runs = [{"arm": arm, "seed": seed, "domains": [{"name": "a", "rank1": 0.1 + (0.05 if arm == "fedpav+cdw" else 0.0)
+                                                    + 0.01 * seed * (arm == "fedpav")}], "unseen": []}
+            for seed in range(4) for arm in ("fedpav", "fedpav+cdw")]
+    [table3] = [c for c in claims.CLAIMS if c.key == "mm20-table3"]
+    [fig4] = [c for c in claims.CLAIMS if c.key == "aaai21-fig4"]  # no paired runs: left out, no error
+    claims.figure(runs, [table3, fig4], tmp_path / "claims.png")
+    from PIL import Image
+
+    with Image.open(tmp_path / "claims.png") as image:
+        assert image.format == "PNG" and image.size[1] > 100
+        rgb = np.asarray(image.convert("RGB")).astype(int)
+    assert ((rgb[..., 0] < 100) & (rgb[..., 1] > 100) & (rgb[..., 2] < 100)).any()  # the reproduced claim, green
 
 
 def test_readme_default_results_are_generated_from_the_fedpav_arm(claims) -> None:
