@@ -29,6 +29,14 @@ def roundtrip(message: Message) -> Message:
     return out
 
 
+def _label(message: Message) -> str:
+    """secfed's step and the secure-aggregation stage a message carries, e.g. "train+masked_input"."""
+    records = message.content.config_records
+    parts = [str(records["secfed.train"]["step"])] if "secfed.train" in records else []
+    parts += [str(records["secfed.secagg"]["stage"])] if "secfed.secagg" in records else []
+    return "+".join(parts) or "?"
+
+
 class FakeGrid(Grid):
     """Nodes ``node_id → (ClientApp, node_config)``; ``dead`` nodes never answer."""
 
@@ -42,12 +50,16 @@ class FakeGrid(Grid):
         self.errors: dict[int, list[str]] = {n: [] for n in nodes}
         self.tamper: Callable[[Message], None] | None = None  # a hostile server's hook, before delivery
         self._ids = itertools.count()
+        self.trips: list[str] = []  # one entry per push: the secure-aggregation stage, else secfed's step
 
     def context(self, node: int) -> Context:
         return context_from_proto(ProtoContext.FromString(self.contexts[node]))
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         ids = []
+        messages = list(messages)
+        if messages:
+            self.trips.append(_label(messages[0]))
         for m in messages:
             mid = f"m{next(self._ids)}"
             m.metadata.__dict__["_message_id"] = mid

@@ -65,10 +65,15 @@ def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_dire
     ours, theirs = tmp_path / "flower", local.run_dir
     # No silent wait (issue 25 item 2): every step says when it starts, and from round 2 what it took last time
     said = capsys.readouterr().out
-    assert said.count("  training: 3 clients") == 2 and "  training: 3 clients; ≈" in said
+    assert "  training: 3 clients\n" in said and "  training: 3 clients in the masked-input phase" in said
     assert "  secure aggregation: share_keys (2 nodes; ≈" in said and "  final scoring: " in said
     # Enrolment rode with the hello (issue 22 item 3): no round trip of its own, and every node enrolled
     assert "secure aggregation: enrol" not in said and "secure aggregation: unmask (2 nodes" in said
+    # Round 1 learns the nodes' ring layout (train, then the protocol fetches the stored vector);
+    # from round 2 the train message rides in the masked-input phase, as Flower's SecAgg+ does it
+    keys, check = ["advertise_keys", "share_keys"], ["consistency_check", "unmask"]
+    assert grid.trips == ["hello+enrol", "train", *keys, "fetch+masked_input", *check,
+                          *keys, "train+masked_input", *check, "evaluate"], grid.trips
 
     def files(folder: Path) -> set[str]:
         return {str(p.relative_to(folder)) for p in folder.rglob("*")}

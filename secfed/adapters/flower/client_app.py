@@ -9,11 +9,16 @@ Messages from secfed's ServerApp (server_app.py), all carrying the run configura
     train      run the round for the node's sites in the cohort — ClientSide.step on the broadcast,
                the privacy step, the local-only baselines — and save each site's state. With secure
                aggregation the uploads' summed parts become ONE ring vector for the node (the
-               secure channel's layout and quantisers, the node's sites added in the ring), kept
-               sealed on this machine until the protocol asks for it; the reply carries only
-               what the in-process run shows the server too: the layout, the unsummed payloads
-               (DFH's statistics), and the training statistics (left out when the run claims an ε).
-               Without secure aggregation the reply carries the uploads (the plain channel).
+               secure channel's layout and quantisers, the node's sites added in the ring). Once
+               the server knows the layout (``shape`` in the step: the layout of the last round),
+               the train message comes inside the protocol's masked-input phase and the vector
+               goes to SecAggMod in the reply (masked there, as Flower's SecAgg+ masks the fit
+               reply): no trip of its own. The first round, the server learns the layout first:
+               the vector is kept sealed on this machine until the protocol asks for it (fetch).
+               Either way the reply carries only what the in-process run shows the server too:
+               the layout, the unsummed payloads (DFH's statistics), and the training statistics
+               (left out when the run claims an ε). Without secure aggregation the reply carries
+               the uploads (the plain channel).
     fetch      inside the secure aggregation's masked-input phase (SecAggMod calls the app): the
                stored ring vector, once, and only for the broadcast it was trained on
     evaluate   score the jobs of federation/evaluate.py for the node's sites on the node's own
@@ -105,10 +110,16 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
         personal = broadcasts.get(f"site-{k}")
         return codec.decode_broadcast(array_bytes(personal, BROADCAST) if personal is not None else common)
 
+    masked = "shape" in step  # the train message rides in the masked-input phase: the vector goes in the reply
     try:  # the local-only baselines train every round, like in-process
         work = site_round(fed, t, cohort, [k for k in sites.sites if k in fed.baselines], receive)
     except SiteDiverged as exc:  # the server stops the run, as in-process
-        return RecordDict({STEP: ConfigRecord({"step": "train", "diverged": json.dumps([exc.where, exc.cause])})})
+        diverged = {"step": "train", "diverged": json.dumps([exc.where, exc.cause])}
+        if not masked:
+            return RecordDict({STEP: ConfigRecord(diverged)})
+        # a zero contribution keeps the protocol whole; the server stops the run when the sum is in
+        zeros = np.zeros(fed.channel.layout(json.loads(str(step["shape"]))).length + CLIP_WORD, dtype=np.uint32)
+        return RecordDict({STEP: ConfigRecord(diverged), RING_RECORD: ArrayRecord({"vector": Array(zeros)})})
     uploads, stats, baseline = work.uploads, work.stats, work.baseline
     for k in sites.sites:
         sites.save(k)
@@ -119,25 +130,38 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
                    for k in sites.sites}
     reply: dict[str, Any] = {"step": "train", "sites": cohort, "stats": json.dumps(stats),
                              "baseline": json.dumps(baseline), "accountants": json.dumps(accountants)}
-    out = ArrayRecord()
+    out = RecordDict({UPLOADS: ArrayRecord()})
     if cfg.secagg.enabled and uploads:
-        shape = ring_shape(uploads[0])
-        layout = fed.channel.layout(shape)  # the in-process secure channel's layout and quantisers
-        total = np.zeros(layout.length + CLIP_WORD, dtype=np.uint32)
-        for upload in uploads:
-            vector, clipped = layout.ring_vector(upload, fed.channel.rounding(t, upload.client_id))
-            total[:-CLIP_WORD] += vector  # wraps mod 2^32: the ring sum of this node's sites
-            total[-1] += np.uint32(clipped)
-        digest = hashlib.sha256(common).digest()
-        _store(context, t, digest + total.tobytes())
-        reply["shape"] = json.dumps(shape)
+        shape = json.dumps(ring_shape(uploads[0]))
+        total = _node_vector(fed, t, uploads, shape)
+        if not masked:
+            _store(context, t, hashlib.sha256(common).digest() + total.tobytes())
+        elif shape != str(step["shape"]):
+            raise node.NodeSetupError("this round's contribution is laid out differently from the last round's "
+                                      "(the server masks in the old layout); the round is dropped and relearnt")
+        else:
+            out[RING_RECORD] = ArrayRecord({"vector": Array(total)})
+        reply["shape"] = shape
         for upload in uploads:
             if upload.shared:
-                out[f"site-{upload.client_id}"] = bytes_array(codec.encode_upload(only_shared(upload)))
+                out[UPLOADS][f"site-{upload.client_id}"] = bytes_array(codec.encode_upload(only_shared(upload)))
     else:
         for upload in uploads:
-            out[f"site-{upload.client_id}"] = bytes_array(codec.encode_upload(upload))
-    return RecordDict({STEP: ConfigRecord(reply), UPLOADS: out})
+            out[UPLOADS][f"site-{upload.client_id}"] = bytes_array(codec.encode_upload(upload))
+    out[STEP] = ConfigRecord(reply)
+    return out
+
+
+def _node_vector(fed: Any, t: int, uploads: list[Any], shape: str) -> np.ndarray:
+    """The node's ONE ring vector: its sites' ring vectors added in the ring (the secure channel's
+    layout and quantisers, each site's seeded rounding), then how many coordinates they clipped."""
+    layout = fed.channel.layout(json.loads(shape))
+    total = np.zeros(layout.length + CLIP_WORD, dtype=np.uint32)
+    for upload in uploads:
+        vector, clipped = layout.ring_vector(upload, fed.channel.rounding(t, upload.client_id))
+        total[:-CLIP_WORD] += vector  # wraps mod 2^32: the ring sum of this node's sites
+        total[-1] += np.uint32(clipped)
+    return total
 
 
 # ---- the node's masked input, kept sealed between the train message and the protocol ----------------

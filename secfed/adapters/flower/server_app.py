@@ -126,12 +126,16 @@ class FlowerRun:
                 dropout_rate=max(0.1, self.cfg.secagg.dropout_rate), complete=self.cfg.secagg.graph == "complete",
                 phase_timeout=settings.phase_timeout, input_timeout=settings.phase_timeout,
                 poll_interval=settings.poll, on_phase=self._phase)
+        self._shape: str | None = None  # the nodes' ring layout (JSON), learnt from the first round's replies
+        self._trained_at: float | None = None  # when a masked round's training phase ended
         self._since = time.perf_counter()
         self._phase_now: str | None = None  # the step under way, and how long each took last time
         self._took: dict[str, float] = {}
 
     def _phase(self, phase: str, nodes: Any) -> None:
         now = time.perf_counter()
+        if phase in ("consistency_check", "unmask") and self._trained_at is None:
+            self._trained_at = now  # a masked round: training ended with the masked-input phase
         since = now - self._since
         _say(f"  secure aggregation: {phase} ({len(nodes)} nodes{self._begin(phase, now)}; "
              f"{since:.1f} s since the previous step)")
@@ -214,7 +218,9 @@ class FlowerRun:
     def train(self, fed: Federation, hosts: dict[int, list[int]], t: int, cohort: list[int],
               broadcast: Broadcast) -> Trained:
         """Round ``t``'s train messages to the nodes hosting the cohort, then the secure sum of their
-        replies: the Aggregate, the sites' statistics and the dropouts (a site whose node dropped)."""
+        replies: the Aggregate, the sites' statistics and the dropouts (a site whose node dropped).
+        Once the layout of the nodes' ring vectors is known (from the last round), the train
+        messages ride in the protocol's masked-input phase, the vectors masked in the replies."""
         t0 = time.perf_counter()
         wire = codec.encode_broadcast(broadcast)
         arrays = {"common": bytes_array(wire)}
@@ -222,73 +228,119 @@ class FlowerRun:
             personal = fed.server.received(broadcast, k)
             if personal is not broadcast:
                 arrays[f"site-{k}"] = bytes_array(codec.encode_broadcast(personal))
-        _say(f"  training: {len(cohort)} clients{self._begin('train', t0)}")
-        step = self._step("train", round=t, cohort=cohort)
+        masked = self.flow is not None and self._shape is not None
+        _say(f"  training: {len(cohort)} clients" + (" in the masked-input phase" if masked else self._begin("train", t0)))
+        step = self._step("train", round=t, cohort=cohort, **({"shape": self._shape} if masked else {}))
         targets = {n: RecordDict({STEP: step, BROADCAST: ArrayRecord(arrays)})
                    for n, sites in hosts.items() if set(sites) & set(cohort)}
-        replies = exchange(self.grid, targets, timeout=self.settings.train_timeout, poll=self.settings.poll,
-                           group=str(t + 1))
+        if masked:
+            aggregate, replies, t_train = self.train_masked(fed, targets, wire, t)
+            trained, client_stats, baseline_stats = self._read(fed, replies)
+            _say(f"  trained and summed: {len(aggregate.contributors)} clients on {len(trained)} SuperNodes "
+                 f"({time.perf_counter() - t0:.1f} s)")
+        else:
+            answers = exchange(self.grid, targets, timeout=self.settings.train_timeout, poll=self.settings.poll,
+                               group=str(t + 1))
+            replies = {n: reply.content for n, reply in answers.items()}
+            trained, client_stats, baseline_stats = self._read(fed, replies)
+            t_train = time.perf_counter()
+            self._done(t_train)
+            self._since = t_train
+            _say(f"  trained: {sum(len(v) for v in trained.values())} clients on {len(trained)} SuperNodes "
+                 f"({t_train - t0:.1f} s)")
+            aggregate = self.aggregate(fed, broadcast, wire, replies, trained, t)
+        dropped = {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors}
+        return Trained(aggregate, client_stats, baseline_stats, dropped, t_train)
+
+    def _read(self, fed: Federation, replies: Mapping[int, RecordDict]) -> tuple[dict[int, list[int]], dict, dict]:
+        """The sites each node trained and their statistics, from the nodes' train replies (the DP-SGD
+        accountants they keep are loaded); a site that diverged stops the run, as in-process."""
         client_stats: dict[str, Any] = {}
         baseline_stats: dict[str, Any] = {}
         trained: dict[int, list[int]] = {}
-        for n, reply in replies.items():
-            out = reply.content.config_records[STEP]
+        for n, content in replies.items():
+            out = content.config_records[STEP]
             if "diverged" in out:
                 raise SiteDiverged(*json.loads(str(out["diverged"])))
             trained[n] = [int(k) for k in out["sites"]]
             client_stats.update(json.loads(str(out["stats"])))
             baseline_stats.update(json.loads(str(out["baseline"])))
             _load_accountants(fed, json.loads(str(out["accountants"])))
-        t_train = time.perf_counter()
-        self._done(t_train)
-        self._since = t_train
-        _say(f"  trained: {sum(len(v) for v in trained.values())} clients on {len(trained)} SuperNodes "
-             f"({t_train - t0:.1f} s)")
-        aggregate = self.aggregate(fed, broadcast, wire, replies, trained, t)
-        dropped = {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors}
-        return Trained(aggregate, client_stats, baseline_stats, dropped, t_train)
+        return trained, client_stats, baseline_stats
 
-    def aggregate(self, fed: Federation, broadcast: Any, wire: bytes, replies: Mapping[int, Message],
+    def train_masked(self, fed: Federation, targets: Mapping[int, RecordDict], wire: bytes,
+                     t: int) -> tuple[Aggregate, dict[int, RecordDict], float]:
+        """Train and sum in one secure aggregation: the train messages are the masked-input phase's
+        content (bound into every node's keys, so a node sent another model is caught), the replies
+        carry the masked vectors and, in the clear, what the train reply carries. A node whose
+        masked input is not in the sum is not heard from this round (its accountant, which it
+        keeps, arrives with its next reply). An aborted round releases nothing and the next one
+        relearns the layout."""
+        layout = fed.channel.layout([tuple(x) for x in json.loads(self._shape)])
+        self.flow.input_timeout = self.settings.train_timeout  # the nodes train inside this phase
+        self._trained_at = None
+        messages = [Message(c, dst_node_id=n, message_type=MessageType.TRAIN) for n, c in targets.items()]
+        down = len(wire) * len(targets)
+        try:
+            result = self.flow.aggregate(self.grid, messages, Encoding(RING, length=layout.length + CLIP_WORD),
+                                         round=t)
+            self._done(time.perf_counter())  # the last phase (unmask) ends here
+        except ProtocolError as exc:
+            self._shape = None
+            return self._aborted(t, exc, 0, down), {}, self._trained_at or time.perf_counter()
+        replies = {n: c for n, c in result.clear.items() if STEP in c.config_records}
+        shapes = {str(c.config_records[STEP].get("shape")) for c in replies.values()}
+        if shapes != {self._shape}:  # the nodes masked in the layout they were sent; refuse a reply that says otherwise
+            raise RuntimeError(f"round {t + 1}: SuperNodes report layouts other than the one they masked in")
+        contributors = tuple(sorted(k for n in result.survivors for k in
+                                    (int(x) for x in replies[n].config_records[STEP]["sites"])))
+        shared, bytes_up = _shared_uploads(replies)
+        sums, weights = layout.decode(result.total[:-CLIP_WORD], len(contributors))
+        aggregate = Aggregate(t, sums, weights, contributors,
+                              {k: v for k, v in shared.items() if k in contributors and v},
+                              bytes_up + result.bytes_up, down + result.bytes_down, int(result.total[-1]))
+        return aggregate, replies, self._trained_at or time.perf_counter()
+
+    def aggregate(self, fed: Federation, broadcast: Any, wire: bytes, replies: Mapping[int, RecordDict],
                   trained: Mapping[int, list[int]], t: int) -> Aggregate:
         """The round's Aggregate from the nodes' train replies and (secagg) the secure sum."""
-        shared: dict[int, dict[str, torch.Tensor]] = {}
-        uploads: list[Upload] = []
-        bytes_up = 0
-        for n, reply in replies.items():
-            for key, array in reply.content[UPLOADS].items():
-                data = array_bytes(array, UPLOADS)
-                bytes_up += len(data)
-                upload = codec.decode_upload(data)
-                if upload.summed:
-                    uploads.append(upload)
-                shared[upload.client_id] = dict(upload.shared)
+        shared, bytes_up = _shared_uploads(replies)
+        uploads = [codec.decode_upload(array_bytes(array, UPLOADS)) for content in replies.values()
+                   for array in content[UPLOADS].values()]
+        uploads = [u for u in uploads if u.summed]
         down = len(wire) * len(replies)
         if not self.cfg.secagg.enabled:
             summed = fed.channel.aggregate(broadcast, uploads, {}, broadcast_bytes=len(wire))
             return Aggregate(t, summed.sums, summed.weights, summed.contributors, summed.shared, summed.bytes_up, down)
         nodes = [n for n, sites in trained.items() if sites]
-        shapes = {replies[n].content.config_records[STEP]["shape"] for n in nodes}
+        shapes = {replies[n].config_records[STEP]["shape"] for n in nodes}
         if not nodes:
             return _empty(t, bytes_up, down)
         if len(shapes) != 1:
             raise RuntimeError(f"round {t + 1}: SuperNodes sum differently shaped contributions ({len(shapes)} layouts)")
-        layout = fed.channel.layout([tuple(x) for x in json.loads(shapes.pop())])  # the layout every node used
+        self._shape = str(shapes.pop())  # the layout every node used: the next round masks in it directly
+        layout = fed.channel.layout([tuple(x) for x in json.loads(self._shape)])
         length = layout.length + CLIP_WORD
         # Every node is asked for the input it computed from THIS broadcast; the request is the
         # same for all and bound into their keys, so a node that was sent another model is caught.
         fetch = RecordDict({STEP: self._step("fetch", round=t, broadcast=hashlib.sha256(wire).hexdigest())})
         messages = [Message(fetch, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+        self.flow.input_timeout = self.settings.phase_timeout  # the nodes only fetch what they stored
         try:
             result = self.flow.aggregate(self.grid, messages, Encoding(RING, length=length), round=t)
             self._done(time.perf_counter())  # the last phase (unmask) ends here
         except ProtocolError as exc:
-            log.warning("round %d: secure aggregation aborted, nothing released: %s: %s", t + 1, type(exc).__name__, exc)
-            _say(f"round {t + 1}: secure aggregation aborted ({type(exc).__name__}); nothing is released")
-            return _empty(t, bytes_up, down)
+            return self._aborted(t, exc, bytes_up, down)
         contributors = tuple(sorted(k for n in result.survivors for k in trained[n]))
         sums, weights = layout.decode(result.total[:-CLIP_WORD], len(contributors))
         return Aggregate(t, sums, weights, contributors, {k: v for k, v in shared.items() if k in contributors and v},
                          bytes_up + result.bytes_up, down + result.bytes_down, int(result.total[-1]))
+
+    @staticmethod
+    def _aborted(t: int, exc: ProtocolError, bytes_up: int, down: int) -> Aggregate:
+        log.warning("round %d: secure aggregation aborted, nothing released: %s: %s", t + 1, type(exc).__name__, exc)
+        _say(f"round {t + 1}: secure aggregation aborted ({type(exc).__name__}); nothing is released")
+        return _empty(t, bytes_up, down)
 
     def evaluate(self, fed: Federation, hosts: dict[int, list[int]], *, final: bool,
                  cohort: tuple[int, ...]) -> Scores:
@@ -347,6 +399,19 @@ def _load_accountants(fed: Federation, states: Mapping[str, Mapping[str, Any]]) 
             fed.clients[k].dp_sgd.accountant.load_state_dict(state["fed"])
         if state.get("local") and k in fed.baseline_dp:
             fed.baseline_dp[k].accountant.load_state_dict(state["local"])
+
+
+def _shared_uploads(replies: Mapping[int, RecordDict]) -> tuple[dict[int, dict[str, torch.Tensor]], int]:
+    """Each site's unsummed payloads (DFH's statistics) from the nodes' train replies, and their bytes."""
+    shared: dict[int, dict[str, torch.Tensor]] = {}
+    bytes_up = 0
+    for content in replies.values():
+        for array in content[UPLOADS].values():
+            data = array_bytes(array, UPLOADS)
+            bytes_up += len(data)
+            upload = codec.decode_upload(data)
+            shared[upload.client_id] = dict(upload.shared)
+    return shared, bytes_up
 
 
 def _empty(t: int, bytes_up: int, bytes_down: int) -> Aggregate:
