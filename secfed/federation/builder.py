@@ -7,7 +7,6 @@ the round loop in :mod:`secfed.federation.runtime` only moves messages.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from secfed.federation.client import ClientSide
 from secfed.federation.secure_channel import RING_BITS, SecureChannel
 from secfed.federation.server import ServerSide
 from secfed.models import pretrain
+from secfed.models.copying import copy_model
 from secfed.models.reid import make_classifier
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.accountant import SampledGaussianAccountant
@@ -319,14 +319,17 @@ def build(
     run_dir: Path | None = None,
     data_root: Path | None = None,
     train_images: bool = True,
+    eval_images: bool = True,
     images: ImageLoader = load_images,
 ) -> Federation:
     """Read data, split it, and create the sites (with their initial models), server and channel.
 
     ``run_dir`` keeps drawn dataset splits (unless `data.split_file` says where); ``data_root``
     overrides `data.root` for moved data. ``train_images=False`` skips decoding the clients'
-    training images (evaluation only needs the models and the query/gallery sets). ``images``
-    decodes a list of samples (a Flower node passes one that keeps what it decoded)."""
+    training images (evaluation only needs the models and the query/gallery sets);
+    ``eval_images=False`` skips the query/gallery sets (the domains are then names and owners, as
+    the server holds them: a Flower node's train message scores nothing). ``images`` decodes a list
+    of samples (a Flower node passes one that keeps what it decoded)."""
     check(cfg)
     pretrain.require(cfg.model.pretrained, cfg.model.backbone, cfg.data.height, cfg.data.width)  # before any data
     split_path = Path(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
@@ -343,8 +346,9 @@ def build(
                     tuple((d.name, ids) for d, ids in evaluated) + tuple((d.name, ()) for d in data.unseen))
     fed = assemble(cfg, census, data.public, shards=shards, train_images=train_images,
                    images=images)
-    fed.domains = [_eval_domain(d, ids, h, w, images) for d, ids in evaluated]
-    fed.domains += [_eval_domain(d, (), h, w, images) for d in data.unseen]
+    if eval_images:
+        fed.domains = [_eval_domain(d, ids, h, w, images) for d, ids in evaluated]
+        fed.domains += [_eval_domain(d, (), h, w, images) for d in data.unseen]
     return fed
 
 
@@ -411,7 +415,7 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
     baselines: dict[int, Site] = {}
     baseline_dp: dict[int, ClientDpSgd] = {}
     for k, entry in enumerate(clients_info):
-        model = copy.deepcopy(initial)
+        model = copy_model(initial)
         if not method.uses_global_labels:
             torch.manual_seed(derive_seed(cfg.seed, "classifier", k))
             model.classifier = make_classifier(model.feature_dim, int(entry["classes"]))  # the site's own head
@@ -424,7 +428,7 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
         clients.append(ClientSide(site, method, layout, ClientPrivacy(plan, cfg.seed, noise),
                                   hash_models=channel.needs_model_hash, dp_sgd=dp))
         if cfg.run.local_baseline:
-            alone = Site(k, site.name, site.images, site.labels, copy.deepcopy(model), weight_scale)
+            alone = Site(k, site.name, site.images, site.labels, copy_model(model), weight_scale)
             baselines[k] = alone
             if plan.dp_sgd is not None:
                 baseline_dp[k] = client_dp_sgd(plan.dp_sgd, cfg, sizes[k], noise)

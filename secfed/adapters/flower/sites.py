@@ -81,11 +81,12 @@ class NodeSites:
 
     @classmethod
     def open(cls, cfg: RunConfig, node_config: Mapping[str, object], token: str, *, train: bool) -> NodeSites:
-        """Build the federation and load the state of this node's sites (and, ``train``, their images)."""
+        """Build the federation and load the state of this node's sites (and, ``train``, their training
+        images; otherwise the evaluation domains' query/gallery, which training never reads)."""
         data_root = node_config.get(DATA_ROOT_KEY)
         root = Path(str(data_root)) if data_root else None
         cache = ImageCache(node.state_dir(node_config) / "images")
-        fed = build(cfg, data_root=root, train_images=False, images=cache)
+        fed = build(cfg, data_root=root, train_images=False, eval_images=not train, images=cache)
         sites = hosted(node_config, len(fed.clients))
         nodes = cls(fed, sites, run_folder(node_config, token))
         if train and sites:

@@ -1,13 +1,18 @@
-"""A Flower ClientApp is a fresh process per message, so what secfed's ClientApp imports is paid on
-every round trip: the secure-aggregation phases (secfed.protocols is torch-free by design) must run
-without torch, torchvision or Opacus."""
+"""A Flower ClientApp is a fresh process per message, so whatever secfed's ClientApp imports or loads
+is paid on every round trip: the secure-aggregation phases (secfed.protocols is torch-free by design)
+run without torch, torchvision or Opacus, and a train message loads no evaluation images."""
 
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 from pathlib import Path
+
+from secfed.adapters.flower import node as node_files
+from secfed.adapters.flower.sites import NodeSites
+from secfed.federation.builder import EvalDomain
 
 HEAVY = ("torch", "torchvision", "opacus", "scipy", "matplotlib")
 
@@ -60,3 +65,14 @@ def test_the_client_app_module_imports_no_torch():
              f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_train_message_loads_no_query_or_gallery_and_an_evaluate_message_does(tiny_config, tmp_path):
+    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path)}
+    token = secrets.token_hex(16)
+    trained = NodeSites.open(tiny_config, config, token, train=True)
+    assert trained.fed.domains and not any(isinstance(d, EvalDomain) for d in trained.fed.domains)
+    assert all(len(trained.fed.clients[k].site.images) for k in trained.sites)  # what training reads is there
+    scored = NodeSites.open(tiny_config, config, token, train=False)
+    assert [d.name for d in scored.fed.domains] == [d.name for d in trained.fed.domains]
+    assert all(isinstance(d, EvalDomain) and len(d.query) and len(d.gallery) for d in scored.fed.domains)
