@@ -20,6 +20,7 @@ import torch
 from secfed.algorithms import Method, Site, base_method, with_options
 from secfed.config import ConfigError, RunConfig
 from secfed.data.images import load_images
+from secfed.data.listing import Resolver
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
 from secfed.data.synth import DEFAULT_PUBLIC_IMAGES, SynthManifest, cached
@@ -238,13 +239,13 @@ def _entries_under(root: Path, requested: Sequence[str], key: str) -> list[tuple
 
 def fingerprint(datasets: Sequence[ReidDataset], root: Path) -> str:
     """SHA-256 over the relative path and size of every image a run reads: the same data, wherever it lives."""
-    h = hashlib.sha256()
+    h, resolve = hashlib.sha256(), Resolver()
     for d in datasets:
         h.update(d.name.encode() + b"\0")
         for part in (d.train, d.query, d.gallery):
             for s in part:
                 try:
-                    rel = s.path.resolve().relative_to(root)
+                    rel = resolve(s.path).relative_to(root)
                 except ValueError:
                     rel = s.path
                 h.update(f"{rel.as_posix()}|{s.path.stat().st_size}|{s.pid}|{s.camid}\n".encode())
