@@ -13,9 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from secfed.config import ConfigError
 from secfed.data.errors import DataError
-from secfed.federation.checkpoint import CheckpointError
-from secfed.federation.codec import CodecError
-from secfed.models.reid import PretrainedWeightsUnavailable
 from secfed.protocols import ProtocolError
 
 
@@ -31,8 +28,13 @@ def emit_json(obj: Any) -> None:
 @contextlib.contextmanager
 def cli_errors() -> Iterator[None]:
     """Library errors → click errors that name the flag or path, exit code 2 (usage) or 1."""
+    # Imported here, not with the module: they bring torch and torchvision (≈ 3 s), which
+    # `secfed --help` and every subcommand's --help do not need.
     from secfed.cli.options import render
+    from secfed.federation.checkpoint import CheckpointError
+    from secfed.federation.codec import CodecError
     from secfed.federation.runtime import RunDiverged
+    from secfed.models.reid import PretrainedWeightsUnavailable
 
     try:
         yield

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import rich_click as click
 from rich.console import Console
 from rich.progress import TaskID
 
-from secfed.algorithms.base import TrainingDiverged
 from secfed.cli.common import cli_errors, emit_json, eta_bars, human_console, set_threads
-from secfed.models.pretrain import Built, Recipe, build, weights_path
-from secfed.models.reid import BACKBONES
+from secfed.models.recipe import BACKBONES, Recipe
+
+if TYPE_CHECKING:
+    from secfed.models.pretrain import Built
+
+# Training is imported when the command runs: `secfed pretrain --help` needs no torch.
 
 _DEFAULT = Recipe()
 
@@ -65,6 +69,9 @@ def pretrain_command(backbone: str, height: int, width: int, identities: int, ep
     A cached file is verified (recipe and SHA-256) and reused; a corrupt or mismatching one is refused
     by name and rebuilt. Training runs on the CPU.
     """
+    from secfed.algorithms.base import TrainingDiverged
+    from secfed.models.pretrain import build, weights_path
+
     console = human_console(json_output)
     set_threads(threads)
     recipe = Recipe(backbone=backbone, height=height, width=width, identities=identities, epochs=epochs, seed=seed)

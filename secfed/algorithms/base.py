@@ -29,7 +29,6 @@ versions — whatever the method. A method whose loss is not a mean of per-examp
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -42,6 +41,7 @@ from torch import nn
 from secfed.data.augment import TrainAugment, epoch_batches
 from secfed.errors import ConfigIssue
 from secfed.federation.messages import MODEL, Aggregate, Broadcast, Contribution, Summand, TrainStats
+from secfed.models.copying import copy_model
 from secfed.models.pretrain import initial_weights
 from secfed.models.reid import Pretrained, ReIDModel
 from secfed.models.sharing import SharedLayout, load_shared, shared_layout
@@ -331,7 +331,7 @@ for _hook in HOOKS:
 
 def eval_copy(model: nn.Module) -> nn.Module:
     """A frozen evaluation-mode copy (teachers and "before" models must not touch the live one)."""
-    clone = copy.deepcopy(model)
+    clone = copy_model(model)
     clone.eval()
     for p in clone.parameters():
         p.requires_grad_(False)

@@ -21,6 +21,26 @@ T = TypeVar("T")
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp"})
 
 
+class Resolver:
+    """``path.resolve()`` for the many files of a few folders: each folder is resolved once, and a
+    file is its resolved folder joined with its name unless the file itself is a symbolic link.
+    The same paths as ``Path.resolve()`` (``os.path.realpath``, which resolves symbolic links left
+    to right) at one ``lstat`` per file instead of one per path component — a Flower node
+    fingerprints every image of the run in every message."""
+
+    def __init__(self) -> None:
+        self._folders: dict[Path, str] = {}
+
+    def __call__(self, path: Path) -> Path:
+        if path.name in ("", ".", ".."):
+            return path.resolve()
+        folder = self._folders.get(path.parent)
+        if folder is None:
+            folder = self._folders[path.parent] = os.path.realpath(path.parent)
+        joined = os.path.join(folder, path.name)
+        return Path(os.path.realpath(joined) if os.path.islink(joined) else joined)
+
+
 def require_dir(path: Path, layout: str) -> Path:
     """``path`` if it is a folder, else a DataError saying what was expected there."""
     if not path.is_dir():

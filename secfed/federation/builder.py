@@ -7,7 +7,6 @@ the round loop in :mod:`secfed.federation.runtime` only moves messages.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ import torch
 from secfed.algorithms import Method, Site, base_method, with_options
 from secfed.config import ConfigError, RunConfig
 from secfed.data.images import load_images
+from secfed.data.listing import Resolver
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
 from secfed.data.synth import DEFAULT_PUBLIC_IMAGES, SynthManifest, cached
@@ -31,6 +31,7 @@ from secfed.federation.client import ClientSide
 from secfed.federation.secure_channel import RING_BITS, SecureChannel
 from secfed.federation.server import ServerSide
 from secfed.models import pretrain
+from secfed.models.copying import copy_model
 from secfed.models.reid import make_classifier
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.accountant import SampledGaussianAccountant
@@ -238,13 +239,13 @@ def _entries_under(root: Path, requested: Sequence[str], key: str) -> list[tuple
 
 def fingerprint(datasets: Sequence[ReidDataset], root: Path) -> str:
     """SHA-256 over the relative path and size of every image a run reads: the same data, wherever it lives."""
-    h = hashlib.sha256()
+    h, resolve = hashlib.sha256(), Resolver()
     for d in datasets:
         h.update(d.name.encode() + b"\0")
         for part in (d.train, d.query, d.gallery):
             for s in part:
                 try:
-                    rel = s.path.resolve().relative_to(root)
+                    rel = resolve(s.path).relative_to(root)
                 except ValueError:
                     rel = s.path
                 h.update(f"{rel.as_posix()}|{s.path.stat().st_size}|{s.pid}|{s.camid}\n".encode())
@@ -319,14 +320,17 @@ def build(
     run_dir: Path | None = None,
     data_root: Path | None = None,
     train_images: bool = True,
+    eval_images: bool = True,
     images: ImageLoader = load_images,
 ) -> Federation:
     """Read data, split it, and create the sites (with their initial models), server and channel.
 
     ``run_dir`` keeps drawn dataset splits (unless `data.split_file` says where); ``data_root``
     overrides `data.root` for moved data. ``train_images=False`` skips decoding the clients'
-    training images (evaluation only needs the models and the query/gallery sets). ``images``
-    decodes a list of samples (a Flower node passes one that keeps what it decoded)."""
+    training images (evaluation only needs the models and the query/gallery sets);
+    ``eval_images=False`` skips the query/gallery sets (the domains are then names and owners, as
+    the server holds them: a Flower node's train message scores nothing). ``images`` decodes a list
+    of samples (a Flower node passes one that keeps what it decoded)."""
     check(cfg)
     pretrain.require(cfg.model.pretrained, cfg.model.backbone, cfg.data.height, cfg.data.width)  # before any data
     split_path = Path(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
@@ -343,8 +347,9 @@ def build(
                     tuple((d.name, ids) for d, ids in evaluated) + tuple((d.name, ()) for d in data.unseen))
     fed = assemble(cfg, census, data.public, shards=shards, train_images=train_images,
                    images=images)
-    fed.domains = [_eval_domain(d, ids, h, w, images) for d, ids in evaluated]
-    fed.domains += [_eval_domain(d, (), h, w, images) for d in data.unseen]
+    if eval_images:
+        fed.domains = [_eval_domain(d, ids, h, w, images) for d, ids in evaluated]
+        fed.domains += [_eval_domain(d, (), h, w, images) for d in data.unseen]
     return fed
 
 
@@ -411,7 +416,7 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
     baselines: dict[int, Site] = {}
     baseline_dp: dict[int, ClientDpSgd] = {}
     for k, entry in enumerate(clients_info):
-        model = copy.deepcopy(initial)
+        model = copy_model(initial)
         if not method.uses_global_labels:
             torch.manual_seed(derive_seed(cfg.seed, "classifier", k))
             model.classifier = make_classifier(model.feature_dim, int(entry["classes"]))  # the site's own head
@@ -424,7 +429,7 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
         clients.append(ClientSide(site, method, layout, ClientPrivacy(plan, cfg.seed, noise),
                                   hash_models=channel.needs_model_hash, dp_sgd=dp))
         if cfg.run.local_baseline:
-            alone = Site(k, site.name, site.images, site.labels, copy.deepcopy(model), weight_scale)
+            alone = Site(k, site.name, site.images, site.labels, copy_model(model), weight_scale)
             baselines[k] = alone
             if plan.dp_sgd is not None:
                 baseline_dp[k] = client_dp_sgd(plan.dp_sgd, cfg, sizes[k], noise)

@@ -21,7 +21,6 @@ answered (None if none did).
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
@@ -32,6 +31,7 @@ from secfed.evaluation.features import evaluate_model
 from secfed.evaluation.metrics import RetrievalScores
 from secfed.evaluation.raw_pixels import raw_pixel_scores
 from secfed.federation.builder import DomainInfo, EvalDomain, Federation
+from secfed.models.copying import copy_model
 from secfed.models.sharing import load_shared
 from secfed.progress import tracked
 
@@ -74,7 +74,7 @@ def mean_scores(scores: Iterable[Mapping[str, float]]) -> dict[str, float] | Non
 def global_model(fed: Federation, client_id: int) -> nn.Module:
     """The deployed federated model as client ``client_id`` runs it: the global shared weights plus
     what the client keeps locally."""
-    model = copy.deepcopy(fed.clients[client_id].site.model)
+    model = copy_model(fed.clients[client_id].site.model)
     load_shared(model, fed.layout, fed.server.weights)
     return model
 

@@ -51,7 +51,6 @@ from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr, train_al
 from secfed.config import ConfigError, RunConfig, from_dict
 from secfed.environment import environment
 from secfed.evaluation.communication import communication_cost
-from secfed.evaluation.plots import plot_history
 from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec, recording
 from secfed.federation.builder import Federation, build
@@ -262,6 +261,8 @@ def run(
     reporter.run_started(fed, start)
     summary = drive(fed, InProcess(run_dir), run_dir, reporter, history=history, start=start, wall=wall,
                     on_round_end=on_round_end)
+    from secfed.evaluation.plots import plot_history  # here: matplotlib costs a Flower node's every train message 0.5 s
+
     plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
     reporter.finish(summary, run_dir)
     return RunResult(run_dir, summary, fed)

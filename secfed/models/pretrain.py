@@ -26,71 +26,28 @@ the SHA-256 of the backbone it started from (data.json).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from secfed import atomic_file
-from secfed.data.synth import GENERATOR_VERSION
 from secfed.data.synth_pretrain import render_identities
+from secfed.models.recipe import Recipe
 from secfed.models.reid import PretrainedWeightsUnavailable, ReIDModel
 from secfed.seeding import derive_seed, torch_generator
 
 if TYPE_CHECKING:
     from secfed.config import ModelConfig
 
-RECIPE_VERSION = 1  # bump whenever the same recipe would train different weights
 FORMAT = "secfed-pretrained-backbone"
-SUFFIX = ".sfw"
 
 # (stage, done, total, note): "render" counts images, "train" counts batches over all epochs
 Progress = Callable[[str, int, int, str], None]
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that decides the pretrained weights; the defaults are what `--pretrained synthetic` uses."""
-
-    backbone: str = "resnet18"
-    height: int = 64
-    width: int = 32
-    identities: int = 500  # ≈ 4,000 images: more people than the nine domains' train sides together
-    epochs: int = 24
-    seed: int = 0
-    batch_size: int = 64
-    lr: float = 0.05  # every layer is new: the rate a run uses for new layers
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-
-    def __post_init__(self) -> None:
-        if self.identities < 2 or self.epochs < 1 or self.batch_size < 1:
-            raise ValueError(f"a pretraining recipe needs ≥ 2 identities, ≥ 1 epoch and a batch: {self}")
-
-    def key(self) -> dict[str, Any]:
-        return {"generator_version": GENERATOR_VERSION, "recipe_version": RECIPE_VERSION, **asdict(self)}
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.key(), sort_keys=True).encode()).hexdigest()
-
-    @property
-    def filename(self) -> str:
-        return f"synthetic-{self.backbone}-{self.height}x{self.width}-{self.digest[:16]}{SUFFIX}"
-
-    def command(self) -> str:
-        """The `secfed pretrain` command that builds this recipe."""
-        parts = ["secfed pretrain", f"--backbone {self.backbone}", f"--height {self.height}", f"--width {self.width}"]
-        default = Recipe()
-        for name in ("identities", "epochs", "seed"):
-            if getattr(self, name) != getattr(default, name):
-                parts.append(f"--{name} {getattr(self, name)}")
-        return " ".join(parts)
 
 
 def default_recipe(backbone: str, height: int, width: int) -> Recipe:

@@ -16,8 +16,9 @@ import torch
 import torchvision
 from torch import nn
 
+from secfed.models.recipe import BACKBONES
+
 Backbone = Literal["resnet18", "resnet34", "resnet50"]
-BACKBONES: tuple[str, ...] = ("resnet18", "resnet34", "resnet50")
 _WEIGHTS = {
     "resnet18": torchvision.models.ResNet18_Weights.IMAGENET1K_V1,
     "resnet34": torchvision.models.ResNet34_Weights.IMAGENET1K_V1,

@@ -13,16 +13,20 @@ adjacency (one unit's clipped contribution replaced by zero), which is the one s
 fixed K-of-N client selection.
 
 The state is plain data (lists of numbers and a string) so a checkpoint can hold it without pickle.
+
+Opacus is imported when an accountant is made or a noise multiplier calibrated, not with this
+module: importing ``opacus`` costs about a second (it loads its whole privacy engine, SciPy
+included), which a run without DP — and every message of a Flower ClientApp — need not pay.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
+if TYPE_CHECKING:
+    from opacus.accountants import RDPAccountant
 
 STATE_VERSION = 1
 
@@ -43,6 +47,8 @@ class SampledGaussianAccountant:
     """A thin, checkpointable wrapper over Opacus' :class:`~opacus.accountants.RDPAccountant`."""
 
     def __init__(self) -> None:
+        from opacus.accountants import RDPAccountant
+
         self._opacus = RDPAccountant()
 
     @property
@@ -122,6 +128,8 @@ def noise_for_target_epsilon(target_epsilon: float, delta: float, sample_rate: f
         raise ValueError(f"sample rate must lie in (0, 1], got {sample_rate}")
     if rounds < 1:
         raise ValueError(f"rounds must be ≥ 1, got {rounds}")
+    from opacus.accountants.utils import get_noise_multiplier
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the order-range warning, as in epsilon()
         return float(

@@ -50,23 +50,27 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from opacus.grad_sample import GradSampleModuleExpandedWeights
-from opacus.optimizers import DPOptimizer
-from opacus.validators import ModuleValidator
 from torch import nn
 
 from secfed.privacy.accountant import SampledGaussianAccountant
-from secfed.privacy.noise import NoiseSource, gaussian
+from secfed.privacy.noise import NoiseSource
 from secfed.privacy.sampling import poisson_batches
 
 if TYPE_CHECKING:
+    from opacus.optimizers import DPOptimizer
+
     from secfed.algorithms.base import Schedule
+
+# Opacus is imported where its parts are used (and the DPOptimizer subclass lives in
+# secure_optimizer.py): ``import opacus`` costs about a second, which runs without DP-SGD skip.
 
 _WRAPPER_PREFIX = "_module."
 
 
 def dp_compatible(model: nn.Module) -> nn.Module:
     """A copy of ``model`` with every BatchNorm replaced as described in the module docstring."""
+    from opacus.validators import ModuleValidator
+
     fixed = copy.deepcopy(model)
     for parent in list(fixed.modules()):
         for child_name, child in list(parent.named_children()):
@@ -82,6 +86,8 @@ def dp_compatible(model: nn.Module) -> nn.Module:
 def _layer_errors(model: nn.Module) -> list[Exception]:
     """Opacus' validation of the layers alone: it also insists on training mode, which is the caller's
     business (an evaluation-mode model has the same layers), so validate in training mode and restore."""
+    from opacus.validators import ModuleValidator
+
     modes = {module: module.training for module in model.modules()}
     try:
         model.train()
@@ -132,36 +138,6 @@ class PrivateTraining:
         return self.accountant.epsilon(delta)
 
 
-class SecureNoiseDPOptimizer(DPOptimizer):
-    """Opacus' DPOptimizer whose Gaussian noise comes from a :class:`~secfed.privacy.noise.NoiseSource`
-    generator (AES-CTR keyed by OS entropy, floating-point hardened) instead of torch's generator —
-    Opacus' own ``secure_mode`` needs torchcsprng, which is no longer maintained.
-
-    A ``p.grad`` present when the step starts is the gradient of train_loop's data-independent
-    ``penalty`` (per-example gradients live in ``p.grad_sample``; the loop refuses any other): it is
-    added to the clipped, noised gradient — post-processing of the private release, so it costs no
-    privacy — where Opacus would overwrite it.
-    """
-
-    def __init__(self, *args, noise_generator: np.random.Generator, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.noise_generator = noise_generator
-
-    def add_noise(self) -> None:
-        std = self.noise_multiplier * self.max_grad_norm
-        # Opacus marks a noised sum with its private helpers; the same guard through our own attribute
-        # (a sum noised twice means zero_grad was skipped between two steps).
-        for p in self.params:
-            if getattr(p.summed_grad, "_secfed_noised", False):
-                raise ValueError("gradients were not cleared since the last DP-SGD step: call zero_grad() every step")
-            penalty = p.grad
-            noise = gaussian(tuple(p.summed_grad.shape), std, self.noise_generator, device=p.summed_grad.device)
-            p.grad = (p.summed_grad + noise.to(p.summed_grad.dtype)).view_as(p)
-            if penalty is not None:  # scale_grad divides p.grad by the expected batch size next
-                p.grad.add_(penalty, alpha=self.expected_batch_size * self.accumulated_iterations)
-            p.summed_grad._secfed_noised = True
-
-
 def _empty_grad_samples(optimizer: DPOptimizer) -> None:
     """Per-example gradients of an empty batch, so that the next step adds noise only."""
     for p in optimizer.params:
@@ -203,6 +179,10 @@ def make_private(
     optimised = {id(p) for group in optimizer.param_groups for p in group["params"]}
     if model_params != optimised:
         raise ValueError("the optimiser must hold exactly the model's trainable parameters (a private model trains all of them privately)")
+    from opacus.grad_sample import GradSampleModuleExpandedWeights
+
+    from secfed.privacy.secure_optimizer import SecureNoiseDPOptimizer
+
     module = GradSampleModuleExpandedWeights(model, batch_first=True, loss_reduction="mean")
     dp_optimizer = SecureNoiseDPOptimizer(
         optimizer,

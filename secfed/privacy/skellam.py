@@ -24,7 +24,6 @@ import warnings
 from typing import Any
 
 import numpy as np
-from opacus.accountants.analysis.rdp import get_privacy_spent
 
 SKELLAM_ORDERS: tuple[int, ...] = tuple(range(2, 65)) + (72, 80, 96, 112, 128, 160, 192, 256, 384, 512)
 STATE_VERSION = 1
@@ -55,6 +54,8 @@ def rdp_to_epsilon(orders: tuple[int, ...] | list[int], rdp: np.ndarray, delta: 
     """
     if not (0 < delta < 1):
         raise ValueError(f"δ must lie in (0, 1), got {delta}")
+    from opacus.accountants.analysis.rdp import get_privacy_spent  # on use: see secfed.privacy.accountant
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         eps, _ = get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)

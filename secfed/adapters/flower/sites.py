@@ -40,6 +40,7 @@ import torch
 from secfed import atomic_file
 from secfed.config import RunConfig
 from secfed.data.images import load_images
+from secfed.data.listing import Resolver
 from secfed.data.types import Sample
 from secfed.federation.builder import Federation, build, make_shards, resolve_data
 from secfed.federation.runtime import prefixed, split_prefixed
@@ -81,11 +82,12 @@ class NodeSites:
 
     @classmethod
     def open(cls, cfg: RunConfig, node_config: Mapping[str, object], token: str, *, train: bool) -> NodeSites:
-        """Build the federation and load the state of this node's sites (and, ``train``, their images)."""
+        """Build the federation and load the state of this node's sites (and, ``train``, their training
+        images; otherwise the evaluation domains' query/gallery, which training never reads)."""
         data_root = node_config.get(DATA_ROOT_KEY)
         root = Path(str(data_root)) if data_root else None
         cache = ImageCache(node.state_dir(node_config) / "images")
-        fed = build(cfg, data_root=root, train_images=False, images=cache)
+        fed = build(cfg, data_root=root, train_images=False, eval_images=not train, images=cache)
         sites = hosted(node_config, len(fed.clients))
         nodes = cls(fed, sites, run_folder(node_config, token))
         if train and sites:
@@ -151,9 +153,9 @@ class ImageCache:
         self.decoded = 0  # how many images this process decoded (a warm cache: none)
 
     def key(self, samples: Sequence[Sample], height: int, width: int) -> str:
-        h = hashlib.sha256(f"secfed-images/v1|{height}x{width}\n".encode())
+        h, resolve = hashlib.sha256(f"secfed-images/v1|{height}x{width}\n".encode()), Resolver()
         for s in samples:
-            h.update(f"{s.path.resolve().as_posix()}|{s.path.stat().st_size}|{s.pid}|{s.camid}\n".encode())
+            h.update(f"{resolve(s.path).as_posix()}|{s.path.stat().st_size}|{s.pid}|{s.camid}\n".encode())
         return h.hexdigest()
 
     def __call__(self, samples: Sequence[Sample], height: int, width: int) -> torch.Tensor:

@@ -1,0 +1,78 @@
+"""A Flower ClientApp is a fresh process per message, so whatever secfed's ClientApp imports or loads
+is paid on every round trip: the secure-aggregation phases (secfed.protocols is torch-free by design)
+run without torch, torchvision or Opacus, and a train message loads no evaluation images."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+from secfed.adapters.flower import node as node_files
+from secfed.adapters.flower.sites import NodeSites
+from secfed.federation.builder import EvalDomain
+
+HEAVY = ("torch", "torchvision", "opacus", "scipy", "matplotlib")
+
+# Three nodes run secfed's own ClientApp (client_app.app) on the in-process grid; each holds a sealed
+# ring vector as a train message leaves it, and SecAggWorkflow sums them through every protocol phase
+# (enrolment, keys, shares, the masked input that the app's fetch step answers, unmasking).
+PROBE = """
+import hashlib, json, sys
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, {here!r})
+from fakegrid import RUN_ID, FakeGrid
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from secfed.adapters.flower import Cohort, node
+from secfed.adapters.flower.client_app import STEP, _store, app
+from secfed.adapters.flower.encoding import RING, Encoding
+from secfed.adapters.flower.workflow import SecAggWorkflow
+
+root, length, wire = Path({root!r}), 5, b"the round's broadcast"
+nodes, keys, vectors = {{}}, {{}}, {{}}
+for p in range(3):
+    folder = root / f"node{{p}}"
+    folder.mkdir()
+    keys[p] = node.public_identity(node.identity_key(folder))
+    config = {{node.STATE_DIR_KEY: str(folder), node.COHORT_KEY: str(root / "cohort.toml")}}
+    vectors[p] = np.arange(length, dtype=np.uint32) * (p + 1)
+    _store(Context(RUN_ID, 1000 + p, config, RecordDict(), {{}}), 1, hashlib.sha256(wire).digest() + vectors[p].tobytes())
+    nodes[1000 + p] = (app, config)
+cohort = Cohort({{f"site-{{p}}": k for p, k in keys.items()}})
+(root / "cohort.toml").write_text(cohort.dumps())
+grid = FakeGrid(nodes)
+fetch = RecordDict({{STEP: ConfigRecord({{"step": "fetch", "round": 1, "broadcast": hashlib.sha256(wire).hexdigest()}})}})
+messages = [Message(fetch, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+result = SecAggWorkflow(cohort=cohort).aggregate(grid, messages, Encoding(RING, length=length), round=1)
+print(json.dumps({{"sum": result.total.tolist(), "expected": sum(vectors.values()).tolist(),
+                  "errors": grid.errors, "heavy": sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r}))}}))
+"""
+
+
+def test_a_secure_sum_over_secfeds_client_app_imports_no_torch(tmp_path):
+    probe = PROBE.format(here=str(Path(__file__).parent), root=str(tmp_path), heavy=HEAVY)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["sum"] == seen["expected"] and not any(seen["errors"].values())  # the phases really ran
+    assert seen["heavy"] == []
+
+
+def test_the_client_app_module_imports_no_torch():
+    probe = ("import json, sys\nimport secfed.adapters.flower.client_app\n"
+             f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_train_message_loads_no_query_or_gallery_and_an_evaluate_message_does(tiny_config, tmp_path):
+    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path)}
+    token = secrets.token_hex(16)
+    trained = NodeSites.open(tiny_config, config, token, train=True)
+    assert trained.fed.domains and not any(isinstance(d, EvalDomain) for d in trained.fed.domains)
+    assert all(len(trained.fed.clients[k].site.images) for k in trained.sites)  # what training reads is there
+    scored = NodeSites.open(tiny_config, config, token, train=False)
+    assert [d.name for d in scored.fed.domains] == [d.name for d in trained.fed.domains]
+    assert all(isinstance(d, EvalDomain) and len(d.query) and len(d.gallery) for d in scored.fed.domains)
