@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,41 @@ def synth_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture
-def tiny_config(synth_root: Path, tmp_path: Path) -> RunConfig:
+def tiny(synth_root: Path, out: Path) -> RunConfig:
     """A run that trains in seconds: ResNet-18 at 32×16, two rounds, small batches."""
-    cfg = RunConfig(run=RunSection(seed=3, out=str(tmp_path / "runs"), name="tiny"))
+    cfg = RunConfig(run=RunSection(seed=3, out=str(out), name="tiny"))
     cfg.data.root = str(synth_root)
     cfg.data.height, cfg.data.width = 32, 16
     cfg.schedule.rounds = 2
     cfg.schedule.batch_size = 8
     cfg.secagg.enabled = False
     return cfg
+
+
+def small(synth_root: Path, out: Path) -> RunConfig:
+    """tiny at 16×8 pixels with a 32-wide neck, evaluated after the last round only: the same code
+    paths at a fraction of the arithmetic, for tests whose assertions do not depend on what the model
+    learns (privacy, resume, transports, progress)."""
+    cfg = tiny(synth_root, out)
+    cfg.data.height, cfg.data.width = 16, 8
+    cfg.model.neck_dim = 32
+    cfg.run.eval_every = 0
+    return cfg
+
+
+@pytest.fixture
+def tiny_config(synth_root: Path, tmp_path: Path) -> RunConfig:
+    """:func:`tiny` writing under the test's own tmp_path."""
+    return tiny(synth_root, tmp_path / "runs")
+
+
+@pytest.fixture(scope="session")
+def small_at(synth_root: Path) -> Callable[[Path], RunConfig]:
+    """:func:`small` writing under a folder the caller names (a run shared by a module's tests)."""
+    return lambda out: small(synth_root, out)
+
+
+@pytest.fixture
+def small_config(small_at: Callable[[Path], RunConfig], tmp_path: Path) -> RunConfig:
+    """:func:`small` writing under the test's own tmp_path."""
+    return small_at(tmp_path / "runs")

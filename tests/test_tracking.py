@@ -16,8 +16,8 @@ from secfed import tracking
 from secfed.cli.main import cli
 from secfed.federation.runtime import dp_record
 
-TINY = ["--height", "32", "--width", "16", "--rounds", "2", "--batch-size", "8", "--no-secagg", "--threads", "2",
-        "--eval-every", "1", "--no-local-baseline"]
+TINY = ["--height", "16", "--width", "8", "--neck-dim", "32", "--rounds", "2", "--batch-size", "8", "--no-secagg",
+        "--threads", "2", "--eval-every", "1", "--no-local-baseline"]
 
 
 def invoke(args: list[str]) -> Result:

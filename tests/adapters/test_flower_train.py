@@ -30,17 +30,6 @@ from secfed.federation.runtime import run
 from fakegrid import FakeGrid
 
 
-@pytest.fixture
-def small_config(tiny_config):
-    """tiny_config at 16×8 pixels with a 32-wide neck, evaluated after the last round only: the
-    same code paths at a quarter of the arithmetic (these tests run every ClientApp message)."""
-    cfg = tiny_config
-    cfg.data.height, cfg.data.width = 16, 8
-    cfg.model.neck_dim = 32
-    cfg.run.eval_every = 0
-    return cfg
-
-
 def flower_nodes(tmp_path: Path, n: int) -> tuple[FakeGrid, Path]:
     cohort_file, sites, nodes = tmp_path / "cohort.toml", {}, {}
     for p in range(n):

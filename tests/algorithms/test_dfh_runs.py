@@ -33,11 +33,11 @@ def crash(round_number: int) -> None:
 
 
 @pytest.fixture
-def dfh_config(tiny_config: RunConfig) -> RunConfig:
-    tiny_config.method.algorithm = "dfh"
-    tiny_config.method.ids_per_batch = 4  # P = 4, K = 2 at B = 8
-    tiny_config.run.local_baseline = False
-    return tiny_config
+def dfh_config(small_config: RunConfig) -> RunConfig:
+    small_config.method.algorithm = "dfh"
+    small_config.method.ids_per_batch = 4  # P = 4, K = 2 at B = 8
+    small_config.run.local_baseline = False
+    return small_config
 
 
 def _ifs_by_hand(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -106,7 +106,8 @@ def test_train_dfh_with_leave_out_under_secure_aggregation_and_resume_bit_identi
         return targets
 
     monkeypatch.setattr(dfh, "draw_targets", recording)
-    summary = _train(["--data-root", str(synth_root), "--height", "32", "--width", "16", "--rounds", "2",
+    summary = _train(["--data-root", str(synth_root), "--height", "16", "--width", "8", "--neck-dim", "32",
+                      "--rounds", "2",
                       "--batch-size", "8", "--threads", "2", "--algorithm", "dfh", "--ids-per-batch", "4",
                       "--leave-out", "corridor", "--secagg", "--no-local-baseline", "--out", str(tmp_path),
                       "--name", "full"])

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from secfed.config import ConfigError, RunConfig
-from secfed.federation.runtime import run
+from secfed.federation.runtime import RunResult, run
 from secfed.privacy.ledger import PrivacyLedger
 from secfed.privacy.policy import resolve
 from secfed.privacy.noise import NoiseSource
@@ -28,10 +29,10 @@ def _dp_fedavg(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def test_beta_alone_claims_no_epsilon(tiny_config: RunConfig, tmp_path: Path) -> None:
-    tiny_config.schedule.rounds = 1
-    tiny_config.privacy.dp_beta = 0.0005
-    result = run(tiny_config, tmp_path / "beta")
+def test_beta_alone_claims_no_epsilon(small_config: RunConfig, tmp_path: Path) -> None:
+    small_config.schedule.rounds = 1
+    small_config.privacy.dp_beta = 0.0005
+    result = run(small_config, tmp_path / "beta")
     privacy = result.summary["privacy"]
     assert privacy["mechanism"] == "beta" and not privacy["claims_epsilon"] and "epsilon" not in privacy
     assert any("not differential privacy" in s for s in privacy["statements"])
@@ -39,8 +40,8 @@ def test_beta_alone_claims_no_epsilon(tiny_config: RunConfig, tmp_path: Path) ->
     assert "privacy" not in line
 
 
-def test_dp_fedavg_accounts_every_round_and_resume_continues(tiny_config: RunConfig, tmp_path: Path) -> None:
-    cfg = _dp_fedavg(tiny_config)
+def test_dp_fedavg_accounts_every_round_and_resume_continues(small_config: RunConfig, tmp_path: Path) -> None:
+    cfg = _dp_fedavg(small_config)
     cfg.schedule.rounds = 3
     cfg.run.local_baseline = False
 
@@ -65,29 +66,41 @@ def test_dp_fedavg_accounts_every_round_and_resume_continues(tiny_config: RunCon
     assert result.summary["privacy"]["claims_epsilon"]
 
 
-def test_dp_refuses_data_dependent_weights(tiny_config: RunConfig, tmp_path: Path) -> None:
-    cfg = _dp_fedavg(tiny_config)
+def test_dp_refuses_data_dependent_weights(small_config: RunConfig, tmp_path: Path) -> None:
+    cfg = _dp_fedavg(small_config)
     cfg.method.aggregation = "weighted"
     with pytest.raises(ConfigError) as err:
         run(cfg, tmp_path / "x")
     assert err.value.key == "method.aggregation"
 
 
-def test_distributed_noise_under_secure_aggregation(tiny_config: RunConfig, tmp_path: Path) -> None:
-    cfg = _dp_fedavg(tiny_config)
+def _distributed(cfg: RunConfig) -> RunConfig:
+    """One round of DP-FedAvg with Skellam noise shares inside secure aggregation."""
+    cfg = _dp_fedavg(cfg)
     cfg.schedule.rounds = 1
     cfg.run.local_baseline = False
     cfg.secagg.enabled = True
     cfg.privacy.distributed = True
-    result = run(cfg, tmp_path / "dist")
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def distributed_run(small_at: Callable[[Path], RunConfig], tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    """One :func:`_distributed` run, read (never changed) by the tests below."""
+    out = tmp_path_factory.mktemp("distributed")
+    return run(_distributed(small_at(out / "runs")), out / "dist")
+
+
+def test_distributed_noise_under_secure_aggregation(distributed_run: RunResult) -> None:
+    result = distributed_run
     privacy = result.summary["privacy"]
     assert privacy["mechanism"] == "skellam" and privacy["epsilon"] > 0
     assert result.summary["channel"] == "secagg"
     assert any("server never sees a noise-free sum" in s for s in privacy["statements"])
 
 
-def test_dp_sgd_trains_and_accounts_each_client(tiny_config: RunConfig, tmp_path: Path) -> None:
-    cfg = tiny_config
+def test_dp_sgd_trains_and_accounts_each_client(small_config: RunConfig, tmp_path: Path) -> None:
+    cfg = small_config
     cfg.schedule.rounds = 1
     cfg.run.local_baseline = False
     cfg.privacy.dp_sgd = True
@@ -120,10 +133,10 @@ def test_double_beta_recovers_the_mean_of_client_weights() -> None:
     assert abs(eq14_noise.mean().item()) < 0.1
 
 
-def test_dp_logs_carry_no_per_client_figures(tiny_config: RunConfig, tmp_path: Path) -> None:
+def test_dp_logs_carry_no_per_client_figures(small_config: RunConfig, tmp_path: Path) -> None:
     """metrics.jsonl used to record each client's loss and the cohort, which no ε covers. Under a claimed
     ε they are not logged; the aggregate figures no ε covers are labelled."""
-    cfg = _dp_fedavg(tiny_config)
+    cfg = _dp_fedavg(small_config)
     cfg.schedule.rounds = 1
     run(cfg, tmp_path / "dp")
     line = json.loads((tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()[0])
@@ -133,16 +146,15 @@ def test_dp_logs_carry_no_per_client_figures(tiny_config: RunConfig, tmp_path: P
     assert "privacy" in line and "privacy" not in line["outside_epsilon"]
 
 
-def test_distributed_noise_is_not_reproducible_from_the_run_seed(tiny_config: RunConfig, tmp_path: Path) -> None:
+def test_distributed_noise_is_not_reproducible_from_the_run_seed(small_config: RunConfig, tmp_path: Path,
+                                                                 distributed_run: RunResult) -> None:
     """The old code drew Skellam noise from the run seed stored in config.json: a server that knew it
     subtracted the noise to 3e-5. Two runs with the same seed now release different noisy models; with
     privacy.reproducible_noise they are identical (and the run says it is not private)."""
-    cfg = _dp_fedavg(tiny_config)
-    cfg.schedule.rounds = 1
-    cfg.run.local_baseline = False
-    cfg.secagg.enabled = True
-    cfg.privacy.distributed = True
-    a = run(cfg, tmp_path / "a").federation.server.weights
+    cfg = _distributed(small_config)
+    first = distributed_run.federation.config  # run a: the same settings and seed, another output folder
+    assert first.model_copy(update={"run": first.run.model_copy(update={"out": cfg.run.out})}) == cfg
+    a = distributed_run.federation.server.weights
     b = run(cfg, tmp_path / "b").federation.server.weights
     assert not torch.equal(a, b)
     cfg.privacy.reproducible_noise = True
@@ -152,11 +164,11 @@ def test_distributed_noise_is_not_reproducible_from_the_run_seed(tiny_config: Ru
     assert any("NOT PRIVATE" in s for s in c.summary["privacy"]["statements"])
 
 
-def test_summary_says_whom_each_epsilon_protects_against_and_not_private(tiny_config: RunConfig, tmp_path: Path) -> None:
+def test_summary_says_whom_each_epsilon_protects_against_and_not_private(small_config: RunConfig, tmp_path: Path) -> None:
     """Poisson DP-FedAvg plus DP-SGD under reproducible noise: summary.json and every metrics line give
     each ε against the released models and against the server (none for central noise: it sees the
     noise-free sum and every cohort), and every one of them says NOT PRIVATE."""
-    cfg = _dp_fedavg(tiny_config)
+    cfg = _dp_fedavg(small_config)
     cfg.schedule.rounds = 1
     cfg.run.local_baseline = False
     cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 2 / 3

@@ -22,22 +22,22 @@ def _block() -> str:
     return re.search(r"```python\n(.*?)```", block, re.S).group(1)
 
 
-def test_the_readme_method_registers_and_trains_under_secure_aggregation(tiny_config: RunConfig, tmp_path: Path) -> None:
+def test_the_readme_method_registers_and_trains_under_secure_aggregation(small_config: RunConfig, tmp_path: Path) -> None:
     code = _block()
     assert len(code.splitlines()) <= 40
     namespace: dict = {}
     try:
         exec(compile(code, "README.md", "exec"), namespace)
         assert METHODS["fedprox"] is namespace["FedProx"]
-        tiny_config.method.algorithm = "fedprox"
-        tiny_config.schedule.rounds = 1
-        tiny_config.secagg.enabled = True
-        tiny_config.run.local_baseline = False
-        start = build(tiny_config).server.weights  # the same initial model both runs start from
+        small_config.method.algorithm = "fedprox"
+        small_config.schedule.rounds = 1
+        small_config.secagg.enabled = True
+        small_config.run.local_baseline = False
+        start = build(small_config).server.weights  # the same initial model both runs start from
         namespace["FedProx"].mu = 10.0
-        stiff = run(tiny_config, tmp_path / "prox").federation
+        stiff = run(small_config, tmp_path / "prox").federation
         namespace["FedProx"].mu = 0.0
-        loose = run(tiny_config, tmp_path / "plain").federation
+        loose = run(small_config, tmp_path / "plain").federation
     finally:
         METHODS.pop("fedprox", None)
     assert stiff.method.name == "fedprox" and stiff.channel.name == "secagg"
@@ -47,18 +47,18 @@ def test_the_readme_method_registers_and_trains_under_secure_aggregation(tiny_co
     assert 0 < moved[0] < 0.9 * moved[1]
 
 
-def test_the_readme_method_trains_under_dp_sgd(tiny_config: RunConfig, tmp_path: Path) -> None:
+def test_the_readme_method_trains_under_dp_sgd(small_config: RunConfig, tmp_path: Path) -> None:
     """The README's FedProx with --dp-sgd: every client's steps are clipped, noised and accounted (before
     the framework owned DP-SGD it trained without any and reported ε = 0)."""
     namespace: dict = {}
     try:
         exec(compile(_block(), "README.md", "exec"), namespace)
-        tiny_config.method.algorithm = "fedprox"
-        tiny_config.schedule.rounds = 1
-        tiny_config.run.local_baseline = False
-        tiny_config.privacy.dp_sgd = True
-        tiny_config.privacy.dp_sgd_noise_multiplier = 1.0
-        result = run(tiny_config, tmp_path / "dp")
+        small_config.method.algorithm = "fedprox"
+        small_config.schedule.rounds = 1
+        small_config.run.local_baseline = False
+        small_config.privacy.dp_sgd = True
+        small_config.privacy.dp_sgd_noise_multiplier = 1.0
+        result = run(small_config, tmp_path / "dp")
     finally:
         METHODS.pop("fedprox", None)
     fed = result.federation
