@@ -133,14 +133,14 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     out = RecordDict({UPLOADS: ArrayRecord()})
     if cfg.secagg.enabled and uploads:
         shape = json.dumps(ring_shape(uploads[0]))
-        total = _node_vector(fed, t, uploads, shape)
-        if not masked:
-            _store(context, t, hashlib.sha256(common).digest() + total.tobytes())
-        elif shape != str(step["shape"]):
+        if masked and shape != str(step["shape"]):
             raise node.NodeSetupError("this round's contribution is laid out differently from the last round's "
                                       "(the server masks in the old layout); the round is dropped and relearnt")
-        else:
+        total = _node_vector(fed, t, uploads, shape)
+        if masked:
             out[RING_RECORD] = ArrayRecord({"vector": Array(total)})
+        else:
+            _store(context, t, hashlib.sha256(common).digest() + total.tobytes())
         reply["shape"] = shape
         for upload in uploads:
             if upload.shared:

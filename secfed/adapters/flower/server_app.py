@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
@@ -292,25 +291,18 @@ class FlowerRun:
         shapes = {str(c.config_records[STEP].get("shape")) for c in replies.values()}
         if shapes != {self._shape}:  # the nodes masked in the layout they were sent; refuse a reply that says otherwise
             raise RuntimeError(f"round {t + 1}: SuperNodes report layouts other than the one they masked in")
-        contributors = tuple(sorted(k for n in result.survivors for k in
-                                    (int(x) for x in replies[n].config_records[STEP]["sites"])))
-        shared, bytes_up = _shared_uploads(replies)
-        sums, weights = layout.decode(result.total[:-CLIP_WORD], len(contributors))
-        aggregate = Aggregate(t, sums, weights, contributors,
-                              {k: v for k, v in shared.items() if k in contributors and v},
-                              bytes_up + result.bytes_up, down + result.bytes_down, int(result.total[-1]))
+        contributors = [int(k) for n in result.survivors for k in replies[n].config_records[STEP]["sites"]]
+        uploads, bytes_up = _decode_uploads(replies)
+        aggregate = _summed(t, layout, result, contributors, uploads, bytes_up, down)
         return aggregate, replies, self._trained_at or time.perf_counter()
 
     def aggregate(self, fed: Federation, broadcast: Any, wire: bytes, replies: Mapping[int, RecordDict],
                   trained: Mapping[int, list[int]], t: int) -> Aggregate:
         """The round's Aggregate from the nodes' train replies and (secagg) the secure sum."""
-        shared, bytes_up = _shared_uploads(replies)
-        uploads = [codec.decode_upload(array_bytes(array, UPLOADS)) for content in replies.values()
-                   for array in content[UPLOADS].values()]
-        uploads = [u for u in uploads if u.summed]
+        uploads, bytes_up = _decode_uploads(replies)
         down = len(wire) * len(replies)
         if not self.cfg.secagg.enabled:
-            summed = fed.channel.aggregate(broadcast, uploads, {}, broadcast_bytes=len(wire))
+            summed = fed.channel.aggregate(broadcast, [u for u in uploads if u.summed], {}, broadcast_bytes=len(wire))
             return Aggregate(t, summed.sums, summed.weights, summed.contributors, summed.shared, summed.bytes_up, down)
         nodes = [n for n, sites in trained.items() if sites]
         shapes = {replies[n].config_records[STEP]["shape"] for n in nodes}
@@ -331,10 +323,8 @@ class FlowerRun:
             self._done(time.perf_counter())  # the last phase (unmask) ends here
         except ProtocolError as exc:
             return self._aborted(t, exc, bytes_up, down)
-        contributors = tuple(sorted(k for n in result.survivors for k in trained[n]))
-        sums, weights = layout.decode(result.total[:-CLIP_WORD], len(contributors))
-        return Aggregate(t, sums, weights, contributors, {k: v for k, v in shared.items() if k in contributors and v},
-                         bytes_up + result.bytes_up, down + result.bytes_down, int(result.total[-1]))
+        contributors = [k for n in result.survivors for k in trained[n]]
+        return _summed(t, layout, result, contributors, uploads, bytes_up, down)
 
     @staticmethod
     def _aborted(t: int, exc: ProtocolError, bytes_up: int, down: int) -> Aggregate:
@@ -401,17 +391,22 @@ def _load_accountants(fed: Federation, states: Mapping[str, Mapping[str, Any]]) 
             fed.baseline_dp[k].accountant.load_state_dict(state["local"])
 
 
-def _shared_uploads(replies: Mapping[int, RecordDict]) -> tuple[dict[int, dict[str, torch.Tensor]], int]:
-    """Each site's unsummed payloads (DFH's statistics) from the nodes' train replies, and their bytes."""
-    shared: dict[int, dict[str, torch.Tensor]] = {}
-    bytes_up = 0
-    for content in replies.values():
-        for array in content[UPLOADS].values():
-            data = array_bytes(array, UPLOADS)
-            bytes_up += len(data)
-            upload = codec.decode_upload(data)
-            shared[upload.client_id] = dict(upload.shared)
-    return shared, bytes_up
+def _decode_uploads(replies: Mapping[int, RecordDict]) -> tuple[list[Upload], int]:
+    """The uploads in the nodes' train replies (under secure aggregation only their unsummed parts,
+    e.g. DFH's statistics), and their bytes."""
+    data = [array_bytes(array, UPLOADS) for content in replies.values() for array in content[UPLOADS].values()]
+    return [codec.decode_upload(d) for d in data], sum(len(d) for d in data)
+
+
+def _summed(t: int, layout: Any, result: Any, contributors: list[int], uploads: list[Upload], bytes_up: int,
+            down: int) -> Aggregate:
+    """Round ``t``'s Aggregate from a finished secure sum of the nodes' ring vectors: the decoded sums
+    over ``contributors`` (the sites of the surviving nodes) and their unsummed payloads."""
+    contributors = sorted(contributors)
+    sums, weights = layout.decode(result.total[:-CLIP_WORD], len(contributors))
+    shared = {u.client_id: dict(u.shared) for u in uploads if u.client_id in contributors and u.shared}
+    return Aggregate(t, sums, weights, tuple(contributors), shared, bytes_up + result.bytes_up,
+                     down + result.bytes_down, int(result.total[-1]))
 
 
 def _empty(t: int, bytes_up: int, bytes_down: int) -> Aggregate:
