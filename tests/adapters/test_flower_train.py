@@ -16,10 +16,11 @@ from click.testing import CliRunner
 
 from secfed.adapters.flower import Cohort
 from secfed.adapters.flower import node as node_files
-from secfed.adapters.flower.client_app import app as client_app
+from secfed.adapters.flower.client_app import BROADCAST, app as client_app
 from secfed.adapters.flower.server_app import FlowerRun, Settings
 from secfed.adapters.flower import sites as sites_module
 from secfed.adapters.flower.sites import NodeSites
+from secfed.adapters.flower.wire import array_bytes, bytes_array
 from secfed.cli.main import cli
 from secfed.config import ConfigError
 from secfed.federation import checkpoint as ckpt
@@ -92,6 +93,32 @@ def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_dire
     for k, name in enumerate(names):
         assert (tmp_path / f"node-{k % 2}" / "runs" / token / f"site-{k:04d}-{name}" / "state.pt").is_file()
     assert not list(tmp_path.glob("node-*/pending/*"))  # every masked input was fetched once, then deleted
+
+
+def test_a_model_swapped_for_one_node_in_a_masked_train_round_is_refused_and_nothing_is_released(small_config,
+                                                                                                    tmp_path):
+    """From round 2 the train message is the masked-input phase: a server that sends one node another
+    broadcast there is caught by that node (the message's digest was bound into every node's keys),
+    and the round releases nothing — the other node's sum alone would be its own update."""
+    cfg = small_config
+    cfg.secagg.enabled = True
+    cfg.run.local_baseline = False
+    grid, cohort = flower_nodes(tmp_path, 2)
+
+    def swap(message):
+        records = message.content.config_records
+        if (message.metadata.dst_node_id == 2001 and "secfed.secagg" in records and BROADCAST in message.content
+                and records["secfed.secagg"]["stage"] == "masked_input"):
+            common = bytearray(array_bytes(message.content[BROADCAST]["common"], BROADCAST))
+            common[-1] ^= 1  # another model, one bit away
+            message.content[BROADCAST]["common"] = bytes_array(bytes(common))
+
+    grid.tamper = swap
+    FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
+                             poll=0.01)).run()
+    assert any("ModelMismatch" in reason for reason in grid.errors[2001])
+    rows = [json.loads(x) for x in (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["contributors"] for r in rows] == [3, 0]
 
 
 def test_a_sites_state_survives_the_process(small_config, tmp_path):
