@@ -76,3 +76,30 @@ def test_a_train_message_loads_no_query_or_gallery_and_an_evaluate_message_does(
     scored = NodeSites.open(tiny_config, config, token, train=False)
     assert [d.name for d in scored.fed.domains] == [d.name for d in trained.fed.domains]
     assert all(isinstance(d, EvalDomain) and len(d.query) and len(d.gallery) for d in scored.fed.domains)
+
+
+def test_the_clientapp_command_a_supernode_starts_skips_the_supernodes_own_cli(tmp_path):
+    # flwr.supernode.cli's __init__ imports the SuperNode's CLI (FastAPI, the SQL object store) with
+    # flwr-clientapp; the command make_bin writes loads the ClientApp's entry module alone, per message.
+    from secfed.adapters.flower.launch import make_bin
+
+    make_bin(tmp_path)
+    probe = ("import runpy, sys\nsys.argv = ['flwr-clientapp', '--help']\n"
+             f"try:\n    runpy.run_path({str(tmp_path / 'flwr-clientapp')!r}, run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('LOADED', sorted(m for m in sys.modules if m.startswith('flwr.supernode.cli')))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "--runtime-api-address" in out.stdout  # Flower's own flwr_clientapp parsed the arguments
+    loaded = out.stdout.strip().splitlines()[-1]
+    assert loaded == "LOADED ['flwr.supernode.cli.flwr_clientapp']"
+
+
+def test_supernodes_sharing_this_machines_cores_wait_passively_unless_the_user_says_otherwise(tmp_path, monkeypatch):
+    # N SuperNodes each training with the run's threads oversubscribe the cores; OpenMP's spinning
+    # waits made a toy train message ≈ 4× slower (bench/RESULTS.md). A user's own policy wins.
+    from secfed.adapters.flower.launch import Loopback
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert Loopback(tmp_path, supernodes=2).env["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert Loopback(tmp_path, supernodes=2).env["OMP_WAIT_POLICY"] == "ACTIVE"

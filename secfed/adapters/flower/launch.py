@@ -33,6 +33,12 @@ from pathlib import Path
 from . import certs
 
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+# Every SuperNode on this machine trains with the run's torch threads (the thread count is part of
+# what makes a run bit-identical to an in-process one), so N nodes oversubscribe the cores. OpenMP's
+# default wait policy then spins on every barrier while the thread it waits for is descheduled: a
+# toy train message took ≈ 20 s instead of ≈ 5 s (bench/RESULTS.md, 2026-11-27). Passive waiting
+# changes no result, only who holds the core; a user's own OMP_WAIT_POLICY wins.
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 CONNECTION = "loopback"
 DEFAULT_TASK_POLL = "0.1"  # SuperExec's task poll (Flower's default 1 s); see bench/RESULTS.md
 
@@ -131,7 +137,7 @@ class Loopback:
         self.bin = self.workdir / "bin"
         self.logs = self.workdir / "logs"
         self.home = self.workdir / "flwr-home"
-        self.env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.home),
+        self.env = {**SHARED_CORES_ENV, **os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.home),
                     "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": DEFAULT_TASK_POLL,
                     "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
         self.port = 0
@@ -257,6 +263,29 @@ if getattr(_node, "time", None) is _time:
 """
 
 
+# Flower starts one ClientApp process per message, and ``flwr.supernode.cli``'s __init__ imports
+# the SuperNode's own CLI with it (FastAPI, the SQL object store: ≈ 0.5 s of the process's ≈ 1.2 s
+# of imports), which a ClientApp never uses. Its script loads the entry module alone (the module
+# imports what it needs by absolute name); if a Flower release moves the file, the plain import.
+_LEAN = {"flwr-clientapp"}
+_LEAN_ENTRY = """
+import importlib as _importlib
+import importlib.util as _util
+from pathlib import Path as _Path
+
+_parent, _, _last = "{package}".rpartition(".")
+_file = _Path(_importlib.import_module(_parent).__file__).parent / _last / "{attr}.py"
+if _file.is_file():
+    _spec = _util.spec_from_file_location("{package}.{attr}", _file)
+    _module = _util.module_from_spec(_spec)
+    sys.modules[_spec.name] = _module
+    _spec.loader.exec_module(_module)
+    {attr} = _module.{attr}
+else:
+    from {package} import {attr}
+"""
+
+
 def make_bin(folder: Path, *, node_poll: float | None = None) -> None:
     """Flower's commands as scripts run by this interpreter (so they import this secfed);
     ``node_poll`` caps the SuperNode's idle and reply polls (seconds)."""
@@ -266,6 +295,8 @@ def make_bin(folder: Path, *, node_poll: float | None = None) -> None:
             continue
         module, _, attr = ep.value.partition(":")
         patch = _FAST_NODE.format(poll=float(node_poll)) if node_poll and ep.name == "flower-supernode" else ""
+        entry = (_LEAN_ENTRY.format(package=module, attr=attr) if ep.name in _LEAN
+                 else f"from {module} import {attr}\n")
         script = folder / ep.name
-        script.write_text(f"#!{sys.executable}\nimport sys\n{patch}\nfrom {module} import {attr}\nsys.exit({attr}())\n")
+        script.write_text(f"#!{sys.executable}\nimport sys\n{patch}\n{entry}sys.exit({attr}())\n")
         script.chmod(0o755)
