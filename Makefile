@@ -26,10 +26,12 @@ setup: $(VENV)/.installed
 run: setup
 	$(BIN)/secfed train
 
-# One process: two pytest-xdist workers (one torch thread each) made the training tests 3–7×
-# slower on 2 cores (measured 2026-11-27), so the suite runs in one process on both threads.
+# Two pytest-xdist workers, one torch thread each, the last tests' work stolen by whichever worker is
+# free. tests/conftest.py makes OpenMP wait passively (without it the two workers' spinning threads
+# made the training tests 3–7× slower). 364 s for 1,065 tests on the 2-core VM on 2026-11-27, against
+# 560–645 s in one process (bench/RESULTS.md, "make test").
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --maxprocesses 2 --dist worksteal
 
 test-deployment: setup
 	$(BIN)/python -m pytest -m deployment

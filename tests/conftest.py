@@ -7,12 +7,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
-from secfed.config import RunConfig, RunSection
-from secfed.data.synth import generate
+# Before torch loads OpenMP. `make test` runs two pytest-xdist workers, and tests start CLI and
+# SuperNode processes beside them: more threads than cores. OpenMP's default wait spins at every
+# barrier while the thread it waits for is descheduled, which made the training tests 3–7× slower
+# under two workers; a passive wait changes no result, only who holds the core.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-torch.set_num_threads(2)
+import torch  # noqa: E402 - after the wait policy
+
+from secfed.config import RunConfig, RunSection  # noqa: E402
+from secfed.data.synth import generate  # noqa: E402
+
+# One torch thread per xdist worker (two workers keep both cores busy through the suite's
+# single-threaded half too); two threads when the suite runs in one process.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 # rich draws CLI errors in a box as wide as the terminal: a wide one keeps each message on one line
 os.environ.setdefault("COLUMNS", "250")
 
