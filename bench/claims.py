@@ -2,7 +2,7 @@
 
     python bench/claims.py [--seeds 10] [--workers N] [--device cpu|cuda] [--threads T]
                            [--only CLAIM ...] [--out bench/results/claims] [--publish] [--max-minutes M]
-                           [--lr-grid 0.5 1 2] [--grid-seeds 1]
+                           [--lr-grid 0.5 1 2] [--grid-seeds 1] [--spread ARM@START ...]
 
 Each claim compares two arms trained with the SAME seed (same data order, same initial weights): the
 per-seed difference d (in rank-1/mAP points, signed so that positive is what the paper claims) is a
@@ -20,6 +20,12 @@ Arms (bench_methods.py's and bench_dfh.py's settings; each run ≤ 5 CPU-minutes
     fedreid+beta                                            FedReID with β = 0.0005 (AAAI'21 Fig. 3)
     lodo:fedpav, lodo:dfh, lodo:dfh-no-dh                   leave-one-domain-out (campus held out), DFH's
                                                              Tables 1–2 at the paper's λ and margin
+    ARM@synthetic                                           ARM from the synthetic pretrained backbone
+                                                             (`secfed pretrain`, built first if missing)
+
+``--spread ARM@START ...`` runs only those arms, ``--seeds`` seeds each at their defaults (no claim,
+no tuning), for the seed-to-seed spread table (issue 24 item 2: does a pretrained start steady the
+setting?); every report shows the spread of every arm in OUT/runs.jsonl.
 
 Each arm gets the same tuning budget first: its learning rates (new layers and backbone together)
 are scaled by each factor of ``--lr-grid``, trained on seeds of their own (10,000 and up, never a
@@ -91,11 +97,21 @@ def job_of(row: dict[str, Any]) -> Job:
 
 def tuned_as(arm: str) -> str:
     """The arm whose learning-rate factor ``arm`` uses (β changes the noise, not the optimiser)."""
-    return arm.removesuffix("+beta")
+    method, at, start = arm.partition("@")
+    return method.removesuffix("+beta") + at + start
 
 
 def arm_config(arm: str, seed: int, device: str, rounds: int) -> Any:
     """The RunConfig of ``arm`` (built by the bench that owns it) on ``device``."""
+    arm, _, start = arm.partition("@")
+    cfg = _method_config(arm, seed, rounds)
+    if start:
+        cfg.model.pretrained = start  # the learning rates then resolve to the pretrained defaults
+    cfg.run.device = device
+    return cfg
+
+
+def _method_config(arm: str, seed: int, rounds: int) -> Any:
     if arm.startswith("lodo:"):
         cfg = bench_dfh.config(arm.removeprefix("lodo:"), LODO_TARGET, seed, rounds)
     else:
@@ -103,7 +119,6 @@ def arm_config(arm: str, seed: int, device: str, rounds: int) -> Any:
         cfg.schedule.rounds = rounds
         if arm.endswith("+beta"):
             cfg.privacy.dp_beta = BETA
-    cfg.run.device = device
     return cfg
 
 
@@ -326,12 +341,15 @@ def tuning_line(chosen: dict[str, dict[str, Any]], at_defaults: bool = False) ->
 
 
 def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str,
-                chosen: dict[str, dict[str, Any]], at_defaults: bool = False) -> str:
+                chosen: dict[str, dict[str, Any]], at_defaults: bool = False,
+                spread_only: list[dict[str, Any]] = ()) -> str:
+    """The claims table, the spread of every arm (``spread_only``: the ``--spread`` arms' runs,
+    e.g. from the synthetic pretrained backbone), the tuning line and the footer."""
     envs = {environment_line(r["environment"]) for r in runs if "environment" in r}
     wall = sum(r["seconds"] for r in runs) / 60
     return "\n".join([
         table(runs, claims), "",
-        spread(runs), "",
+        spread([*runs, *spread_only]), "",
         tuning_line(chosen, at_defaults), "",
         f"d > 0 is what the paper claims; reproduced: the interval's low end is above the threshold (0 unless "
         f"the statement names one); not reproduced: its high end is below threshold + 1 point (0.25 for "
@@ -433,11 +451,18 @@ def claim_runs(rows: list[dict[str, Any]], claims: list[Claim], seeds: int,
     return [r for r in rows if job_of(r) in wanted]
 
 
-def prepare_data(claims: list[Claim]) -> None:
-    """Generate the synthetic data every selected arm reads (cached on disk; workers then only read)."""
+def prepare_data(arms: Iterable[str]) -> None:
+    """Generate the synthetic data (and the pretrained backbones) every selected arm reads (cached on
+    disk; workers then only read)."""
     from secfed.federation.builder import build
+    from secfed.models import pretrain
 
-    arms = {a for c in claims for a in c.arms}
+    arms = set(arms)
+    for arm in sorted(a for a in arms if "@synthetic" in a):
+        cfg = arm_config(arm, 0, "cpu", 1)
+        built = pretrain.build(pretrain.default_recipe(cfg.model.backbone, cfg.data.height, cfg.data.width))
+        print(f"{arm}: pretrained backbone {built.path} ({'trained' if built.trained else 'cached'}, "
+              f"{built.seconds:.0f} s)", flush=True)
     if any(a.startswith("lodo:") for a in arms):
         bench_dfh.synthetic_default()
     if any(not a.startswith("lodo:") for a in arms):
@@ -462,23 +487,35 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="run nothing: decide from the runs already in --out")
     parser.add_argument("--at-defaults", action="store_true",
                         help="with --report: decide from the runs at factor 1, printing the grid's choice beside them")
+    parser.add_argument("--spread", nargs="+", metavar="ARM@START",
+                        help="run only these arms (e.g. fedpav@synthetic), --seeds seeds each at their defaults, "
+                             "and print their seed-to-seed spread")
     args = parser.parse_args()
     if args.seeds < 2 or args.grid_seeds < 1 or any(x <= 0 for x in args.lr_grid):
         parser.error("--seeds ≥ 2, --grid-seeds ≥ 1, --lr-grid factors > 0")
     if args.at_defaults and not args.report:
         parser.error("--at-defaults decides from runs already made: use it with --report")
     claims = [c for c in CLAIMS if not args.only or c.key in args.only]
+    known = arms_of(CLAIMS)
+    for arm in args.spread or ():
+        method, _, start = arm.partition("@")
+        if method not in known or start != "synthetic":
+            parser.error(f"--spread {arm}: give ARM@synthetic with ARM one of {', '.join(known)}")
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "runs.jsonl"
     rows = [r for r in load(results) if r.get("rounds", 16) == args.rounds]
+    if args.spread:
+        measure_spread(args, rows, results)
+        return
     command = "python bench/claims.py " + " ".join(sys.argv[1:])
     if args.report:
         command = (args.out / "command.txt").read_text().strip() if (args.out / "command.txt").exists() else "?"
     else:
         print(describe(), flush=True)
-        prepare_data(claims)  # once, before the workers race for it
+        prepare_data(arms_of(claims))  # once, before the workers race for it
         started = time.monotonic()
         rows += execute(grid_jobs(claims, args.lr_grid, args.grid_seeds), rows, results, args, started)
+    starts = [a for a in dict.fromkeys(r["arm"] for r in rows) if "@" in a]  # --spread's arms, if any ran
     chosen = choose(rows, arms_of(claims), args.lr_grid)
     (args.out / "grid.json").write_text(json.dumps(chosen, indent=1) + "\n")
     print("learning-rate factors: " + "; ".join(f"{a} ×{g['chosen']:g}" for a, g in chosen.items()), flush=True)
@@ -486,7 +523,24 @@ def main() -> None:
         rows += execute(claim_jobs(claims, args.seeds, chosen), rows, results, args, started)
         (args.out / "command.txt").write_text(command + "\n")
     decided = {a: {**g, "chosen": 1.0} for a, g in chosen.items()} if args.at_defaults else chosen
-    publish(claim_runs(rows, claims, args.seeds, decided), claims, command, args, chosen)
+    publish(claim_runs(rows, claims, args.seeds, decided), claims, command, args, chosen, spread_runs(rows, starts))
+
+
+def measure_spread(args: argparse.Namespace, rows: list[dict[str, Any]], results: Path) -> None:
+    """``--spread``: the named arms' seeds at their defaults (resumable like the claims), then the
+    spread table of those arms."""
+    if not args.report:
+        print(describe(), flush=True)
+        prepare_data(args.spread)
+        jobs = [Job(a, s) for s in range(args.seeds) for a in args.spread]
+        rows = rows + execute(jobs, rows, results, args, time.monotonic())
+    print(spread(spread_runs(rows, args.spread)))
+
+
+def spread_runs(rows: list[dict[str, Any]], arms: Iterable[str]) -> list[dict[str, Any]]:
+    """The finished runs of ``arms`` at their defaults (factor 1, test sets)."""
+    wanted = set(arms)
+    return [r for r in rows if r["arm"] in wanted and job_of(r).lr_scale == 1.0 and not job_of(r).validation]
 
 
 def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: argparse.Namespace,
@@ -523,8 +577,8 @@ def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: ar
 
 
 def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args: argparse.Namespace,
-            chosen: dict[str, dict[str, Any]]) -> None:
-    text = publication(runs, claims, command, chosen, args.at_defaults)
+            chosen: dict[str, dict[str, Any]], spread_only: list[dict[str, Any]]) -> None:
+    text = publication(runs, claims, command, chosen, args.at_defaults, spread_only)
     (args.out / "claims.md").write_text(text + "\n")
     figure(runs, claims, args.out / "claims.png")
     print(text)

@@ -150,3 +150,22 @@ def test_readme_default_results_are_generated_from_the_fedpav_arm(claims) -> Non
     readme = (BENCH.parent / "README.md").read_text()
     assert readme.count(claims.DEFAULT_BEGIN) == 1 and readme.count(claims.DEFAULT_END) == 1
     assert "runs.jsonl" in readme[readme.index(claims.DEFAULT_BEGIN):readme.index(claims.DEFAULT_END)]
+
+
+def test_a_spread_arm_starts_from_the_synthetic_backbone_and_shows_in_the_spread_table(claims) -> None:
+    scratch, pretrained = claims.arm_config("fedpav", 0, "cpu", 2), claims.arm_config("fedpav@synthetic", 0, "cpu", 2)
+    assert (scratch.model.pretrained, pretrained.model.pretrained) == ("none", "synthetic")
+    claims.scale_learning_rates(scratch, 1.0)
+    claims.scale_learning_rates(pretrained, 1.0)
+    assert pretrained.schedule.lr_backbone < scratch.schedule.lr_backbone  # the pretrained defaults
+    assert claims.tuned_as("fedreid+beta@synthetic") == "fedreid@synthetic"
+
+    def run(arm: str, seed: int, rank1: float, scale: float = 1.0) -> dict:
+        return {"arm": arm, "seed": seed, "lr_scale": scale, "seconds": 60.0, "domains": [{"name": "a", "rank1": rank1}],
+                "unseen": [{"name": "u", "mAP": rank1 / 2}]}
+
+    rows = [run("fedpav@synthetic", 0, 0.30), run("fedpav@synthetic", 1, 0.34), run("fedpav@synthetic", 2, 0.9, 2.0),
+            run("fedpav", 0, 0.2)]
+    assert claims.spread_runs(rows, ["fedpav@synthetic"]) == rows[:2]  # factor 1 only
+    text = claims.publication([rows[3]], [], "cmd", {}, spread_only=rows[:2])
+    assert "| fedpav@synthetic | 2 | 32.0 (2.8) | 16.0 (1.4) |" in text and "| fedpav | 1 |" in text
