@@ -12,6 +12,7 @@ process.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -109,7 +110,8 @@ def _carry(message: Message, counts: list[int], client: int) -> Message:
 @dataclass
 class Session:
     """One round's parties: each client's Ed25519 identity (authenticated mode), the server's key,
-    the session config, the clients and the server."""
+    the session config, the digest of the model each client trains on (given at share_keys), the
+    clients and the server."""
 
     config: SessionConfig
     server_key: ServerKey
@@ -144,8 +146,7 @@ class Session:
     def client(self, i: int, *, primitives: ClientPrimitives = PRIMITIVES) -> SecAggClient:
         """A new client ``i`` of this session (``primitives``: see :class:`ClientPrimitives`)."""
         identity = self.identities[i] if self.config.authenticated else None
-        return SecAggClient(self.config, i, model_hash=self.model_hashes[i], identity_key=identity,
-                            primitives=primitives)
+        return SecAggClient(self.config, i, identity_key=identity, primitives=primitives)
 
 
 def always(client: int, phase: Phase) -> bool:
@@ -157,11 +158,14 @@ class Phases:
     """The round's phases one at a time, for a caller that stops between them (tests that tamper
     with what flows); :func:`drive` runs them all. Each takes the server's previous outbox, lets
     every addressed client for which ``alive(i, phase)`` holds and that is not in ``skip`` take its
-    step and upload the reply, and returns the server's next outbox."""
+    step and upload the reply, and returns the server's next outbox. ``model_hashes[i]``: the model
+    digest client i seals into its shares (none: :data:`NO_MODEL_HASH` for all)."""
 
     def __init__(self, clients: Sequence[SecAggClient], transport: Transport, *,
-                 alive: Callable[[int, Phase], bool] = always, on_step: StepHook | None = None) -> None:
+                 alive: Callable[[int, Phase], bool] = always, on_step: StepHook | None = None,
+                 model_hashes: Sequence[bytes] | None = None) -> None:
         self.clients, self.transport, self.alive, self.on_step = clients, transport, alive, on_step
+        self.model_hashes = list(model_hashes) if model_hashes is not None else [NO_MODEL_HASH] * len(clients)
 
     def advertise(self, skip: Collection[int] = ()) -> dict[int, Message]:
         """Key advertisements (with graph commitments) in; the commitment lists out (with the complete
@@ -179,8 +183,15 @@ class Phases:
         return self._answer(outbox, Phase.GRAPH_SEED, "reveal_graph_nonce", skip)
 
     def share_keys(self, outbox: dict[int, Message], skip: Collection[int] = ()) -> dict[int, Message]:
-        """Sealed key-seed shares in; each client's share delivery out."""
-        return self._answer(outbox, Phase.SHARE_KEYS, "share_keys", skip)
+        """Sealed key-seed shares (with each client's model digest inside) in; each client's share
+        delivery out."""
+        for i, roster in outbox.items():
+            if self._takes_part(i, Phase.SHARE_KEYS, skip):
+                share = functools.partial(self.clients[i].share_keys, model_hash=self.model_hashes[i])
+                reply = timed(self.on_step, "client", "share_keys", Phase.SHARE_KEYS, i, share,
+                              self.transport.download(i, roster))
+                self.transport.upload(i, reply)
+        return self.transport.close_phase()
 
     def masked_input(self, outbox: dict[int, Message], ring_input: Callable[[int], np.ndarray],
                      skip: Collection[int] = ()) -> dict[int, Message]:
@@ -214,13 +225,14 @@ class Phases:
 
 
 def drive(clients: Sequence[SecAggClient], transport: Transport, ring_input: Callable[[int], np.ndarray], *,
-          alive: Callable[[int, Phase], bool] = always, on_step: StepHook | None = None) -> None:
+          alive: Callable[[int, Phase], bool] = always, on_step: StepHook | None = None,
+          model_hashes: Sequence[bytes] | None = None) -> None:
     """Run every phase of one round (:class:`Phases`): each client for which ``alive(i, phase)``
     holds takes its step and uploads the reply; the others send nothing at that phase (to vanish
     for good, ``alive`` says so for the later phases too). ``ring_input(i)`` makes client i's ring
-    vector when it masks. The result is the server's (``server.result``); protocol refusals
-    propagate as their typed errors."""
-    phases = Phases(clients, transport, alive=alive, on_step=on_step)
+    vector when it masks; ``model_hashes[i]`` is the model digest it seals into its shares. The
+    result is the server's (``server.result``); protocol refusals propagate as their typed errors."""
+    phases = Phases(clients, transport, alive=alive, on_step=on_step, model_hashes=model_hashes)
     outbox = phases.masked_input(phases.share_keys(phases.reveal(phases.advertise())), ring_input)
     if clients[0].config.authenticated:
         outbox = phases.consistency(outbox)

@@ -76,7 +76,8 @@ def simulate(
     :func:`choose_params` picks them from ``dropout_rate`` and ``corrupt_fraction``.
     ``authenticated`` (default) runs Bonawitz's malicious-server variant with fresh Ed25519
     identities standing in for a PKI; ``authenticated=False`` is the weaker variant, private only
-    against an honest-but-curious server. ``model_hashes[i]`` is the model digest client i reports.
+    against an honest-but-curious server. ``model_hashes[i]`` is the digest of the model client i
+    trains on (sealed into its key-seed shares).
     ``on_step`` receives the seconds of every step — each client's, the server's, the wire's — as a
     :class:`~.driver.StepTime` (how the benches time a round).
 
@@ -103,7 +104,7 @@ def simulate(
             return quantizer.to_ring(np.asarray(inputs[i]), rng)
         return np.asarray(inputs[i])
 
-    drive(session.clients, transport, ring_input, on_step=on_step,
+    drive(session.clients, transport, ring_input, on_step=on_step, model_hashes=session.model_hashes,
           alive=lambda i, phase: i not in vanish or vanish[i] > phase)
     result = session.server.result
     total = quantizer.from_ring(result.total) if quantizer is not None else result.total

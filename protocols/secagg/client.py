@@ -5,7 +5,7 @@ reply (``encode``/``decode`` in :mod:`.messages` turn them into bytes)::
 
     adv   = client.advertise_keys()              # → AdvertiseKeys
     rev   = client.reveal_graph_nonce(commits)   # GraphCommitments → GraphReveal
-    sh    = client.share_keys(roster)            # KeyRoster        → EncryptedShares
+    sh    = client.share_keys(roster, model_hash=h)  # KeyRoster    → EncryptedShares
     client.receive_shares(delivery)              # ShareDelivery
     y     = client.mask(x)                       # ring vector      → MaskedInput
     sig   = client.consistency_check(surv)       # SurvivorList     → ConsistencySignature (authenticated)
@@ -24,6 +24,17 @@ kept out of u's masks never holds a share of b_u. Without that, a lying server c
 honest neighbours' shares from u, declare the neighbours u did mask with dropped (their key seeds
 are then rebuilt) and collect b_u from the others — u's input alone. (Tested in
 ``test_protocols_malicious_server.py``.)
+
+The model binding. The digest of the model a client trains on (``share_keys(..., model_hash=)``)
+is sealed inside every key-seed share it sends (AES-GCM under the pair's channel key, from keys the signed
+advertisement fixed: the server can neither read nor change it), and :meth:`receive_shares`
+refuses (ModelMismatch) a neighbour's share that carries another digest — before anything is
+masked or released. A server that gives one client another model therefore gets refusals and
+unmasks nothing; to make a victim see only shares carrying the victim's digest it must withhold
+the honest neighbours' shares and supply t of its own, i.e. hold t colluding neighbours — the
+threshold, as before. The digest is not in the advertisement, so a client can advertise its keys
+before its model exists (the Flower adapter sends round t+1's advertisement with round t's unmask
+response).
 """
 
 from __future__ import annotations
@@ -76,6 +87,7 @@ from ..prg import BoundExceeded, MaskStream, mask_into
 from .graph import NeighbourGraph
 from .idtable import IdTable, as_table, not_in
 from .keys import (
+    KEY_SHARE_PLAINTEXT,
     SHARE_PLAINTEXT,
     ListedCommitments,
     advertise_payload,
@@ -169,8 +181,8 @@ _ORDER = list(ClientState)
 class SecAggClient:
     """Client ``client_id`` of the session described by ``config``.
 
-    ``model_hash``: digest of the global model this client trained on (see ``model_digest``);
-    neighbours must carry the same one. ``identity_key``: this client's long-term Ed25519 key,
+    ``model_hash`` (given at :meth:`share_keys`): digest of the global model this client trains on
+    (see ``model_digest``); neighbours must carry the same one. ``identity_key``: this client's long-term Ed25519 key,
     required in authenticated mode (its public half must be ``config.identity_keys[client_id]``).
     ``neighbours`` is known once the key roster has fixed the graph (empty before).
     ``primitives``: leave at :data:`PRIMITIVES` (see :class:`ClientPrimitives`).
@@ -181,14 +193,11 @@ class SecAggClient:
         config: SessionConfig,
         client_id: int,
         *,
-        model_hash: bytes = NO_MODEL_HASH,
         identity_key: Ed25519PrivateKey | None = None,
         primitives: ClientPrimitives = PRIMITIVES,
     ) -> None:
         if not 0 <= client_id < config.n_clients:
             raise ValueError(f"client_id {client_id} is outside the cohort [0, {config.n_clients})")
-        if len(model_hash) != DIGEST_BYTES:
-            raise ValueError(f"model_hash must be {DIGEST_BYTES} bytes, got {len(model_hash)}")
         if config.authenticated:
             if identity_key is None:
                 raise ValueError("authenticated mode needs the client's Ed25519 identity_key")
@@ -198,7 +207,7 @@ class SecAggClient:
             raise ValueError("identity_key is only used in authenticated mode")
         self.config = config
         self.id = client_id
-        self.model_hash = model_hash
+        self.model_hash = NO_MODEL_HASH  # set by share_keys
         self.neighbours: tuple[int, ...] = ()
         self._identity = identity_key
         self._primitives = primitives
@@ -287,7 +296,8 @@ class SecAggClient:
                 bool(flags & _HAS_LISTED) != (state is ClientState.AWAIT_ROSTER and not config.params.complete)):
             raise MalformedMessage(f"client state: flags {flags:#06x} do not fit state {state.value}")
         r = _Reader(view[_STATE_HEADER.size :], "client state")
-        client = cls(config, client_id, model_hash=r.fixed(DIGEST_BYTES, "model hash"), identity_key=identity_key)
+        client = cls(config, client_id, identity_key=identity_key)
+        client.model_hash = r.fixed(DIGEST_BYTES, "model hash")
         client._state = state
         if flags & _HAS_SECRETS:
             client._enc_private = X25519PrivateKey.from_private_bytes(r.fixed(32, "encryption key"))
@@ -308,7 +318,7 @@ class SecAggClient:
             client._seed = r.fixed(DIGEST_BYTES, "graph seed")
             client._graph = NeighbourGraph(config.params, client._seed, focus=client_id)
             client.neighbours = client._graph.of(client_id)
-        for _ in range(r.count("roster entries", 4 + 2 * PUBLIC_KEY_BYTES + 4 * DIGEST_BYTES + 2)):
+        for _ in range(r.count("roster entries", 4 + 2 * PUBLIC_KEY_BYTES + 3 * DIGEST_BYTES + 2)):
             entry = RosterEntry(client=r.u32("roster client"), **_key_body(r))
             if client._graph is None or not client._graph.are_neighbours(client_id, entry.client):
                 raise MalformedMessage(f"client state: roster entry {entry.client} is not a neighbour")
@@ -343,15 +353,13 @@ class SecAggClient:
         nonce_commitment = graph_commitment(cfg, self.id, self._graph_nonce)
         signature = b""
         if cfg.authenticated:
-            payload = advertise_payload(
-                cfg, self.id, enc_public, mask_public, commitment, nonce_commitment, self.model_hash
-            )
+            payload = advertise_payload(cfg, self.id, enc_public, mask_public, commitment, nonce_commitment)
             signature = sign(self._identity, payload)
         self._state = ClientState.AWAIT_ROSTER if cfg.params.complete else ClientState.AWAIT_COMMITMENTS
         return AdvertiseKeys(
             **self._envelope(), enc_public=enc_public, mask_public=mask_public,
-            self_mask_commitment=commitment, graph_commitment=nonce_commitment, model_hash=self.model_hash,
-            config_digest=cfg.digest, signature=signature,
+            self_mask_commitment=commitment, graph_commitment=nonce_commitment, config_digest=cfg.digest,
+            signature=signature,
         )
 
     # ---- phase 1: the graph seed ----------------------------------------------------------------
@@ -376,12 +384,16 @@ class SecAggClient:
 
     # ---- phase 2: share the key seed ------------------------------------------------------------
 
-    def share_keys(self, roster: KeyRoster) -> EncryptedShares:
+    def share_keys(self, roster: KeyRoster, *, model_hash: bytes = NO_MODEL_HASH) -> EncryptedShares:
         """Derive the graph (from the revealed nonces; the complete graph needs none); check the
-        neighbours' keys (config, model hash, signatures, graph commitments); seal a t-of-k share of
-        the key seed for each."""
+        neighbours' keys (config, signatures, graph commitments); seal a t-of-k share of the key seed
+        for each, with ``model_hash`` (the digest of the model this client trains on this round)
+        inside: the neighbours compare it with theirs in :meth:`receive_shares`."""
+        if len(model_hash) != DIGEST_BYTES:
+            raise ValueError(f"model_hash must be {DIGEST_BYTES} bytes, got {len(model_hash)}")
         self._accept(roster, KeyRoster, ClientState.AWAIT_ROSTER)
         with self._aborting():
+            self.model_hash = model_hash
             cfg, t, complete = self.config, self.config.params.threshold, self.config.params.complete
             revealed = as_table(roster.nonces, GRAPH_NONCE_BYTES)  # validated: ids increasing
             if complete:  # the graph does not depend on a seed; the roster's own seed is set below
@@ -402,15 +414,9 @@ class SecAggClient:
                         raise InconsistentView(f"neighbour {e.client}'s graph commitment differs from the one listed")
                 if e.config_digest != cfg.digest:
                     raise ConfigMismatch(f"neighbour {e.client} runs this session with different parameters")
-                if e.model_hash != self.model_hash:
-                    raise ModelMismatch(
-                        f"neighbour {e.client} trained on model {e.model_hash.hex()[:16]}…, "
-                        f"this client on {self.model_hash.hex()[:16]}…"
-                    )
                 if cfg.authenticated:
                     payload = advertise_payload(
-                        cfg, e.client, e.enc_public, e.mask_public, e.self_mask_commitment, e.graph_commitment,
-                        e.model_hash,
+                        cfg, e.client, e.enc_public, e.mask_public, e.self_mask_commitment, e.graph_commitment
                     )
                     verify(cfg.identity_keys[e.client], e.signature, payload, who=f"client {e.client}'s keys")
                 if e.enc_public in seen_keys or e.mask_public in seen_keys or e.enc_public == e.mask_public:
@@ -433,7 +439,9 @@ class SecAggClient:
     # ---- phase 3: masked input ------------------------------------------------------------------
 
     def receive_shares(self, delivery: ShareDelivery) -> None:
-        """Open the key-seed shares neighbours sealed for this client; they decide whom it masks with."""
+        """Open the key-seed shares neighbours sealed for this client; they decide whom it masks with.
+        A share that carries another model digest than this client's aborts it (ModelMismatch)
+        before it masks anything."""
         self._accept(delivery, ShareDelivery, ClientState.AWAIT_SHARES)
         with self._aborting():
             held = {}
@@ -553,17 +561,18 @@ class SecAggClient:
 
     # ---- transport-style entry point -----------------------------------------------------------
 
-    def handle(self, message: Message, *, ring_input: np.ndarray | None = None) -> Message | None:
+    def handle(self, message: Message, *, ring_input: np.ndarray | None = None,
+               model_hash: bytes = NO_MODEL_HASH) -> Message | None:
         """Dispatch a server message to its step and return the reply (None if there is none yet).
 
-        A ``ShareDelivery`` is answered with the masked input when ``ring_input`` is given;
-        otherwise call :meth:`mask` once the input is ready.
+        A ``KeyRoster`` is answered with shares carrying ``model_hash``; a ``ShareDelivery`` with the
+        masked input when ``ring_input`` is given, otherwise call :meth:`mask` once the input is ready.
         """
         validate(message)
         if isinstance(message, GraphCommitments):
             return self.reveal_graph_nonce(message)
         if isinstance(message, KeyRoster):
-            return self.share_keys(message)
+            return self.share_keys(message, model_hash=model_hash)
         if isinstance(message, ShareDelivery):
             self.receive_shares(message)
             return None if ring_input is None else self.mask(ring_input)
@@ -579,18 +588,24 @@ class SecAggClient:
     def _seal_share(self, holder: int, kind: ShareKind, shares: list[shamir.Share]) -> SealedShare:
         """Seal this client's share for ``holder`` (at holder's place in the neighbour list)."""
         index = self._graph.share_index(self.id, holder)
-        plaintext = SHARE_PLAINTEXT.pack(self.id, holder, index, shares[index - 1].value)
+        value = shares[index - 1].value
+        plaintext = (KEY_SHARE_PLAINTEXT.pack(self.id, holder, index, value, self.model_hash)
+                     if kind is ShareKind.MASK_KEY else SHARE_PLAINTEXT.pack(self.id, holder, index, value))
         aad = share_aad(self.config, self._seed, kind, self.id, holder)
         return SealedShare(holder, seal(self._channel(self.id, holder), plaintext, aad))
 
     def _open_share(self, owner: int, kind: ShareKind, ciphertext: bytes) -> shamir.Share:
         aad = share_aad(self.config, self._seed, kind, owner, self.id)
         plaintext = open_sealed(self._channel(owner, self.id), ciphertext, aad)
-        if len(plaintext) != SHARE_PLAINTEXT.size:
+        layout = KEY_SHARE_PLAINTEXT if kind is ShareKind.MASK_KEY else SHARE_PLAINTEXT
+        if len(plaintext) != layout.size:
             raise DecryptionFailed(f"share from {owner} has {len(plaintext)} bytes inside")
-        claimed_owner, holder, index, value = SHARE_PLAINTEXT.unpack(plaintext)
+        claimed_owner, holder, index, value, *model_hash = layout.unpack(plaintext)
         if (claimed_owner, holder, index) != (owner, self.id, self._graph.share_index(owner, self.id)):
             raise WrongSender(f"sealed share from {owner} claims owner {claimed_owner}, holder {holder}, index {index}")
+        if model_hash and model_hash[0] != self.model_hash:  # a key-seed share: the model binding
+            raise ModelMismatch(f"neighbour {owner} trained on model {model_hash[0].hex()[:16]}…, "
+                                f"this client on {self.model_hash.hex()[:16]}…")
         return shamir.Share(index, value)
 
     def _channel(self, sender: int, recipient: int) -> bytes:
@@ -739,8 +754,9 @@ class SecAggClient:
 
 
 _STATE_MAGIC = b"SACS"
-_STATE_VERSION = 3  # roster entries as in wire version 3; shares of GF(2^31 − 1) (20 bytes); v3: no listed
-# commitments kept with the complete graph (it skips the graph-seed phase)
+_STATE_VERSION = 4  # roster entries as in wire version 5 (no model digest); shares of GF(2^31 − 1) (20 bytes);
+# v3: no listed commitments kept with the complete graph (it skips the graph-seed phase); v4: roster entries
+# without the model digest, which is the one given at share_keys (zeros before)
 # magic | version u8 | state u8 (index in ClientState) | flags u16 | config digest 32B | client id u32
 # | body length u32 (48 bytes, like a message header); the body follows export_state's order.
 _STATE_HEADER = struct.Struct("<4sBBH32sII")

@@ -34,9 +34,13 @@ from .messages import GRAPH_NONCE_BYTES, RevealedSecrets, SealedShare, ShareKind
 from .session import SessionConfig
 
 SHARE_CHANNEL_KEY_BYTES = 32
-# inside a sealed share: owner, holder, share index, share value
+# inside a sealed self-mask share: owner, holder, share index, share value
 SHARE_PLAINTEXT = struct.Struct(f"<III{SHARE_BYTES}s")
 SEALED_SHARE_BYTES = SHARE_PLAINTEXT.size + SEAL_OVERHEAD
+# inside a sealed key-seed share: the same, then the digest of the model the owner trains on (its
+# holder refuses it unless that is its own: the model binding, checked before anything is masked)
+KEY_SHARE_PLAINTEXT = struct.Struct(f"<III{SHARE_BYTES}s{DIGEST_BYTES}s")
+SEALED_KEY_SHARE_BYTES = KEY_SHARE_PLAINTEXT.size + SEAL_OVERHEAD
 # transcript() encoding of an (int, 16-byte nonce) pair of parts, one entry of _id_nonce_parts
 _ID_NONCE_PARTS = struct.Struct(f"{1 + 8 + 1 + 4 + GRAPH_NONCE_BYTES}s")
 
@@ -211,10 +215,12 @@ def open_secrets(config: SessionConfig, client: int, key: bytes, sealed: bytes) 
 
 def advertise_payload(
     config: SessionConfig, client: int, enc_public: bytes, mask_public: bytes, commitment: bytes,
-    graph_commitment: bytes, model_hash: bytes,
+    graph_commitment: bytes,
 ) -> bytes:
-    """What a client signs in authenticated mode when it advertises its keys."""
-    return config.binding("advertise", client, enc_public, mask_public, commitment, graph_commitment, model_hash)
+    """What a client signs in authenticated mode when it advertises its keys. No model digest: the
+    advertisement may go out before the model is known (the next round's, pipelined into this
+    round's unmask); the digest travels sealed in the key-seed shares instead (:data:`KEY_SHARE_PLAINTEXT`)."""
+    return config.binding("advertise", client, enc_public, mask_public, commitment, graph_commitment)
 
 
 def consistency_payload(config: SessionConfig, seed: bytes, survivors: Sequence[int]) -> bytes:
@@ -252,8 +258,9 @@ def input_tag_key(config: SessionConfig, client: int, self_mask_seed: bytes) -> 
 def model_digest(arrays: Iterable[np.ndarray]) -> bytes:
     """SHA-256 of the global model a client trained on: dtype, shape and bytes of each array, in order.
 
-    Pass the result as ``model_hash``; clients then refuse to reveal shares to a neighbour that
-    trained on a different model (the model-inconsistency attack on secure aggregation).
+    Pass the result as ``model_hash`` to :meth:`~.client.SecAggClient.share_keys`; it is sealed into
+    every key-seed share the client sends, and clients refuse a neighbour's share that carries another digest
+    before they mask anything (the model-inconsistency attack on secure aggregation).
     """
     h = hashlib.sha256(b"secfed/secagg/v1/model\x00")
     for a in arrays:

@@ -19,11 +19,14 @@ sender binding (tag, signature) of a masked input, and the self-mask shares forw
 unmask request. Version 3 carries Shamir shares over GF(2^31 − 1): a revealed share
 value is 20 bytes (five field elements), not 16 (one GF(2^128) element), and sealed shares grow
 by the same 4 bytes; the vector digest in the input binding and the ring order of the graph are
-computed differently too. Version 4 (this one) signs a masked input's tag together with its
+computed differently too. Version 4 signs a masked input's tag together with its
 binding, and an unmask response carries its contents sealed to the server (AES-256-GCM under a
 key from the responder's round key and the session's server key): an observer of every message
 no longer learns the survivors' self-mask seeds and the dropped clients' key shares, and with
-them the sum. Messages of versions 1, 2 and 3 are refused by version number
+them the sum. Version 5 (this one) takes the model digest out of the key advertisement and the
+key roster (an advertisement can then go out before the model is known: the next round's rides
+on this round's unmask response); the digest travels sealed inside every share instead, so a
+sealed share is 32 bytes longer. Messages of versions 1 to 4 are refused by version number
 (:class:`UnsupportedVersion`), never misread.
 
 Lists that grow with the cohort are never walked entry by entry in Python: (id, value) lists —
@@ -48,14 +51,14 @@ from ..shamir import SECRET_BYTES, SHARE_BYTES
 from .idtable import IdTable
 
 MAGIC = b"SAGG"
-VERSION = 4
+VERSION = 5
 SERVER = 0xFFFFFFFF
 _HEADER = struct.Struct("<4sBBH16sQIIQ")
 HEADER_BYTES = _HEADER.size  # 48
 MAX_SEALED_SHARE_BYTES = 1024
 GRAPH_NONCE_BYTES = 16
 _SEALED_HEAD = struct.Struct("<IH")  # peer id, ciphertext length
-_KEYS = struct.Struct(f"<{PUBLIC_KEY_BYTES}s{PUBLIC_KEY_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s")
+_KEYS = struct.Struct(f"<{PUBLIC_KEY_BYTES}s{PUBLIC_KEY_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s{DIGEST_BYTES}s")
 _REVEALED = struct.Struct(f"<IB{SHARE_BYTES}s")  # owner, kind, share value
 _SECRETS_HEAD = struct.Struct(f"<{SECRET_BYTES}sI")  # inside a sealed unmask response: seed, share count
 
@@ -95,7 +98,6 @@ class AdvertiseKeys(Envelope):
     mask_public: bytes  # X25519 key for pairwise masks; also the commitment to its seed
     self_mask_commitment: bytes  # SHA-256 commitment to the self-mask seed
     graph_commitment: bytes  # SHA-256 commitment to this round's graph nonce
-    model_hash: bytes  # hash of the global model this client trained on
     config_digest: bytes
     signature: bytes  # Ed25519 over all of the above (empty when unauthenticated)
 
@@ -120,7 +122,6 @@ class RosterEntry:
     mask_public: bytes
     self_mask_commitment: bytes
     graph_commitment: bytes
-    model_hash: bytes
     config_digest: bytes
     signature: bytes
 
@@ -316,17 +317,17 @@ class _Check:
 
 _KEY_FIELDS = (("enc_public", PUBLIC_KEY_BYTES), ("mask_public", PUBLIC_KEY_BYTES),
                ("self_mask_commitment", DIGEST_BYTES), ("graph_commitment", DIGEST_BYTES),
-               ("model_hash", DIGEST_BYTES), ("config_digest", DIGEST_BYTES))
+               ("config_digest", DIGEST_BYTES))
 
 
 def _keys_valid(m: AdvertiseKeys | RosterEntry, c: _Check) -> None:
-    fields = (m.enc_public, m.mask_public, m.self_mask_commitment, m.graph_commitment, m.model_hash, m.config_digest)
+    fields = (m.enc_public, m.mask_public, m.self_mask_commitment, m.graph_commitment, m.config_digest)
     if all(type(v) is bytes and len(v) == 32 for v in fields) and type(m.signature) is bytes \
             and len(m.signature) in (0, SIGNATURE_BYTES):
         return
     for field in ("enc_public", "mask_public"):  # slow path: say what is wrong
         c.raw(getattr(m, field), (PUBLIC_KEY_BYTES,), field)
-    for field in ("self_mask_commitment", "graph_commitment", "model_hash", "config_digest"):
+    for field in ("self_mask_commitment", "graph_commitment", "config_digest"):
         c.raw(getattr(m, field), (DIGEST_BYTES,), field)
     c.raw(m.signature, (0, SIGNATURE_BYTES), "signature")
 
@@ -434,7 +435,7 @@ def _sealed(shares: tuple[SealedShare, ...]) -> list[bytes]:
 
 
 def _key_fields(m: AdvertiseKeys | RosterEntry) -> list[bytes]:
-    return [m.enc_public, m.mask_public, m.self_mask_commitment, m.graph_commitment, m.model_hash,
+    return [m.enc_public, m.mask_public, m.self_mask_commitment, m.graph_commitment,
             m.config_digest, _signature(m.signature)]
 
 
@@ -617,14 +618,14 @@ def _parse(data: bytes | bytearray | memoryview, *, check_only: bool) -> Message
 
 
 def _key_body(r: _Reader) -> dict:
-    fields = _KEYS.unpack(r.take(_KEYS.size, "keys, commitments, model hash and config digest"))
-    return dict(zip(("enc_public", "mask_public", "self_mask_commitment", "graph_commitment", "model_hash",
+    fields = _KEYS.unpack(r.take(_KEYS.size, "keys, commitments and config digest"))
+    return dict(zip(("enc_public", "mask_public", "self_mask_commitment", "graph_commitment",
                      "config_digest"), fields), signature=r.signature("signature"))
 
 
 def _decode_roster(r: _Reader, env: dict, _: bool) -> KeyRoster:
     nonces = r.pairs("graph nonces", GRAPH_NONCE_BYTES)
-    n = r.count("entry count", 4 + 2 * PUBLIC_KEY_BYTES + 4 * DIGEST_BYTES + 2)
+    n = r.count("entry count", 4 + _KEYS.size + 2)
     entries = tuple(RosterEntry(client=r.u32("client id"), **_key_body(r)) for _ in range(n))
     _strictly_increasing([e.client for e in entries], "roster client ids", r.what)
     return KeyRoster(**env, nonces=nonces, entries=entries)

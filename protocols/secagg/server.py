@@ -49,6 +49,7 @@ from ..prg import MaskStream, accumulate, apply_masks
 from .graph import NeighbourGraph
 from .idtable import IdTable
 from .keys import (
+    SEALED_KEY_SHARE_BYTES,
     SEALED_SHARE_BYTES,
     advertise_payload,
     complete_graph_seed,
@@ -211,7 +212,7 @@ class SecAggServer:
             raise ConfigMismatch(f"client {m.sender} runs this session with different parameters")
         if c.authenticated:
             payload = advertise_payload(
-                c, m.sender, m.enc_public, m.mask_public, m.self_mask_commitment, m.graph_commitment, m.model_hash
+                c, m.sender, m.enc_public, m.mask_public, m.self_mask_commitment, m.graph_commitment
             )
             verify(c.identity_keys[m.sender], m.signature, payload, who=f"client {m.sender}'s keys")
         self._adverts[m.sender] = m
@@ -228,7 +229,8 @@ class SecAggServer:
         self._once(m.sender, self._sealed, "share message")
         expected = [v for v in self._graph.of(m.sender) if v in self._u1r]
         # Every neighbour in the cohort must get a share, or masks would not cancel.
-        self._check_sealed(m.sender, m.shares, expected, "key-seed shares", "neighbours that revealed nonces")
+        self._check_sealed(m.sender, m.shares, expected, "key-seed shares", "neighbours that revealed nonces",
+                           SEALED_KEY_SHARE_BYTES)
         self._sealed[m.sender] = {s.peer: s.ciphertext for s in m.shares}
 
     def _on_masked(self, m: MaskedInput) -> None:
@@ -241,7 +243,8 @@ class SecAggServer:
             raise MalformedMessage(f"client {m.sender}'s masked input has values outside Z_2^{c.ring_bits}")
         # Its self-mask seed must reach exactly the neighbours it masks with: those that shared keys.
         expected = [v for v in self._graph.of(m.sender) if v in self._u2]
-        self._check_sealed(m.sender, m.self_mask_shares, expected, "self-mask shares", "neighbours that shared keys")
+        self._check_sealed(m.sender, m.self_mask_shares, expected, "self-mask shares", "neighbours that shared keys",
+                           SEALED_SHARE_BYTES)
         if not c.authenticated and m.signature:
             raise MalformedMessage(f"client {m.sender}'s masked input carries a signature in unauthenticated mode")
         # Summed on arrival, hashed in the same pass (the accumulator wraps mod 2^32; reduced mod 2^b
@@ -258,15 +261,14 @@ class SecAggServer:
         self._inputs[m.sender] = (payload, m.tag)
         self._self_shares[m.sender] = {s.peer: s.ciphertext for s in m.self_mask_shares}
 
-    def _check_sealed(self, sender: int, shares, expected: list[int], what: str, whom: str) -> None:
+    def _check_sealed(self, sender: int, shares, expected: list[int], what: str, whom: str, size: int) -> None:
         got = [s.peer for s in shares]
         if got != expected:
             raise MalformedMessage(f"client {sender} sealed {what} for {got}; its {whom} are {expected}")
         for s in shares:
-            if len(s.ciphertext) != SEALED_SHARE_BYTES:
+            if len(s.ciphertext) != size:
                 raise MalformedMessage(
-                    f"client {sender}'s sealed share for {s.peer} has {len(s.ciphertext)} bytes, "
-                    f"expected {SEALED_SHARE_BYTES}"
+                    f"client {sender}'s sealed share for {s.peer} has {len(s.ciphertext)} bytes, expected {size}"
                 )
 
     def _on_signature(self, m: ConsistencySignature) -> None:
@@ -392,7 +394,7 @@ class SecAggServer:
             v: RosterEntry(
                 client=v, enc_public=a.enc_public, mask_public=a.mask_public,
                 self_mask_commitment=a.self_mask_commitment, graph_commitment=a.graph_commitment,
-                model_hash=a.model_hash, config_digest=a.config_digest, signature=a.signature,
+                config_digest=a.config_digest, signature=a.signature,
             )
             for v in revealed
             for a in (self._adverts[v],)

@@ -30,10 +30,12 @@ def roundtrip(message: Message) -> Message:
 
 
 def _label(message: Message) -> str:
-    """secfed's step and the secure-aggregation stage a message carries, e.g. "train+masked_input"."""
+    """secfed's step and the secure-aggregation stage a message carries, e.g. "train+masked_input",
+    then the next session's stage riding on it ("unmask+advertise_keys")."""
     records = message.content.config_records
     parts = [str(records["secfed.train"]["step"])] if "secfed.train" in records else []
     parts += [str(records["secfed.secagg"]["stage"])] if "secfed.secagg" in records else []
+    parts += [str(records["secfed.secagg.next"]["stage"])] if "secfed.secagg.next" in records else []
     return "+".join(parts) or "?"
 
 

@@ -12,7 +12,7 @@ from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx, FedTrim
 from secfed.adapters.flower import SecAggStrategy, SecAggWorkflow, is_weighted_mean
 from secfed.adapters.flower import node as node_files
 from secfed.adapters.flower.mod import STATE_RECORD, _unframe
-from secfed.adapters.flower.wire import CONTROL, PAYLOAD, decode_session, encode_session
+from secfed.adapters.flower.wire import CONTROL, NEXT, PAYLOAD, decode_session, encode_session
 from secfed.protocols import ClientState, DecryptionFailed, GraphParams, MalformedMessage, SecAggClient, SessionConfig
 
 INITIAL = {"w": np.arange(6, dtype=np.float32).reshape(2, 3) / 10, "b": np.zeros(4, np.float32)}
@@ -80,6 +80,37 @@ def test_a_node_lost_mid_round_leaves_the_exact_mean_of_the_others(deployment, p
     counted = [0, 1, 2, 3] if phase == "unmask" else [0, 1, 3]
     assert_mean(result, counted)
     assert strategy.results[0].survivors == tuple(1000 + p for p in counted)
+
+
+def test_a_node_lost_at_the_pipelined_unmask_sits_out_the_next_round_only(deployment):
+    """Round t+1's keys are advertised with round t's unmask. A node that does not answer that
+    message (neither its unmask response nor its next advertisement arrives) still counts in round 1
+    (it sent its masked input), is absent from round 2's roster (an advertise-phase dropout: the
+    others' mean goes on) and, back again, is advertised alone beside round 2's unmask for round 3."""
+    grid, cohort = deployment(4)
+    victim, push, pipelined = 1002, grid.push_messages, []
+
+    def lose_the_first_pipelined_unmask(messages):
+        messages = list(messages)
+        if any(NEXT in m.content for m in messages):
+            pipelined.append(len(messages))
+            if len(pipelined) == 1:
+                grid.dead.add(victim)  # silent for that one exchange, back for the next
+        try:
+            return push(messages)
+        finally:
+            grid.dead.discard(victim)
+
+    grid.push_messages = lose_the_first_pipelined_unmask
+    _, strategy = run(grid, cohort, rounds=3, phase_timeout=1, poll_interval=0.01)
+    everyone = tuple(sorted(grid.apps))
+    first, second, third = strategy.results
+    assert first.survivors == everyone
+    assert second.survivors == tuple(n for n in everyone if n != victim) and victim in second.dropped
+    assert third.survivors == everyone
+    cycle = ["share_keys", "masked_input", "consistency_check"]
+    assert grid.trips == ["enrol", "advertise_keys", *cycle, "unmask+advertise_keys", *cycle, "unmask+advertise_keys",
+                          *cycle, "unmask"], grid.trips
 
 
 def test_a_round_that_cannot_finish_releases_nothing(deployment):

@@ -271,7 +271,7 @@ def test_masked_input_of_wrong_length_is_rejected(make_round):
 # ---- model and configuration consistency -----------------------------------------------------
 
 
-def test_model_mismatch_is_refused_before_any_share_is_sent():
+def test_model_mismatch_is_refused_before_any_input_is_masked():
     inputs = [np.zeros(4, np.uint32)] * 4
     hashes = [b"a" * 32, b"a" * 32, b"b" * 32, b"a" * 32]
     with pytest.raises(ModelMismatch, match="trained on model"):

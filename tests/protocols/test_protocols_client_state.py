@@ -14,6 +14,7 @@ from secfed.protocols import (
     ClientState,
     ConfigMismatch,
     MalformedMessage,
+    ModelMismatch,
     ReplayedMessage,
     SecAggClient,
     UnsupportedVersion,
@@ -70,6 +71,20 @@ def test_a_restored_client_keeps_its_place_in_the_round(make_round):
     with pytest.raises(ReplayedMessage):
         client.share_keys(rosters[0])  # the same roster twice is still refused
     assert client.state is ClientState.AWAIT_SHARES
+
+
+def test_a_client_restored_after_sharing_keys_still_refuses_another_model(make_round):
+    """The model digest is given at share_keys, after the advertisement: it must survive the trip
+    through bytes, or a Flower node (a fresh process per message) would compare its neighbours'
+    digests with zeros."""
+    r = make_round(4, threshold=2, authenticated=True)
+    r.phases.model_hashes = [b"a" * 32, b"a" * 32, b"b" * 32, b"a" * 32]  # client 2 was given another model
+    deliveries = r.share_keys(r.advertise())
+    client = revive(r, 0)
+    assert client.model_hash == b"a" * 32
+    with pytest.raises(ModelMismatch, match="neighbour 2 trained on model"):
+        client.receive_shares(deliveries[0])
+    assert client.state is ClientState.ABORTED
 
 
 @pytest.fixture

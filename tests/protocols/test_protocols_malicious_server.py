@@ -18,6 +18,7 @@ from secfed.protocols import (
     ClientState,
     GraphParams,
     InconsistentView,
+    ModelMismatch,
     SessionConfig,
     UnknownClient,
     choose_params,
@@ -109,6 +110,47 @@ def test_withholding_honest_shares_from_a_victim_does_not_expose_it(make_round):
     partner_keys = {v: keys.mask_private_key(r.config, v, recover_key_seed(r, v, responses)) for v in partners}
     partner_keys[colluder] = r.clients[colluder]._mask_private
     assert np.array_equal(unmask_alone(r, victim, masked[victim].vector, b0, partner_keys), r.inputs[victim])
+
+
+def test_a_model_digest_claimed_to_one_client_at_share_keys_is_refused_and_nothing_is_unmasked(make_round):
+    """Model inconsistency, with the digest out of the advertisement. The server sends victim 2
+    another model (to single its update out) and so announces it another digest at share_keys.
+    Every neighbour opens 2's key-seed share, finds the other digest sealed inside and refuses
+    before masking (ModelMismatch); 2 refuses theirs. No masked input exists: the round aborts
+    before any sum."""
+    r = make_round(5, threshold=3, authenticated=True)
+    victim = 2
+    r.phases.model_hashes = [b"B" * 32 if i == victim else b"A" * 32 for i in range(5)]
+    deliveries = r.share_keys(r.advertise())
+    for i, delivery in deliveries.items():
+        with pytest.raises(ModelMismatch, match="trained on model"):
+            r.clients[i].receive_shares(r.wire(delivery))
+        assert r.clients[i].state is ClientState.ABORTED
+        with pytest.raises(Exception):  # an aborted client masks nothing, whatever it is asked
+            r.clients[i].mask(r.inputs[i])
+    assert r.server._inputs == {}  # no masked input reached the server
+    with pytest.raises(BelowThreshold):  # and the round aborts: no sum, no unmask request
+        r.server.close_phase()
+
+
+def test_hiding_the_victims_share_from_its_neighbours_does_not_make_it_mask_another_model(make_round):
+    """The same server also withholds 2's share from the others, so they see one model and mask
+    without 2. 2 still receives only honest shares, each sealed with the digest A its neighbours
+    train on: it refuses and its input is never masked. To show 2 shares carrying its own digest B
+    the server would need t of 2's neighbours colluding — the threshold, as with the digest in the
+    advertisement."""
+    r = make_round(5, threshold=3, authenticated=True)
+    victim = 2
+    r.phases.model_hashes = [b"B" * 32 if i == victim else b"A" * 32 for i in range(5)]
+    deliveries = r.share_keys(r.advertise())
+    with pytest.raises(ModelMismatch):
+        r.clients[victim].receive_shares(r.wire(deliveries[victim]))
+    assert r.clients[victim].state is ClientState.ABORTED
+    for i in (0, 1, 3, 4):
+        hidden = replace(deliveries[i], shares=tuple(s for s in deliveries[i].shares if s.peer != victim))
+        r.clients[i].receive_shares(r.wire(hidden))
+        masked = r.clients[i].mask(r.inputs[i])
+        assert victim not in [s.peer for s in masked.self_mask_shares]  # they mask without 2
 
 
 def run_equivocation(r, victim: int = 0):

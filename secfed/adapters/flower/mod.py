@@ -8,7 +8,12 @@ the app untouched) and runs one :class:`~secfed.protocols.SecAggClient` across t
     enrol              prove the node's Ed25519 identity (authenticated mode); riding on an app
                        message (the run's first), the app answers that message in the same reply
     advertise_keys     check the session against this node's policy, create keys → AdvertiseKeys
-    graph_seed, share_keys, consistency_check, unmask      the protocol's next step
+    share_keys         the model digest the server announces for the round goes sealed into every
+                       share (the neighbours refuse shares carrying another) → EncryptedShares
+    graph_seed, consistency_check, unmask      the protocol's next step
+    unmask+advertise_keys    (pipelining) the unmask, then the next session's advertise_keys (NEXT
+                       record): the reply carries both; the next session's sealed client replaces
+                       this one's. A refused advertisement leaves the unmask reply alone.
     masked_input       open the neighbours' shares, check the model is the one announced, run the
                        wrapped app on the message (secfed's records removed), encode its reply
                        (encoding.py) and mask it → MaskedInput. The reply's values never leave.
@@ -29,6 +34,7 @@ are refused.
 from __future__ import annotations
 
 import json
+import logging
 import struct
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -56,12 +62,24 @@ from secfed.protocols.secagg.client import NO_MODEL_HASH
 
 from . import node
 from .encoding import Encoding, ReplyRefused
-from .wire import CONTROL, content_digest, control, decode_session, get_message, put_message, typed, without_ours
+from .wire import (
+    CONTROL,
+    NEXT,
+    NEXT_PAYLOAD,
+    content_digest,
+    control,
+    decode_session,
+    get_message,
+    put_message,
+    typed,
+    without_ours,
+)
 
+log = logging.getLogger("secfed.flower")
 STATE_RECORD = "secfed.secagg.state"  # in context.state: {"sealed": bytes}
 ALLOW_UNAUTHENTICATED_KEY = "secfed-allow-unauthenticated"
 MIN_CLIENTS_KEY = "secfed-min-clients"
-ENROL, ADVERTISE, MASKED_INPUT = "enrol", "advertise_keys", "masked_input"
+ENROL, ADVERTISE, SHARE_KEYS, MASKED_INPUT, UNMASK = "enrol", "advertise_keys", "share_keys", "masked_input", "unmask"
 _STATE_MAGIC, _STATE_VERSION = b"SFMS", 1
 _NONCE_BYTES = 16
 
@@ -99,11 +117,30 @@ class SecAggMod:
                 return run.enrol(msg, ctl, call_next)
             if stage == ADVERTISE:
                 return run.advertise(msg, ctl)
-            return run.step(msg, stage, call_next)
+            reply = run.step(msg, ctl, stage, call_next)
         except (ProtocolError, ReplyRefused, node.NodeSetupError) as exc:
             run.abort()
             return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION,
                                  f"secfed secure aggregation refused: {type(exc).__name__}: {exc}"), reply_to=msg)
+        if stage == UNMASK and NEXT in msg.content:
+            self._advertise_next(msg, reply, context)
+        return reply
+
+    def _advertise_next(self, msg: Message, reply: Message, context: Context) -> None:
+        """The next session's advertisement (pipelining) added to the unmask reply. A refusal (policy,
+        a malformed record) only leaves this node out of the next session: the unmask reply stands."""
+        run = _NodeRun(self, context)
+        try:
+            ctl = msg.content.config_records.get(NEXT)
+            if ctl is None:
+                raise MalformedMessage(f"{NEXT} must be a config record")
+            data = run.advertise_keys(ctl)
+        except (ProtocolError, node.NodeSetupError) as exc:
+            run.abort()
+            log.warning("next session refused: %s: %s", type(exc).__name__, exc)
+            return
+        reply.content[NEXT] = ConfigRecord({"stage": ADVERTISE})
+        put_message(reply.content, data, NEXT_PAYLOAD)
 
     # ---- node policy -------------------------------------------------------------------------------
 
@@ -172,6 +209,11 @@ class _NodeRun:
                       clear=clear)
 
     def advertise(self, msg: Message, ctl: ConfigRecord) -> Message:
+        return _reply(msg, ConfigRecord({"stage": ADVERTISE}), self.advertise_keys(ctl))
+
+    def advertise_keys(self, ctl: ConfigRecord) -> bytes:
+        """Check the session ``ctl`` names against the node's policy, create the client and its keys,
+        seal its state: the advertisement's wire bytes."""
         config = decode_session(typed(ctl, "session", bytes))
         index = typed(ctl, "index", int)
         if not 0 <= index < config.n_clients:
@@ -180,32 +222,29 @@ class _NodeRun:
         used = self.context.state.config_records.get(STATE_RECORD, ConfigRecord()).get("sessions", [])
         if config.session_id in used:
             raise SessionRefused("this node already took part in this session")
-        model_hash = ctl.get("model-hash", NO_MODEL_HASH)
-        if not isinstance(model_hash, bytes) or len(model_hash) != 32:
-            raise MalformedMessage(f"{CONTROL}: model-hash must be 32 bytes")
         identity = node.identity_key(self.folder) if config.authenticated else None
         if identity is not None and node.public_identity(identity) != config.identity_keys[index]:
             raise SessionRefused(f"index {index} carries another node's identity key")
-        self.client = SecAggClient(config, index, model_hash=model_hash, identity_key=identity)
+        self.client = SecAggClient(config, index, identity_key=identity)
         self.session, self.encoding = typed(ctl, "session", bytes), Encoding.read(ctl)
         if self.encoding.dimension != config.dimension:
             raise MalformedMessage(f"encoding needs {self.encoding.dimension} ring words; session has {config.dimension}")
         out = self.client.advertise_keys()
         self.save(extra_session=config.session_id)
-        return _reply(msg, ConfigRecord({"stage": ADVERTISE}), encode(out))
+        return encode(out)
 
-    def step(self, msg: Message, stage: str, call_next: ClientAppCallable) -> Message:
+    def step(self, msg: Message, ctl: ConfigRecord, stage: str, call_next: ClientAppCallable) -> Message:
         self.load()
         message = decode(get_message(msg.content))
         if stage != MASKED_INPUT:
-            out = self.client.handle(message)
+            out = self.client.handle(message, model_hash=_model_hash(ctl) if stage == SHARE_KEYS else NO_MODEL_HASH)
             self.save()
             return _reply(msg, ConfigRecord({"stage": stage}), encode(out))
         client, config = self.client, self.client.config
         client.receive_shares(message)
         self.save()  # the shares are held now, whatever the app does next
         if client.model_hash != NO_MODEL_HASH and content_digest(msg.content) != client.model_hash:
-            raise ModelMismatch("the model to train on is not the one announced when keys were advertised")
+            raise ModelMismatch("the model to train on is not the one announced when keys were shared")
         msg.content = without_ours(msg.content)
         reply = call_next(msg, self.context)
         if reply.has_error():
@@ -243,6 +282,15 @@ class _NodeRun:
             plain = _frame(self.session, self.client.export_state(), json.dumps(asdict(self.encoding)).encode())
             record["sealed"] = node.seal_state(node.sealing_key(self.folder), plain, purpose="secagg-client", **self.ids)
         self.context.state.config_records[STATE_RECORD] = record
+
+
+def _model_hash(ctl: ConfigRecord) -> bytes:
+    """The digest of the content the node will train on, as the server announces it at share_keys
+    (none: the round binds no model)."""
+    model_hash = ctl.get("model-hash", NO_MODEL_HASH)
+    if not isinstance(model_hash, bytes) or len(model_hash) != 32:
+        raise MalformedMessage(f"{CONTROL}: model-hash must be 32 bytes")
+    return model_hash
 
 
 def _reply(msg: Message, ctl: ConfigRecord, message: bytes | None = None, clear: RecordDict | None = None) -> Message:

@@ -63,7 +63,7 @@ from .client_app import BROADCAST, CLIP_WORD, STEP, UPLOADS
 from .encoding import RING, Encoding
 from .node import Cohort
 from .wire import CONTROL, array_bytes, bytes_array
-from .workflow import SecAggWorkflow, exchange
+from .workflow import NextRound, SecAggWorkflow, exchange
 
 log = logging.getLogger("secfed.flower")
 app = ServerApp()
@@ -233,7 +233,7 @@ class FlowerRun:
         targets = {n: RecordDict({STEP: step, BROADCAST: ArrayRecord(arrays)})
                    for n, sites in hosts.items() if set(sites) & set(cohort)}
         if masked:
-            aggregate, replies, t_train = self.train_masked(fed, targets, wire, t)
+            aggregate, replies, t_train = self.train_masked(fed, hosts, targets, wire, t)
             trained, client_stats, baseline_stats = self._read(fed, replies)
             _say(f"  trained and summed: {len(aggregate.contributors)} clients on {len(trained)} SuperNodes "
                  f"({time.perf_counter() - t0:.1f} s)")
@@ -247,7 +247,7 @@ class FlowerRun:
             self._since = t_train
             _say(f"  trained: {sum(len(v) for v in trained.values())} clients on {len(trained)} SuperNodes "
                  f"({t_train - t0:.1f} s)")
-            aggregate = self.aggregate(fed, broadcast, wire, replies, trained, t)
+            aggregate = self.aggregate(fed, hosts, broadcast, wire, replies, trained, t)
         dropped = {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors}
         return Trained(aggregate, client_stats, baseline_stats, dropped, t_train)
 
@@ -267,8 +267,8 @@ class FlowerRun:
             _load_accountants(fed, json.loads(str(out["accountants"])))
         return trained, client_stats, baseline_stats
 
-    def train_masked(self, fed: Federation, targets: Mapping[int, RecordDict], wire: bytes,
-                     t: int) -> tuple[Aggregate, dict[int, RecordDict], float]:
+    def train_masked(self, fed: Federation, hosts: dict[int, list[int]], targets: Mapping[int, RecordDict],
+                     wire: bytes, t: int) -> tuple[Aggregate, dict[int, RecordDict], float]:
         """Train and sum in one secure aggregation: the train messages are the masked-input phase's
         content (bound into every node's keys, so a node sent another model is caught), the replies
         carry the masked vectors and, in the clear, what the train reply carries. A node whose
@@ -281,8 +281,9 @@ class FlowerRun:
         messages = [Message(c, dst_node_id=n, message_type=MessageType.TRAIN) for n, c in targets.items()]
         down = len(wire) * len(targets)
         try:
-            result = self.flow.aggregate(self.grid, messages, Encoding(RING, length=layout.length + CLIP_WORD),
-                                         round=t)
+            encoding = Encoding(RING, length=layout.length + CLIP_WORD)
+            result = self.flow.aggregate(self.grid, messages, encoding, round=t,
+                                         next_round=self._next_round(fed, hosts, t, encoding))
             self._done(time.perf_counter())  # the last phase (unmask) ends here
         except ProtocolError as exc:
             self._shape = None
@@ -296,8 +297,8 @@ class FlowerRun:
         aggregate = _summed(t, layout, result, contributors, uploads, bytes_up, down)
         return aggregate, replies, self._trained_at or time.perf_counter()
 
-    def aggregate(self, fed: Federation, broadcast: Any, wire: bytes, replies: Mapping[int, RecordDict],
-                  trained: Mapping[int, list[int]], t: int) -> Aggregate:
+    def aggregate(self, fed: Federation, hosts: dict[int, list[int]], broadcast: Any, wire: bytes,
+                  replies: Mapping[int, RecordDict], trained: Mapping[int, list[int]], t: int) -> Aggregate:
         """The round's Aggregate from the nodes' train replies and (secagg) the secure sum."""
         uploads, bytes_up = _decode_uploads(replies)
         down = len(wire) * len(replies)
@@ -319,12 +320,25 @@ class FlowerRun:
         messages = [Message(fetch, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
         self.flow.input_timeout = self.settings.phase_timeout  # the nodes only fetch what they stored
         try:
-            result = self.flow.aggregate(self.grid, messages, Encoding(RING, length=length), round=t)
+            encoding = Encoding(RING, length=length)
+            result = self.flow.aggregate(self.grid, messages, encoding, round=t,
+                                         next_round=self._next_round(fed, hosts, t, encoding))
             self._done(time.perf_counter())  # the last phase (unmask) ends here
         except ProtocolError as exc:
             return self._aborted(t, exc, bytes_up, down)
         contributors = [k for n in result.survivors for k in trained[n]]
         return _summed(t, layout, result, contributors, uploads, bytes_up, down)
+
+    def _next_round(self, fed: Federation, hosts: dict[int, list[int]], t: int, encoding: Encoding) -> NextRound | None:
+        """Round t+1's secure sum as far as it is known at round t's unmask, so its key advertisements
+        ride there (one round trip fewer): the nodes hosting its cohort, the layout of this round.
+        None after the last round, and under Poisson sampling — its cohort is drawn from the CSPRNG
+        when the round starts and must not exist earlier (privacy/round.py)."""
+        cfg = self.cfg
+        if t + 1 >= cfg.schedule.rounds or fed.server.privacy.plan.sampling == "poisson":
+            return None
+        cohort = set(fed.server.cohort(t + 1, cfg.schedule.clients_per_round, cfg.seed))
+        return NextRound(tuple(sorted(n for n, sites in hosts.items() if cohort & set(sites))), encoding, t + 1)
 
     @staticmethod
     def _aborted(t: int, exc: ProtocolError, bytes_up: int, down: int) -> Aggregate:

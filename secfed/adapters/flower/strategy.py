@@ -12,12 +12,17 @@ weighted by their total weight. Its own averaging of that one reply returns it u
 does next (FedAvgM's momentum, FedAdam's server optimiser, FedProx's proximal term on clients)
 is its own. A round that aborts returns no reply: the strategy keeps its arrays.
 
+Each round but the last advertises the next round's keys with its unmask (workflow.py,
+pipelining), assuming the next round trains the same nodes on arrays of the same layout (what
+FedAvg with a fixed cohort does); a round whose nodes or layout differ advertises afresh.
+
 Strategies that are not a weighted mean of the replies (median, trimmed mean, Krum, Bulyan,
 q-FedAvg, the XGBoost ones, server-side DP clipping) need each reply and are refused.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -30,7 +35,7 @@ from flwr.serverapp.strategy.fedopt import FedOpt
 from secfed.protocols import ProtocolError
 
 from .encoding import Encoding
-from .workflow import SecAggResult, SecAggWorkflow
+from .workflow import NextRound, SecAggResult, SecAggWorkflow
 
 log = logging.getLogger("secfed.flower")
 
@@ -60,12 +65,16 @@ class SecAggStrategy:
         self.strategy, self.workflow = strategy, workflow
         self.clip, self.max_weight, self.metrics = clip, max_weight, tuple(metrics)
         self.results: list[SecAggResult] = []  # one per completed round
+        self.rounds = 0  # the run's rounds (start's num_rounds): the last one has no next to advertise
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.strategy, name)
 
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Any:
         """The wrapped strategy's ``start``, over a grid that aggregates train replies securely."""
+        bound = inspect.signature(self.strategy.start).bind(grid, *args, **kwargs)
+        bound.apply_defaults()
+        self.rounds = int(bound.arguments["num_rounds"])
         return self.strategy.start(_SecAggGrid(grid, self), *args, **kwargs)
 
     def train_round(self, grid: Grid, messages: list[Message]) -> list[Message]:
@@ -77,7 +86,9 @@ class SecAggStrategy:
                                           weight_key=self.strategy.weighted_by_key, metrics=self.metrics)
         server_round = int(messages[0].content.config_records[self.strategy.configrecord_key].get("server-round", 0))
         try:
-            result = self.workflow.aggregate(grid, messages, encoding, round=server_round)
+            nodes = tuple(sorted(m.metadata.dst_node_id for m in messages))
+            follow = NextRound(nodes, encoding, server_round + 1) if server_round < self.rounds else None
+            result = self.workflow.aggregate(grid, messages, encoding, round=server_round, next_round=follow)
         except ProtocolError as exc:
             log.warning("round %s: secure aggregation aborted, no update released: %s: %s",
                         server_round, type(exc).__name__, exc)

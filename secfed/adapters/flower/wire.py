@@ -31,7 +31,11 @@ from secfed.protocols import GraphParams, MalformedMessage, OverflowRefused, Ses
 
 CONTROL = "secfed.secagg"  # ConfigRecord: stage, the client's index, session and encoding
 PAYLOAD = "secfed.secagg.message"  # ArrayRecord: one protocol message, "message" → uint8 array
-OURS = (CONTROL, PAYLOAD)
+# The next session's key advertisement riding on this session's unmask message (pipelining): its
+# control record (as an advertise_keys message's) and, in the reply, the advertisement itself.
+NEXT = "secfed.secagg.next"
+NEXT_PAYLOAD = "secfed.secagg.next.message"
+OURS = (CONTROL, PAYLOAD, NEXT, NEXT_PAYLOAD)
 
 _SESSION = struct.Struct("<4sBBBB16sQIIIIIdddQI")
 _SESSION_MAGIC = b"SFSC"
@@ -101,16 +105,17 @@ def array_bytes(array: Array, what: str) -> bytes:
     return values.tobytes()
 
 
-def put_message(content: RecordDict, data: bytes) -> None:
-    """Put one protocol message (its wire bytes) into ``content``."""
-    content[PAYLOAD] = ArrayRecord({"message": bytes_array(data)})
+def put_message(content: RecordDict, data: bytes, record: str = PAYLOAD) -> None:
+    """Put one protocol message (its wire bytes) into ``content`` (``record``: NEXT_PAYLOAD for the
+    next session's advertisement)."""
+    content[record] = ArrayRecord({"message": bytes_array(data)})
 
 
-def get_message(content: RecordDict) -> bytes:
-    record = content.array_records.get(PAYLOAD) if PAYLOAD in content else None
-    if record is None or "message" not in record:
-        raise MalformedMessage(f"Flower message carries no {PAYLOAD!r} record")
-    return array_bytes(record["message"], PAYLOAD)
+def get_message(content: RecordDict, record: str = PAYLOAD) -> bytes:
+    found = content.array_records.get(record) if record in content else None
+    if found is None or "message" not in found:
+        raise MalformedMessage(f"Flower message carries no {record!r} record")
+    return array_bytes(found["message"], record)
 
 
 def control(content: RecordDict) -> ConfigRecord | None:
@@ -145,9 +150,9 @@ def without_ours(content: RecordDict) -> RecordDict:
 def content_digest(content: RecordDict) -> bytes:
     """SHA-256 over every record of ``content`` except secfed's own: names, keys, value types and bytes.
 
-    The server announces it before keys are shared and every client checks it against what it is
+    The server announces it when keys are shared and every client checks it against what it is
     later given to train on: a server that gives one client a crafted model is caught either by
-    the neighbours (the advertised digests differ) or by the client itself.
+    the neighbours (the digests sealed in the key-seed shares differ) or by the client itself.
     """
     h = hashlib.sha256(b"secfed/flower/v1/content\x00")
 

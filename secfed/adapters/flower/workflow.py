@@ -19,6 +19,15 @@ the session's identity keys are those. Nodes outside the cohort take no part. Th
 on the run's first app message (:meth:`SecAggWorkflow.challenges` / :meth:`~SecAggWorkflow.accept`:
 ``secfed train --flower`` sends it with its hello), so enrolment costs no round trip of its own.
 
+Pipelining (``aggregate(..., next_round=NextRound(nodes, encoding, round))``): when the caller
+knows the next aggregation's nodes and encoding at this one's unmask, the next session's key
+advertisement rides on the unmask message (``unmask+advertise_keys``: the node answers with its
+unmask response and its next advertisement); a node of the next session that gets no unmask
+message is sent the advertisement alone in the same exchange. The next :meth:`aggregate` with the
+same nodes, encoding and round then starts at share_keys: one round trip fewer. A node that misses
+the unmask is absent from the next session's roster (an advertise-phase dropout). The model digest
+is not in the advertisement: it is announced at share_keys and sealed into the key-seed shares.
+
 Flower's ``Grid.send_and_receive`` polls every 3 s; this workflow pushes and pulls itself every
 ``poll_interval`` seconds, so a phase ends as soon as its last reply is in.
 """
@@ -52,9 +61,21 @@ from secfed.protocols import (
 from secfed.protocols.crypto import verify
 
 from .encoding import Encoding
-from .mod import ADVERTISE, ENROL, MASKED_INPUT, enrol_payload
+from .mod import ADVERTISE, ENROL, MASKED_INPUT, SHARE_KEYS, UNMASK, enrol_payload
 from .node import Cohort
-from .wire import CONTROL, OURS, content_digest, control, encode_session, get_message, put_message, typed
+from .wire import (
+    CONTROL,
+    NEXT,
+    NEXT_PAYLOAD,
+    OURS,
+    PAYLOAD,
+    content_digest,
+    control,
+    encode_session,
+    get_message,
+    put_message,
+    typed,
+)
 
 log = logging.getLogger("secfed.flower")
 
@@ -72,6 +93,47 @@ class SecAggResult:
     clear: Mapping[int, RecordDict] = field(default_factory=dict)
     bytes_up: int = 0
     bytes_down: int = 0
+
+
+@dataclass(frozen=True)
+class NextRound:
+    """The next aggregation, as known at this one's unmask: its nodes, encoding and round."""
+
+    nodes: tuple[int, ...]
+    encoding: Encoding
+    round: int
+
+
+@dataclass(eq=False)
+class _Prepared:
+    """One session's parties: config, server key, nodes (index = place in the list), encoding and
+    the server state machine. Made by :meth:`SecAggWorkflow.aggregate` (advertised in its first
+    phase) or, pipelined, at the previous session's unmask (its server then holds the
+    advertisements that came back with the unmask replies)."""
+
+    config: SessionConfig
+    key: ServerKey
+    nodes: list[int]
+    encoding: Encoding
+    server: SecAggServer
+    up: int = 0
+
+    def fits(self, nodes: Sequence[int], encoding: Encoding, round: int) -> bool:
+        return list(nodes) == self.nodes and encoding == self.encoding and round == self.config.round
+
+    def control(self, node: int) -> ConfigRecord:
+        """The advertise_keys control record node ``node`` gets (alone, or as the NEXT record)."""
+        ctl = ConfigRecord({"stage": ADVERTISE, "index": self.nodes.index(node), "session": encode_session(self.config)})
+        self.encoding.write(ctl)
+        return ctl
+
+    def receive(self, node: int, data: bytes) -> None:
+        """Node ``node``'s advertisement (its wire bytes) to this session's server."""
+        message = decode(data)
+        if message.sender != self.nodes.index(node):
+            raise WrongSender(f"node {node} advertised as client {message.sender}")
+        self.server.receive(message)
+        self.up += len(data)
 
 
 class SecAggWorkflow:
@@ -110,6 +172,7 @@ class SecAggWorkflow:
         self.poll_interval = poll_interval
         self.on_phase = on_phase
         self.identities: dict[int, bytes] = {}  # node id → enrolled identity key
+        self._next: _Prepared | None = None  # advertised with the last unmask, for the next aggregate
 
     # ---- enrolment --------------------------------------------------------------------------------
 
@@ -156,11 +219,13 @@ class SecAggWorkflow:
     # ---- one aggregation --------------------------------------------------------------------------
 
     def aggregate(self, grid: Grid, messages: Sequence[Message], encoding: Encoding, *, round: int = 0,
-                  bind_model: bool = True) -> SecAggResult:
+                  bind_model: bool = True, next_round: NextRound | None = None) -> SecAggResult:
         """Securely sum what the apps of ``messages``' nodes reply to them (``encoding`` says how a
         reply becomes a ring vector). ``bind_model``: clients check that they all train on the same
         content (the announced digest); turn it off only when contents differ per node on purpose.
-        Raises a :class:`~secfed.protocols.ProtocolError` when the round aborts."""
+        ``next_round``: the next aggregation, whose key advertisements then ride on this one's
+        unmask (see the module docstring). Raises a :class:`~secfed.protocols.ProtocolError` when
+        the round aborts."""
         content = {m.metadata.dst_node_id: m.content for m in messages}
         if len(content) != len(messages):
             raise ValueError("aggregate takes one message per node")
@@ -176,15 +241,32 @@ class SecAggWorkflow:
             if len(digests) != 1:
                 raise ValueError("the nodes' messages carry different contents; pass bind_model=False if meant")
             digest = digests.pop()
+        advertised, self._next = self._next, None
+        if advertised is None or not advertised.fits(nodes, encoding, round):
+            advertised = None  # keys advertised for another cohort or encoding: advertise afresh
+        follow = self._prepare(next_round) if next_round is not None else None
+        return _Session(self, grid, advertised or self._new_session(nodes, encoding, round), content, digest,
+                        str(round), advertised is not None, follow).run()
+
+    def _new_session(self, nodes: list[int], encoding: Encoding, round: int) -> _Prepared:
+        """A fresh session among ``nodes`` (enrolled ones, in authenticated mode), nothing advertised yet."""
         quantizer = encoding.quantizer(len(nodes))
         key = ServerKey.generate()  # per session: the nodes seal their unmask responses to it
         config = SessionConfig(
             new_session_id(), round, self.params(len(nodes)), encoding.dimension,
             input_bound=quantizer.max_abs if quantizer else None, ring_bits=quantizer.bits if quantizer else 32,
             server_key=key.public, authenticated=self.authenticated,
-            identity_keys=tuple(identities[n] for n in nodes if self.authenticated),
+            identity_keys=tuple(self.identities[n] for n in nodes if self.authenticated),
         )
-        return _Session(self, grid, config, key, nodes, content, encoding, digest, str(round)).run()
+        return _Prepared(config, key, nodes, encoding, SecAggServer(config, key))
+
+    def _prepare(self, next_round: NextRound) -> _Prepared | None:
+        """The next session, to advertise with this one's unmask: among the next nodes already
+        enrolled (a node not enrolled yet makes the next aggregate advertise afresh)."""
+        nodes = sorted(n for n in next_round.nodes if not self.authenticated or n in self.identities)
+        if len(nodes) < 2:
+            return None
+        return self._new_session(nodes, next_round.encoding, next_round.round)
 
     # ---- transport --------------------------------------------------------------------------------
 
@@ -225,42 +307,34 @@ def exchange(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, 
 
 
 class _Session:
-    """One protocol session over the grid: the server state machine and the node ↔ index map."""
+    """One protocol session over the grid: the server state machine and the node ↔ index map.
+    ``advertised``: the nodes' advertisements came with the previous session's unmask replies.
+    ``follow``: the next session, whose advertisements ride on this one's unmask."""
 
-    def __init__(self, flow: SecAggWorkflow, grid: Grid, config: SessionConfig, key: ServerKey, nodes: list[int],
-                 content: Mapping[int, RecordDict], encoding: Encoding, digest: bytes, group: str) -> None:
-        self.flow, self.grid, self.config, self.group = flow, grid, config, group
-        self.nodes, self.index = nodes, {n: i for i, n in enumerate(nodes)}
-        self.content, self.encoding, self.digest = content, encoding, digest
-        self.server = SecAggServer(config, key)
+    def __init__(self, flow: SecAggWorkflow, grid: Grid, session: _Prepared, content: Mapping[int, RecordDict],
+                 digest: bytes, group: str, advertised: bool, follow: _Prepared | None) -> None:
+        self.flow, self.grid, self.config, self.group = flow, grid, session.config, group
+        self.session, self.advertised, self.follow = session, advertised, follow
+        self.nodes, self.index = session.nodes, {n: i for i, n in enumerate(session.nodes)}
+        self.content, self.encoding, self.digest = content, session.encoding, digest
+        self.server = session.server
         self.clear: dict[int, RecordDict] = {}
-        self.up = self.down = 0
+        self.up, self.down = session.up, 0
 
     def run(self) -> SecAggResult:
-        session = encode_session(self.config)
-        outbox: dict[int, RecordDict] = {}
-        for n in self.nodes:
-            ctl = ConfigRecord({"stage": ADVERTISE, "index": self.index[n], "session": session})
-            if self.digest:
-                ctl["model-hash"] = self.digest
-            self.encoding.write(ctl)
-            outbox[n] = RecordDict({CONTROL: ctl})
-        self._phase(ADVERTISE, outbox, self.flow.phase_timeout)
+        if not self.advertised:
+            self._phase(ADVERTISE, {n: RecordDict({CONTROL: self.session.control(n)}) for n in self.nodes},
+                        self.flow.phase_timeout)
         # The server says which phase comes next: the complete graph skips the graph seed, the
         # unauthenticated mode the consistency check.
         while (messages := self.server.close_phase()):
             phase = self.server.phase.name.lower()
-            outbox = {}
-            for i, message in messages.items():
-                n = self.nodes[i]
-                base = self.content[n] if phase == MASKED_INPUT else RecordDict()
-                content = RecordDict({name: r for name, r in base.items() if name not in OURS})
-                content[CONTROL] = ConfigRecord({"stage": phase})
-                data = encode(message)
-                self.down += len(data)
-                put_message(content, data)
-                outbox[n] = content
+            outbox = {self.nodes[i]: self._content(phase, self.nodes[i], message) for i, message in messages.items()}
+            if phase == UNMASK and self.follow is not None:
+                self._with_next(outbox)
             self._phase(phase, outbox, self.flow.input_timeout if phase == MASKED_INPUT else self.flow.phase_timeout)
+            if phase == UNMASK and self.follow is not None:
+                self.flow._next = self.follow  # whatever this session's end, the next one's keys are out
         result = self.server.result
         survivors = tuple(self.nodes[i] for i in result.survivors)
         return SecAggResult(
@@ -269,9 +343,35 @@ class _Session:
             bytes_up=self.up, bytes_down=self.down,
         )
 
+    def _content(self, phase: str, node: int, message: Message) -> RecordDict:
+        """Node ``node``'s message for ``phase``: the protocol message, with the app's content in the
+        masked-input phase and the announced model digest at share_keys."""
+        base = self.content[node] if phase == MASKED_INPUT else RecordDict()
+        content = RecordDict({name: r for name, r in base.items() if name not in OURS})
+        content[CONTROL] = ConfigRecord({"stage": phase})
+        if phase == SHARE_KEYS and self.digest:  # sealed into the node's key-seed shares, checked by its neighbours
+            content[CONTROL]["model-hash"] = self.digest
+        data = encode(message)
+        self.down += len(data)
+        put_message(content, data)
+        return content
+
+    def _with_next(self, outbox: dict[int, RecordDict]) -> None:
+        """The next session's advertise_keys riding on the unmask messages; a next node that gets no
+        unmask message (not in this session, or dropped from it) gets it alone in the same exchange."""
+        for n in self.follow.nodes:
+            if n in outbox:
+                outbox[n][NEXT] = self.follow.control(n)
+            else:
+                outbox[n] = RecordDict({CONTROL: self.follow.control(n)})
+
     def _phase(self, phase: str, outbox: dict[int, RecordDict], timeout: float) -> None:
-        self.flow._notify(phase, list(outbox))
+        self.flow._notify(phase, [n for n, c in outbox.items() if control(c)["stage"] == phase])
         for n, reply in self.flow._exchange(self.grid, outbox, timeout, self.group).items():
+            if self.follow is not None and phase == UNMASK:
+                self._next_advertisement(n, reply)
+                if control(outbox[n])["stage"] != phase:
+                    continue  # a next node's advertisement alone
             try:
                 _reply_control(reply, phase)
                 data = get_message(reply.content)
@@ -285,6 +385,20 @@ class _Session:
             self.up += len(data)
             if phase == MASKED_INPUT:
                 self.clear[n] = RecordDict({name: r for name, r in reply.content.items() if name not in OURS})
+
+    def _next_advertisement(self, node: int, reply: Message) -> None:
+        """The next session's advertisement in an unmask reply (NEXT records) or alone; a node that
+        sends none is absent from the next session's roster."""
+        if node not in self.follow.nodes:
+            return
+        try:
+            alone = control(reply.content) is not None and control(reply.content).get("stage") == ADVERTISE
+            ctl = reply.content.config_records.get(NEXT) if NEXT in reply.content else None
+            if not alone and (ctl is None or ctl.get("stage") != ADVERTISE):
+                raise MalformedMessage(f"node {node} sent no advertisement for the next session")
+            self.follow.receive(node, get_message(reply.content, NEXT_PAYLOAD if not alone else PAYLOAD))
+        except ProtocolError as exc:
+            log.warning("node %s left out of the next session: %s", node, exc)
 
 
 def _reply_control(reply: Message, stage: str) -> ConfigRecord:
