@@ -186,8 +186,8 @@ class ScheduleConfig(Section):
 class SecAggConfig(Section):
     enabled: bool = setting(True, "--secagg", "Secure aggregation of everything clients sum.")
     authenticated: bool = setting(True, "--authenticated", "Malicious-server mode: signed keys, consistency "
-                                  "check, model hashes. --no-authenticated is weaker (honest-but-curious "
-                                  "server only).")
+                                  "check, model binding (the model digest sealed in the key shares). "
+                                  "--no-authenticated is weaker (honest-but-curious server only).")
     graph: Literal["auto", "complete"] = setting("auto", "--secagg-graph", "auto: SecAgg+ sparse graph where it "
                                                  "meets the targets; complete: plain SecAgg.")
     dropout_rate: float = setting(0.0, "--dropout-rate", "Simulate clients vanishing mid-round with this "
