@@ -28,8 +28,8 @@ run: setup
 
 # Two pytest-xdist workers, one torch thread each, the last tests' work stolen by whichever worker is
 # free. tests/conftest.py makes OpenMP wait passively (without it the two workers' spinning threads
-# made the training tests 3–7× slower). 364 s for 1,065 tests on the 2-core VM on 2026-11-27, against
-# 560–645 s in one process (bench/RESULTS.md, "make test").
+# made the training tests 3–7× slower). 342 s for 1,070 tests on a clean clone on the 2-core VM on
+# 2026-11-27, against 560–645 s in one process (bench/RESULTS.md, "make test").
 test: setup
 	$(BIN)/python -m pytest -n auto --maxprocesses 2 --dist worksteal
 
