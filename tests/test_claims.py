@@ -169,3 +169,5 @@ def test_a_spread_arm_starts_from_the_synthetic_backbone_and_shows_in_the_spread
     assert claims.spread_runs(rows, ["fedpav@synthetic"]) == rows[:2]  # factor 1 only
     text = claims.publication([rows[3]], [], "cmd", {}, spread_only=rows[:2])
     assert "| fedpav@synthetic | 2 | 32.0 (2.8) | 16.0 (1.4) |" in text and "| fedpav | 1 |" in text
+    assert "fedpav@synthetic: measured for the spread only" in text and "2 runs" in text
+    assert "spread only" not in claims.publication([rows[3]], [], "cmd", {})
