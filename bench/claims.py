@@ -95,16 +95,22 @@ def job_of(row: dict[str, Any]) -> Job:
     return Job(row["arm"], row["seed"], float(row.get("lr_scale", 1.0)), bool(row.get("validation", False)))
 
 
+def split_arm(arm: str) -> tuple[str, str]:
+    """``METHOD@START`` → (method arm, initial weights: "" for the arm's own, e.g. "synthetic")."""
+    method, _, start = arm.partition("@")
+    return method, start
+
+
 def tuned_as(arm: str) -> str:
     """The arm whose learning-rate factor ``arm`` uses (β changes the noise, not the optimiser)."""
-    method, at, start = arm.partition("@")
-    return method.removesuffix("+beta") + at + start
+    method, start = split_arm(arm)
+    return method.removesuffix("+beta") + (f"@{start}" if start else "")
 
 
 def arm_config(arm: str, seed: int, device: str, rounds: int) -> Any:
     """The RunConfig of ``arm`` (built by the bench that owns it) on ``device``."""
-    arm, _, start = arm.partition("@")
-    cfg = _method_config(arm, seed, rounds)
+    method, start = split_arm(arm)
+    cfg = _method_config(method, seed, rounds)
     if start:
         cfg.model.pretrained = start  # the learning rates then resolve to the pretrained defaults
     cfg.run.device = device
@@ -468,8 +474,10 @@ def prepare_data(arms: Iterable[str]) -> None:
     from secfed.models import pretrain
 
     arms = set(arms)
-    for arm in sorted(a for a in arms if "@synthetic" in a):
+    for arm in sorted(arms):
         cfg = arm_config(arm, 0, "cpu", 1)
+        if cfg.model.pretrained != "synthetic":
+            continue
         built = pretrain.build(pretrain.default_recipe(cfg.model.backbone, cfg.data.height, cfg.data.width))
         print(f"{arm}: pretrained backbone {built.path} ({'trained' if built.trained else 'cached'}, "
               f"{built.seconds:.0f} s)", flush=True)
@@ -508,7 +516,7 @@ def main() -> None:
     claims = [c for c in CLAIMS if not args.only or c.key in args.only]
     known = arms_of(CLAIMS)
     for arm in args.spread or ():
-        method, _, start = arm.partition("@")
+        method, start = split_arm(arm)
         if method not in known or start != "synthetic":
             parser.error(f"--spread {arm}: give ARM@synthetic with ARM one of {', '.join(known)}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -525,7 +533,7 @@ def main() -> None:
         prepare_data(arms_of(claims))  # once, before the workers race for it
         started = time.monotonic()
         rows += execute(grid_jobs(claims, args.lr_grid, args.grid_seeds), rows, results, args, started)
-    starts = [a for a in dict.fromkeys(r["arm"] for r in rows) if "@" in a]  # --spread's arms, if any ran
+    starts = [a for a in dict.fromkeys(r["arm"] for r in rows) if split_arm(a)[1]]  # --spread's arms, if any ran
     chosen = choose(rows, arms_of(claims), args.lr_grid)
     (args.out / "grid.json").write_text(json.dumps(chosen, indent=1) + "\n")
     print("learning-rate factors: " + "; ".join(f"{a} ×{g['chosen']:g}" for a, g in chosen.items()), flush=True)
@@ -550,7 +558,8 @@ def measure_spread(args: argparse.Namespace, rows: list[dict[str, Any]], results
 def spread_runs(rows: list[dict[str, Any]], arms: Iterable[str]) -> list[dict[str, Any]]:
     """The finished runs of ``arms`` at their defaults (factor 1, test sets)."""
     wanted = set(arms)
-    return [r for r in rows if r["arm"] in wanted and job_of(r).lr_scale == 1.0 and not job_of(r).validation]
+    jobs = [(r, job_of(r)) for r in rows]
+    return [r for r, job in jobs if job.arm in wanted and job.lr_scale == 1.0 and not job.validation]
 
 
 def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: argparse.Namespace,
