@@ -34,6 +34,9 @@ from secfed.environment import describe
 APP = Path(__file__).with_name("flower_bench_app.py")
 
 
+ARMS = ("plain", "secfed", "secfed-unauthenticated", "flower")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=3, help="SuperNodes (each one client)")
@@ -43,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--task-poll", type=float, default=0.1, help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL, s")
     p.add_argument("--workflow-poll", type=float, default=0.1, help="SecAggWorkflow's reply poll, s")
     p.add_argument("--no-tls", action="store_true", help="insecure transport")
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+                   help="which rounds to run (default: all; e.g. 'plain' at a model's size for issue 22 item 4)")
     args = p.parse_args(argv)
     if args.nodes < 2 or args.dimension < 1 or args.rounds < 1:
         p.error("--nodes ≥ 2, --dimension ≥ 1, --rounds ≥ 1")
@@ -66,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
         app = write_app(tmp_path / "app", name="bench-flower", serverapp="flower_bench_app:server",
                         clientapp="flower_bench_app:client",
                         config={"cohort": str(cohort_file), "out": str(out), "nodes": args.nodes,
-                                "dimension": args.dimension, "rounds": args.rounds, "poll": args.workflow_poll},
+                                "dimension": args.dimension, "rounds": args.rounds, "poll": args.workflow_poll,
+                                "arms": ",".join(args.arms)},
                         files={"flower_bench_app.py": APP.read_text()})
         env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(args.task_poll)}
         t0 = time.monotonic()
@@ -82,10 +88,10 @@ def main(argv: list[str] | None = None) -> dict:
                 raise SystemExit(f"the Flower run failed (flwr exit code {run.returncode})")
         results = json.loads(out.read_text())
     total = time.monotonic() - t0
-    arms = ("plain", "secfed", "secfed-unauthenticated", "flower")
+    arms = [a for a in ARMS if a in args.arms]
     median = {k: statistics.median(results[k]) for k in arms}
     phases = {arm: {name: statistics.median(p[name] for p in results[f"{arm}_phases"])
-                    for name in results[f"{arm}_phases"][0]} for arm in ("secfed", "secfed-unauthenticated")}
+                    for name in results[f"{arm}_phases"][0]} for arm in ("secfed", "secfed-unauthenticated") if arm in arms}
     print(f"loopback Deployment Engine: {args.nodes} SuperNodes, d = {args.dimension:,} float32, "
           f"{args.rounds} round(s) each, TLS {'off' if args.no_tls else 'on'}, node poll {args.node_poll} s, "
           f"task poll {args.task_poll} s")
@@ -93,15 +99,18 @@ def main(argv: list[str] | None = None) -> dict:
     labels = {"plain": "plain train round trip (no secure aggregation)",
               "secfed": "secfed (SecAggStrategy(FedAvg), authenticated)",
               "secfed-unauthenticated": "secfed, unauthenticated", "flower": "Flower SecAgg+ (FedAvg)"}
-    for key, label in labels.items():
-        print(f"{label:<44}{median[key]:>10.2f}  {', '.join(f'{s:.2f}' for s in results[key])}")
+    for key in arms:
+        print(f"{labels[key]:<44}{median[key]:>10.2f}  {', '.join(f'{s:.2f}' for s in results[key])}")
     print(f"secfed enrolment (once per run, before round 1): {results['enrol']:.2f} s")
     for arm, times in phases.items():
         print(f"{arm} phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in times.items()))
-    ratios = {arm: median[arm] / median["flower"] for arm in ("secfed", "secfed-unauthenticated")}
-    print(f"secfed ÷ Flower SecAgg+: {ratios['secfed']:.2f} (goal ≤ 1.0); unauthenticated ÷ Flower SecAgg+: "
-          f"{ratios['secfed-unauthenticated']:.2f}; secfed ÷ plain: {median['secfed'] / median['plain']:.2f}; "
-          f"whole bench {total:.0f} s")
+    ratios = {arm: median[arm] / median["flower"] for arm in ("secfed", "secfed-unauthenticated")
+              if arm in arms and "flower" in arms}
+    if ratios:
+        print("; ".join(f"{arm} ÷ Flower SecAgg+: {r:.2f}" for arm, r in ratios.items()) + " (goal ≤ 1.0)")
+    if "secfed" in arms and "plain" in arms:
+        print(f"secfed ÷ plain: {median['secfed'] / median['plain']:.2f}")
+    print(f"whole bench {total:.0f} s")
     report = {"args": vars(args), "median": median, "ratio_to_flower": ratios, "rounds": results,
               "secfed_phase_median": phases, "machine": machine}
     print(json.dumps(report))

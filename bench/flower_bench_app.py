@@ -136,9 +136,15 @@ def main(grid: Grid, context: Context) -> None:
     flow.enrol(grid, nodes)
     out: dict = {"enrol": time.monotonic() - t0, "plain": [], "secfed": [], "secfed-unauthenticated": [],
                  "flower": [], "secfed_phases": [], "secfed-unauthenticated_phases": []}
+    arms = str(cfg["arms"]).split(",")
     for _ in range(rounds):
-        out["plain"].append(plain_round(grid, nodes, d))
-        out["secfed"].append(secfed_round(grid, flow, n, d, out["secfed_phases"]))
-        out["secfed-unauthenticated"].append(secfed_round(grid, open_flow, n, d, out["secfed-unauthenticated_phases"]))
-        out["flower"].append(flower_round(grid, context, n, d))
+        if "plain" in arms:
+            out["plain"].append(plain_round(grid, nodes, d))
+        if "secfed" in arms:
+            out["secfed"].append(secfed_round(grid, flow, n, d, out["secfed_phases"]))
+        if "secfed-unauthenticated" in arms:
+            out["secfed-unauthenticated"].append(secfed_round(grid, open_flow, n, d,
+                                                              out["secfed-unauthenticated_phases"]))
+        if "flower" in arms:
+            out["flower"].append(flower_round(grid, context, n, d))
     Path(str(cfg["out"])).write_text(json.dumps(out))

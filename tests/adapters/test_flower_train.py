@@ -18,6 +18,7 @@ from secfed.adapters.flower import Cohort
 from secfed.adapters.flower import node as node_files
 from secfed.adapters.flower.client_app import BROADCAST, app as client_app
 from secfed.adapters.flower.server_app import FlowerRun, Settings
+from secfed.adapters.flower import site_host
 from secfed.adapters.flower import sites as sites_module
 from secfed.adapters.flower.sites import NodeSites
 from secfed.adapters.flower.wire import array_bytes, bytes_array
@@ -31,24 +32,37 @@ from secfed.federation.runtime import run
 from fakegrid import FakeGrid
 
 
-def flower_nodes(tmp_path: Path, n: int) -> tuple[FakeGrid, Path]:
+def flower_nodes(tmp_path: Path, n: int, *, host: bool = False) -> tuple[FakeGrid, Path]:
+    """n SuperNodes of secfed's ClientApp on a FakeGrid; ``host``: each keeps its sites in a site host
+    (stopped at the test's end by the ``site_hosts`` fixture), else every message opens them afresh."""
     cohort_file, sites, nodes = tmp_path / "cohort.toml", {}, {}
     for p in range(n):
         folder = tmp_path / f"node-{p}"
         sites[f"node-{p}"] = node_files.public_identity(node_files.identity_key(folder))
         nodes[2000 + p] = (client_app, {"partition-id": p, "num-partitions": n, node_files.STATE_DIR_KEY: str(folder),
-                                        node_files.COHORT_KEY: str(cohort_file)})
+                                        node_files.COHORT_KEY: str(cohort_file),
+                                        site_host.IDLE_KEY: 60 if host else 0})
     cohort_file.write_text(Cohort(sites).dumps())
     return FakeGrid(nodes), cohort_file
 
 
+@pytest.fixture
+def site_hosts(tmp_path):
+    """Stops the site hosts of the nodes under tmp_path when the test ends."""
+    yield
+    for folder in tmp_path.glob("node-*"):
+        site_host.stop(folder)
+
+
 def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_directory(small_config, tmp_path,
-                                                                                       capsys):
+                                                                                       capsys, site_hosts):
     cfg = small_config
     cfg.secagg.enabled = True  # authenticated, the default
     cfg.run.local_baseline = False  # halves the cost; the baselines' state is checked below
+    cfg.run.threads = 1  # the site hosts are processes of their own: the same kernels as this one
     local = run(cfg, tmp_path / "in-process")
-    grid, cohort = flower_nodes(tmp_path, 2)  # 3 clients: node 0 hosts clients 0 and 2, node 1 client 1
+    # 3 clients: node 0 hosts clients 0 and 2, node 1 client 1; each node keeps them in its site host
+    grid, cohort = flower_nodes(tmp_path, 2, host=True)
     token = secrets.token_hex(16)
     capsys.readouterr()
     FlowerRun(grid, Settings(cfg, tmp_path / "flower", token, cohort, phase_timeout=60, poll=0.01)).run()
@@ -94,6 +108,12 @@ def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_dire
     for k, name in enumerate(names):
         assert (tmp_path / f"node-{k % 2}" / "runs" / token / f"site-{k:04d}-{name}" / "state.pt").is_file()
     assert not list(tmp_path.glob("node-*/pending/*"))  # every masked input was fetched once, then deleted
+    # Issue 22 item 4: each node's host opened its sites once per kind of view (hello and the final
+    # scoring share the evaluation view); the second train message built and decoded nothing
+    for p in range(2):
+        log = (tmp_path / f"node-{p}" / site_host.LOG_NAME).read_text()
+        assert log.count("opened the sites (train view)") == 1 and log.count("train for run") == 2, log
+        assert log.count("opened the sites (evaluate view)") == 1 and log.count("evaluate for run") == 1, log
 
 
 def test_a_model_swapped_for_one_node_in_a_masked_train_round_is_refused_and_nothing_is_released(small_config,

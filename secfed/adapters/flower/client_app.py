@@ -24,6 +24,11 @@ Messages from secfed's ServerApp (server_app.py), all carrying the run configura
     evaluate   score the jobs of federation/evaluate.py for the node's sites on the node's own
                query/gallery; only the scores travel back
 
+hello, train and evaluate need the node's sites (torch, the federation, the images): they run in the
+node's site host (site_host.py), a process that keeps the sites open between messages, so a
+message after the first imports, builds and decodes nothing; ``secfed-host-idle = 0`` in the node
+config runs them in the ClientApp's own process instead. fetch and the protocol phases run here.
+
 The node's protocol client is SecAggMod (mod.py); this module never sees a protocol message.
 """
 
@@ -37,13 +42,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from . import node
+from . import node, site_host
 from .encoding import RING_RECORD
 from .mod import SecAggMod
 from .wire import array_bytes, bytes_array
 
-# Only the train/evaluate handlers import torch and the federation (sites.py): the protocol's
-# phases, answered by SecAggMod in a fresh process each, start without them.
+# Only the hello/train/evaluate handlers import torch and the federation (sites.py), in the site
+# host: the protocol's phases, answered by SecAggMod in a fresh process each, start without them.
 
 STEP = "secfed.train"  # ConfigRecord: step, config (JSON), token and the step's fields
 BROADCAST = "secfed.broadcast"  # ArrayRecord: "common" (codec bytes of the Broadcast), "site-K" (personal)
@@ -55,36 +60,66 @@ app = ClientApp(mods=[SecAggMod()])
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    step = msg.content.config_records[STEP]
-    handler = {"hello": _hello, "train": _round, "fetch": _fetch}[str(step["step"])]
-    return Message(handler(step, msg.content, context), reply_to=msg)
+    step = str(msg.content.config_records[STEP]["step"])
+    if step not in ("hello", "train", "fetch"):
+        raise node.NodeSetupError(f"unknown step {step!r} in a train message")
+    if step == "fetch":  # the node's stored ring vector: no sites needed
+        return Message(_fetch(msg.content.config_records[STEP], msg.content, context), reply_to=msg)
+    return Message(_on_sites(step, msg.content, context), reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
+    return Message(_on_sites("evaluate", msg.content, context), reply_to=msg)
+
+
+def _on_sites(op: str, content: RecordDict, context: Context) -> RecordDict:
+    """Run ``op`` where the node's sites are kept open (site_host.py), or here when the node runs
+    no host (``secfed-host-idle = 0``)."""
+    if site_host.idle_seconds(context.node_config) > 0:
+        return site_host.call(op, content, context)
+    return handle(op, content, context)
+
+
+def handle(op: str, content: RecordDict, context: Context) -> RecordDict:
+    """One message that needs the node's sites: hello, train or evaluate (in the site host, or here)."""
+    handlers = {"hello": _hello, "train": _round, "evaluate": _evaluate}
+    return handlers[op](content.config_records[STEP], content, context)
+
+
+def _evaluate(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
     from secfed.federation import codec
     from secfed.federation.evaluate import run_jobs
 
-    step = msg.content.config_records[STEP]
     sites = _open(step, context, train=False)
     jobs = [tuple(j) for j in json.loads(str(step["jobs"])) if j[0] in sites.sites]
-    sites.fed.server.weights = codec.decode_broadcast(array_bytes(msg.content[BROADCAST]["common"], BROADCAST)).weights
+    sites.fed.server.weights = codec.decode_broadcast(array_bytes(content[BROADCAST]["common"], BROADCAST)).weights
     scores = run_jobs(sites.fed, jobs)  # the node's own query/gallery: only the scores leave
-    return Message(RecordDict({STEP: ConfigRecord({"step": "evaluate", "scores": json.dumps(
-        [[*job, value] for job, value in scores.items()])})}), reply_to=msg)
+    return RecordDict({STEP: ConfigRecord({"step": "evaluate", "scores": json.dumps(
+        [[*job, value] for job, value in scores.items()])})})
 
 
 def _open(step: ConfigRecord, context: Context, *, train: bool) -> Any:
+    """The node's sites for this run: kept open by the site host between messages, else built."""
     from secfed.config import from_dict
 
     from .sites import NodeSites
 
+    key = (hashlib.sha256(str(step["config"]).encode()).hexdigest(), str(step["token"]),
+           json.dumps(dict(context.node_config), sort_keys=True), "train" if train else "evaluate")
+    sites = site_host.kept(key)
+    if sites is not None:
+        if not train:  # an evaluation view scores the state the sites saved since it was opened
+            sites.reload()
+        return sites
     cfg = from_dict(json.loads(str(step["config"])))
     if cfg.run.threads is not None:
         import torch
 
         torch.set_num_threads(cfg.run.threads)
-    return NodeSites.open(cfg, context.node_config, str(step["token"]), train=train)
+    sites = NodeSites.open(cfg, context.node_config, str(step["token"]), train=train)
+    site_host.keep(key, sites)
+    return sites
 
 
 def _hello(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
@@ -114,6 +149,7 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     try:  # the local-only baselines train every round, like in-process
         work = site_round(fed, t, cohort, [k for k in sites.sites if k in fed.baselines], receive)
     except SiteDiverged as exc:  # the server stops the run, as in-process
+        site_host.forget()  # a diverged site's state is not what its folder holds
         diverged = {"step": "train", "diverged": json.dumps([exc.where, exc.cause])}
         if not masked:
             return RecordDict({STEP: ConfigRecord(diverged)})

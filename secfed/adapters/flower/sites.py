@@ -92,9 +92,13 @@ class NodeSites:
         nodes = cls(fed, sites, run_folder(node_config, token))
         if train and sites:
             nodes._load_images(root, cache)
-        for k in sites:
-            nodes._load(k)
+        nodes.reload()
         return nodes
+
+    def reload(self) -> None:
+        """Load the state each of the node's sites saved (a site that never trained keeps its start)."""
+        for k in self.sites:
+            self._load(k)
 
     def _load_images(self, root: Path | None, cache: ImageCache) -> None:
         """This node's sites' training images, from the cache (decoded once per data and size)."""

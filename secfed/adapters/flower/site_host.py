@@ -1,0 +1,372 @@
+"""A node's site host: one process per SuperNode that keeps the node's sites open between messages.
+
+Flower 1.42 answers every message with a fresh ``flwr-clientapp`` process that serves it and exits.
+For secfed's protocol phases that is cheap (no torch, ≈ 0.8 s CPU), but a train message would then
+import torch and torchvision (≈ 3 s), rebuild the federation (every model, the splits) and load the
+sites' state (≈ 2 s) to train for 0.6 s at toy size. So the messages that need the sites — hello,
+train, evaluate (client_app.py) — run in this host instead: the ClientApp process hands it the
+message's content and the node's context over a Unix socket in the node's state folder (0700,
+this user only) and relays the answer. Nothing of the node's data or state leaves the machine.
+
+Lifecycle: the first message that needs the sites starts the host (a process of its own session,
+so stopping the ClientApp's process group does not stop it). It serves one message at a time and
+exits when the SuperNode that started it is gone, after ``secfed-host-idle`` seconds (node config,
+default 600; 0 runs every message in its own process, as before), when a ClientApp of another
+secfed build asks it (the code it would run is stale), or on :func:`stop`. Two ClientApps that start
+a host at once end up with one: a host holds a lock on ``host.lock`` for its life, and a second exits.
+
+What a host keeps equals what a fresh process would load: site state is still saved after every
+training, a kept evaluation view reloads the sites' state before every use, and a message that
+fails (or a site that diverges) makes the host forget the run's sites, so the next message opens
+them from the folders. Between host and ClientApp only this module's frames cross: a JSON manifest
+and raw byte blobs (no pickle). Everything here is standard library, for the socket and process
+handling no package does better.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
+
+from . import node
+
+IDLE_KEY = "secfed-host-idle"
+DEFAULT_IDLE = 600.0
+SOCKET_NAME = "host.sock"
+LOG_NAME = "host.log"
+LOCK_NAME = "host.lock"
+START_TIMEOUT = 180.0  # a cold start imports torch and torchvision; a loaded machine takes a while
+_FRAME = struct.Struct(">Q")
+_MAX_BYTES = 1 << 36  # one frame or blob (64 GiB): a length past it is garbage, not a model
+_READ_TIMEOUT = 60.0  # a ClientApp sends its message at once; a silent peer is not one
+_PROTOCOL = 1
+
+Handler = Callable[[str, RecordDict, Context], RecordDict]
+
+
+class HostError(node.NodeSetupError):
+    """The site host could not be started or reached, or it failed a message; names why."""
+
+
+# ---- what the host keeps -----------------------------------------------------------------------------
+
+_kept: dict[tuple[str, ...], Any] | None = None  # None outside a host: nothing is kept
+
+
+def kept(key: tuple[str, ...]) -> Any:
+    """The sites a host opened under ``key`` (None outside a host, or never opened)."""
+    return None if _kept is None else _kept.get(key)
+
+
+def keep(key: tuple[str, ...], value: Any) -> None:
+    """In a host: keep ``value`` for the next message of the same run (at most one view per kind)."""
+    if _kept is not None:
+        for other in [k for k in _kept if k[-1] == key[-1] and k != key]:
+            del _kept[other]  # another run's (or another configuration's) view of the same kind
+        _kept[key] = value
+        _log(f"opened the sites ({key[-1]} view)")
+
+
+def forget() -> None:
+    """Drop everything kept: the next message opens the sites from their folders."""
+    if _kept is not None:
+        _kept.clear()
+
+
+# ---- settings and identity ---------------------------------------------------------------------------
+
+
+def idle_seconds(node_config: Mapping[str, object]) -> float:
+    """``secfed-host-idle`` from the node config: seconds a host waits for the next message (0: no host)."""
+    raw = node_config.get(IDLE_KEY, DEFAULT_IDLE)
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise node.NodeSetupError(f"node config {IDLE_KEY}={raw!r} must be a number of seconds") from None
+    if not value >= 0:
+        raise node.NodeSetupError(f"node config {IDLE_KEY}={raw!r} must be ≥ 0 seconds")
+    return value
+
+
+def identity() -> str:
+    """This secfed build as a host sees it: a ClientApp of another build gets a fresh host."""
+    here = Path(__file__).resolve().parent
+    stamps = [f"{p.name}:{p.stat().st_mtime_ns}" for p in sorted(here.glob("*.py"))]
+    from secfed import __version__
+
+    return json.dumps([_PROTOCOL, __version__, sys.executable, str(here), stamps])
+
+
+@contextmanager
+def _address(folder: Path) -> Iterator[str]:
+    """The socket's address: its path, or where that path is too long for AF_UNIX (≈ 108 bytes),
+    the same file reached through an open descriptor of the folder (Linux)."""
+    path = str(folder / SOCKET_NAME)
+    if len(path) < 100:
+        yield path
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        yield f"/proc/self/fd/{fd}/{SOCKET_NAME}"
+    finally:
+        os.close(fd)
+
+
+# ---- frames: a JSON manifest, then raw blobs ---------------------------------------------------------
+
+
+def _send(conn: socket.socket, header: dict, content: RecordDict | None = None) -> None:
+    blobs: list[bytes] = []
+    records = []
+    for name, record in (content or RecordDict()).items():
+        if isinstance(record, ConfigRecord):
+            values = {}
+            for key, value in record.items():
+                if isinstance(value, bytes):
+                    values[key] = ["bytes", len(blobs)]
+                    blobs.append(value)
+                else:
+                    values[key] = ["json", value]
+            records.append({"name": name, "config": values})
+        elif isinstance(record, ArrayRecord):
+            arrays = []
+            for key, array in record.items():
+                arrays.append([key, array.dtype, list(array.shape), array.stype, len(blobs)])
+                blobs.append(array.data)
+            records.append({"name": name, "arrays": arrays})
+        else:
+            raise HostError(f"record {name!r}: a {type(record).__name__} cannot go to the site host")
+    manifest = json.dumps({**header, "records": records, "blobs": [len(b) for b in blobs]}).encode()
+    conn.sendall(_FRAME.pack(len(manifest)) + manifest)
+    for blob in blobs:
+        conn.sendall(blob)
+
+
+def _read(conn: socket.socket, n: int) -> bytes:
+    if n > _MAX_BYTES:
+        raise HostError(f"a frame of {n} bytes is over the limit")
+    buffer = bytearray(n)
+    view, got = memoryview(buffer), 0
+    while got < n:
+        chunk = conn.recv_into(view[got:], n - got)
+        if not chunk:
+            raise HostError("the site host closed the connection mid-message")
+        got += chunk
+    return bytes(buffer)
+
+
+def _receive(conn: socket.socket) -> tuple[dict, RecordDict]:
+    (size,) = _FRAME.unpack(_read(conn, _FRAME.size))
+    manifest = json.loads(_read(conn, size))
+    blobs = [_read(conn, n) for n in manifest.pop("blobs")]
+    content = RecordDict()
+    for record in manifest.pop("records"):
+        if "config" in record:
+            content[record["name"]] = ConfigRecord({k: blobs[v] if kind == "bytes" else v
+                                                    for k, (kind, v) in record["config"].items()})
+        else:
+            content[record["name"]] = ArrayRecord({key: Array(dtype=dtype, shape=tuple(shape), stype=stype,
+                                                              data=blobs[i])
+                                                   for key, dtype, shape, stype, i in record["arrays"]})
+    return manifest, content
+
+
+# ---- the ClientApp's side ----------------------------------------------------------------------------
+
+
+def call(op: str, content: RecordDict, context: Context) -> RecordDict:
+    """Run ``op`` (a handler of client_app.py) for this node in its site host, starting one if none
+    answers; the handler's reply content."""
+    folder = node.state_dir(context.node_config)
+    header = {"op": op, "identity": identity(), "run_id": context.run_id, "node_id": context.node_id,
+              "node_config": dict(context.node_config)}
+    for _ in range(2):  # a stale host answers once, then exits: the second try starts a fresh one
+        with _connected(folder, context.node_config) as conn:
+            _send(conn, header, content)
+            reply, out = _receive(conn)
+        if reply.get("stale"):
+            _wait_gone(folder)
+            continue
+        if "error" in reply:
+            raise HostError(f"site host: {reply['error']}")
+        return out
+    raise HostError(f"the site host in {folder} keeps answering for another secfed build")
+
+
+def stop(folder: Path) -> bool:
+    """Ask the host of the node whose state folder is ``folder`` to exit; False if none answered."""
+    try:
+        with _address(folder) as address, socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(address)
+            _send(conn, {"op": "stop", "identity": identity()})
+            _receive(conn)
+    except OSError:
+        return False
+    _wait_gone(folder)
+    return True
+
+
+def _try_connect(folder: Path) -> socket.socket | None:
+    conn = socket.socket(socket.AF_UNIX)
+    try:
+        with _address(folder) as address:
+            conn.connect(address)
+        return conn
+    except OSError:
+        conn.close()
+        return None
+
+
+@contextmanager
+def _connected(folder: Path, node_config: Mapping[str, object]) -> Iterator[socket.socket]:
+    conn = _try_connect(folder) or _start(folder, node_config)
+    try:
+        yield conn
+    except OSError as exc:
+        raise HostError(f"lost the site host in {folder} ({exc}); see {folder / LOG_NAME}") from None
+    finally:
+        conn.close()
+
+
+def _start(folder: Path, node_config: Mapping[str, object]) -> socket.socket:
+    log = folder / LOG_NAME
+    deadline, process = time.monotonic() + START_TIMEOUT, None
+    while time.monotonic() < deadline:
+        if process is None or process.poll() == 0:  # none yet, or it found a host leaving: start one
+            with open(log, "ab") as err:
+                os.chmod(log, 0o600)
+                process = subprocess.Popen(
+                    [sys.executable, "-m", __name__, str(folder), "--watch", str(os.getppid()),
+                     "--idle", str(idle_seconds(node_config))],
+                    stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, close_fds=True)
+        conn = _try_connect(folder)
+        if conn is not None:
+            return conn
+        if process.poll() not in (None, 0):
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            raise HostError(f"the site host exited with status {process.returncode}: " + " | ".join(tail))
+        time.sleep(0.05)
+    process.kill()
+    raise HostError(f"the site host did not start within {START_TIMEOUT:.0f} s; see {log}")
+
+
+def _wait_gone(folder: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (folder / SOCKET_NAME).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+# ---- the host ----------------------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != 1  # reparented to init: the SuperNode is gone
+
+
+def serve(folder: Path, watch: int, idle: float, handle: Handler) -> str:
+    """Answer ClientApps on the socket in ``folder`` until idle, the SuperNode ``watch`` is gone, or
+    asked to stop; returns why it stopped. ``handle(op, content, context)`` runs one message."""
+    global _kept
+    me = identity()
+    lock = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held for the host's life: one host per node
+    except OSError:
+        os.close(lock)
+        return "another host serves this node"
+    _kept = {}
+    (folder / SOCKET_NAME).unlink(missing_ok=True)  # left by a host that was killed
+    with _address(folder) as address, socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(address)
+        os.chmod(folder / SOCKET_NAME, 0o600)
+        listener.listen(4)
+        listener.settimeout(0.5)
+        last = time.monotonic()
+        try:
+            while True:
+                if not _alive(watch):
+                    return "the SuperNode is gone"
+                if time.monotonic() - last > idle:
+                    return f"idle for {idle:.0f} s"
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    conn.settimeout(_READ_TIMEOUT)
+                    try:
+                        request, content = _receive(conn)
+                    except (OSError, ValueError, KeyError, TypeError, MemoryError, HostError) as exc:
+                        _log(f"refused a malformed request ({exc})")
+                        continue
+                    if request.get("identity") != me:
+                        _send(conn, {"stale": True})
+                        return "a ClientApp of another secfed build asked"
+                    if request.get("op") == "stop":
+                        _send(conn, {})
+                        return "asked to stop"
+                    conn.settimeout(None)  # the ClientApp waits as long as training takes
+                    try:
+                        _send(conn, *_run(request, content, handle))
+                    except OSError as exc:  # the ClientApp went away: its SuperNode answers for it
+                        _log(f"could not answer {request['op']} ({exc})")
+                last = time.monotonic()
+        finally:
+            (folder / SOCKET_NAME).unlink(missing_ok=True)
+            os.close(lock)  # releases the lock
+
+
+def _run(request: dict, content: RecordDict, handle: Handler) -> tuple[dict, RecordDict | None]:
+    context = Context(int(request["run_id"]), int(request["node_id"]), request["node_config"], RecordDict(), {})
+    started = time.monotonic()
+    try:
+        out = handle(str(request["op"]), content, context)
+    except Exception as exc:  # the ClientApp raises it on its side: Flower answers with an error
+        forget()
+        _log(f"{request['op']} failed: {type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}, None
+    _log(f"{request['op']} for run {request['run_id']} in {time.monotonic() - started:.2f} s")
+    return {}, out
+
+
+def _log(line: str) -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [pid {os.getpid()}] {line}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from .client_app import handle
+
+    parser = argparse.ArgumentParser(prog="python -m secfed.adapters.flower.site_host")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--watch", type=int, required=True, help="exit when this process (the SuperNode) is gone")
+    parser.add_argument("--idle", type=float, default=DEFAULT_IDLE)
+    args = parser.parse_args(argv)
+    _log(f"started for {args.folder} (SuperNode pid {args.watch})")
+    _log(f"stopped: {serve(args.folder, args.watch, args.idle, handle)}")
+    return 0
+
+
+if __name__ == "__main__":  # run as -m: serve from the imported module, whose state client_app.py sees
+    from secfed.adapters.flower.site_host import main as _main
+
+    sys.exit(_main())

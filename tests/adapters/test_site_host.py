@@ -1,0 +1,133 @@
+"""A node's site host (issue 22 item 4): it keeps the sites open between messages, and whatever
+happens to it — killed, stale, failing, its SuperNode gone, idle — the node still answers the way a
+fresh process per message would, or says why it cannot."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from flwr.app import ConfigRecord, Context, RecordDict
+
+from secfed.adapters.flower import node as node_files
+from secfed.adapters.flower import site_host
+from secfed.adapters.flower.client_app import STEP
+
+
+@pytest.fixture
+def folder(tmp_path):
+    yield tmp_path
+    site_host.stop(tmp_path)
+
+
+def hello(cfg, folder: Path, token: str, **node_config) -> dict:
+    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(folder), **node_config}
+    content = RecordDict({STEP: ConfigRecord({"step": "hello", "config": json.dumps(cfg.to_dict()), "token": token})})
+    out = site_host.call("hello", content, Context(7, 100, config, RecordDict(), {}))
+    return dict(out.config_records[STEP])
+
+
+def host_pids(folder: Path) -> list[int]:
+    return [int(p) for p in re.findall(r"\[pid (\d+)\] started", (folder / site_host.LOG_NAME).read_text())]
+
+
+def wait_gone(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)  # hosts this test process started are its children: reap them
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_killed_host_is_replaced_and_the_sites_open_again_from_their_folders(tiny_config, folder):
+    token = secrets.token_hex(16)
+    first = hello(tiny_config, folder, token)
+    assert first["sites"] == [0, 2] and json.loads(first["census"])
+    again = hello(tiny_config, folder, token)  # the same host, the sites kept open
+    log = (folder / site_host.LOG_NAME).read_text()
+    assert len(host_pids(folder)) == 1 and log.count("opened the sites") == 1, log
+    os.kill(host_pids(folder)[0], signal.SIGKILL)  # it dies between messages, its socket left behind
+    assert wait_gone(host_pids(folder)[0])
+    third = hello(tiny_config, folder, token)
+    assert third == again == first
+    log = (folder / site_host.LOG_NAME).read_text()
+    assert len(host_pids(folder)) == 2 and log.count("opened the sites") == 2, log
+
+
+def test_a_failing_message_is_reported_by_name_and_the_host_serves_the_next(tiny_config, folder, tmp_path):
+    token = secrets.token_hex(16)
+    with pytest.raises(site_host.HostError, match="site host: .*no-such-data"):
+        hello(tiny_config, folder, token, **{"secfed-data-root": str(tmp_path / "no-such-data")})
+    assert hello(tiny_config, folder, token)["sites"] == [0, 2]
+    assert len(host_pids(folder)) == 1
+
+
+def test_a_host_of_another_secfed_build_steps_aside(tiny_config, folder, monkeypatch):
+    token = secrets.token_hex(16)
+    hello(tiny_config, folder, token)
+    old = host_pids(folder)[0]
+    monkeypatch.setattr(site_host, "identity", lambda: "another build")
+    # The old host steps aside; the fresh one runs this installation's code, which is not the
+    # (pretended) build asking, so it steps aside as well and the ClientApp says so
+    with pytest.raises(site_host.HostError, match="another secfed build"):
+        hello(tiny_config, folder, token)
+    assert wait_gone(old)
+    assert (folder / site_host.LOG_NAME).read_text().count("a ClientApp of another secfed build asked") == 2
+
+
+def start_host(folder: Path, watch: int, idle: float) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-m", "secfed.adapters.flower.site_host", str(folder),
+                                "--watch", str(watch), "--idle", str(idle)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (folder / site_host.SOCKET_NAME).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process
+
+
+def test_a_host_leaves_with_its_supernode_and_when_idle(tmp_path):
+    supernode = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    (tmp_path / "a").mkdir()
+    host = start_host(tmp_path / "a", supernode.pid, idle=600)
+    supernode.kill()
+    supernode.wait()
+    assert host.wait(timeout=15) == 0 and "the SuperNode is gone" in host.stderr.read()
+    assert not (tmp_path / "a" / site_host.SOCKET_NAME).exists()
+    (tmp_path / "b").mkdir()
+    idle = start_host(tmp_path / "b", os.getpid(), idle=0.5)
+    assert idle.wait(timeout=15) == 0 and "idle for" in idle.stderr.read()
+
+
+def test_one_host_per_node_and_garbage_on_its_socket_does_not_stop_it(folder, tiny_config):
+    token = secrets.token_hex(16)
+    hello(tiny_config, folder, token)
+    second = start_host(folder, os.getpid(), idle=60)  # a second host for the same node leaves at once
+    assert second.wait(timeout=30) == 0 and "another host serves this node" in second.stderr.read()
+    for garbage in (b"\x00" * 8, b"\x00\x00\x00\x00\x00\x00\x00\x05{oops", os.urandom(64)):
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(str(folder / site_host.SOCKET_NAME))
+            conn.sendall(garbage)
+    assert hello(tiny_config, folder, token)["sites"] == [0, 2]
+    assert len(host_pids(folder)) == 1 and "refused a malformed request" in (folder / site_host.LOG_NAME).read_text()
+
+
+def test_a_bad_host_idle_setting_is_refused_by_name(tiny_config, tmp_path):
+    for bad in ("soon", -1, float("nan")):
+        with pytest.raises(node_files.NodeSetupError, match="secfed-host-idle"):
+            hello(tiny_config, tmp_path, secrets.token_hex(16), **{site_host.IDLE_KEY: bad})
+    assert not (tmp_path / site_host.SOCKET_NAME).exists()
