@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--task-poll", type=float, default=0.1, help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL, s")
     p.add_argument("--workflow-poll", type=float, default=0.1, help="SecAggWorkflow's reply poll, s")
     p.add_argument("--no-tls", action="store_true", help="insecure transport")
+    p.add_argument("--cold-clientapps", action="store_true",
+                   help="a fresh interpreter per ClientApp message, as a stock SuperNode runs it (default: "
+                        "warm forks of the Loopback's zygote)")
     p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
                    help="which rounds to run (default: all; e.g. 'plain' at a model's size for issue 22 item 4)")
     args = p.parse_args(argv)
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
         env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(args.task_poll)}
         t0 = time.monotonic()
         with Loopback(tmp_path / "flower", supernodes=args.nodes, node_configs=configs, tls=not args.no_tls,
-                      env=env, node_poll=args.node_poll or None) as fed:
+                      env=env, node_poll=args.node_poll or None, warm_clientapps=not args.cold_clientapps) as fed:
             run = fed.run(app, stream_to=tmp_path / "run.log")
             try:
                 run.wait(timeout=1800)
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
                     for name in results[f"{arm}_phases"][0]} for arm in ("secfed", "secfed-unauthenticated") if arm in arms}
     print(f"loopback Deployment Engine: {args.nodes} SuperNodes, d = {args.dimension:,} float32, "
           f"{args.rounds} round(s) each, TLS {'off' if args.no_tls else 'on'}, node poll {args.node_poll} s, "
-          f"task poll {args.task_poll} s")
+          f"task poll {args.task_poll} s, ClientApps {'cold' if args.cold_clientapps else 'warm (zygote)'}")
     print(f"{'round':<44}{'median s':>10}  all")
     labels = {"plain": "plain train round trip (no secure aggregation)",
               "secfed": "secfed (SecAggStrategy(FedAvg), authenticated)",

@@ -3,8 +3,9 @@
 Every node p answers a train message with the same float32 vector of ``dimension`` values and
 weight 10·(p + 1). The ServerApp runs, over the same SuperNodes in one Flower run:
 
-    plain      one train message per node and its reply (no secure aggregation): Flower's cost of
-               a message round trip (a ClientApp process per message, polls)
+    plain      one train message per node and its reply (no secure aggregation), each carrying
+               ``dimension`` random float32 values: Flower's cost of a model's round trip (a
+               ClientApp process per message, polls, the transfers)
     secfed     SecAggStrategy(FedAvg) over SecAggWorkflow (authenticated): secfed's protocol
     secfed-unauthenticated   the same, honest-but-curious-server mode (no signatures, no
                consistency check): the mode that matches what Flower's SecAgg+ protects against
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
@@ -51,6 +52,9 @@ client = ClientApp(mods=[SecAggMod(), flower_secaggplus])
 def train(msg: Message, context: Context) -> Message:
     p = int(context.node_config["partition-id"])
     d = int(context.run_config["dimension"])
+    if "plain" in msg.content.config_records:  # a model-like reply: values that differ in every chunk
+        update = np.random.default_rng().standard_normal(d, dtype=np.float32)
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(update)})}), reply_to=msg)
     update = np.full(d, 0.01 * (p + 1), np.float32)
     if "fitins.parameters" in msg.content.array_records:  # Flower's SecAgg+ round (its legacy FitIns)
         fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([update]), 10 * (p + 1), {})
@@ -74,8 +78,11 @@ def _nodes(grid: Grid, count: int) -> list[int]:
 
 
 def plain_round(grid: Grid, nodes: list[int], d: int) -> float:
+    """One train message per node and its reply, both carrying d random float32 values (Flower's
+    object store keeps identical chunks once: a vector of zeros would travel as one chunk)."""
+    model = np.random.default_rng().standard_normal(d, dtype=np.float32)
     t0 = time.monotonic()
-    content = RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(d, np.float32))})})
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(model)}), "plain": ConfigRecord({"round": 1})})
     messages = [Message(content, dst_node_id=n, message_type="train") for n in nodes]
     replies = list(grid.send_and_receive(messages, timeout=120))
     assert len(replies) == len(nodes) and not any(r.has_error() for r in replies)

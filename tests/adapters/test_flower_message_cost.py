@@ -5,6 +5,7 @@ run without torch, torchvision or Opacus, and a train message loads no evaluatio
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -104,3 +105,40 @@ def test_supernodes_sharing_this_machines_cores_wait_passively_unless_the_user_s
     assert Loopback(tmp_path, supernodes=2).env["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert Loopback(tmp_path, supernodes=2).env["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def _zygote(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    import time
+
+    path = tmp_path / "z.sock"
+    process = subprocess.Popen([sys.executable, "-m", "secfed.adapters.flower.zygote", str(path)])
+    deadline = time.monotonic() + 60
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process, path
+
+
+def test_a_clientapp_message_runs_in_a_warm_fork_of_the_zygote_with_its_arguments_streams_and_status(tmp_path):
+    # Under a Loopback each message's flwr-clientapp hands itself to the zygote, which imported Flower
+    # and secfed's ClientApp once: the command's own process imports none of it (python -X importtime
+    # lists what it imports), yet Flower's entry point ran on its arguments, wrote to its streams and
+    # its exit status came back — the same as the cold command, which imports Flower itself.
+    from secfed.adapters.flower.launch import make_bin
+    from secfed.adapters.flower.zygote import ENV_KEY
+
+    make_bin(tmp_path / "bin")
+    command = [sys.executable, "-X", "importtime", str(tmp_path / "bin" / "flwr-clientapp")]
+    zygote, path = _zygote(tmp_path)
+    try:
+        for env in ({ENV_KEY: str(path)}, {}, {ENV_KEY: str(tmp_path / "nobody-listens.sock")}):
+            full = {**os.environ, **env}
+            ok = subprocess.run([*command, "--help"], capture_output=True, text=True, env=full)
+            bad = subprocess.run([*command, "--no-such-flag"], capture_output=True, text=True, env=full)
+            warm = env.get(ENV_KEY) == str(path)
+            assert ok.returncode == 0 and "--runtime-api-address" in ok.stdout
+            assert bad.returncode == 2 and "flwr-clientapp: error:" in bad.stderr  # argparse refused: its status, its stream
+            imported_flower = "| flwr" in ok.stderr
+            assert imported_flower is not warm, (env, ok.stderr[-500:])
+    finally:
+        path.unlink(missing_ok=True)  # the zygote leaves once its socket is gone
+        assert zygote.wait(timeout=15) == 0

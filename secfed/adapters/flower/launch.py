@@ -18,19 +18,23 @@ retired it, after its heartbeat expired.)
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from . import certs
+from . import certs, zygote
 
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 # Every SuperNode on this machine trains with the run's torch threads (the thread count is part of
@@ -123,11 +127,13 @@ class Loopback:
     ``tls``/``node_auth``: see the module docstring.
     ``env``: extra environment for every Flower process. ``node_poll``: cap Flower's fixed
     SuperNode polls (3 s idle, 0.5 s for replies) at this many seconds (loopback tests, bench).
+    ``warm_clientapps``: the SuperNodes' ClientApp processes are forks of one warm zygote
+    (zygote.py) instead of fresh interpreters; the same code runs either way.
     """
 
     def __init__(self, workdir: Path, *, supernodes: int, node_configs: Sequence[Mapping[str, object]] = (),
                  tls: bool = False, node_auth: bool = False, env: Mapping[str, str] | None = None,
-                 start_timeout: float = 60.0, node_poll: float | None = None) -> None:
+                 start_timeout: float = 60.0, node_poll: float | None = None, warm_clientapps: bool = True) -> None:
         if node_auth and not tls:
             raise ValueError("SuperNode authentication needs TLS (Flower refuses it on an insecure channel)")
         self.workdir = Path(workdir).resolve()
@@ -144,6 +150,9 @@ class Loopback:
         self.superlink: _Proc | None = None
         self.nodes: list[_Proc | None] = [None] * supernodes
         self.pki: certs.Pki | None = None
+        self.warm_clientapps = warm_clientapps
+        self.zygote: _Proc | None = None
+        self._zygote_dir: Path | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -175,6 +184,8 @@ class Loopback:
         else:
             cmd += ["--insecure"]
         self.superlink = self._spawn("superlink", cmd)
+        if self.warm_clientapps:
+            self._start_zygote()
         _wait_for_port(self.port, self.superlink.process, self.superlink.log, self.start_timeout)
         for i in range(self.n):
             if self.node_auth:
@@ -201,9 +212,23 @@ class Loopback:
             proc.process.wait(10)
 
     def close(self) -> None:
-        for proc in [*self.nodes, self.superlink]:
+        for proc in [*self.nodes, self.superlink, self.zygote]:
             if proc is not None:
                 proc.stop()
+        if self._zygote_dir is not None:
+            shutil.rmtree(self._zygote_dir, ignore_errors=True)
+
+    def _start_zygote(self) -> None:
+        # AF_UNIX paths are limited to ≈ 108 bytes: the socket lives in a short private folder
+        self._zygote_dir = Path(tempfile.mkdtemp(prefix="secfed-z-"))
+        path = self._zygote_dir / "clientapp.sock"
+        self.zygote = self._spawn("zygote", [sys.executable, "-m", "secfed.adapters.flower.zygote", str(path)])
+        deadline = time.monotonic() + self.start_timeout
+        while not path.exists():
+            if self.zygote.process.poll() is not None or time.monotonic() > deadline:
+                raise LaunchError(f"the ClientApp zygote did not start; see {self.zygote.log}")
+            time.sleep(0.05)
+        self.env[zygote.ENV_KEY] = str(path)
 
     # ---- runs ---------------------------------------------------------------------------------------
 
@@ -267,36 +292,48 @@ if getattr(_node, "time", None) is _time:
 # the SuperNode's own CLI with it (FastAPI, the SQL object store: ≈ 0.5 s of the process's ≈ 1.2 s
 # of imports), which a ClientApp never uses. Its script loads the entry module alone (the module
 # imports what it needs by absolute name); if a Flower release moves the file, the plain import.
+# Under a Loopback the script first asks the zygote (zygote.py) to run it in a warm fork.
 _LEAN = {"flwr-clientapp"}
-_LEAN_ENTRY = """
-import importlib as _importlib
-import importlib.util as _util
-from pathlib import Path as _Path
 
-_parent, _, _last = "{package}".rpartition(".")
-_file = _Path(_importlib.import_module(_parent).__file__).parent / _last / "{attr}.py"
-if _file.is_file():
-    _spec = _util.spec_from_file_location("{package}.{attr}", _file)
-    _module = _util.module_from_spec(_spec)
-    sys.modules[_spec.name] = _module
-    _spec.loader.exec_module(_module)
-    {attr} = _module.{attr}
-else:
-    from {package} import {attr}
-"""
+
+def load_entry(package: str, attr: str) -> Callable[[], object]:
+    """``package.attr`` of a Flower console script, loading that module without running the
+    ``__init__`` of ``package`` (see above)."""
+    parent, _, last = package.rpartition(".")
+    file = Path(importlib.import_module(parent).__file__).parent / last / f"{attr}.py"
+    if not file.is_file():
+        return getattr(importlib.import_module(package), attr)
+    name = f"{package}.{attr}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return getattr(sys.modules[name], attr)
+
+
+def load_clientapp_entry() -> Callable[[], object]:
+    """Flower's ``flwr-clientapp`` entry point, loaded lean (what the zygote and the script run)."""
+    ep = next(ep for ep in entry_points(group="console_scripts") if ep.name == "flwr-clientapp")
+    module, _, attr = ep.value.partition(":")
+    return load_entry(module, attr)
 
 
 def make_bin(folder: Path, *, node_poll: float | None = None) -> None:
     """Flower's commands as scripts run by this interpreter (so they import this secfed);
-    ``node_poll`` caps the SuperNode's idle and reply polls (seconds)."""
+    ``node_poll`` caps the SuperNode's idle and reply polls (seconds). ``flwr-clientapp`` runs in a
+    warm fork of the zygote whose socket ``SECFED_CLIENTAPP_ZYGOTE`` names, when one answers."""
     folder.mkdir(parents=True, exist_ok=True)
     for ep in entry_points(group="console_scripts"):
         if ep.dist is None or ep.dist.name != "flwr":
             continue
         module, _, attr = ep.value.partition(":")
         patch = _FAST_NODE.format(poll=float(node_poll)) if node_poll and ep.name == "flower-supernode" else ""
-        entry = (_LEAN_ENTRY.format(package=module, attr=attr) if ep.name in _LEAN
-                 else f"from {module} import {attr}\n")
+        if ep.name in _LEAN:
+            entry = (zygote.CLIENT.format(env=zygote.ENV_KEY) + "\nfrom secfed.adapters.flower.launch import load_entry\n"
+                     f"{attr} = load_entry({module!r}, {attr!r})\n")
+        else:
+            entry = f"from {module} import {attr}\n"
         script = folder / ep.name
         script.write_text(f"#!{sys.executable}\nimport sys\n{patch}\n{entry}sys.exit({attr}())\n")
         script.chmod(0o755)

@@ -248,7 +248,7 @@ def _start(folder: Path, node_config: Mapping[str, object]) -> socket.socket:
             with open(log, "ab") as err:
                 os.chmod(log, 0o600)
                 process = subprocess.Popen(
-                    [sys.executable, "-m", __name__, str(folder), "--watch", str(os.getppid()),
+                    [sys.executable, "-m", __name__, str(folder), "--watch", str(_supernode_pid()),
                      "--idle", str(idle_seconds(node_config))],
                     stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, close_fds=True)
         conn = _try_connect(folder)
@@ -260,6 +260,16 @@ def _start(folder: Path, node_config: Mapping[str, object]) -> socket.socket:
         time.sleep(0.05)
     process.kill()
     raise HostError(f"the site host did not start within {START_TIMEOUT:.0f} s; see {log}")
+
+
+def _supernode_pid() -> int:
+    """The SuperNode this ClientApp serves: its parent, or as a warm fork (zygote.py) says."""
+    from .zygote import SUPERNODE_PID_KEY
+
+    try:
+        return int(os.environ[SUPERNODE_PID_KEY])
+    except (KeyError, ValueError):
+        return os.getppid()
 
 
 def _wait_gone(folder: Path, timeout: float = 30.0) -> None:
