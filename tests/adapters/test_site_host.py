@@ -131,3 +131,20 @@ def test_a_bad_host_idle_setting_is_refused_by_name(tiny_config, tmp_path):
         with pytest.raises(node_files.NodeSetupError, match="secfed-host-idle"):
             hello(tiny_config, tmp_path, secrets.token_hex(16), **{site_host.IDLE_KEY: bad})
     assert not (tmp_path / site_host.SOCKET_NAME).exists()
+
+
+def test_a_node_whose_host_cannot_start_answers_in_its_own_process_and_says_so(tiny_config, tmp_path, monkeypatch,
+                                                                                caplog):
+    from secfed.adapters.flower import client_app
+
+    def cannot_start(folder, node_config):
+        raise site_host.HostUnavailable("the site host exited with status 1: no module named secfed")
+
+    monkeypatch.setattr(site_host, "_start", cannot_start)
+    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path)}
+    content = RecordDict({STEP: ConfigRecord({"step": "hello", "config": json.dumps(tiny_config.to_dict()),
+                                              "token": secrets.token_hex(16)})})
+    with caplog.at_level("WARNING", logger="secfed.flower"):
+        out = client_app._on_sites("hello", content, Context(7, 100, config, RecordDict(), {}))
+    assert list(out.config_records[STEP]["sites"]) == [0, 2]
+    assert "no module named secfed; this message opens the sites itself" in caplog.text

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,7 @@ UPLOADS = "secfed.uploads"  # ArrayRecord: "site-K" → codec bytes of an Upload
 CLIP_WORD = 1  # the ring vector ends with one word: how many coordinates the node's sites clipped
 
 app = ClientApp(mods=[SecAggMod()])
+log = logging.getLogger("secfed.flower")
 
 
 @app.train()
@@ -75,9 +77,12 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 def _on_sites(op: str, content: RecordDict, context: Context) -> RecordDict:
     """Run ``op`` where the node's sites are kept open (site_host.py), or here when the node runs
-    no host (``secfed-host-idle = 0``)."""
+    no host (``secfed-host-idle = 0``) or none can be started (said in the SuperNode's log)."""
     if site_host.idle_seconds(context.node_config) > 0:
-        return site_host.call(op, content, context)
+        try:
+            return site_host.call(op, content, context)
+        except site_host.HostUnavailable as exc:
+            log.warning("%s; this message opens the sites itself", exc)
     return handle(op, content, context)
 
 

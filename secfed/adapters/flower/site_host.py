@@ -57,7 +57,11 @@ Handler = Callable[[str, RecordDict, Context], RecordDict]
 
 
 class HostError(node.NodeSetupError):
-    """The site host could not be started or reached, or it failed a message; names why."""
+    """The site host failed a message or was lost during one; names why."""
+
+
+class HostUnavailable(HostError):
+    """No site host could be started for this node (the ClientApp then does the work itself)."""
 
 
 # ---- what the host keeps -----------------------------------------------------------------------------
@@ -117,6 +121,8 @@ def _address(folder: Path) -> Iterator[str]:
     if len(path) < 100:
         yield path
         return
+    if not Path("/proc/self/fd").is_dir():
+        raise HostUnavailable(f"{path}: too long for a Unix socket on this system")
     fd = os.open(folder, os.O_RDONLY)
     try:
         yield f"/proc/self/fd/{fd}/{SOCKET_NAME}"
@@ -202,7 +208,7 @@ def call(op: str, content: RecordDict, context: Context) -> RecordDict:
         if "error" in reply:
             raise HostError(f"site host: {reply['error']}")
         return out
-    raise HostError(f"the site host in {folder} keeps answering for another secfed build")
+    raise HostUnavailable(f"the site host in {folder} keeps answering for another secfed build")
 
 
 def stop(folder: Path) -> bool:
@@ -250,16 +256,17 @@ def _start(folder: Path, node_config: Mapping[str, object]) -> socket.socket:
                 process = subprocess.Popen(
                     [sys.executable, "-m", __name__, str(folder), "--watch", str(_supernode_pid()),
                      "--idle", str(idle_seconds(node_config))],
-                    stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, close_fds=True)
+                    stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, close_fds=True,
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         conn = _try_connect(folder)
         if conn is not None:
             return conn
         if process.poll() not in (None, 0):
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-            raise HostError(f"the site host exited with status {process.returncode}: " + " | ".join(tail))
+            raise HostUnavailable(f"the site host exited with status {process.returncode}: " + " | ".join(tail))
         time.sleep(0.05)
     process.kill()
-    raise HostError(f"the site host did not start within {START_TIMEOUT:.0f} s; see {log}")
+    raise HostUnavailable(f"the site host did not start within {START_TIMEOUT:.0f} s; see {log}")
 
 
 def _supernode_pid() -> int:
