@@ -106,11 +106,12 @@ def idle_seconds(node_config: Mapping[str, object]) -> float:
 
 def identity() -> str:
     """This secfed build as a host sees it: a ClientApp of another build gets a fresh host."""
-    here = Path(__file__).resolve().parent
-    stamps = [f"{p.name}:{p.stat().st_mtime_ns}" for p in sorted(here.glob("*.py"))]
-    from secfed import __version__
+    import secfed
+    import secfed.protocols
 
-    return json.dumps([_PROTOCOL, __version__, sys.executable, str(here), stamps])
+    roots = sorted({Path(m.__file__).resolve().parent for m in (secfed, secfed.protocols)})
+    newest = max(f.stat().st_mtime_ns for root in roots for f in root.rglob("*.py"))
+    return json.dumps([_PROTOCOL, secfed.__version__, sys.executable, [str(r) for r in roots], newest])
 
 
 @contextmanager
