@@ -79,16 +79,15 @@ def test_a_failing_message_is_reported_by_name_and_the_host_serves_the_next(tiny
 
 
 def test_a_host_of_another_secfed_build_steps_aside(tiny_config, folder, monkeypatch):
-    token = secrets.token_hex(16)
-    hello(tiny_config, folder, token)
-    old = host_pids(folder)[0]
+    old = start_host(folder, os.getpid(), idle=60)
     monkeypatch.setattr(site_host, "identity", lambda: "another build")
     # The old host steps aside; the fresh one runs this installation's code, which is not the
     # (pretended) build asking, so it steps aside as well and the ClientApp says so
     with pytest.raises(site_host.HostError, match="another secfed build"):
-        hello(tiny_config, folder, token)
-    assert wait_gone(old)
-    assert (folder / site_host.LOG_NAME).read_text().count("a ClientApp of another secfed build asked") == 2
+        hello(tiny_config, folder, secrets.token_hex(16))
+    assert old.wait(timeout=15) == 0 and "a ClientApp of another secfed build asked" in old.stderr.read()
+    # the fresh host the ClientApp started (it logs to host.log) stepped aside too
+    assert (folder / site_host.LOG_NAME).read_text().count("a ClientApp of another secfed build asked") == 1
 
 
 def start_host(folder: Path, watch: int, idle: float) -> subprocess.Popen:
@@ -113,17 +112,17 @@ def test_a_host_leaves_with_its_supernode_and_when_idle(tmp_path):
     assert idle.wait(timeout=15) == 0 and "idle for" in idle.stderr.read()
 
 
-def test_one_host_per_node_and_garbage_on_its_socket_does_not_stop_it(folder, tiny_config):
-    token = secrets.token_hex(16)
-    hello(tiny_config, folder, token)
-    second = start_host(folder, os.getpid(), idle=60)  # a second host for the same node leaves at once
+def test_one_host_per_node_and_garbage_on_its_socket_does_not_stop_it(tmp_path):
+    first = start_host(tmp_path, os.getpid(), idle=60)
+    second = start_host(tmp_path, os.getpid(), idle=60)  # a second host for the same node leaves at once
     assert second.wait(timeout=30) == 0 and "another host serves this node" in second.stderr.read()
-    for garbage in (b"\x00" * 8, b"\x00\x00\x00\x00\x00\x00\x00\x05{oops", os.urandom(64)):
+    for garbage in (b"\x00" * 8, b"\x00\x00\x00\x00\x00\x00\x00\x05{oops", os.urandom(64), b"\xff" * 8):
         with socket.socket(socket.AF_UNIX) as conn:
-            conn.connect(str(folder / site_host.SOCKET_NAME))
+            conn.connect(str(tmp_path / site_host.SOCKET_NAME))
             conn.sendall(garbage)
-    assert hello(tiny_config, folder, token)["sites"] == [0, 2]
-    assert len(host_pids(folder)) == 1 and "refused a malformed request" in (folder / site_host.LOG_NAME).read_text()
+    assert site_host.stop(tmp_path)  # it still answers, and leaves when asked
+    assert first.wait(timeout=15) == 0
+    assert first.stderr.read().count("refused a malformed request") == 4
 
 
 def test_a_bad_host_idle_setting_is_refused_by_name(tiny_config, tmp_path):
