@@ -171,3 +171,14 @@ def test_a_spread_arm_starts_from_the_synthetic_backbone_and_shows_in_the_spread
     assert "| fedpav@synthetic | 2 | 32.0 (2.8) | 16.0 (1.4) |" in text and "| fedpav | 1 |" in text
     assert "fedpav@synthetic: measured for the spread only" in text and "2 runs" in text
     assert "spread only" not in claims.publication([rows[3]], [], "cmd", {})
+    # A claim whose every arm ran from the start is decided from those runs too, paired by seed; one
+    # whose arms did not all run is left out of that table
+    table3 = next(c for c in claims.CLAIMS if c.key == "mm20-table3")
+    kd = next(c for c in claims.CLAIMS if c.key == "mm20-fig7")
+    cdw = [run("fedpav+cdw@synthetic", 0, 0.35), run("fedpav+cdw@synthetic", 1, 0.38)]
+    text = claims.publication([rows[3]], [table3, kd], "cmd", {}, spread_only=rows[:2] + cdw)
+    started = text.split("The same claims from the synthetic pretrained backbone", 1)[1]
+    assert "| MM'20 Table 3 | CDW improves FedPav (mean seen rank-1) | 2 | +4.50 [" in started
+    assert "MM'20 Fig. 7" not in started
+    assert "The same claims from the" not in claims.publication([rows[3]], [table3], "cmd", {},
+                                                                               spread_only=rows[:2])
