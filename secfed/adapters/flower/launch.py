@@ -7,7 +7,9 @@ SuperNodes start their own helpers (``flower-superexec``, ``flwr-clientapp``, ``
 by name from ``PATH``; the work folder's ``bin/`` holds those commands bound to this
 interpreter, so every Flower process runs the secfed that started them. Each process leads its
 own process group: :meth:`Loopback.kill` and :meth:`Loopback.close` stop a SuperNode or the whole
-deployment with everything it spawned, and nothing outlives the ``with`` block.
+deployment with everything it spawned, and nothing outlives the ``with`` block. The SuperNodes'
+ClientApp processes are forks of one warm zygote (zygote.py; ``warm_clientapps=False`` for fresh
+interpreters, as a stock SuperNode starts them).
 
 With ``tls=True`` the SuperLink serves TLS with a certificate from a CA made offline (certs.py);
 with ``node_auth=True`` as well (the default of ``secfed flower local``) it accepts only
