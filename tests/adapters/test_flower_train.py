@@ -59,8 +59,13 @@ def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_dire
     cfg = small_config
     cfg.secagg.enabled = True  # authenticated, the default
     cfg.run.local_baseline = False  # halves the cost; the baselines' state is checked below
-    cfg.run.threads = 1  # the site hosts are processes of their own: the same kernels as this one
-    local = run(cfg, tmp_path / "in-process")
+    cfg.run.threads = 1  # the site hosts are processes of their own: the same kernels as this one, which
+    threads = torch.get_num_threads()  # run() leaves to its caller (the CLI sets it; found by review)
+    torch.set_num_threads(1)
+    try:
+        local = run(cfg, tmp_path / "in-process")
+    finally:
+        torch.set_num_threads(threads)
     # 3 clients: node 0 hosts clients 0 and 2, node 1 client 1; each node keeps them in its site host
     grid, cohort = flower_nodes(tmp_path, 2, host=True)
     token = secrets.token_hex(16)

@@ -10,8 +10,10 @@ import re
 import secrets
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +116,7 @@ def test_a_host_leaves_with_its_supernode_and_when_idle(tmp_path):
 
 def test_one_host_per_node_and_garbage_on_its_socket_does_not_stop_it(tmp_path):
     first = start_host(tmp_path, os.getpid(), idle=60)
+    assert (tmp_path / site_host.SOCKET_NAME).stat().st_mode & 0o777 == 0o600  # this user only
     second = start_host(tmp_path, os.getpid(), idle=60)  # a second host for the same node leaves at once
     assert second.wait(timeout=30) == 0 and "another host serves this node" in second.stderr.read()
     for garbage in (b"\x00" * 8, b"\x00\x00\x00\x00\x00\x00\x00\x05{oops", os.urandom(64), b"\xff" * 8):
@@ -147,3 +150,97 @@ def test_a_node_whose_host_cannot_start_answers_in_its_own_process_and_says_so(t
         out = client_app._on_sites("hello", content, Context(7, 100, config, RecordDict(), {}))
     assert list(out.config_records[STEP]["sites"]) == [0, 2]
     assert "no module named secfed; this message opens the sites itself" in caplog.text
+
+
+def _frame(manifest: bytes, *blobs: bytes) -> bytes:
+    return struct.pack(">Q", len(manifest)) + manifest + b"".join(blobs)
+
+
+GARBAGE = {
+    "manifest-is-a-string": _frame(b'"x"'),
+    "manifest-is-null": _frame(b"null"),
+    "blob-index-out-of-range": _frame(json.dumps({"records": [{"name": "s", "config": {"k": ["bytes", 3]}}],
+                                                  "blobs": []}).encode()),
+    "array-blob-index-out-of-range": _frame(json.dumps({"records": [{"name": "a", "arrays": [
+        ["k", "float32", [1], "numpy.ndarray", 9]]}], "blobs": []}).encode()),
+    "this-build-without-run-id": None,  # filled in below: it needs this build's identity
+    "deeply-nested-json": _frame(b"[" * 100_000 + b"]" * 100_000),
+}
+
+
+@pytest.mark.parametrize("name", list(GARBAGE))
+def test_a_malformed_frame_is_refused_by_name_and_the_host_serves_on(tmp_path, name):
+    """(found by review: these raised AttributeError, IndexError, RecursionError or KeyError and killed the host)"""
+    garbage = GARBAGE[name] or _frame(json.dumps({"op": "hello", "identity": site_host.identity(), "records": [],
+                                                  "blobs": []}).encode())
+    host = start_host(tmp_path, os.getpid(), idle=60)
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(str(tmp_path / site_host.SOCKET_NAME))
+        conn.sendall(garbage)
+        conn.settimeout(10)
+        try:
+            conn.recv(1)
+        except OSError:
+            pass
+    assert site_host.stop(tmp_path), "the host no longer answers"
+    assert host.wait(timeout=15) == 0
+    err = host.stderr.read()
+    assert "Traceback" not in err and ("refused a malformed request" in err or "hello failed" in err), err
+
+
+def test_a_relay_queued_while_the_host_leaves_is_served_by_a_fresh_host(tiny_config, tmp_path):
+    """(found by review: the queued relay got a reset and the message failed)"""
+    folder = tmp_path / "node"
+    folder.mkdir()
+    host = start_host(folder, os.getpid(), idle=60)
+    first = socket.socket(socket.AF_UNIX)
+    first.connect(str(folder / site_host.SOCKET_NAME))  # the host takes this one and waits for its request
+    outcome: list[object] = []
+
+    def relay() -> None:
+        try:
+            outcome.append(hello(tiny_config, folder, secrets.token_hex(16)))
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            outcome.append(exc)
+
+    worker = threading.Thread(target=relay)
+    worker.start()
+    try:
+        time.sleep(2)  # the relay is queued in the backlog and has sent its request
+        site_host._send(first, {"op": "stop", "identity": site_host.identity()})  # the host leaves
+        site_host._receive(first)
+        first.close()
+        assert host.wait(timeout=30) == 0
+        worker.join(timeout=240)
+        assert outcome and not isinstance(outcome[0], Exception), outcome
+        assert outcome[0]["sites"] == [0, 2]
+    finally:
+        site_host.stop(folder)
+
+
+def test_a_host_serving_a_supernode_that_is_pid_1_stays(tmp_path, monkeypatch):
+    """flower-supernode is PID 1 as a container's entrypoint (found by review: the host left at once)."""
+    monkeypatch.setattr(site_host, "_kept", None)  # serve() makes this process a host: undone at teardown
+    assert site_host.serve(tmp_path, 1, 1.5, lambda *a: RecordDict()) == "idle for 2 s"
+
+
+def test_a_run_without_threads_gets_torchs_default_in_a_host_that_served_a_run_with_threads(
+        tiny_config, tmp_path, monkeypatch):
+    """(found by review: run A's count carried over into run B, which a fresh process would not train with)"""
+    import torch
+
+    from secfed.adapters.flower import client_app
+    from secfed.adapters.flower import sites as sites_module
+
+    monkeypatch.setattr(sites_module.NodeSites, "open", classmethod(lambda cls, *a, **k: object()))
+    monkeypatch.setattr(site_host, "_kept", {})  # as in a host
+    default = torch.get_num_threads()
+    context = Context(7, 100, {node_files.STATE_DIR_KEY: str(tmp_path)}, RecordDict(), {})
+    try:
+        for threads in (default + 1, None):  # run A asks for threads, run B leaves torch's default
+            tiny_config.run.threads = threads
+            step = ConfigRecord({"config": json.dumps(tiny_config.to_dict()), "token": secrets.token_hex(16)})
+            client_app._open(step, context, train=True)
+        assert torch.get_num_threads() == default
+    finally:
+        torch.set_num_threads(default)

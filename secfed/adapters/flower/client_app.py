@@ -114,17 +114,31 @@ def _open(step: ConfigRecord, context: Context, *, train: bool) -> Any:
            json.dumps(dict(context.node_config), sort_keys=True), "train" if train else "evaluate")
     sites = site_host.kept(key)
     if sites is not None:
+        _set_threads(sites.fed.config.run.threads)  # another run's view may have set its own since
         if not train:  # an evaluation view scores the state the sites saved since it was opened
             sites.reload()
         return sites
     cfg = from_dict(json.loads(str(step["config"])))
-    if cfg.run.threads is not None:
-        import torch
-
-        torch.set_num_threads(cfg.run.threads)
+    _set_threads(cfg.run.threads)
     sites = NodeSites.open(cfg, context.node_config, str(step["token"]), train=train)
     site_host.keep(key, sites)
     return sites
+
+
+_default_threads: int | None = None  # torch's own count, before a run set one in this process
+
+
+def _set_threads(threads: int | None) -> None:
+    """The run's torch threads, or torch's default where the run names none (a site host serves
+    runs one after another: one run's setting must not carry over into the next)."""
+    global _default_threads
+    if threads is None and _default_threads is None:
+        return  # nothing in this process changed torch's default
+    import torch
+
+    if _default_threads is None:
+        _default_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or _default_threads)
 
 
 def _hello(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:

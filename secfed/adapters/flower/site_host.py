@@ -50,6 +50,7 @@ LOCK_NAME = "host.lock"
 START_TIMEOUT = 180.0  # a cold start imports torch and torchvision; a loaded machine takes a while
 _FRAME = struct.Struct(">Q")
 _MAX_BYTES = 1 << 36  # one frame or blob (64 GiB): a length past it is garbage, not a model
+_CHUNK = 1 << 22
 _READ_TIMEOUT = 60.0  # a ClientApp sends its message at once; a silent peer is not one
 _PROTOCOL = 1
 
@@ -164,29 +165,37 @@ def _send(conn: socket.socket, header: dict, content: RecordDict | None = None) 
 def _read(conn: socket.socket, n: int) -> bytes:
     if n > _MAX_BYTES:
         raise HostError(f"a frame of {n} bytes is over the limit")
-    buffer = bytearray(n)
-    view, got = memoryview(buffer), 0
-    while got < n:
-        chunk = conn.recv_into(view[got:], n - got)
+    buffer = bytearray()  # grows with what arrives: a length alone allocates nothing
+    while len(buffer) < n:
+        chunk = conn.recv(min(n - len(buffer), _CHUNK))
         if not chunk:
-            raise HostError("the site host closed the connection mid-message")
-        got += chunk
+            raise HostError("the peer closed the connection mid-message")
+        buffer += chunk
     return bytes(buffer)
 
 
 def _receive(conn: socket.socket) -> tuple[dict, RecordDict]:
     (size,) = _FRAME.unpack(_read(conn, _FRAME.size))
-    manifest = json.loads(_read(conn, size))
-    blobs = [_read(conn, n) for n in manifest.pop("blobs")]
-    content = RecordDict()
-    for record in manifest.pop("records"):
-        if "config" in record:
-            content[record["name"]] = ConfigRecord({k: blobs[v] if kind == "bytes" else v
-                                                    for k, (kind, v) in record["config"].items()})
-        else:
-            content[record["name"]] = ArrayRecord({key: Array(dtype=dtype, shape=tuple(shape), stype=stype,
-                                                              data=blobs[i])
-                                                   for key, dtype, shape, stype, i in record["arrays"]})
+    try:
+        manifest = json.loads(_read(conn, size))
+        lengths = manifest.pop("blobs")
+        if not isinstance(lengths, list) or not all(type(n) is int for n in lengths):
+            raise TypeError("blob lengths must be integers")
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        raise HostError(f"a malformed manifest ({type(exc).__name__}: {exc})") from None
+    blobs = [_read(conn, n) for n in lengths]
+    try:
+        content = RecordDict()
+        for record in manifest.pop("records"):
+            if "config" in record:
+                content[record["name"]] = ConfigRecord({k: blobs[v] if kind == "bytes" else v
+                                                        for k, (kind, v) in record["config"].items()})
+            else:
+                content[record["name"]] = ArrayRecord({key: Array(dtype=dtype, shape=tuple(shape), stype=stype,
+                                                                  data=blobs[i])
+                                                       for key, dtype, shape, stype, i in record["arrays"]})
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed manifest trips, it is named, not raised
+        raise HostError(f"a malformed manifest ({type(exc).__name__}: {exc})") from None
     return manifest, content
 
 
@@ -203,6 +212,8 @@ def call(op: str, content: RecordDict, context: Context) -> RecordDict:
         with _connected(folder, context.node_config) as conn:
             _send(conn, header, content)
             reply, out = _receive(conn)
+        if reply.get("leaving"):  # it left before reading this message: a fresh host runs it
+            continue
         if reply.get("stale"):
             _wait_gone(folder)
             continue
@@ -296,7 +307,7 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return pid != 1  # reparented to init: the SuperNode is gone
+    return True  # pid 1 too: flower-supernode is PID 1 as a container's entrypoint
 
 
 def serve(folder: Path, watch: int, idle: float, handle: Handler) -> str:
@@ -313,8 +324,11 @@ def serve(folder: Path, watch: int, idle: float, handle: Handler) -> str:
     _kept = {}
     (folder / SOCKET_NAME).unlink(missing_ok=True)  # left by a host that was killed
     with _address(folder) as address, socket.socket(socket.AF_UNIX) as listener:
-        listener.bind(address)
-        os.chmod(folder / SOCKET_NAME, 0o600)
+        mask = os.umask(0o177)  # the socket is 0600 from its creation, whatever the folder's mode
+        try:
+            listener.bind(address)
+        finally:
+            os.umask(mask)
         listener.listen(4)
         listener.settimeout(0.5)
         last = time.monotonic()
@@ -332,7 +346,7 @@ def serve(folder: Path, watch: int, idle: float, handle: Handler) -> str:
                     conn.settimeout(_READ_TIMEOUT)
                     try:
                         request, content = _receive(conn)
-                    except (OSError, ValueError, KeyError, TypeError, MemoryError, HostError) as exc:
+                    except (OSError, MemoryError, HostError) as exc:
                         _log(f"refused a malformed request ({exc})")
                         continue
                     if request.get("identity") != me:
@@ -348,18 +362,37 @@ def serve(folder: Path, watch: int, idle: float, handle: Handler) -> str:
                         _log(f"could not answer {request['op']} ({exc})")
                 last = time.monotonic()
         finally:
-            (folder / SOCKET_NAME).unlink(missing_ok=True)
+            (folder / SOCKET_NAME).unlink(missing_ok=True)  # no relay finds this host any more
+            _turn_away(listener)
             os.close(lock)  # releases the lock
 
 
+def _turn_away(listener: socket.socket) -> None:
+    """Tell the relays already queued on the socket that this host leaves without running them."""
+    listener.setblocking(False)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # none queued
+            return
+        with conn:
+            conn.settimeout(_READ_TIMEOUT)
+            try:
+                _receive(conn)
+                _send(conn, {"leaving": True})
+            except (OSError, MemoryError, HostError):
+                pass
+
+
 def _run(request: dict, content: RecordDict, handle: Handler) -> tuple[dict, RecordDict | None]:
-    context = Context(int(request["run_id"]), int(request["node_id"]), request["node_config"], RecordDict(), {})
     started = time.monotonic()
     try:
+        context = Context(int(request["run_id"]), int(request["node_id"]), dict(request["node_config"]),
+                          RecordDict(), {})
         out = handle(str(request["op"]), content, context)
     except Exception as exc:  # the ClientApp raises it on its side: Flower answers with an error
         forget()
-        _log(f"{request['op']} failed: {type(exc).__name__}: {exc}")
+        _log(f"{request.get('op')} failed: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"}, None
     _log(f"{request['op']} for run {request['run_id']} in {time.monotonic() - started:.2f} s")
     return {}, out

@@ -10,8 +10,9 @@ entry point on them: the same code, the same one process per message, its import
 The script exits with the child's status. When no zygote answers, the script runs the entry
 point itself, as before.
 
-The zygote is single-threaded (a forked child inherits no half-held lock); it reaps its children
-(SIGCHLD ignored) and leaves when the socket's folder is gone or on SIGTERM. A child knows its
+The zygote starts no thread of its own (numpy's OpenBLAS keeps an idle pool; a ClientApp calls no
+BLAS routine), reaps its children (SIGCHLD ignored), refuses a malformed request without forking,
+and leaves when its socket is gone or on SIGTERM. A child knows its
 SuperNode as Flower tells it (``--parent-pid``; Flower's own monitor stops the child when that
 process dies) and passes it on as ``SECFED_SUPERNODE_PID`` to what it starts (the site host).
 Everything here is standard library: no package offers a fork server for a third party's CLI.
@@ -73,8 +74,11 @@ def serve(path: Path) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     path.unlink(missing_ok=True)
     with socket.socket(socket.AF_UNIX) as listener:
-        listener.bind(str(path))
-        os.chmod(path, 0o600)
+        mask = os.umask(0o177)  # 0600 from its creation
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(mask)
         listener.listen(16)
         listener.settimeout(1.0)
         while path.exists():
@@ -84,6 +88,7 @@ def serve(path: Path) -> None:
                 continue
             with conn:
                 conn.settimeout(10.0)
+                fds: list[int] = []
                 try:
                     head, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
                     (size,) = _FRAME.unpack(head[:4])
@@ -94,10 +99,10 @@ def serve(path: Path) -> None:
                             raise ConnectionError("request cut short")
                         body += more
                     request = json.loads(body)
-                except (OSError, ValueError, struct.error) as exc:
+                    if not isinstance(request, dict) or len(fds) != 3:
+                        raise ValueError("not a request of the flwr-clientapp script")
+                except (OSError, ValueError, struct.error, RecursionError) as exc:
                     print(f"secfed zygote: refused a request ({exc})", file=sys.stderr, flush=True)
-                    continue
-                if len(fds) != 3:
                     for fd in fds:
                         os.close(fd)
                     continue
