@@ -20,6 +20,7 @@ fresh folder end up with the same key and a reader never sees half a file.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,6 +56,15 @@ def state_dir(node_config: Mapping[str, object]) -> Path:
     except OSError as exc:
         raise NodeSetupError(f"{STATE_DIR_KEY}={path}: cannot create the node's state folder ({exc})") from None
     return path
+
+
+def bind_private(sock: socket.socket, address: str) -> None:
+    """Bind the Unix socket ``sock`` to ``address`` created 0600 (this user only), whatever the folder."""
+    mask = os.umask(0o177)
+    try:
+        sock.bind(address)
+    finally:
+        os.umask(mask)
 
 
 def _create_once(path: Path, make: bytes) -> bytes:

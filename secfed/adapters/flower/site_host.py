@@ -5,8 +5,8 @@ For secfed's protocol phases that is cheap (no torch, ≈ 0.8 s CPU), but a trai
 import torch and torchvision (≈ 3 s), rebuild the federation (every model, the splits) and load the
 sites' state (≈ 2 s) to train for 0.6 s at toy size. So the messages that need the sites — hello,
 train, evaluate (client_app.py) — run in this host instead: the ClientApp process hands it the
-message's content and the node's context over a Unix socket in the node's state folder (0700,
-this user only) and relays the answer. Nothing of the node's data or state leaves the machine.
+message's content and the node's context over a Unix socket in the node's state folder (created
+0600: this user only) and relays the answer. Nothing of the node's data or state leaves the machine.
 
 Lifecycle: the first message that needs the sites starts the host (a process of its own session,
 so stopping the ClientApp's process group does not stop it). It serves one message at a time and
@@ -301,13 +301,14 @@ def _wait_gone(folder: Path, timeout: float = 30.0) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (pid 1 too: a SuperNode that is a container's entrypoint)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    return True  # pid 1 too: flower-supernode is PID 1 as a container's entrypoint
+    except PermissionError:  # it exists, under another user
+        pass
+    return True
 
 
 def serve(folder: Path, watch: int, idle: float, handle: Handler) -> str:
@@ -324,11 +325,7 @@ def serve(folder: Path, watch: int, idle: float, handle: Handler) -> str:
     _kept = {}
     (folder / SOCKET_NAME).unlink(missing_ok=True)  # left by a host that was killed
     with _address(folder) as address, socket.socket(socket.AF_UNIX) as listener:
-        mask = os.umask(0o177)  # the socket is 0600 from its creation, whatever the folder's mode
-        try:
-            listener.bind(address)
-        finally:
-            os.umask(mask)
+        node.bind_private(listener, address)
         listener.listen(4)
         listener.settimeout(0.5)
         last = time.monotonic()

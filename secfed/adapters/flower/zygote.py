@@ -67,6 +67,7 @@ if _status is not None:
 def serve(path: Path) -> None:
     """Import what a ClientApp needs, then fork one child per request on ``path`` (see the docstring)."""
     from .launch import load_clientapp_entry
+    from .node import bind_private
 
     entry = load_clientapp_entry()
     import secfed.adapters.flower.client_app  # noqa: F401 - the app every message loads
@@ -74,11 +75,7 @@ def serve(path: Path) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     path.unlink(missing_ok=True)
     with socket.socket(socket.AF_UNIX) as listener:
-        mask = os.umask(0o177)  # 0600 from its creation
-        try:
-            listener.bind(str(path))
-        finally:
-            os.umask(mask)
+        bind_private(listener, str(path))
         listener.listen(16)
         listener.settimeout(1.0)
         while path.exists():
