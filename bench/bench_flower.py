@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--node-poll", type=float, default=0.2, help="cap of the SuperNodes' polls, s (0: Flower's)")
     p.add_argument("--task-poll", type=float, default=0.1, help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL, s")
     p.add_argument("--workflow-poll", type=float, default=0.1, help="SecAggWorkflow's reply poll, s")
+    p.add_argument("--pull-backoff", type=float, default=0.0,
+                   help="the ServerApp's first back-off for a reply's payload still uploading, s, as secfed's "
+                        "ServerApp sets it (adapters/flower/pulls.py); 0 keeps Flower's 1 s, 2 s, … (every arm)")
     p.add_argument("--no-tls", action="store_true", help="insecure transport")
     p.add_argument("--cold-clientapps", action="store_true",
                    help="a fresh interpreter per ClientApp message, as a stock SuperNode runs it (default: "
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
                         clientapp="flower_bench_app:client",
                         config={"cohort": str(cohort_file), "out": str(out), "nodes": args.nodes,
                                 "dimension": args.dimension, "rounds": args.rounds, "poll": args.workflow_poll,
+                                "pull_backoff": args.pull_backoff,
                                 "arms": ",".join(args.arms)},
                         files={"flower_bench_app.py": APP.read_text()})
         env = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(args.task_poll)}
@@ -97,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
                     for name in results[f"{arm}_phases"][0]} for arm in ("secfed", "secfed-unauthenticated") if arm in arms}
     print(f"loopback Deployment Engine: {args.nodes} SuperNodes, d = {args.dimension:,} float32, "
           f"{args.rounds} round(s) each, TLS {'off' if args.no_tls else 'on'}, node poll {args.node_poll} s, "
-          f"task poll {args.task_poll} s, ClientApps {'cold' if args.cold_clientapps else 'warm (zygote)'}")
+          f"task poll {args.task_poll} s, ClientApps {'cold' if args.cold_clientapps else 'warm (zygote)'}, "
+          f"ServerApp pull back-off {args.pull_backoff or 'Flower'}{' s' if args.pull_backoff else ''}")
     print(f"{'round':<44}{'median s':>10}  all")
     labels = {"plain": "plain train round trip (no secure aggregation)",
               "secfed": "secfed (SecAggStrategy(FedAvg), authenticated)",

@@ -35,7 +35,7 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from secfed.adapters.flower import Cohort, SecAggMod, SecAggStrategy, SecAggWorkflow
+from secfed.adapters.flower import Cohort, SecAggMod, SecAggStrategy, SecAggWorkflow, pulls
 
 
 def flower_secaggplus(msg: Message, context: Context, call_next):
@@ -136,6 +136,8 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     n, d, rounds = int(cfg["nodes"]), int(cfg["dimension"]), int(cfg["rounds"])
     poll = float(cfg["poll"])
+    if float(cfg["pull_backoff"]) > 0:  # as secfed's ServerApp does (secfed/adapters/flower/pulls.py)
+        pulls.quicken(pulls.SERVERAPP, float(cfg["pull_backoff"]))
     nodes = _nodes(grid, n)
     flow = SecAggWorkflow(cohort=Cohort.load(str(cfg["cohort"])), poll_interval=poll, phase_timeout=120)
     open_flow = SecAggWorkflow(authenticated=False, poll_interval=poll, phase_timeout=120)

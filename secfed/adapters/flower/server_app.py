@@ -59,6 +59,7 @@ from secfed.federation.runtime import (
 )
 from secfed.protocols import ProtocolError
 
+from . import pulls
 from .client_app import BROADCAST, CLIP_WORD, STEP, UPLOADS
 from .encoding import RING, Encoding
 from .node import Cohort
@@ -106,6 +107,8 @@ def refusals(cfg: RunConfig) -> list[tuple[str, str]]:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     settings = Settings.from_run_config(context.run_config)
+    if settings.poll > 0:  # replies' payloads: looked for again at the poll, not after Flower's 1 s, 2 s, …
+        pulls.quicken(pulls.SERVERAPP, settings.poll)
     FlowerRun(grid, settings).run()
 
 
