@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workflow-poll", type=float, default=0.1, help="SecAggWorkflow's reply poll, s")
     p.add_argument("--pull-backoff", type=float, default=0.0,
                    help="the ServerApp's first back-off for a reply's payload still uploading, s, as secfed's "
-                        "ServerApp sets it (adapters/flower/pulls.py); 0 keeps Flower's 1 s, 2 s, … (every arm)")
+                        "ServerApp sets it (adapters/flower/pulls.py); 0 keeps Flower's 1 s (every arm)")
     p.add_argument("--no-tls", action="store_true", help="insecure transport")
     p.add_argument("--cold-clientapps", action="store_true",
                    help="a fresh interpreter per ClientApp message, as a stock SuperNode runs it (default: "

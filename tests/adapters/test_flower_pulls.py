@@ -52,25 +52,38 @@ def test_the_pulls_of_the_serverapp_and_the_supernode_back_off_at_the_poll_not_a
     monkeypatch.setattr(module, "pull_objects", module.pull_objects)  # restored after the test
     assert _backoffs(module, monkeypatch, late=3) == [1.0, 2.0, 4.0]  # Flower's own: a 45 MB reply waits ≥ 1 s
     assert pulls.quicken(where, 0.05)
-    assert _backoffs(module, monkeypatch, late=6) == [0.05, 0.1, 0.2, 0.25, 0.25, 0.25]
+    assert _backoffs(module, monkeypatch, late=10) == [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0]
     assert pulls.quicken(module, 0.2)  # again: re-bound from Flower's function, not stacked
-    assert _backoffs(module, monkeypatch, late=4) == [0.2, 0.4, 0.8, 1.0]
+    assert _backoffs(module, monkeypatch, late=4) == [0.2, 0.4, 0.8, 1.6]
 
 
-def test_no_try_limit_of_its_own_the_wait_stays_bounded_by_flowers_max_time(monkeypatch):
+def test_a_payload_that_never_comes_is_given_up_on_as_flower_would(monkeypatch):
+    """Flower's own limits stay: a node that died mid-upload does not hold the ServerApp longer."""
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
+
     module = importlib.import_module(pulls.SERVERAPP)
     monkeypatch.setattr(module, "pull_objects", module.pull_objects)
-    pulls.quicken(module, 0.01)
-    assert len(_backoffs(module, monkeypatch, late=800)) == 800  # Flower's stock limit is 500 tries
-    assert module.pull_objects.keywords["max_tries_per_object"] is None
-    assert "max_time" not in module.pull_objects.keywords
+    pulls.quicken(module, 0.05)
+    assert module.pull_objects.keywords == {"initial_backoff": 0.05}
+    monkeypatch.setattr(inflatable_utils.threading, "Event", _Waits)
+    monkeypatch.setattr(inflatable_utils.random, "uniform", lambda a, b: 0.0)
+    _Waits.seen = []
+
+    def never(object_id: str) -> bytes:
+        raise ObjectUnavailableError(object_id)
+
+    with pytest.raises(ObjectPullError):
+        module.pull_objects(["o"], never)
+    defaults = inflatable_utils.pull_objects.__kwdefaults__
+    assert len(_Waits.seen) == defaults["max_tries_per_object"] - 1  # Flower's try limit
+    assert max(_Waits.seen) == defaults["backoff_cap"]  # and its cap between tries
 
 
 def test_a_flower_without_the_function_keeps_its_pulls_and_a_bad_backoff_is_refused():
     bare = types.ModuleType("flwr_like")
     assert not pulls.quicken(bare, 0.1)
     other = types.ModuleType("flwr_other")
-    other.pull_objects = lambda object_ids, pull_object_fn: {}  # a release without the knobs
+    other.pull_objects = lambda object_ids, pull_object_fn: {}  # a release without the knob
     assert not pulls.quicken(other, 0.1)
     assert not isinstance(other.pull_objects, type(pulls.functools.partial(print)))
     assert not pulls.quicken("flwr.no_such_module", 0.1)
@@ -87,5 +100,5 @@ def test_a_loopback_supernode_looks_again_at_its_node_poll(monkeypatch):
     monkeypatch.setattr(module, "pull_objects", module.pull_objects)
     monkeypatch.setattr(module, "time", module.time)
     exec(launch._FAST_NODE.format(poll=0.3), {})
-    assert module.pull_objects.keywords == {"initial_backoff": 0.3, "backoff_cap": 1.5, "max_tries_per_object": None}
+    assert module.pull_objects.keywords == {"initial_backoff": 0.3}
     assert _backoffs(module, monkeypatch, late=2) == [0.3, 0.6]

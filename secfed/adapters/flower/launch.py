@@ -270,8 +270,8 @@ class Loopback:
 
 # Flower 1.42's SuperNode sleeps a fixed 3 s whenever the SuperLink has no message for it, and
 # 0.5 s between checks for its ClientApp's reply; no setting changes either. On loopback the
-# tests and bench can shorten both (``node_poll``): the SuperNode then uses this clock, and looks
-# again for a message's payload still uploading after node_poll, not after 1 s, 2 s, … (pulls.py).
+# tests and bench can shorten both (``node_poll``): the SuperNode then uses this clock, and first
+# looks again for a message's payload still uploading after node_poll, not after 1 s (pulls.py).
 _FAST_NODE = """
 import time as _time
 import flwr.supernode.start_client_internal as _node

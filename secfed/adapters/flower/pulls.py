@@ -2,15 +2,17 @@
 
 Flower 1.42 announces a message before its payload: the sender registers the message, then
 uploads its objects (the arrays, in chunks). A receiver that pulls in between finds an object
-"unavailable" and backs off 1 s, then 2 s, 4 s … (``flwr.supercore.inflatable.pull_objects``,
-``PULL_INITIAL_BACKOFF = 1``), whatever the upload still needs. A 45 MB model takes a fraction
-of a second to upload on loopback, so the first back-off alone is most of a round trip's wait,
-and the next one doubles it (measured in bench/RESULTS.md, issue 22 item 4). No setting changes
-it, so this module re-binds the name a Flower module pulls through to the same function with a
-shorter first back-off and cap — in the processes secfed runs: its ServerApp (``secfed-poll``)
-and, under a :class:`~.launch.Loopback` with ``node_poll``, the SuperNodes. The retry limit moves
-to Flower's overall ``max_time`` (the tries would otherwise run out ten times sooner). A Flower
-release that renames the module or the function leaves its pulls as they are (a log line says so).
+"unavailable" and backs off 1 s, then 2 s, 4 s … up to 10 s (``flwr.supercore.inflatable``'s
+``pull_objects``, ``PULL_INITIAL_BACKOFF = 1``), whatever the upload still needs. A 45 MB model
+takes a fraction of a second to upload on loopback, so the first back-off alone is most of a
+round trip's wait, and the next one doubles it (measured in bench/RESULTS.md, issue 22 item 4).
+No setting changes it, so this module re-binds the name a Flower module pulls through to the same
+function with a shorter first back-off — in the processes secfed runs: its ServerApp
+(``secfed-poll``) and, under a :class:`~.launch.Loopback` with ``node_poll``, the SuperNodes. Only
+the start of the schedule changes: the back-off still doubles up to Flower's cap, and Flower's
+limits (tries per object, ``max_time``) give up on a payload that never comes after about as long
+as before. A Flower release that renames the module or the function keeps its pulls as they are
+(a log line says so).
 """
 
 from __future__ import annotations
@@ -27,13 +29,12 @@ log = logging.getLogger("secfed.flower")
 SERVERAPP = "flwr.superlink.grid.http_grid"
 SUPERNODE = "flwr.supernode.start_client_internal"
 
-_KNOBS = ("initial_backoff", "backoff_cap", "max_tries_per_object")
+_KNOB = "initial_backoff"
 
 
-def quicken(module: str | ModuleType, backoff: float, *, cap_factor: float = 5.0) -> bool:
-    """Make ``module``'s ``pull_objects`` back off ``backoff`` s first, at most ``cap_factor`` ×
-    that, with no per-object try limit (Flower's ``max_time`` still bounds the wait). Returns
-    whether it did; idempotent (a second call re-binds the original with the new figures)."""
+def quicken(module: str | ModuleType, backoff: float) -> bool:
+    """Make ``module``'s ``pull_objects`` back off ``backoff`` s first (then doubling, as Flower's).
+    Returns whether it did; idempotent (a second call re-binds the original with the new figure)."""
     if not backoff > 0:
         raise ValueError(f"the pull back-off must be a positive number of seconds, not {backoff!r}")
     try:
@@ -43,10 +44,8 @@ def quicken(module: str | ModuleType, backoff: float, *, cap_factor: float = 5.0
         return False
     current = getattr(mod, "pull_objects", None)
     original = getattr(current, "func", current)  # a partial from an earlier call
-    if original is None or not set(_KNOBS) <= set(inspect.signature(original).parameters):
-        log.info("Flower's object pulls keep their back-off: %s has no pull_objects(%s)", mod.__name__,
-                 ", ".join(_KNOBS))
+    if original is None or _KNOB not in inspect.signature(original).parameters:
+        log.info("Flower's object pulls keep their back-off: %s has no pull_objects(%s)", mod.__name__, _KNOB)
         return False
-    mod.pull_objects = functools.partial(original, initial_backoff=backoff, backoff_cap=cap_factor * backoff,
-                                         max_tries_per_object=None)
+    mod.pull_objects = functools.partial(original, initial_backoff=backoff)
     return True
