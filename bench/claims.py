@@ -383,10 +383,11 @@ def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim]) -
 
 
 def spread_only_line(runs: list[dict[str, Any]]) -> str:
-    """Where the ``--spread`` arms' runs come from: they decide no claim, and may come from another machine."""
+    """Where the ``--spread`` arms' runs come from: outside the main table, and maybe another machine's."""
     arms = ", ".join(dict.fromkeys(r["arm"] for r in runs))
-    return (f"{arms}: measured for the spread only (no claim uses them; ARM@synthetic starts from the synthetic "
-            f"pretrained backbone, `python bench/claims.py --spread ARM@synthetic`), {len(runs)} runs, "
+    return (f"{arms}: measured with `--spread` (ARM@synthetic starts from the synthetic pretrained backbone, "
+            f"`python bench/claims.py --spread ARM@synthetic`; the main table uses none of them, the table "
+            f"below only the claims all of whose arms ran from that start), {len(runs)} runs, "
             f"{sum(r['seconds'] for r in runs) / 60:.0f} run-minutes, on {machines_line(runs)}.")
 
 

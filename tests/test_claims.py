@@ -169,7 +169,7 @@ def test_a_spread_arm_starts_from_the_synthetic_backbone_and_shows_in_the_spread
     assert claims.spread_runs(rows, ["fedpav@synthetic"]) == rows[:2]  # factor 1 only
     text = claims.publication([rows[3]], [], "cmd", {}, spread_only=rows[:2])
     assert "| fedpav@synthetic | 2 | 32.0 (2.8) | 16.0 (1.4) |" in text and "| fedpav | 1 |" in text
-    assert "fedpav@synthetic: measured for the spread only" in text and "2 runs" in text
+    assert "fedpav@synthetic: measured with `--spread`" in text and "2 runs" in text
     assert "spread only" not in claims.publication([rows[3]], [], "cmd", {})
     # A claim whose every arm ran from the start is decided from those runs too, paired by seed; one
     # whose arms did not all run is left out of that table
