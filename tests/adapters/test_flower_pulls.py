@@ -87,6 +87,9 @@ def test_a_flower_without_the_function_keeps_its_pulls_and_a_bad_backoff_is_refu
     assert not pulls.quicken(other, 0.1)
     assert not isinstance(other.pull_objects, type(pulls.functools.partial(print)))
     assert not pulls.quicken("flwr.no_such_module", 0.1)
+    odd = types.ModuleType("flwr_odd")
+    odd.pull_objects = 5  # not a function at all
+    assert not pulls.quicken(odd, 0.1) and odd.pull_objects == 5
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="back-off"):
             pulls.quicken(pulls.SERVERAPP, bad)

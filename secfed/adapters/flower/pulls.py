@@ -44,7 +44,7 @@ def quicken(module: str | ModuleType, backoff: float) -> bool:
         return False
     current = getattr(mod, "pull_objects", None)
     original = getattr(current, "func", current)  # a partial from an earlier call
-    if original is None or _KNOB not in inspect.signature(original).parameters:
+    if not callable(original) or _KNOB not in inspect.signature(original).parameters:
         log.info("Flower's object pulls keep their back-off: %s has no pull_objects(%s)", mod.__name__, _KNOB)
         return False
     mod.pull_objects = functools.partial(original, initial_backoff=backoff)
