@@ -34,7 +34,7 @@ from secfed.environment import describe
 APP = Path(__file__).with_name("flower_bench_app.py")
 
 
-ARMS = ("plain", "secfed", "secfed-unauthenticated", "flower")
+ARMS = ("plain", "plain-polled", "secfed", "secfed-unauthenticated", "flower")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"ServerApp pull back-off {args.pull_backoff or 'Flower'}{' s' if args.pull_backoff else ''}")
     print(f"{'round':<44}{'median s':>10}  all")
     labels = {"plain": "plain train round trip (no secure aggregation)",
+              "plain-polled": "the same, polled every 0.2 s as secfed's ServerApp",
               "secfed": "secfed (SecAggStrategy(FedAvg), authenticated)",
               "secfed-unauthenticated": "secfed, unauthenticated", "flower": "Flower SecAgg+ (FedAvg)"}
     for key in arms:

@@ -5,7 +5,8 @@ weight 10·(p + 1). The ServerApp runs, over the same SuperNodes in one Flower r
 
     plain      one train message per node and its reply (no secure aggregation), each carrying
                ``dimension`` random float32 values: Flower's cost of a model's round trip (a
-               ClientApp process per message, polls, the transfers)
+               ClientApp process per message, polls, the transfers), by Grid.send_and_receive
+    plain-polled   the same, sent and collected as secfed's ServerApp does (its 0.2-s poll)
     secfed     SecAggStrategy(FedAvg) over SecAggWorkflow (authenticated): secfed's protocol
     secfed-unauthenticated   the same, honest-but-curious-server mode (no signatures, no
                consistency check): the mode that matches what Flower's SecAgg+ protects against
@@ -36,6 +37,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from secfed.adapters.flower import Cohort, SecAggMod, SecAggStrategy, SecAggWorkflow, pulls
+from secfed.adapters.flower.workflow import exchange
 
 
 def flower_secaggplus(msg: Message, context: Context, call_next):
@@ -77,14 +79,19 @@ def _nodes(grid: Grid, count: int) -> list[int]:
     raise TimeoutError(f"{count} SuperNodes did not connect")
 
 
-def plain_round(grid: Grid, nodes: list[int], d: int) -> float:
+def plain_round(grid: Grid, nodes: list[int], d: int, poll: float | None = None) -> float:
     """One train message per node and its reply, both carrying d random float32 values (Flower's
-    object store keeps identical chunks once: a vector of zeros would travel as one chunk)."""
+    object store keeps identical chunks once: a vector of zeros would travel as one chunk). Sent by
+    Flower's ``Grid.send_and_receive`` (which polls every 3 s), or with ``poll`` by secfed's
+    ``exchange``, which polls as secfed's ServerApp does (the plain-polled arm)."""
     model = np.random.default_rng().standard_normal(d, dtype=np.float32)
     t0 = time.monotonic()
     content = RecordDict({"arrays": ArrayRecord({"w": Array(model)}), "plain": ConfigRecord({"round": 1})})
-    messages = [Message(content, dst_node_id=n, message_type="train") for n in nodes]
-    replies = list(grid.send_and_receive(messages, timeout=120))
+    if poll is None:
+        messages = [Message(content, dst_node_id=n, message_type="train") for n in nodes]
+        replies = list(grid.send_and_receive(messages, timeout=120))
+    else:
+        replies = list(exchange(grid, {n: content for n in nodes}, timeout=120, poll=poll).values())
     assert len(replies) == len(nodes) and not any(r.has_error() for r in replies)
     return time.monotonic() - t0
 
@@ -143,12 +150,14 @@ def main(grid: Grid, context: Context) -> None:
     open_flow = SecAggWorkflow(authenticated=False, poll_interval=poll, phase_timeout=120)
     t0 = time.monotonic()
     flow.enrol(grid, nodes)
-    out: dict = {"enrol": time.monotonic() - t0, "plain": [], "secfed": [], "secfed-unauthenticated": [],
+    out: dict = {"enrol": time.monotonic() - t0, "plain": [], "plain-polled": [], "secfed": [], "secfed-unauthenticated": [],
                  "flower": [], "secfed_phases": [], "secfed-unauthenticated_phases": []}
     arms = str(cfg["arms"]).split(",")
     for _ in range(rounds):
         if "plain" in arms:
             out["plain"].append(plain_round(grid, nodes, d))
+        if "plain-polled" in arms:
+            out["plain-polled"].append(plain_round(grid, nodes, d, poll=0.2))
         if "secfed" in arms:
             out["secfed"].append(secfed_round(grid, flow, n, d, out["secfed_phases"]))
         if "secfed-unauthenticated" in arms:

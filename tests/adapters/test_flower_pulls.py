@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import threading
 import types
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,29 @@ def test_a_loopback_supernode_looks_again_at_its_node_poll(monkeypatch):
     exec(launch._FAST_NODE.format(poll=0.3), {})
     assert module.pull_objects.keywords == {"initial_backoff": 0.3}
     assert _backoffs(module, monkeypatch, late=2) == [0.3, 0.6]
+
+
+def test_a_clientapp_pulls_its_message_at_the_node_poll_warm_or_cold(tmp_path, monkeypatch):
+    """A ClientApp pulls its message from the SuperNode, which may still be pulling it: the script a
+    Loopback writes (cold path) and the zygote (warm forks) make its first back-off node_poll."""
+    from secfed.adapters.flower import launch, zygote
+
+    module = importlib.import_module(pulls.CLIENTAPP)
+    stock = getattr(module, pulls.CLIENTAPP_PULL)
+    monkeypatch.setattr(module, pulls.CLIENTAPP_PULL, stock)
+    assert stock.__kwdefaults__["initial_backoff"] == 1  # Flower's
+    exec(launch._FAST_CLIENTAPP.format(poll=0.2), {})
+    assert getattr(module, pulls.CLIENTAPP_PULL).keywords == {"initial_backoff": 0.2}
+    launch.make_bin(tmp_path, node_poll=0.2)
+    script = (tmp_path / "flwr-clientapp").read_text()
+    assert script.index("_forked()") < script.index("quicken(CLIENTAPP, 0.2")  # after the warm hand-off
+    launch.make_bin(tmp_path / "plain")
+    assert "quicken" not in (tmp_path / "plain" / "flwr-clientapp").read_text()  # no node_poll: Flower's
+    monkeypatch.setattr(module, pulls.CLIENTAPP_PULL, stock)
+    served = []
+    monkeypatch.setattr(zygote, "serve", lambda path, backoff=None: served.append((path, backoff)))
+    monkeypatch.setattr(zygote.signal, "signal", lambda *args: None)  # main's SIGTERM handler: not this process's
+    for argv, want in ((["zygote", "/s"], None), (["zygote", "/s", "0.3"], 0.3)):
+        monkeypatch.setattr(zygote.sys, "argv", argv)
+        zygote.main()
+        assert served.pop() == (Path("/s"), want)

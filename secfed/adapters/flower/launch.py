@@ -128,7 +128,8 @@ class Loopback:
     ``node_configs[i]``: node config of SuperNode i (``partition-id``/``num-partitions`` are added).
     ``tls``/``node_auth``: see the module docstring.
     ``env``: extra environment for every Flower process. ``node_poll``: cap Flower's fixed
-    SuperNode polls (3 s idle, 0.5 s for replies) at this many seconds (loopback tests, bench).
+    SuperNode polls (3 s idle, 0.5 s for replies) at this many seconds, and make it the first
+    back-off of the SuperNodes' and ClientApps' pulls of a message still arriving (pulls.py).
     ``warm_clientapps``: the SuperNodes' ClientApp processes are forks of one warm zygote
     (zygote.py) instead of fresh interpreters; the same code runs either way.
     """
@@ -224,7 +225,8 @@ class Loopback:
         # AF_UNIX paths are limited to ≈ 108 bytes: the socket lives in a short private folder
         self._zygote_dir = Path(tempfile.mkdtemp(prefix="secfed-z-"))
         path = self._zygote_dir / "clientapp.sock"
-        self.zygote = self._spawn("zygote", [sys.executable, "-m", "secfed.adapters.flower.zygote", str(path)])
+        backoff = [str(float(self.node_poll))] if self.node_poll else []  # its ClientApps' first pull back-off
+        self.zygote = self._spawn("zygote", [sys.executable, "-m", "secfed.adapters.flower.zygote", str(path), *backoff])
         deadline = time.monotonic() + self.start_timeout
         while not path.exists():
             if self.zygote.process.poll() is not None or time.monotonic() > deadline:
@@ -294,6 +296,13 @@ if getattr(_node, "time", None) is _time:
 """
 
 
+# A ClientApp pulls its message from the SuperNode, which may still be pulling it from the SuperLink:
+# under node_poll it first looks again after node_poll, not after 1 s (pulls.py; the zygote does the same).
+_FAST_CLIENTAPP = """from secfed.adapters.flower.pulls import CLIENTAPP, CLIENTAPP_PULL, quicken
+quicken(CLIENTAPP, {poll}, function=CLIENTAPP_PULL)
+"""
+
+
 # Flower starts one ClientApp process per message, and ``flwr.supernode.cli``'s __init__ imports
 # the SuperNode's own CLI with it (FastAPI, the SQL object store: ≈ 0.5 s of the process's ≈ 1.2 s
 # of imports), which a ClientApp never uses. Its script loads the entry module alone (the module
@@ -327,7 +336,8 @@ def load_clientapp_entry() -> Callable[[], object]:
 
 def make_bin(folder: Path, *, node_poll: float | None = None) -> None:
     """Flower's commands as scripts run by this interpreter (so they import this secfed);
-    ``node_poll`` caps the SuperNode's idle and reply polls (seconds). ``flwr-clientapp`` runs in a
+    ``node_poll`` caps the SuperNode's idle and reply polls (seconds) and is the first back-off of
+    its and its ClientApps' pulls (pulls.py). ``flwr-clientapp`` runs in a
     warm fork of the zygote whose socket ``SECFED_CLIENTAPP_ZYGOTE`` names, when one answers."""
     folder.mkdir(parents=True, exist_ok=True)
     for ep in entry_points(group="console_scripts"):
@@ -335,9 +345,10 @@ def make_bin(folder: Path, *, node_poll: float | None = None) -> None:
             continue
         module, _, attr = ep.value.partition(":")
         patch = _FAST_NODE.format(poll=float(node_poll)) if node_poll and ep.name == "flower-supernode" else ""
-        if ep.name in _LEAN:
+        if ep.name in _LEAN:  # the cold path (no zygote answered) pulls its message as the zygote's forks do
+            quick = _FAST_CLIENTAPP.format(poll=float(node_poll)) if node_poll else ""
             entry = (zygote.CLIENT.format(env=zygote.ENV_KEY) + "\nfrom secfed.adapters.flower.launch import load_entry\n"
-                     f"{attr} = load_entry({module!r}, {attr!r})\n")
+                     f"{attr} = load_entry({module!r}, {attr!r})\n{quick}")
         else:
             entry = f"from {module} import {attr}\n"
         script = folder / ep.name

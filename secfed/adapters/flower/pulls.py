@@ -8,7 +8,8 @@ takes a fraction of a second to upload on loopback, so the first back-off alone 
 round trip's wait, and the next one doubles it (measured in bench/RESULTS.md, issue 22 item 4).
 No setting changes it, so this module re-binds the name a Flower module pulls through to the same
 function with a shorter first back-off — in the processes secfed runs: its ServerApp
-(``secfed-poll``) and, under a :class:`~.launch.Loopback` with ``node_poll``, the SuperNodes. Only
+(``secfed-poll``) and, under a :class:`~.launch.Loopback` with ``node_poll``, the SuperNodes and
+their ClientApps (which pull each message from their SuperNode while it is still pulling it). Only
 the start of the schedule changes: the back-off still doubles up to Flower's cap, and Flower's
 limits (tries per object, ``max_time``) give up on a payload that never comes after about as long
 as before. A Flower release that renames the module or the function keeps its pulls as they are
@@ -25,16 +26,20 @@ from types import ModuleType
 
 log = logging.getLogger("secfed.flower")
 
-#: Where each secfed-run Flower process pulls objects: the ServerApp's grid, the SuperNode's loop.
+#: Where each secfed-run Flower process pulls objects: the ServerApp's grid, the SuperNode's loop
+#: (both through ``pull_objects``), the ClientApp's start (``pull_and_inflate_object_from_tree``).
 SERVERAPP = "flwr.superlink.grid.http_grid"
 SUPERNODE = "flwr.supernode.start_client_internal"
+CLIENTAPP = "flwr.supernode.runtime.run_clientapp"
+CLIENTAPP_PULL = "pull_and_inflate_object_from_tree"
 
 _KNOB = "initial_backoff"
 
 
-def quicken(module: str | ModuleType, backoff: float) -> bool:
-    """Make ``module``'s ``pull_objects`` back off ``backoff`` s first (then doubling, as Flower's).
-    Returns whether it did; idempotent (a second call re-binds the original with the new figure)."""
+def quicken(module: str | ModuleType, backoff: float, *, function: str = "pull_objects") -> bool:
+    """Make ``module``'s ``function`` (Flower's ``pull_objects``, or a caller of it that passes the
+    back-off on) back off ``backoff`` s first, then doubling as Flower's. Returns whether it did;
+    idempotent (a second call re-binds the original with the new figure)."""
     if not backoff > 0:
         raise ValueError(f"the pull back-off must be a positive number of seconds, not {backoff!r}")
     try:
@@ -42,10 +47,10 @@ def quicken(module: str | ModuleType, backoff: float) -> bool:
     except ImportError as exc:
         log.info("Flower's object pulls keep their back-off: %s", exc)
         return False
-    current = getattr(mod, "pull_objects", None)
+    current = getattr(mod, function, None)
     original = getattr(current, "func", current)  # a partial from an earlier call
     if not callable(original) or _KNOB not in inspect.signature(original).parameters:
-        log.info("Flower's object pulls keep their back-off: %s has no pull_objects(%s)", mod.__name__, _KNOB)
+        log.info("Flower's object pulls keep their back-off: %s has no %s(%s)", mod.__name__, function, _KNOB)
         return False
-    mod.pull_objects = functools.partial(original, initial_backoff=backoff)
+    setattr(mod, function, functools.partial(original, initial_backoff=backoff))
     return True

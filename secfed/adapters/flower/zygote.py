@@ -64,12 +64,16 @@ if _status is not None:
 '''
 
 
-def serve(path: Path) -> None:
-    """Import what a ClientApp needs, then fork one child per request on ``path`` (see the docstring)."""
+def serve(path: Path, pull_backoff: float | None = None) -> None:
+    """Import what a ClientApp needs, then fork one child per request on ``path`` (see the docstring).
+    ``pull_backoff``: the children's first back-off for a message still arriving (pulls.py)."""
     from .launch import load_clientapp_entry
     from .node import bind_private
+    from .pulls import CLIENTAPP, CLIENTAPP_PULL, quicken
 
     entry = load_clientapp_entry()
+    if pull_backoff:
+        quicken(CLIENTAPP, pull_backoff, function=CLIENTAPP_PULL)
     import secfed.adapters.flower.client_app  # noqa: F401 - the app every message loads
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
@@ -145,7 +149,7 @@ def _child(entry, request: dict, fds: list[int], conn: socket.socket) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    serve(Path(sys.argv[1]))
+    serve(Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else None)
 
 
 if __name__ == "__main__":
