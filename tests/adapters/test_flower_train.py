@@ -192,6 +192,16 @@ def test_a_node_decodes_its_images_once_and_checks_what_it_kept(small_config, tm
     assert len(decoded) == 1
     for k in third.sites:
         assert torch.equal(third.fed.clients[k].site.images, first.fed.clients[k].site.images)
+    # an image rewritten in place (here: only its modification time moves) is decoded again
+    shards, _ = sites_module.make_shards(small_config, sites_module.resolve_data(small_config).trained)
+    image = shards[third.sites[0]].samples[0].path
+    st = image.stat()
+    os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    try:
+        NodeSites.open(small_config, config, token, train=True)
+    finally:
+        os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert len(decoded) == 2
 
 
 @pytest.mark.parametrize("bn_stats", ["shared", "local"])

@@ -16,8 +16,8 @@ configuration's ``data.root`` (else the synthetic default, generated into this m
 
     STATE_DIR/images/KEY.pt    decoded images (a site's training set, a domain's query or gallery),
         kept between messages so that a message decodes nothing the node decoded before. KEY is a
-        SHA-256 over the samples' content fingerprint (relative path, size, identity, camera) and the
-        input size; the file (0600) holds the tensor and its SHA-256, checked on load (a file that
+        SHA-256 over the samples' content fingerprint (relative path, size, identity, camera), each
+        file's modification time and the input size; the file (0600) holds the tensor and its SHA-256, checked on load (a file that
         fails the check is decoded again and replaced).
 
 TOKEN is the run's random token (a fresh run never reads another run's state).
@@ -157,9 +157,12 @@ class ImageCache:
         self.decoded = 0  # how many images this process decoded (a warm cache: none)
 
     def key(self, samples: Sequence[Sample], height: int, width: int) -> str:
-        h, resolve = hashlib.sha256(f"secfed-images/v1|{height}x{width}\n".encode()), Resolver()
+        # The data fingerprint's fields and each file's modification time: an image rewritten in
+        # place (even at the same size) is decoded again, never served from an older decoding.
+        h, resolve = hashlib.sha256(f"secfed-images/v2|{height}x{width}\n".encode()), Resolver()
         for s in samples:
-            h.update(f"{resolve(s.path).as_posix()}|{s.path.stat().st_size}|{s.pid}|{s.camid}\n".encode())
+            st = s.path.stat()
+            h.update(f"{resolve(s.path).as_posix()}|{st.st_size}|{st.st_mtime_ns}|{s.pid}|{s.camid}\n".encode())
         return h.hexdigest()
 
     def __call__(self, samples: Sequence[Sample], height: int, width: int) -> torch.Tensor:
