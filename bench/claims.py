@@ -274,7 +274,8 @@ def paired(claim: Claim, runs: Iterable[dict[str, Any]]) -> list[float]:
     return [claim.measure(arms) for _, arms in sorted(by_seed.items()) if all(a in arms for a in claim.arms)]
 
 
-def table(runs: list[dict[str, Any]], claims: list[Claim]) -> str:
+def table(runs: list[dict[str, Any]], claims: list[Claim], min_seeds: int = 2) -> str:
+    """The claims decided from ``runs``; one with fewer than ``min_seeds`` paired seeds is undecided."""
     lines = ["| claim | statement | seeds | mean d [95 % interval] | decision |", "|---|---|---|---|---|"]
     for claim in claims:
         d = paired(claim, runs)
@@ -283,8 +284,9 @@ def table(runs: list[dict[str, Any]], claims: list[Claim]) -> str:
             continue
         mean, lo, hi = interval(d)
         shown = f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] {claim.unit}" if len(d) > 1 else f"{mean:+.2f} {claim.unit}"
-        lines.append(f"| {claim.source} | {claim.statement} | {len(d)} | {shown} | "
-                     f"**{decide(d, claim.threshold, claim.margin)}** |")
+        verdict = decide(d, claim.threshold, claim.margin) if len(d) >= min_seeds else \
+            f"undecided ({len(d)} of the {min_seeds} seeds a decision needs)"
+        lines.append(f"| {claim.source} | {claim.statement} | {len(d)} | {shown} | **{verdict}** |")
     return "\n".join(lines)
 
 
@@ -365,6 +367,9 @@ def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str,
     ])
 
 
+STARTED_MIN_SEEDS = 10  # issue 24: a claim is decided on ≥ 10 paired seeds (an interrupted --spread has fewer)
+
+
 def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim]) -> str:
     """The claims every arm of which has ``--spread`` runs from one start (ARM@START, paired by seed),
     decided from those runs as the main table decides: one table per start, nothing when none."""
@@ -378,7 +383,7 @@ def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim]) -
         if decidable:
             blocks.append(f"The same claims from the {start} pretrained backbone, where `--spread` ran every arm "
                           f"(ARM@{start}, each at its pretrained default learning rates, untuned; paired by seed):"
-                          f"\n\n{table(runs, decidable)}")
+                          f"\n\n{table(runs, decidable, min_seeds=STARTED_MIN_SEEDS)}")
     return "\n\n".join(blocks)
 
 

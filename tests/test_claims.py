@@ -178,7 +178,14 @@ def test_a_spread_arm_starts_from_the_synthetic_backbone_and_shows_in_the_spread
     cdw = [run("fedpav+cdw@synthetic", 0, 0.35), run("fedpav+cdw@synthetic", 1, 0.38)]
     text = claims.publication([rows[3]], [table3, kd], "cmd", {}, spread_only=rows[:2] + cdw)
     started = text.split("The same claims from the synthetic pretrained backbone", 1)[1]
+    # two seeds (an interrupted --spread) are shown, not decided: that table decides on ≥ 10
     assert "| MM'20 Table 3 | CDW improves FedPav (mean seen rank-1) | 2 | +4.50 [" in started
+    assert "**undecided (2 of the 10 seeds a decision needs)**" in started
     assert "MM'20 Fig. 7" not in started
+    many = [run(arm, seed, 0.30 + 0.01 * seed + (0.05 if "cdw" in arm else 0.0))
+            for seed in range(10) for arm in ("fedpav@synthetic", "fedpav+cdw@synthetic")]
+    decided = claims.publication([rows[3]], [table3], "cmd", {}, spread_only=many)
+    assert "| MM'20 Table 3 | CDW improves FedPav (mean seen rank-1) | 10 | +5.00 [" in decided
+    assert "**reproduced**" in decided.split("The same claims from the synthetic pretrained backbone", 1)[1]
     assert "The same claims from the" not in claims.publication([rows[3]], [table3], "cmd", {},
                                                                                spread_only=rows[:2])
