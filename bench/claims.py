@@ -274,8 +274,9 @@ def paired(claim: Claim, runs: Iterable[dict[str, Any]]) -> list[float]:
     return [claim.measure(arms) for _, arms in sorted(by_seed.items()) if all(a in arms for a in claim.arms)]
 
 
-def table(runs: list[dict[str, Any]], claims: list[Claim], min_seeds: int = 2) -> str:
-    """The claims decided from ``runs``; one with fewer than ``min_seeds`` paired seeds is undecided."""
+def table(runs: list[dict[str, Any]], claims: list[Claim], min_seeds: int = 1) -> str:
+    """The claims decided from ``runs``; one with fewer than ``min_seeds`` paired seeds is undecided
+    (and one seed decides nothing anyway: :func:`decide`)."""
     lines = ["| claim | statement | seeds | mean d [95 % interval] | decision |", "|---|---|---|---|---|"]
     for claim in claims:
         d = paired(claim, runs)

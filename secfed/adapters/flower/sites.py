@@ -17,8 +17,8 @@ configuration's ``data.root`` (else the synthetic default, generated into this m
     STATE_DIR/images/KEY.pt    decoded images (a site's training set, a domain's query or gallery),
         kept between messages so that a message decodes nothing the node decoded before. KEY is a
         SHA-256 over the samples' content fingerprint (relative path, size, identity, camera), each
-        file's modification time and the input size; the file (0600) holds the tensor and its SHA-256, checked on load (a file that
-        fails the check is decoded again and replaced).
+        file's modification time and the input size; the file (0600) holds the tensor and its
+        SHA-256, checked on load (a file that fails the check is decoded again and replaced).
 
 TOKEN is the run's random token (a fresh run never reads another run's state).
 """
