@@ -1,0 +1,155 @@
+"""Does another machine get the published numbers? Rerun seeds of published arms and test them.
+
+    python bench/check_claims.py ARM [ARM ...] [--seeds 3] [--workers N] [--threads T] [--device cpu|cuda]
+                                 [--published bench/results/claims/runs.jsonl] [--out bench/results/claims-check]
+
+A run on another CPU (or a GPU) does not give the published bytes (`bench_repro.py` says when it
+does), so what a second machine can reproduce is the published *distribution*: each arm's
+seed-to-seed mean and spread, and each claim's mean paired difference. This command runs seeds
+0 … K−1 of the named arms at their defaults (factor 1, the published setting, `claims.py`'s own
+runner; resumable: finished runs in OUT/runs.jsonl are skipped) and, for every published number
+those runs measure (an arm's mean seen rank-1 and unseen mAP; the paired d of every claim all of
+whose arms ran), asks whether the mean of the K new runs lies where the mean of K runs drawn from
+the published runs' distribution would: the prediction interval
+
+    published mean ± t(1 − α/2, n − 1) · published std · sqrt(1/n + 1/K)
+
+with α = 5 % split over the rows compared (Bonferroni), so that a machine that does reproduce the
+tables fails the whole check at most 5 % of the time. It prints the table, writes it to OUT/check.md
+with both machines named, and exits 1 when a row lies outside (2 when nothing could be compared).
+Written here, not taken from a library: a two-line prediction interval over claims.py's records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import claims  # noqa: E402
+
+from secfed.environment import describe  # noqa: E402
+
+ALPHA = 0.05
+METRICS: dict[str, tuple[Callable[[dict[str, Any]], float], str]] = {
+    "seen rank-1": (claims.seen_rank1, "domains"),
+    "unseen mAP": (claims.unseen_map, "unseen"),
+}
+
+
+def prediction(published: list[float], k: int, alpha: float) -> tuple[float, float, float]:
+    """(mean, lo, hi): where the mean of ``k`` new draws falls with probability 1 − ``alpha`` if they
+    come from the distribution ``published`` was drawn from (Student t, n − 1 degrees of freedom)."""
+    n = len(published)
+    mean, sd = statistics.fmean(published), statistics.stdev(published)
+    half = stats.t.ppf(1 - alpha / 2, n - 1) * sd * math.sqrt(1 / n + 1 / k)
+    return mean, mean - half, mean + half
+
+
+def at_defaults(rows: Iterable[dict[str, Any]], arms: Iterable[str], rounds: int) -> list[dict[str, Any]]:
+    """The rows of ``arms`` at their defaults (factor 1, test sets, ``rounds`` rounds)."""
+    return [r for r in claims.spread_runs(rows, arms) if r.get("rounds", 16) == rounds]
+
+
+def comparisons(published: list[dict[str, Any]], mine: list[dict[str, Any]],
+                arms: list[str]) -> list[tuple[str, list[float], list[float]]]:
+    """(what, published values, this machine's values) for every number both sides measure: each
+    arm's metrics, then each claim whose arms all ran here, from that arm's start."""
+    rows = []
+    for arm in arms:
+        theirs = [r for r in published if r["arm"] == arm]
+        ours = [r for r in mine if r["arm"] == arm]
+        for metric, (measure, field) in METRICS.items():
+            pair = ([measure(r) for r in theirs if r.get(field)], [measure(r) for r in ours if r.get(field)])
+            if len(pair[0]) >= 2 and pair[1]:
+                rows.append((f"{arm}: {metric}", *pair))
+    for start in dict.fromkeys(claims.split_arm(a)[1] for a in arms):
+        suffix = f"@{start}" if start else ""
+        for claim in claims.CLAIMS:
+            wanted = {a + suffix for a in claim.arms}
+            if not wanted <= set(arms):
+                continue
+
+            def as_method(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                return [{**r, "arm": claims.split_arm(r["arm"])[0]} for r in runs if r["arm"] in wanted]
+
+            pair = (claims.paired(claim, as_method(published)), claims.paired(claim, as_method(mine)))
+            if len(pair[0]) >= 2 and pair[1]:
+                rows.append((f"{claim.source}{' from ' + start if start else ''}: d ({claim.unit})", *pair))
+    return rows
+
+
+def report(compared: list[tuple[str, list[float], list[float]]], published: list[dict[str, Any]],
+           mine: list[dict[str, Any]], command: str) -> tuple[str, int]:
+    """The check's table and verdict, and how many rows lie outside their interval."""
+    level = ALPHA / max(1, len(compared))
+    lines = [f"| published number | published: n, mean (std) | {100 * (1 - level):.2f} % range for the mean of "
+             "this machine's runs | this machine: runs, mean | |", "|---|---|---|---|---|"]
+    outside = 0
+    for what, theirs, ours in compared:
+        mean, lo, hi = prediction(theirs, len(ours), level)
+        inside = lo <= statistics.fmean(ours) <= hi
+        outside += not inside
+        lines.append(f"| {what} | {len(theirs)}, {mean:.2f} ({statistics.stdev(theirs):.2f}) | [{lo:.2f}, {hi:.2f}] | "
+                     f"{len(ours)}, {statistics.fmean(ours):.2f} | {'within' if inside else '**OUTSIDE**'} |")
+    verdict = (f"**{len(compared) - outside} of {len(compared)} published numbers reproduced** within their range "
+               f"(α = {ALPHA:g} over the whole table, Bonferroni)" if compared else "Nothing to compare")
+    return "\n".join([
+        *lines, "", verdict + ".", "",
+        f"Published runs: {claims.machines_line(published)}.",
+        f"This machine: {claims.machines_line(mine)}; `{command}`.",
+    ]), outside
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("arms", nargs="+", metavar="ARM", help="published arms to rerun (e.g. fedpav, fedpav@synthetic)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 … K−1 of each arm (default 3)")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=16, help="rounds per run (16: the published setting)")
+    parser.add_argument("--published", type=Path, default=claims.REPO / "bench" / "results" / "claims" / "runs.jsonl")
+    parser.add_argument("--out", type=Path, default=claims.REPO / "bench" / "results" / "claims-check")
+    parser.add_argument("--report", action="store_true", help="run nothing: compare the runs already in --out")
+    args = parser.parse_args(argv)
+    args.max_minutes = None
+    known = claims.arms_of(claims.CLAIMS)
+    for arm in args.arms:
+        method, start = claims.split_arm(arm)
+        if method not in known or start not in ("", "synthetic"):
+            parser.error(f"{arm}: give ARM or ARM@synthetic with ARM one of {', '.join(known)}")
+    if args.seeds < 1:
+        parser.error("--seeds ≥ 1")
+    if not args.published.is_file():
+        parser.error(f"--published {args.published}: no such file")
+    if args.out.resolve() == args.published.parent.resolve():
+        parser.error("--out must not be the published runs' folder: its finished runs would be skipped")
+    published = at_defaults(claims.load(args.published), args.arms, args.rounds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "runs.jsonl"
+    rows = claims.load(results)
+    command = "python bench/check_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if not args.report:
+        print(describe(), flush=True)
+        claims.prepare_data(args.arms)
+        jobs = [claims.Job(a, s) for s in range(args.seeds) for a in args.arms]
+        rows += claims.execute(jobs, rows, results, args, time.monotonic())
+    mine = [r for r in at_defaults(rows, args.arms, args.rounds) if r["seed"] < args.seeds]
+    compared = comparisons(published, mine, args.arms)
+    text, outside = report(compared, published, mine, command)
+    (args.out / "check.md").write_text(text + "\n")
+    print(text)
+    return int(outside > 0) if compared else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""bench/check_claims.py: a second machine's runs tested against the published distribution, on
+constructed runs (the training is bench-only)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def check():  # noqa: ANN201 - a module loaded from bench/
+    sys.path.insert(0, str(BENCH))
+    for name in ("claims", "check_claims"):
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # dataclasses look their module up by name
+            spec.loader.exec_module(module)
+    return sys.modules["check_claims"]
+
+
+def run(arm: str, seed: int, rank1: float, unseen_map: float, scale: float = 1.0) -> dict:
+    return {"arm": arm, "seed": seed, "rounds": 16, "lr_scale": scale, "seconds": 60.0,
+            "domains": [{"name": "a", "rank1": rank1, "train_images": 10, "local_rank1": rank1 - 0.01}],
+            "unseen": [{"name": "u", "mAP": unseen_map, "rank1": unseen_map}]}
+
+
+PUBLISHED = [run("fedpav", s, 0.30 + 0.01 * (s % 3), 0.40 + 0.01 * (s % 4)) for s in range(10)] + \
+    [run("fedpav+cdw", s, 0.32 + 0.01 * (s % 3), 0.41) for s in range(10)] + \
+    [run("fedpav", 99, 0.9, 0.9, scale=2.0)]  # a grid run: never part of the published distribution
+
+
+def test_the_prediction_interval_widens_with_fewer_runs_and_a_wider_spread(check) -> None:
+    values = [1.0, 2.0, 3.0, 2.0, 2.5]
+    mean, lo1, hi1 = check.prediction(values, 1, 0.05)
+    _, lo10, hi10 = check.prediction(values, 10, 0.05)
+    assert mean == pytest.approx(2.1) and lo1 < lo10 < mean < hi10 < hi1
+    # t(0.975, 4) · s · sqrt(1/5 + 1/1), s = 0.742
+    assert hi1 - mean == pytest.approx(2.776 * 0.7416 * (1.2 ** 0.5), rel=1e-3)
+    _, lo_strict, hi_strict = check.prediction(values, 1, 0.005)
+    assert lo_strict < lo1 and hi_strict > hi1
+
+
+def test_runs_from_the_published_distribution_are_within_and_a_shifted_machine_is_not(check) -> None:
+    published = check.at_defaults(PUBLISHED, ["fedpav", "fedpav+cdw"], 16)
+    assert len(published) == 20  # the ×2 grid run is left out
+    same = [run("fedpav", s, 0.31, 0.415) for s in range(3)] + [run("fedpav+cdw", s, 0.33, 0.41) for s in range(3)]
+    compared = check.comparisons(published, same, ["fedpav", "fedpav+cdw"])
+    names = [c[0] for c in compared]
+    assert names[:2] == ["fedpav: seen rank-1", "fedpav: unseen mAP"]
+    assert "MM'20 Fig. 6: d (rank-1 points)" in names and "MM'20 Table 3: d (rank-1 points)" in names
+    assert not any("Fig. 7" in n for n in names)  # fedpav+kd did not run here
+    text, outside = check.report(compared, published, same, "cmd")
+    assert outside == 0 and f"**{len(compared)} of {len(compared)} published numbers reproduced**" in text
+    # a machine whose FedPav lands 5 rank-1 points low fails its rows, named
+    shifted = [run("fedpav", s, 0.26, 0.415) for s in range(3)] + same[3:]
+    text, outside = check.report(check.comparisons(published, shifted, ["fedpav", "fedpav+cdw"]), published,
+                                 shifted, "cmd")
+    assert outside >= 2  # FedPav's seen rank-1 and CDW's paired gain over it
+    assert "| fedpav: seen rank-1 | 10, 30.90 (0.88) |" in text and "**OUTSIDE**" in text
+
+
+def test_a_pretrained_start_is_compared_with_its_own_runs(check) -> None:
+    published = [{**r, "arm": r["arm"] + "@synthetic"} for r in PUBLISHED if r["lr_scale"] == 1.0] + PUBLISHED[:10]
+    mine = [run("fedpav@synthetic", 0, 0.31, 0.41)]
+    compared = check.comparisons(check.at_defaults(published, ["fedpav@synthetic"], 16), mine, ["fedpav@synthetic"])
+    assert [c[0] for c in compared] == ["fedpav@synthetic: seen rank-1", "fedpav@synthetic: unseen mAP",
+                                        "MM'20 Fig. 6 from synthetic: d (rank-1 points)"]
+    assert all(len(theirs) == 10 for _, theirs, _ in compared)  # the from-scratch runs are not mixed in
+
+
+def test_the_command_compares_what_it_finds_and_refuses_what_it_cannot(check, tmp_path: Path, capsys) -> None:
+    published = tmp_path / "published" / "runs.jsonl"
+    published.parent.mkdir()
+    published.write_text("".join(json.dumps(r) + "\n" for r in PUBLISHED))
+    out = tmp_path / "check"
+    out.mkdir()
+    (out / "runs.jsonl").write_text("".join(json.dumps(run("fedpav", s, 0.31, 0.415)) + "\n" for s in range(4)))
+    args = ["fedpav", "--seeds", "3", "--published", str(published), "--out", str(out), "--report"]
+    assert check.main(args) == 0
+    written = (out / "check.md").read_text()
+    assert "| fedpav: seen rank-1 | 10, 30.90 (0.88) |" in written and "| 3, 31.00 |" in written  # seeds 0–2 only
+    assert check.main(["fedpav+kd", *args[1:]]) == 2  # nothing published for it
+    published_args = ["--published", str(published)]
+    for bad, named in ((["nope", *published_args, "--out", str(out)], "nope"),
+                       (["fedpav", *published_args, "--out", str(published.parent)], "--out"),
+                       (["fedpav", "--published", str(tmp_path / "missing"), "--out", str(out)], "--published")):
+        with pytest.raises(SystemExit) as stopped:
+            check.main([*bad, "--report"])
+        assert stopped.value.code == 2 and named in capsys.readouterr().err
