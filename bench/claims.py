@@ -2,7 +2,7 @@
 
     python bench/claims.py [--seeds 10] [--workers N] [--device cpu|cuda] [--threads T]
                            [--only CLAIM ...] [--out bench/results/claims] [--publish] [--max-minutes M]
-                           [--lr-grid 0.5 1 2] [--grid-seeds 1] [--spread ARM@START ...]
+                           [--lr-grid 0.5 1 2] [--grid-seeds 1] [--spread ARM@START ... [--tune]]
 
 Each claim compares two arms trained with the SAME seed (same data order, same initial weights): the
 per-seed difference d (in rank-1/mAP points, signed so that positive is what the paper claims) is a
@@ -23,9 +23,11 @@ Arms (bench_methods.py's and bench_dfh.py's settings; each run ≤ 5 CPU-minutes
     ARM@synthetic                                           ARM from the synthetic pretrained backbone
                                                              (`secfed pretrain`, built first if missing)
 
-``--spread ARM@START ...`` runs only those arms, ``--seeds`` seeds each at their defaults (no claim,
-no tuning), for the seed-to-seed spread table (issue 24 item 2: does a pretrained start steady the
-setting?); every report shows the spread of every arm in OUT/runs.jsonl.
+``--spread ARM@START ...`` runs only those arms, ``--seeds`` seeds each at their defaults, for the
+seed-to-seed spread table (issue 24 item 2: does a pretrained start steady the setting?); every report
+shows the spread of every arm in OUT/runs.jsonl, and decides each claim all of whose arms ran from one
+start. With ``--tune`` the arms first get the same grid as the claims' arms (below); the report then
+says, under that table, whether factor 1 — what the ``--spread`` runs use — is each arm's choice.
 
 Each arm gets the same tuning budget first: its learning rates (new layers and backbone together)
 are scaled by each factor of ``--lr-grid``, trained on seeds of their own (10,000 and up, never a
@@ -335,13 +337,18 @@ def figure(runs: list[dict[str, Any]], claims: list[Claim], out_png: Path) -> No
     atomic_file.write_bytes(out_png, buffer.getvalue())
 
 
+def grid_summary(chosen: dict[str, dict[str, Any]]) -> str:
+    """``arm ×factor (×0.5: mAP, ×1: mAP, …)`` per tuned arm, ";"-joined."""
+    return "; ".join(f"{a} ×{g['chosen']:g} ({', '.join(f'×{k}: {v:.1f}' for k, v in g['validation_mAP'].items())})"
+                     for a, g in chosen.items())
+
+
 def tuning_line(chosen: dict[str, dict[str, Any]], at_defaults: bool = False) -> str:
     """How each arm's learning rates were chosen, in one sentence (``at_defaults``: the claims ran at
     factor 1 whatever the grid chose)."""
     if all(not g["validation_mAP"] for g in chosen.values()):
         return "Learning rates: each method's defaults (factor 1; no tuning runs)."
-    grid = "; ".join(f"{a} ×{g['chosen']:g} ({', '.join(f'×{k}: {v:.1f}' for k, v in g['validation_mAP'].items())})"
-                     for a, g in chosen.items())
+    grid = grid_summary(chosen)
     if at_defaults:
         return ("Learning rates: each method's defaults (factor 1) — NOT the tuned ones. The grid on the validation "
                 f"split of the training domains (validation mAP % per factor) chose: {grid}; the claims at those "
@@ -351,15 +358,16 @@ def tuning_line(chosen: dict[str, dict[str, Any]], at_defaults: bool = False) ->
 
 def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str,
                 chosen: dict[str, dict[str, Any]], at_defaults: bool = False,
-                spread_only: list[dict[str, Any]] = ()) -> str:
+                spread_only: list[dict[str, Any]] = (), started_grid: dict[str, dict[str, Any]] | None = None) -> str:
     """The claims table, the spread of every arm (``spread_only``: the ``--spread`` arms' runs,
-    e.g. from the synthetic pretrained backbone), the tuning line and the footer."""
+    e.g. from the synthetic pretrained backbone; ``started_grid``: what ``--spread --tune``'s grid
+    chose for them), the tuning line and the footer."""
     wall = sum(r["seconds"] for r in runs) / 60
     return "\n".join([
         table(runs, claims), "",
         spread([*runs, *spread_only]), "",
         *([spread_only_line(spread_only), ""] if spread_only else []),
-        *([started, ""] if (started := started_claims(spread_only, claims)) else []),
+        *([started, ""] if (started := started_claims(spread_only, claims, started_grid or {})) else []),
         tuning_line(chosen, at_defaults), "",
         f"d > 0 is what the paper claims; reproduced: the interval's low end is above the threshold (0 unless "
         f"the statement names one); not reproduced: its high end is below threshold + 1 point (0.25 for "
@@ -371,9 +379,11 @@ def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str,
 STARTED_MIN_SEEDS = 10  # issue 24: a claim is decided on ≥ 10 paired seeds (an interrupted --spread has fewer)
 
 
-def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim]) -> str:
+def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim],
+                   grid: dict[str, dict[str, Any]] | None = None) -> str:
     """The claims every arm of which has ``--spread`` runs from one start (ARM@START, paired by seed),
-    decided from those runs as the main table decides: one table per start, nothing when none."""
+    decided from those runs as the main table decides: one table per start, nothing when none; under
+    each, what the ``--tune`` grid (``grid``, :func:`choose`'s for the ARM@START arms) chose."""
     by_start: dict[str, list[dict[str, Any]]] = {}
     for r in spread_only:
         method, start = split_arm(r["arm"])
@@ -383,9 +393,28 @@ def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim]) -
         decidable = [c for c in claims if paired(c, runs)]
         if decidable:
             blocks.append(f"The same claims from the {start} pretrained backbone, where `--spread` ran every arm "
-                          f"(ARM@{start}, each at its pretrained default learning rates, untuned; paired by seed):"
-                          f"\n\n{table(runs, decidable, min_seeds=STARTED_MIN_SEEDS)}")
+                          f"(ARM@{start}, each at its pretrained default learning rates; paired by seed):"
+                          f"\n\n{table(runs, decidable, min_seeds=STARTED_MIN_SEEDS)}\n\n"
+                          f"{started_tuning_line(start, arms_of(decidable), grid or {})}")
     return "\n\n".join(blocks)
+
+
+def started_tuning_line(start: str, arms: list[str], grid: dict[str, dict[str, Any]]) -> str:
+    """Whether the factor-1 runs from ``start`` are each arm's tuned ones: what the grid chose per arm
+    (`--spread ARM@START --tune`), and which arms it has not scored."""
+    tuned = list(dict.fromkeys(tuned_as(f"{a}@{start}") for a in arms))
+    scored = {a: g for a in tuned if (g := grid.get(a)) and g["validation_mAP"]}
+    if not scored:
+        return (f"Learning rates from the {start} start: the defaults, untuned (no grid run: "
+                f"`--spread ARM@{start} --tune`).")
+    shown = grid_summary(scored)
+    off = [a for a, g in scored.items() if g["chosen"] != 1.0]
+    missing = [a for a in tuned if a not in scored]
+    return (f"Learning rates from the {start} start — the grid on the validation split of the training domains "
+            f"(validation mAP % per factor) chose: {shown}. "
+            + (f"The runs above are at factor 1, so for {', '.join(off)} they are NOT the tuned ones. " if off else
+               f"The runs above (factor 1) are the tuned ones for {', '.join(scored)}. ")
+            + (f"Not tuned yet: {', '.join(missing)}." if missing else "")).strip()
 
 
 def spread_only_line(runs: list[dict[str, Any]]) -> str:
@@ -482,11 +511,12 @@ def arms_of(claims: list[Claim]) -> list[str]:
     return list(dict.fromkeys(a for c in claims for a in c.arms))
 
 
-def grid_jobs(claims: list[Claim], scales: list[float], grid_seeds: int) -> list[Job]:
-    """The tuning runs: each tuned arm at each factor on each grid seed (none for a one-factor grid)."""
+def grid_jobs(arms: Iterable[str], scales: list[float], grid_seeds: int) -> list[Job]:
+    """The tuning runs: each tuned arm of ``arms`` at each factor on each grid seed (none for a
+    one-factor grid)."""
     if len(scales) < 2:
         return []
-    tuned = dict.fromkeys(tuned_as(a) for a in arms_of(claims))
+    tuned = dict.fromkeys(tuned_as(a) for a in arms)
     return [Job(a, GRID_SEED + s, scale, True) for s in range(grid_seeds) for a in tuned for scale in scales]
 
 
@@ -543,11 +573,16 @@ def main() -> None:
     parser.add_argument("--spread", nargs="+", metavar="ARM@START",
                         help="run only these arms (e.g. fedpav@synthetic), --seeds seeds each at their defaults, "
                              "and print their seed-to-seed spread")
+    parser.add_argument("--tune", action="store_true",
+                        help="with --spread: first the --lr-grid for those arms, on their validation split and "
+                             "--grid-seeds tuning seeds (the report then says whether factor 1 is each arm's choice)")
     args = parser.parse_args()
     if args.seeds < 2 or args.grid_seeds < 1 or any(x <= 0 for x in args.lr_grid):
         parser.error("--seeds ≥ 2, --grid-seeds ≥ 1, --lr-grid factors > 0")
     if args.at_defaults and not args.report:
         parser.error("--at-defaults decides from runs already made: use it with --report")
+    if args.tune and not args.spread:
+        parser.error("--tune tunes the --spread arms (the claims' own arms are always tuned over --lr-grid)")
     claims = [c for c in CLAIMS if not args.only or c.key in args.only]
     known = arms_of(CLAIMS)
     for arm in args.spread or ():
@@ -567,7 +602,7 @@ def main() -> None:
         print(describe(), flush=True)
         prepare_data(arms_of(claims))  # once, before the workers race for it
         started = time.monotonic()
-        rows += execute(grid_jobs(claims, args.lr_grid, args.grid_seeds), rows, results, args, started)
+        rows += execute(grid_jobs(arms_of(claims), args.lr_grid, args.grid_seeds), rows, results, args, started)
     starts = [a for a in dict.fromkeys(r["arm"] for r in rows) if split_arm(a)[1]]  # --spread's arms, if any ran
     chosen = choose(rows, arms_of(claims), args.lr_grid)
     (args.out / "grid.json").write_text(json.dumps(chosen, indent=1) + "\n")
@@ -576,18 +611,23 @@ def main() -> None:
         rows += execute(claim_jobs(claims, args.seeds, chosen), rows, results, args, started)
         (args.out / "command.txt").write_text(command + "\n")
     decided = {a: {**g, "chosen": 1.0} for a, g in chosen.items()} if args.at_defaults else chosen
-    publish(claim_runs(rows, claims, args.seeds, decided), claims, command, args, chosen, spread_runs(rows, starts))
+    publish(claim_runs(rows, claims, args.seeds, decided), claims, command, args, chosen, spread_runs(rows, starts),
+            choose(rows, starts, args.lr_grid))
 
 
 def measure_spread(args: argparse.Namespace, rows: list[dict[str, Any]], results: Path) -> None:
-    """``--spread``: the named arms' seeds at their defaults (resumable like the claims), then the
-    spread table of those arms."""
+    """``--spread``: (with ``--tune``, first the grid of) the named arms' seeds at their defaults
+    (resumable like the claims), then the spread table of those arms and what the grid chose."""
     if not args.report:
         print(describe(), flush=True)
         prepare_data(args.spread)
-        jobs = [Job(a, s) for s in range(args.seeds) for a in args.spread]
+        grid = grid_jobs(args.spread, args.lr_grid, args.grid_seeds) if args.tune else []
+        jobs = grid + [Job(a, s) for s in range(args.seeds) for a in args.spread]
         rows = rows + execute(jobs, rows, results, args, time.monotonic())
     print(spread(spread_runs(rows, args.spread)))
+    chosen = {a: g for a, g in choose(rows, args.spread, args.lr_grid).items() if g["validation_mAP"]}
+    if chosen:
+        print(f"learning-rate grid (validation mAP % per factor): {grid_summary(chosen)}")
 
 
 def spread_runs(rows: list[dict[str, Any]], arms: Iterable[str]) -> list[dict[str, Any]]:
@@ -631,8 +671,9 @@ def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: ar
 
 
 def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args: argparse.Namespace,
-            chosen: dict[str, dict[str, Any]], spread_only: list[dict[str, Any]]) -> None:
-    text = publication(runs, claims, command, chosen, args.at_defaults, spread_only)
+            chosen: dict[str, dict[str, Any]], spread_only: list[dict[str, Any]],
+            started_grid: dict[str, dict[str, Any]]) -> None:
+    text = publication(runs, claims, command, chosen, args.at_defaults, spread_only, started_grid)
     (args.out / "claims.md").write_text(text + "\n")
     figure(runs, claims, args.out / "claims.png")
     print(text)

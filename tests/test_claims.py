@@ -80,10 +80,10 @@ def test_each_arm_is_tuned_on_validation_runs_of_its_own_seeds_and_claims_use_it
     validation split; the claims then run (and are decided from) each arm's best factor only."""
     [fig3] = [c for c in claims.CLAIMS if c.key == "aaai21-fig3"]  # fedreid and fedreid+beta
     [table3] = [c for c in claims.CLAIMS if c.key == "mm20-table3"]
-    grid = claims.grid_jobs([fig3, table3], [0.5, 1.0, 2.0], 1)
+    grid = claims.grid_jobs(claims.arms_of([fig3, table3]), [0.5, 1.0, 2.0], 1)
     assert {j.arm for j in grid} == {"fedreid", "fedpav", "fedpav+cdw"}  # β takes FedReID's factor
     assert len(grid) == 9 and all(j.validation and j.seed >= claims.GRID_SEED for j in grid)
-    assert claims.grid_jobs([table3], [1.0], 1) == []  # one factor: nothing to tune
+    assert claims.grid_jobs(claims.arms_of([table3]), [1.0], 1) == []  # one factor: nothing to tune
 
     def row(job, mAP):
         return {"arm": job.arm, "seed": job.seed, "lr_scale": job.lr_scale, "validation": job.validation,
@@ -189,3 +189,32 @@ def test_a_spread_arm_starts_from_the_synthetic_backbone_and_shows_in_the_spread
     assert "**reproduced**" in decided.split("The same claims from the synthetic pretrained backbone", 1)[1]
     assert "The same claims from the" not in claims.publication([rows[3]], [table3], "cmd", {},
                                                                                spread_only=rows[:2])
+
+
+def test_the_started_table_says_whether_its_factor_1_runs_are_the_tuned_ones(claims) -> None:
+    """Issue 24 item 3 from the pretrained start: `--spread ARM@synthetic --tune` runs the same grid,
+    on the validation split, and the table decided from the factor-1 runs says what it chose."""
+    assert claims.grid_jobs(["fedreid+beta@synthetic"], [0.5, 1.0], 1) == [
+        claims.Job("fedreid@synthetic", claims.GRID_SEED, 0.5, True),
+        claims.Job("fedreid@synthetic", claims.GRID_SEED, 1.0, True)]
+
+    def run(arm: str, seed: int, rank1: float, scale: float = 1.0, validation: bool = False) -> dict:
+        return {"arm": arm, "seed": seed, "lr_scale": scale, "validation": validation, "seconds": 60.0,
+                "domains": [{"name": "a", "rank1": rank1, "mAP": rank1}], "unseen": [{"name": "u", "mAP": rank1}]}
+
+    table3 = next(c for c in claims.CLAIMS if c.key == "mm20-table3")
+    many = [run(arm, seed, 0.30 + 0.01 * seed) for seed in range(10) for arm in ("fedpav@synthetic", "fedpav+cdw@synthetic")]
+    untuned = claims.publication([], [table3], "cmd", {}, spread_only=many)
+    assert "the defaults, untuned (no grid run: `--spread ARM@synthetic --tune`)" in untuned
+    grid = [run("fedpav@synthetic", claims.GRID_SEED, v, scale, True) for scale, v in ((0.5, 0.2), (1.0, 0.4), (2.0, 0.3))]
+    grid += [run("fedpav+cdw@synthetic", claims.GRID_SEED, v, scale, True) for scale, v in ((0.5, 0.5), (1.0, 0.4))]
+    grid.append(run("fedpav", claims.GRID_SEED, 0.9, 2.0, True))  # the from-scratch arm's grid is not the start's
+    chosen = claims.choose(grid, ["fedpav@synthetic", "fedpav+cdw@synthetic"], [0.5, 1.0, 2.0])
+    assert chosen["fedpav@synthetic"]["chosen"] == 1.0 and chosen["fedpav+cdw@synthetic"]["chosen"] == 0.5
+    text = claims.publication([], [table3], "cmd", {}, spread_only=many, started_grid=chosen)
+    line = text.split("Learning rates from the synthetic start", 1)[1].split("\n")[0]
+    assert "fedpav@synthetic ×1 (×0.5: 20.0, ×1: 40.0, ×2: 30.0)" in line
+    assert "for fedpav+cdw@synthetic they are NOT the tuned ones" in line and "Not tuned yet" not in line
+    only_one = {"fedpav@synthetic": chosen["fedpav@synthetic"]}
+    line = claims.started_tuning_line("synthetic", ["fedpav", "fedpav+cdw"], only_one)
+    assert "are the tuned ones for fedpav@synthetic." in line and "Not tuned yet: fedpav+cdw@synthetic." in line
