@@ -610,6 +610,7 @@ def main() -> None:
     if not args.report:
         rows += execute(claim_jobs(claims, args.seeds, chosen), rows, results, args, started)
         (args.out / "command.txt").write_text(command + "\n")
+        print(f"the command's runs took {(time.monotonic() - started) / 60:.1f} minutes (wall)", flush=True)
     decided = {a: {**g, "chosen": 1.0} for a, g in chosen.items()} if args.at_defaults else chosen
     publish(claim_runs(rows, claims, args.seeds, decided), claims, command, args, chosen, spread_runs(rows, starts),
             choose(rows, starts, args.lr_grid))
