@@ -105,6 +105,7 @@ def test_dp_sgd_trains_and_accounts_each_client(small_config: RunConfig, tmp_pat
     cfg.run.local_baseline = False
     cfg.privacy.dp_sgd = True
     cfg.privacy.dp_sgd_noise_multiplier = 1.0
+    cfg.schedule.batch_size = 24  # fewer steps: each draws secure noise for all 11 M weights
     result = run(cfg, tmp_path / "dpsgd")
     per_client = result.summary["privacy"]["dp_sgd"]
     assert len(per_client) == 3 and all(v["epsilon"] > 0 for v in per_client.values())
@@ -173,6 +174,7 @@ def test_summary_says_whom_each_epsilon_protects_against_and_not_private(small_c
     cfg.run.local_baseline = False
     cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 2 / 3
     cfg.privacy.dp_sgd, cfg.privacy.dp_sgd_noise_multiplier = True, 1.0
+    cfg.schedule.batch_size = 24  # fewer DP-SGD steps: each draws noise for all 11 M weights
     cfg.privacy.reproducible_noise = True
     result = run(cfg, tmp_path / "r")
     privacy = json.loads((tmp_path / "r" / "summary.json").read_text())["privacy"]
