@@ -184,7 +184,8 @@ def choose(rows: Iterable[dict[str, Any]], arms: Iterable[str], scales: list[flo
             if got:
                 score[scale] = 100 * statistics.fmean(d["mAP"] for r in got for d in r["domains"])
         out[arm] = {"validation_mAP": {f"{k:g}": v for k, v in score.items()},
-                    "chosen": max(score, key=score.__getitem__) if score else 1.0}
+                    "chosen": max(score, key=score.__getitem__) if score else 1.0,
+                    "complete": len(score) == len(scales)}
     return out
 
 
@@ -403,10 +404,10 @@ def started_tuning_line(start: str, arms: list[str], grid: dict[str, dict[str, A
     """Whether the factor-1 runs from ``start`` are each arm's tuned ones: what the grid chose per arm
     (`--spread ARM@START --tune`), and which arms it has not scored."""
     tuned = list(dict.fromkeys(tuned_as(f"{a}@{start}") for a in arms))
-    scored = {a: g for a in tuned if (g := grid.get(a)) and g["validation_mAP"]}
+    scored = {a: g for a in tuned if (g := grid.get(a)) and g["validation_mAP"] and g.get("complete", True)}
     if not scored:
-        return (f"Learning rates from the {start} start: the defaults, untuned (no grid run: "
-                f"`--spread ARM@{start} --tune`).")
+        return (f"Learning rates from the {start} start: the defaults, untuned (no complete grid: "
+                f"`--spread ARM@{start} --tune`). Not tuned yet: {', '.join(tuned)}.")
     shown = grid_summary(scored)
     off = [a for a, g in scored.items() if g["chosen"] != 1.0]
     missing = [a for a in tuned if a not in scored]

@@ -205,9 +205,9 @@ def test_the_started_table_says_whether_its_factor_1_runs_are_the_tuned_ones(cla
     table3 = next(c for c in claims.CLAIMS if c.key == "mm20-table3")
     many = [run(arm, seed, 0.30 + 0.01 * seed) for seed in range(10) for arm in ("fedpav@synthetic", "fedpav+cdw@synthetic")]
     untuned = claims.publication([], [table3], "cmd", {}, spread_only=many)
-    assert "the defaults, untuned (no grid run: `--spread ARM@synthetic --tune`)" in untuned
+    assert "the defaults, untuned (no complete grid: `--spread ARM@synthetic --tune`)" in untuned
     grid = [run("fedpav@synthetic", claims.GRID_SEED, v, scale, True) for scale, v in ((0.5, 0.2), (1.0, 0.4), (2.0, 0.3))]
-    grid += [run("fedpav+cdw@synthetic", claims.GRID_SEED, v, scale, True) for scale, v in ((0.5, 0.5), (1.0, 0.4))]
+    grid += [run("fedpav+cdw@synthetic", claims.GRID_SEED, v, scale, True) for scale, v in ((0.5, 0.5), (1.0, 0.4), (2.0, 0.1))]
     grid.append(run("fedpav", claims.GRID_SEED, 0.9, 2.0, True))  # the from-scratch arm's grid is not the start's
     chosen = claims.choose(grid, ["fedpav@synthetic", "fedpav+cdw@synthetic"], [0.5, 1.0, 2.0])
     assert chosen["fedpav@synthetic"]["chosen"] == 1.0 and chosen["fedpav+cdw@synthetic"]["chosen"] == 0.5
@@ -215,6 +215,9 @@ def test_the_started_table_says_whether_its_factor_1_runs_are_the_tuned_ones(cla
     line = text.split("Learning rates from the synthetic start", 1)[1].split("\n")[0]
     assert "fedpav@synthetic ×1 (×0.5: 20.0, ×1: 40.0, ×2: 30.0)" in line
     assert "for fedpav+cdw@synthetic they are NOT the tuned ones" in line and "Not tuned yet" not in line
+    # an arm whose grid is still running (not every factor scored) is not called tuned
+    partial = claims.choose(grid[:2], ["fedpav@synthetic"], [0.5, 1.0, 2.0])
+    assert "Not tuned yet: fedpav@synthetic" in claims.started_tuning_line("synthetic", ["fedpav"], partial)
     only_one = {"fedpav@synthetic": chosen["fedpav@synthetic"]}
     line = claims.started_tuning_line("synthetic", ["fedpav", "fedpav+cdw"], only_one)
     assert "are the tuned ones for fedpav@synthetic." in line and "Not tuned yet: fedpav+cdw@synthetic." in line
