@@ -404,7 +404,7 @@ def started_tuning_line(start: str, arms: list[str], grid: dict[str, dict[str, A
     """Whether the factor-1 runs from ``start`` are each arm's tuned ones: what the grid chose per arm
     (`--spread ARM@START --tune`), and which arms it has not scored."""
     tuned = list(dict.fromkeys(tuned_as(f"{a}@{start}") for a in arms))
-    scored = {a: g for a in tuned if (g := grid.get(a)) and g["validation_mAP"] and g.get("complete", True)}
+    scored = {a: g for a in tuned if (g := grid.get(a)) and g["complete"]}  # every factor scored
     if not scored:
         return (f"Learning rates from the {start} start: the defaults, untuned (no complete grid: "
                 f"`--spread ARM@{start} --tune`). Not tuned yet: {', '.join(tuned)}.")
