@@ -26,8 +26,9 @@ Arms (bench_methods.py's and bench_dfh.py's settings; each run ≤ 5 CPU-minutes
 ``--spread ARM@START ...`` runs only those arms, ``--seeds`` seeds each at their defaults, for the
 seed-to-seed spread table (issue 24 item 2: does a pretrained start steady the setting?); every report
 shows the spread of every arm in OUT/runs.jsonl, and decides each claim all of whose arms ran from one
-start. With ``--tune`` the arms first get the same grid as the claims' arms (below); the report then
-says, under that table, whether factor 1 — what the ``--spread`` runs use — is each arm's choice.
+start. With ``--tune`` the arms first get the same grid as the claims' arms (below), then their seeds
+at the chosen factor where it is not 1 (before the factor-1 seeds); the report decides those claims
+from each arm's tuned runs once all its seeds are in (else from factor 1) and says which under the table.
 
 Each arm gets the same tuning budget first: its learning rates (new layers and backbone together)
 are scaled by each factor of ``--lr-grid``, trained on seeds of their own (10,000 and up, never a
@@ -294,12 +295,18 @@ def table(runs: list[dict[str, Any]], claims: list[Claim], min_seeds: int = 1) -
     return "\n".join(lines)
 
 
+def labelled(run: dict[str, Any]) -> str:
+    """A run's arm, with its learning-rate factor when that is not 1 ("fedreid@synthetic ×0.5")."""
+    scale = job_of(run).lr_scale
+    return run["arm"] if scale == 1.0 else f"{run['arm']} ×{scale:g}"
+
+
 def spread(runs: list[dict[str, Any]]) -> str:
-    """Per arm: seeds, mean and seed-to-seed standard deviation of the mean seen rank-1 and the mean
+    """Per arm (and factor, when not 1): seeds, mean and seed-to-seed standard deviation of the mean seen rank-1 and the mean
     unseen mAP (issue 24's goal for a setting stable enough to decide: both std ≤ 3 points)."""
     lines = ["| arm | seeds | seen rank-1, mean (std) | unseen mAP, mean (std) |", "|---|---|---|---|"]
-    for arm in dict.fromkeys(r["arm"] for r in runs):
-        mine = [r for r in runs if r["arm"] == arm]
+    for arm in dict.fromkeys(map(labelled, runs)):
+        mine = [r for r in runs if labelled(r) == arm]
         cells = []
         for values in ([seen_rank1(r) for r in mine if r.get("domains")], [unseen_map(r) for r in mine if r["unseen"]]):
             sd = statistics.stdev(values) if len(values) > 1 else math.nan
@@ -383,38 +390,61 @@ STARTED_MIN_SEEDS = 10  # issue 24: a claim is decided on ≥ 10 paired seeds (a
 def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim],
                    grid: dict[str, dict[str, Any]] | None = None) -> str:
     """The claims every arm of which has ``--spread`` runs from one start (ARM@START, paired by seed),
-    decided from those runs as the main table decides: one table per start, nothing when none; under
-    each, what the ``--tune`` grid (``grid``, :func:`choose`'s for the ARM@START arms) chose."""
+    decided as the main table decides from each arm's runs at the factor the ``--tune`` grid
+    (``grid``, :func:`choose`'s for the ARM@START arms) chose once they are all in, else at factor 1:
+    one table per start, nothing when none; under each, which factor each arm's runs are at."""
+    runs, factors = started_claim_runs(list(spread_only), grid or {})
     by_start: dict[str, list[dict[str, Any]]] = {}
-    for r in spread_only:
+    for r in runs:
         method, start = split_arm(r["arm"])
         by_start.setdefault(start, []).append({**r, "arm": method})
     blocks = []
-    for start, runs in by_start.items():
-        decidable = [c for c in claims if paired(c, runs)]
+    for start, mine in by_start.items():
+        decidable = [c for c in claims if paired(c, mine)]
         if decidable:
             blocks.append(f"The same claims from the {start} pretrained backbone, where `--spread` ran every arm "
-                          f"(ARM@{start}, each at its pretrained default learning rates; paired by seed):"
-                          f"\n\n{table(runs, decidable, min_seeds=STARTED_MIN_SEEDS)}\n\n"
-                          f"{started_tuning_line(start, arms_of(decidable), grid or {})}")
+                          f"(ARM@{start}, paired by seed; each arm's learning-rate factor is named below the table):"
+                          f"\n\n{table(mine, decidable, min_seeds=STARTED_MIN_SEEDS)}\n\n"
+                          f"{started_tuning_line(start, arms_of(decidable), grid or {}, factors)}")
     return "\n\n".join(blocks)
 
 
-def started_tuning_line(start: str, arms: list[str], grid: dict[str, dict[str, Any]]) -> str:
-    """Whether the factor-1 runs from ``start`` are each arm's tuned ones: what the grid chose per arm
-    (`--spread ARM@START --tune`), and which arms it has not scored."""
+def started_claim_runs(rows: list[dict[str, Any]], grid: dict[str, dict[str, Any]]
+                       ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Each ``--spread`` arm's test runs at the factor its complete grid chose when that factor has its
+    ``STARTED_MIN_SEEDS`` seeds (a half-made set would turn a decided claim undecided), else its
+    factor-1 runs; and the factor used per arm."""
+    out: list[dict[str, Any]] = []
+    factors: dict[str, float] = {}
+    tests = [r for r in rows if not job_of(r).validation]
+    for arm in dict.fromkeys(r["arm"] for r in tests):
+        g = grid.get(tuned_as(arm))
+        tuned = [r for r in tests if r["arm"] == arm and g and g["complete"] and job_of(r).lr_scale == g["chosen"]]
+        factors[arm] = g["chosen"] if len(tuned) >= STARTED_MIN_SEEDS else 1.0
+        out += [r for r in tests if r["arm"] == arm and job_of(r).lr_scale == factors[arm]]
+    return out, factors
+
+
+def started_tuning_line(start: str, arms: list[str], grid: dict[str, dict[str, Any]],
+                        factors: dict[str, float] | None = None) -> str:
+    """What the grid chose per arm from ``start`` (`--spread ARM@START --tune`), which arms' runs above
+    are at the tuned factor (``factors``: the factor used per ARM@START arm, 1 when absent), which are
+    at factor 1 though it chose another, and which arms it has not scored."""
+    factors = factors or {}
     tuned = list(dict.fromkeys(tuned_as(f"{a}@{start}") for a in arms))
     scored = {a: g for a in tuned if (g := grid.get(a)) and g["complete"]}  # every factor scored
     if not scored:
         return (f"Learning rates from the {start} start: the defaults, untuned (no complete grid: "
                 f"`--spread ARM@{start} --tune`). Not tuned yet: {', '.join(tuned)}.")
-    shown = grid_summary(scored)
-    off = [a for a, g in scored.items() if g["chosen"] != 1.0]
+    used = {f"{a}@{start}": factors.get(f"{a}@{start}", 1.0) for a in arms}
+    at_tuned = [a for a, f in used.items() if tuned_as(a) in scored and f == scored[tuned_as(a)]["chosen"]]
+    off = [a for a, f in used.items() if tuned_as(a) in scored and a not in at_tuned]
     missing = [a for a in tuned if a not in scored]
     return (f"Learning rates from the {start} start — the grid on the validation split of the training domains "
-            f"(validation mAP % per factor) chose: {shown}. "
-            + (f"The runs above are at factor 1, so for {', '.join(off)} they are NOT the tuned ones. " if off else
-               f"The runs above (factor 1) are the tuned ones for {', '.join(scored)}. ")
+            f"(validation mAP % per factor) chose: {grid_summary(scored)}. "
+            + (f"The runs above are at the tuned factor for {', '.join(f'{a} (×{used[a]:g})' for a in at_tuned)}. "
+               if at_tuned else "")
+            + (f"For {', '.join(off)} they are at factor 1, NOT the tuned ones. " if off else "")
             + (f"Not tuned yet: {', '.join(missing)}." if missing else "")).strip()
 
 
@@ -613,23 +643,41 @@ def main() -> None:
         (args.out / "command.txt").write_text(command + "\n")
         print(f"the command's runs took {(time.monotonic() - started) / 60:.1f} minutes (wall)", flush=True)
     decided = {a: {**g, "chosen": 1.0} for a, g in chosen.items()} if args.at_defaults else chosen
-    publish(claim_runs(rows, claims, args.seeds, decided), claims, command, args, chosen, spread_runs(rows, starts),
+    publish(claim_runs(rows, claims, args.seeds, decided), claims, command, args, chosen, started_runs(rows, starts),
             choose(rows, starts, args.lr_grid))
 
 
 def measure_spread(args: argparse.Namespace, rows: list[dict[str, Any]], results: Path) -> None:
-    """``--spread``: (with ``--tune``, first the grid of) the named arms' seeds at their defaults
-    (resumable like the claims), then the spread table of those arms and what the grid chose."""
+    """``--spread``: (with ``--tune``, first the grid, then the seeds at each arm's chosen factor
+    where that is not 1 — what the report decides the claims from — then) the named arms' seeds at
+    their defaults (resumable like the claims); the spread table of those arms and what the grid chose."""
     if not args.report:
         print(describe(), flush=True)
         prepare_data(args.spread)
-        grid = grid_jobs(args.spread, args.lr_grid, args.grid_seeds) if args.tune else []
-        jobs = grid + [Job(a, s) for s in range(args.seeds) for a in args.spread]
-        rows = rows + execute(jobs, rows, results, args, time.monotonic())
-    print(spread(spread_runs(rows, args.spread)))
+        started = time.monotonic()
+        jobs = []
+        if args.tune:
+            rows = rows + execute(grid_jobs(args.spread, args.lr_grid, args.grid_seeds), rows, results, args, started)
+            jobs = tuned_spread_jobs(args.spread, args.seeds, choose(rows, args.spread, args.lr_grid))
+        jobs += [Job(a, s) for s in range(args.seeds) for a in args.spread]
+        rows = rows + execute(jobs, rows, results, args, started)
+    print(spread(started_runs(rows, args.spread)))
     chosen = {a: g for a, g in choose(rows, args.spread, args.lr_grid).items() if g["validation_mAP"]}
     if chosen:
         print(f"learning-rate grid (validation mAP % per factor): {grid_summary(chosen)}")
+
+
+def tuned_spread_jobs(arms: list[str], seeds: int, chosen: dict[str, dict[str, Any]]) -> list[Job]:
+    """The ``--spread`` arms' seeds at the factor their complete grid chose, seed by seed, for the arms
+    where that factor is not 1 (factor 1 is the spread runs themselves)."""
+    off = [a for a in arms if (g := chosen[tuned_as(a)])["complete"] and g["chosen"] != 1.0]
+    return [Job(a, s, chosen[tuned_as(a)]["chosen"]) for s in range(seeds) for a in off]
+
+
+def started_runs(rows: list[dict[str, Any]], arms: Iterable[str]) -> list[dict[str, Any]]:
+    """The finished test runs (not the grid's) of ``arms``, at any factor."""
+    wanted = set(arms)
+    return [r for r in rows if r["arm"] in wanted and not job_of(r).validation]
 
 
 def spread_runs(rows: list[dict[str, Any]], arms: Iterable[str]) -> list[dict[str, Any]]:

@@ -214,10 +214,23 @@ def test_the_started_table_says_whether_its_factor_1_runs_are_the_tuned_ones(cla
     text = claims.publication([], [table3], "cmd", {}, spread_only=many, started_grid=chosen)
     line = text.split("Learning rates from the synthetic start", 1)[1].split("\n")[0]
     assert "fedpav@synthetic ×1 (×0.5: 20.0, ×1: 40.0, ×2: 30.0)" in line
-    assert "for fedpav+cdw@synthetic they are NOT the tuned ones" in line and "Not tuned yet" not in line
+    assert "For fedpav+cdw@synthetic they are at factor 1, NOT the tuned ones" in line and "Not tuned yet" not in line
+    assert "at the tuned factor for fedpav@synthetic (×1)" in line
+    # the seeds at the chosen factor (×0.5 for CDW): `--tune` queues them, seed by seed, only where it is not 1 …
+    jobs = claims.tuned_spread_jobs(["fedpav@synthetic", "fedpav+cdw@synthetic"], 2, chosen)
+    assert jobs == [claims.Job("fedpav+cdw@synthetic", s, 0.5) for s in range(2)]
+    # … and once all ten are in, the claim is decided from them (CDW 3 points worse at ×0.5: reversed)
+    tuned = [run("fedpav+cdw@synthetic", seed, 0.27 + 0.01 * seed, 0.5) for seed in range(10)]
+    text = claims.publication([], [table3], "cmd", {}, spread_only=many + tuned, started_grid=chosen)
+    assert "| MM'20 Table 3 | CDW improves FedPav (mean seen rank-1) | 10 | -3.00" in text
+    assert "at the tuned factor for fedpav@synthetic (×1), fedpav+cdw@synthetic (×0.5)" in text
+    assert "| fedpav+cdw@synthetic ×0.5 | 10 |" in text  # the spread table names the factor
+    # nine of them decide nothing yet: the factor-1 runs stand, and the line says so
+    text = claims.publication([], [table3], "cmd", {}, spread_only=many + tuned[:9], started_grid=chosen)
+    assert "| 10 | +0.00" in text and "For fedpav+cdw@synthetic they are at factor 1, NOT the tuned ones" in text
     # an arm whose grid is still running (not every factor scored) is not called tuned
     partial = claims.choose(grid[:2], ["fedpav@synthetic"], [0.5, 1.0, 2.0])
     assert "Not tuned yet: fedpav@synthetic" in claims.started_tuning_line("synthetic", ["fedpav"], partial)
     only_one = {"fedpav@synthetic": chosen["fedpav@synthetic"]}
     line = claims.started_tuning_line("synthetic", ["fedpav", "fedpav+cdw"], only_one)
-    assert "are the tuned ones for fedpav@synthetic." in line and "Not tuned yet: fedpav+cdw@synthetic." in line
+    assert "at the tuned factor for fedpav@synthetic (×1)." in line and "Not tuned yet: fedpav+cdw@synthetic." in line
