@@ -42,9 +42,9 @@ for when the tuned claim runs have not been made yet.
 Every finished run is appended to OUT/runs.jsonl at once; a rerun skips what is there (kill it at
 any time). Runs go out seed by seed, so an interrupted bench leaves whole pairs. ``--workers`` runs
 that many processes, each on ``--threads`` torch threads. The table goes to OUT/claims.md and the
-forest plot of the intervals to OUT/claims.png; ``--publish`` also writes the table into README.md and
-bench/RESULTS.md between their ``<!-- claims:begin -->`` / ``<!-- claims:end -->`` markers, with the
-environment and the command beside it.
+forest plot of the intervals (the pretrained starts' claims below the main ones) to OUT/claims.png;
+``--publish`` also writes the table into README.md and bench/RESULTS.md between their
+``<!-- claims:begin -->`` / ``<!-- claims:end -->`` markers, with the environment and the command beside it.
 """
 
 from __future__ import annotations
@@ -318,25 +318,30 @@ def spread(runs: list[dict[str, Any]]) -> str:
 DECISION_COLOURS = {"reproduced": "tab:green", "not reproduced": "tab:red", "undecided": "tab:grey"}
 
 
-def figure(runs: list[dict[str, Any]], claims: list[Claim], out_png: Path) -> None:
+def figure(runs: list[dict[str, Any]], claims: list[Claim], out_png: Path,
+           started: dict[str, list[dict[str, Any]]] | None = None) -> None:
     """The claims as a forest plot: each claim's mean paired difference and 95 % interval against its
-    threshold (dashed), coloured by the decision; a claim with no paired seeds is left out."""
+    threshold (dashed), coloured by the decision; then the same claims from each pretrained start
+    (``started``: :func:`started_by_start`'s runs, decided on ≥ ``STARTED_MIN_SEEDS`` seeds as in its
+    table, grey below that); a claim with fewer than two paired seeds is left out."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     from secfed import atomic_file
 
-    shown = [(c, paired(c, runs)) for c in claims]
-    shown = [(c, d) for c, d in shown if len(d) > 1]
+    shown = [(c.source, c, paired(c, runs), 2) for c in claims]
+    shown += [(f"{c.source} @{start}", c, paired(c, mine), STARTED_MIN_SEEDS)
+              for start, mine in (started or {}).items() for c in claims]
+    shown = [row for row in shown if len(row[2]) > 1]
     fig = Figure(figsize=(7.5, 0.55 * len(shown) + 1.4))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for y, (claim, d) in enumerate(reversed(shown)):
+    for y, (_, claim, d, needed) in enumerate(reversed(shown)):
         mean, lo, hi = interval(d)
-        colour = DECISION_COLOURS[decide(d, claim.threshold, claim.margin)]
+        colour = DECISION_COLOURS[decide(d, claim.threshold, claim.margin) if len(d) >= needed else "undecided"]
         ax.errorbar(mean, y, xerr=[[mean - lo], [hi - mean]], fmt="o", color=colour, capsize=3)
         ax.vlines(claim.threshold, y - 0.4, y + 0.4, colors="black", linestyles="--", linewidth=0.8)
-    ax.set_yticks(range(len(shown)), [f"{c.source} (n={len(d)})" for c, d in reversed(shown)], fontsize=8)
+    ax.set_yticks(range(len(shown)), [f"{label} (n={len(d)})" for label, _, d, _ in reversed(shown)], fontsize=8)
     ax.set_xlabel("paired difference d, points (> threshold: what the paper claims)")
     ax.set_title("claims: mean d and 95 % interval (green reproduced, red not, grey undecided)", fontsize=9)
     fig.tight_layout()
@@ -393,13 +398,9 @@ def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim],
     decided as the main table decides from each arm's runs at the factor the ``--tune`` grid
     (``grid``, :func:`choose`'s for the ARM@START arms) chose once they are all in, else at factor 1:
     one table per start, nothing when none; under each, which factor each arm's runs are at."""
-    runs, factors = started_claim_runs(list(spread_only), grid or {})
-    by_start: dict[str, list[dict[str, Any]]] = {}
-    for r in runs:
-        method, start = split_arm(r["arm"])
-        by_start.setdefault(start, []).append({**r, "arm": method})
+    _, factors = started_claim_runs(list(spread_only), grid or {})
     blocks = []
-    for start, mine in by_start.items():
+    for start, mine in started_by_start(spread_only, grid).items():
         decidable = [c for c in claims if paired(c, mine)]
         if decidable:
             blocks.append(f"The same claims from the {start} pretrained backbone, where `--spread` ran every arm "
@@ -407,6 +408,16 @@ def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim],
                           f"\n\n{table(mine, decidable, min_seeds=STARTED_MIN_SEEDS)}\n\n"
                           f"{started_tuning_line(start, arms_of(decidable), grid or {}, factors)}")
     return "\n\n".join(blocks)
+
+
+def started_by_start(spread_only: Iterable[dict[str, Any]], grid: dict[str, dict[str, Any]] | None = None
+                     ) -> dict[str, list[dict[str, Any]]]:
+    """Per start, the runs its claims are decided from (:func:`started_claim_runs`), named by method."""
+    by_start: dict[str, list[dict[str, Any]]] = {}
+    for r in started_claim_runs(list(spread_only), grid or {})[0]:
+        method, start = split_arm(r["arm"])
+        by_start.setdefault(start, []).append({**r, "arm": method})
+    return by_start
 
 
 def started_claim_runs(rows: list[dict[str, Any]], grid: dict[str, dict[str, Any]]
@@ -725,7 +736,7 @@ def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args:
             started_grid: dict[str, dict[str, Any]]) -> None:
     text = publication(runs, claims, command, chosen, args.at_defaults, spread_only, started_grid)
     (args.out / "claims.md").write_text(text + "\n")
-    figure(runs, claims, args.out / "claims.png")
+    figure(runs, claims, args.out / "claims.png", started_by_start(spread_only, started_grid))
     print(text)
     if args.publish:
         for path in (REPO / "README.md", REPO / "bench" / "RESULTS.md"):

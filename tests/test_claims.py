@@ -132,13 +132,26 @@ def test_the_forest_plot_draws_each_decided_claim(claims, tmp_path) -> None:
             for seed in range(4) for arm in ("fedpav", "fedpav+cdw")]
     [table3] = [c for c in claims.CLAIMS if c.key == "mm20-table3"]
     [fig4] = [c for c in claims.CLAIMS if c.key == "aaai21-fig4"]  # no paired runs: left out, no error
-    claims.figure(runs, [table3, fig4], tmp_path / "claims.png")
     from PIL import Image
 
-    with Image.open(tmp_path / "claims.png") as image:
-        assert image.format == "PNG" and image.size[1] > 100
-        rgb = np.asarray(image.convert("RGB")).astype(int)
-    assert ((rgb[..., 0] < 100) & (rgb[..., 1] > 100) & (rgb[..., 2] < 100)).any()  # the reproduced claim, green
+    def drawn(started: dict | None = None) -> np.ndarray:
+        claims.figure(runs, [table3, fig4], tmp_path / "claims.png", started)
+        with Image.open(tmp_path / "claims.png") as image:
+            assert image.format == "PNG" and image.size[1] > 100
+            return np.asarray(image.convert("RGB")).astype(int)
+
+    def green_rows(rgb: np.ndarray) -> int:
+        """How many separate horizontal bands hold green (one per claim drawn reproduced)."""
+        lit = ((rgb[..., 0] < 100) & (rgb[..., 1] > 100) & (rgb[..., 2] < 100)).any(axis=1)
+        return int(np.count_nonzero(lit[1:] & ~lit[:-1]) + lit[0])
+
+    alone = drawn()
+    assert green_rows(alone) == 1  # the reproduced claim
+    # the same claim from a pretrained start gets its own row: grey on four seeds, green on ten
+    four = drawn({"synthetic": runs})
+    assert green_rows(four) == 1 and four.shape[0] > alone.shape[0]
+    ten = [{**r, "seed": s} for s in range(10) for r in runs[:2]]
+    assert green_rows(drawn({"synthetic": ten})) == 2
 
 
 def test_readme_default_results_are_generated_from_the_fedpav_arm(claims) -> None:
