@@ -302,8 +302,9 @@ def labelled(run: dict[str, Any]) -> str:
 
 
 def spread(runs: list[dict[str, Any]]) -> str:
-    """Per arm (and factor, when not 1): seeds, mean and seed-to-seed standard deviation of the mean seen rank-1 and the mean
-    unseen mAP (issue 24's goal for a setting stable enough to decide: both std ≤ 3 points)."""
+    """Per arm (and factor, when not 1): seeds, mean and seed-to-seed standard deviation of the mean
+    seen rank-1 and the mean unseen mAP (issue 24's goal for a setting stable enough to decide: both
+    std ≤ 3 points)."""
     lines = ["| arm | seeds | seen rank-1, mean (std) | unseen mAP, mean (std) |", "|---|---|---|---|"]
     for arm in dict.fromkeys(map(labelled, runs)):
         mine = [r for r in runs if labelled(r) == arm]
@@ -398,9 +399,9 @@ def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim],
     decided as the main table decides from each arm's runs at the factor the ``--tune`` grid
     (``grid``, :func:`choose`'s for the ARM@START arms) chose once they are all in, else at factor 1:
     one table per start, nothing when none; under each, which factor each arm's runs are at."""
-    _, factors = started_claim_runs(list(spread_only), grid or {})
+    by_start, factors = started_by_start(spread_only, grid)
     blocks = []
-    for start, mine in started_by_start(spread_only, grid).items():
+    for start, mine in by_start.items():
         decidable = [c for c in claims if paired(c, mine)]
         if decidable:
             blocks.append(f"The same claims from the {start} pretrained backbone, where `--spread` ran every arm "
@@ -411,13 +412,15 @@ def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim],
 
 
 def started_by_start(spread_only: Iterable[dict[str, Any]], grid: dict[str, dict[str, Any]] | None = None
-                     ) -> dict[str, list[dict[str, Any]]]:
-    """Per start, the runs its claims are decided from (:func:`started_claim_runs`), named by method."""
+                     ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
+    """Per start, the runs its claims are decided from (:func:`started_claim_runs`), named by method;
+    and the factor used per ARM@START arm."""
+    runs, factors = started_claim_runs(list(spread_only), grid or {})
     by_start: dict[str, list[dict[str, Any]]] = {}
-    for r in started_claim_runs(list(spread_only), grid or {})[0]:
+    for r in runs:
         method, start = split_arm(r["arm"])
         by_start.setdefault(start, []).append({**r, "arm": method})
-    return by_start
+    return by_start, factors
 
 
 def started_claim_runs(rows: list[dict[str, Any]], grid: dict[str, dict[str, Any]]
@@ -430,9 +433,10 @@ def started_claim_runs(rows: list[dict[str, Any]], grid: dict[str, dict[str, Any
     tests = [r for r in rows if not job_of(r).validation]
     for arm in dict.fromkeys(r["arm"] for r in tests):
         g = grid.get(tuned_as(arm))
-        tuned = [r for r in tests if r["arm"] == arm and g and g["complete"] and job_of(r).lr_scale == g["chosen"]]
-        factors[arm] = g["chosen"] if len(tuned) >= STARTED_MIN_SEEDS else 1.0
-        out += [r for r in tests if r["arm"] == arm and job_of(r).lr_scale == factors[arm]]
+        chosen = g["chosen"] if g and g["complete"] else 1.0
+        at = {scale: [r for r in tests if r["arm"] == arm and job_of(r).lr_scale == scale] for scale in (chosen, 1.0)}
+        factors[arm] = chosen if len(at[chosen]) >= STARTED_MIN_SEEDS else 1.0
+        out += at[factors[arm]]
     return out, factors
 
 
@@ -681,8 +685,8 @@ def measure_spread(args: argparse.Namespace, rows: list[dict[str, Any]], results
 def tuned_spread_jobs(arms: list[str], seeds: int, chosen: dict[str, dict[str, Any]]) -> list[Job]:
     """The ``--spread`` arms' seeds at the factor their complete grid chose, seed by seed, for the arms
     where that factor is not 1 (factor 1 is the spread runs themselves)."""
-    off = [a for a in arms if (g := chosen[tuned_as(a)])["complete"] and g["chosen"] != 1.0]
-    return [Job(a, s, chosen[tuned_as(a)]["chosen"]) for s in range(seeds) for a in off]
+    off = {a: g["chosen"] for a in arms if (g := chosen[tuned_as(a)])["complete"] and g["chosen"] != 1.0}
+    return [Job(a, s, scale) for s in range(seeds) for a, scale in off.items()]
 
 
 def started_runs(rows: list[dict[str, Any]], arms: Iterable[str]) -> list[dict[str, Any]]:
@@ -693,9 +697,7 @@ def started_runs(rows: list[dict[str, Any]], arms: Iterable[str]) -> list[dict[s
 
 def spread_runs(rows: list[dict[str, Any]], arms: Iterable[str]) -> list[dict[str, Any]]:
     """The finished runs of ``arms`` at their defaults (factor 1, test sets)."""
-    wanted = set(arms)
-    jobs = [(r, job_of(r)) for r in rows]
-    return [r for r, job in jobs if job.arm in wanted and job.lr_scale == 1.0 and not job.validation]
+    return [r for r in started_runs(rows, arms) if job_of(r).lr_scale == 1.0]
 
 
 def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: argparse.Namespace,
@@ -736,7 +738,7 @@ def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args:
             started_grid: dict[str, dict[str, Any]]) -> None:
     text = publication(runs, claims, command, chosen, args.at_defaults, spread_only, started_grid)
     (args.out / "claims.md").write_text(text + "\n")
-    figure(runs, claims, args.out / "claims.png", started_by_start(spread_only, started_grid))
+    figure(runs, claims, args.out / "claims.png", started_by_start(spread_only, started_grid)[0])
     print(text)
     if args.publish:
         for path in (REPO / "README.md", REPO / "bench" / "RESULTS.md"):
