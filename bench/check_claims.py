@@ -1,13 +1,15 @@
 """Does another machine get the published numbers? Rerun seeds of published arms and test them.
 
-    python bench/check_claims.py ARM [ARM ...] [--seeds 3] [--workers N] [--threads T] [--device cpu|cuda]
+    python bench/check_claims.py ARM [ARM ...] [--seeds 3] [--at-defaults] [--workers N] [--threads T] [--device cpu|cuda]
                                  [--published bench/results/claims/runs.jsonl] [--out bench/results/claims-check]
 
 A run on another CPU (or a GPU) does not give the published bytes (`bench_repro.py` says when it
 does), so what a second machine can reproduce is the published *distribution*: each arm's
 seed-to-seed mean and spread, and each claim's mean paired difference. This command runs seeds
-0 … K−1 of the named arms at their defaults (factor 1, the published setting, `claims.py`'s own
-runner; resumable: finished runs in OUT/runs.jsonl are skipped) and, for every published number
+0 … K−1 of the named arms at the learning-rate factor their published claims table decides from
+(from-scratch arms: factor 1; ARM@synthetic arms: the factor their grid chose once its ten seeds were
+in; `--at-defaults`: factor 1 for all) with `claims.py`'s own runner (resumable: finished runs in
+OUT/runs.jsonl are skipped) and, for every published number
 those runs measure (an arm's mean seen rank-1 and unseen mAP; the paired d of every claim all of
 whose arms ran), asks whether the mean of the K new runs lies where the mean of K runs drawn from
 the published runs' distribution would: the prediction interval
@@ -54,9 +56,24 @@ def prediction(published: list[float], k: int, alpha: float) -> tuple[float, flo
     return mean, mean - half, mean + half
 
 
-def at_defaults(rows: Iterable[dict[str, Any]], arms: Iterable[str], rounds: int) -> list[dict[str, Any]]:
-    """The rows of ``arms`` at their defaults (factor 1, test sets, ``rounds`` rounds)."""
-    return [r for r in claims.spread_runs(rows, arms) if r.get("rounds", 16) == rounds]
+def published_factors(rows: list[dict[str, Any]], arms: Iterable[str], at_defaults: bool = False) -> dict[str, float]:
+    """The learning-rate factor of each arm's published runs: for an ARM@START arm, the factor the
+    pretrained-start table decides from (its grid's choice once its ten seeds are in, else 1 —
+    :func:`claims.started_claim_runs`); for a from-scratch arm 1 (its table is published at the
+    defaults); 1 for every arm with ``at_defaults`` (the spread table's factor-1 rows)."""
+    started = [a for a in arms if claims.split_arm(a)[1]]
+    factors = dict.fromkeys(arms, 1.0)
+    if started and not at_defaults:
+        grid = claims.choose(rows, started, list(claims.LR_GRID))
+        _, used = claims.started_claim_runs(claims.started_runs(rows, started), grid)
+        factors.update({a: used[a] for a in started if a in used})
+    return factors
+
+
+def at_factors(rows: Iterable[dict[str, Any]], factors: dict[str, float], rounds: int) -> list[dict[str, Any]]:
+    """The test runs (not the grid's) of each arm in ``factors`` at its factor, ``rounds`` rounds."""
+    return [r for r in claims.started_runs(rows, factors) if r.get("rounds", 16) == rounds
+            and claims.job_of(r).lr_scale == factors[r["arm"]]]
 
 
 def comparisons(published: list[dict[str, Any]], mine: list[dict[str, Any]],
@@ -70,7 +87,7 @@ def comparisons(published: list[dict[str, Any]], mine: list[dict[str, Any]],
         for metric, (measure, field) in METRICS.items():
             pair = ([measure(r) for r in theirs if r.get(field)], [measure(r) for r in ours if r.get(field)])
             if len(pair[0]) >= 2 and pair[1]:
-                rows.append((f"{arm}: {metric}", *pair))
+                rows.append((f"{claims.labelled(theirs[0])}: {metric}", *pair))
     for start in dict.fromkeys(claims.split_arm(a)[1] for a in arms):
         suffix = f"@{start}" if start else ""
         for claim in claims.CLAIMS:
@@ -120,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--published", type=Path, default=claims.REPO / "bench" / "results" / "claims" / "runs.jsonl")
     parser.add_argument("--out", type=Path, default=claims.REPO / "bench" / "results" / "claims-check")
     parser.add_argument("--report", action="store_true", help="run nothing: compare the runs already in --out")
+    parser.add_argument("--at-defaults", action="store_true",
+                        help="every arm at factor 1 (the spread table's rows), not at the factor its published "
+                             "claims table decides from")
     args = parser.parse_args(argv)
     args.max_minutes = None
     known = claims.arms_of(claims.CLAIMS)
@@ -133,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--published {args.published}: no such file")
     if args.out.resolve() == args.published.parent.resolve():
         parser.error("--out must not be the published runs' folder: its finished runs would be skipped")
-    published = at_defaults(claims.load(args.published), args.arms, args.rounds)
+    everything = claims.load(args.published)
+    factors = published_factors(everything, args.arms, args.at_defaults)
+    published = at_factors(everything, factors, args.rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "runs.jsonl"
     rows = claims.load(results)
@@ -141,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         print(describe(), flush=True)
         claims.prepare_data(args.arms)
-        jobs = [claims.Job(a, s) for s in range(args.seeds) for a in args.arms]
+        jobs = [claims.Job(a, s, factors[a]) for s in range(args.seeds) for a in args.arms]
         rows += claims.execute(jobs, rows, results, args, time.monotonic())
-    mine = [r for r in at_defaults(rows, args.arms, args.rounds) if r["seed"] < args.seeds]
+    mine = [r for r in at_factors(rows, factors, args.rounds) if r["seed"] < args.seeds]
     compared = comparisons(published, mine, args.arms)
     text, outside = report(compared, published, mine, command)
     (args.out / "check.md").write_text(text + "\n")

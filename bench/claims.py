@@ -78,6 +78,7 @@ LODO_TARGET = "campus"
 BETA = 0.0005
 VALIDATION_FRACTION = 0.25  # of each training domain's multi-camera identities, held out for tuning
 GRID_SEED = 10_000  # tuning seeds start here: never a claim seed
+LR_GRID = (0.5, 1.0, 2.0)  # the learning-rate factors each arm is tuned over (`--lr-grid`)
 
 
 # ---- arms -------------------------------------------------------------------------------------------
@@ -608,7 +609,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "claims")
     # Claims are decided at the default 16 rounds; fewer only to check the command end to end
     parser.add_argument("--rounds", type=int, default=16, help="rounds per run (16: the published setting)")
-    parser.add_argument("--lr-grid", type=float, nargs="+", default=[0.5, 1.0, 2.0],
+    parser.add_argument("--lr-grid", type=float, nargs="+", default=list(LR_GRID),
                         help="learning-rate factors each arm is tuned over (1 alone: no tuning)")
     parser.add_argument("--grid-seeds", type=int, default=1, help="tuning seeds per factor")
     parser.add_argument("--max-minutes", type=float, help="stop handing out runs after this long")
@@ -663,30 +664,32 @@ def main() -> None:
 
 
 def measure_spread(args: argparse.Namespace, rows: list[dict[str, Any]], results: Path) -> None:
-    """``--spread``: (with ``--tune``, first the grid, then the seeds at each arm's chosen factor
-    where that is not 1 — what the report decides the claims from — then) the named arms' seeds at
-    their defaults (resumable like the claims); the spread table of those arms and what the grid chose."""
+    """``--spread``: (with ``--tune``, first the grid, then) the named arms' seeds as :func:`spread_jobs`
+    orders them (resumable like the claims); the spread table of those arms and what the grid chose."""
     if not args.report:
         print(describe(), flush=True)
         prepare_data(args.spread)
         started = time.monotonic()
-        jobs = []
+        chosen: dict[str, dict[str, Any]] = {}
         if args.tune:
             rows = rows + execute(grid_jobs(args.spread, args.lr_grid, args.grid_seeds), rows, results, args, started)
-            jobs = tuned_spread_jobs(args.spread, args.seeds, choose(rows, args.spread, args.lr_grid))
-        jobs += [Job(a, s) for s in range(args.seeds) for a in args.spread]
-        rows = rows + execute(jobs, rows, results, args, started)
+            chosen = choose(rows, args.spread, args.lr_grid)
+        rows = rows + execute(spread_jobs(args.spread, args.seeds, chosen), rows, results, args, started)
     print(spread(started_runs(rows, args.spread)))
     chosen = {a: g for a, g in choose(rows, args.spread, args.lr_grid).items() if g["validation_mAP"]}
     if chosen:
         print(f"learning-rate grid (validation mAP % per factor): {grid_summary(chosen)}")
 
 
-def tuned_spread_jobs(arms: list[str], seeds: int, chosen: dict[str, dict[str, Any]]) -> list[Job]:
-    """The ``--spread`` arms' seeds at the factor their complete grid chose, seed by seed, for the arms
-    where that factor is not 1 (factor 1 is the spread runs themselves)."""
-    off = {a: g["chosen"] for a in arms if (g := chosen[tuned_as(a)])["complete"] and g["chosen"] != 1.0}
-    return [Job(a, s, scale) for s in range(seeds) for a, scale in off.items()]
+def spread_jobs(arms: list[str], seeds: int, chosen: dict[str, dict[str, Any]]) -> list[Job]:
+    """The ``--spread`` arms' test seeds: first, seed by seed, every arm at the factor its complete grid
+    chose (1 without one) — the runs the pretrained-start claims are decided from, so a run stopped by
+    ``--max-minutes`` has spent its time on them — then the factor-1 seeds of the arms whose grid chose
+    another factor (the spread at the defaults)."""
+    factor = {a: g["chosen"] if (g := chosen.get(tuned_as(a))) and g["complete"] else 1.0 for a in arms}
+    jobs = [Job(a, s, factor[a]) for s in range(seeds) for a in arms]
+    jobs += [Job(a, s) for s in range(seeds) for a in arms if factor[a] != 1.0]
+    return jobs
 
 
 def started_runs(rows: list[dict[str, Any]], arms: Iterable[str]) -> list[dict[str, Any]]:

@@ -48,7 +48,9 @@ def test_the_prediction_interval_widens_with_fewer_runs_and_a_wider_spread(check
 
 
 def test_runs_from_the_published_distribution_are_within_and_a_shifted_machine_is_not(check) -> None:
-    published = check.at_defaults(PUBLISHED, ["fedpav", "fedpav+cdw"], 16)
+    factors = check.published_factors(PUBLISHED, ["fedpav", "fedpav+cdw"])
+    assert factors == {"fedpav": 1.0, "fedpav+cdw": 1.0}  # from scratch: the table at the defaults
+    published = check.at_factors(PUBLISHED, factors, 16)
     assert len(published) == 20  # the ×2 grid run is left out
     same = [run("fedpav", s, 0.31, 0.415) for s in range(3)] + [run("fedpav+cdw", s, 0.33, 0.41) for s in range(3)]
     compared = check.comparisons(published, same, ["fedpav", "fedpav+cdw"])
@@ -69,10 +71,35 @@ def test_runs_from_the_published_distribution_are_within_and_a_shifted_machine_i
 def test_a_pretrained_start_is_compared_with_its_own_runs(check) -> None:
     published = [{**r, "arm": r["arm"] + "@synthetic"} for r in PUBLISHED if r["lr_scale"] == 1.0] + PUBLISHED[:10]
     mine = [run("fedpav@synthetic", 0, 0.31, 0.41)]
-    compared = check.comparisons(check.at_defaults(published, ["fedpav@synthetic"], 16), mine, ["fedpav@synthetic"])
+    compared = check.comparisons(check.at_factors(published, {"fedpav@synthetic": 1.0}, 16), mine, ["fedpav@synthetic"])
     assert [c[0] for c in compared] == ["fedpav@synthetic: seen rank-1", "fedpav@synthetic: unseen mAP",
                                         "MM'20 Fig. 6 from synthetic: d (rank-1 points)"]
     assert all(len(theirs) == 10 for _, theirs, _ in compared)  # the from-scratch runs are not mixed in
+
+
+def test_a_started_arm_is_checked_at_the_factor_its_published_claims_are_decided_from(check) -> None:
+    def grid(arm: str, scale: float, v: float) -> dict:
+        return {**run(arm, check.claims.GRID_SEED, v, v, scale), "validation": True, "domains": [{"mAP": v}]}
+
+    arms = ["fedpav@synthetic", "fedreid@synthetic"]
+    tuning = [grid("fedreid@synthetic", f, v) for f, v in ((0.5, 0.8), (1.0, 0.7), (2.0, 0.6))]
+    tuning += [grid("fedpav@synthetic", f, v) for f, v in ((0.5, 0.6), (1.0, 0.7), (2.0, 0.6))]
+    at_one = [run(a, s, 0.40, 0.50) for s in range(10) for a in arms]
+    halved = [run("fedreid@synthetic", s, 0.38 + 0.001 * s, 0.52, 0.5) for s in range(10)]
+    published = tuning + at_one + halved
+    factors = check.published_factors(published, arms)
+    assert factors == {"fedpav@synthetic": 1.0, "fedreid@synthetic": 0.5}  # what the grid chose, ten seeds in
+    assert check.published_factors(published, arms, at_defaults=True) == dict.fromkeys(arms, 1.0)
+    assert check.published_factors(tuning + at_one + halved[:9], arms)["fedreid@synthetic"] == 1.0  # nine: factor 1
+    chosen = check.at_factors(published, factors, 16)
+    assert sorted({(r["arm"], r["lr_scale"]) for r in chosen}) == [("fedpav@synthetic", 1.0), ("fedreid@synthetic", 0.5)]
+    assert len(chosen) == 20  # neither the grid's runs nor fedreid's factor-1 seeds
+    mine = [run("fedpav@synthetic", 0, 0.40, 0.50), run("fedreid@synthetic", 0, 0.385, 0.60, 0.5)]
+    compared = check.comparisons(chosen, mine, arms)
+    names = [c[0] for c in compared]
+    assert "fedreid@synthetic ×0.5: seen rank-1" in names and "fedpav@synthetic: unseen mAP" in names
+    fig4 = next(c for c in compared if c[0].startswith("AAAI'21 Fig. 4"))
+    assert fig4[1] == pytest.approx([2.0] * 10) and fig4[2] == pytest.approx([10.0])  # the ×0.5 runs, paired
 
 
 def test_the_command_compares_what_it_finds_and_refuses_what_it_cannot(check, tmp_path: Path, capsys) -> None:

@@ -229,9 +229,16 @@ def test_the_started_table_says_whether_its_factor_1_runs_are_the_tuned_ones(cla
     assert "fedpav@synthetic ×1 (×0.5: 20.0, ×1: 40.0, ×2: 30.0)" in line
     assert "For fedpav+cdw@synthetic they are at factor 1, NOT the tuned ones" in line and "Not tuned yet" not in line
     assert "at the tuned factor for fedpav@synthetic (×1)" in line
-    # the seeds at the chosen factor (×0.5 for CDW): `--tune` queues them, seed by seed, only where it is not 1 …
-    jobs = claims.tuned_spread_jobs(["fedpav@synthetic", "fedpav+cdw@synthetic"], 2, chosen)
-    assert jobs == [claims.Job("fedpav+cdw@synthetic", s, 0.5) for s in range(2)]
+    # `--tune` queues every arm's seeds at its chosen factor first (what the claims need: ×1 for FedPav,
+    # ×0.5 for CDW), seed by seed, then the factor-1 seeds where the grid chose another …
+    jobs = claims.spread_jobs(["fedpav@synthetic", "fedpav+cdw@synthetic"], 2, chosen)
+    assert jobs == [claims.Job("fedpav@synthetic", 0), claims.Job("fedpav+cdw@synthetic", 0, 0.5),
+                    claims.Job("fedpav@synthetic", 1), claims.Job("fedpav+cdw@synthetic", 1, 0.5),
+                    claims.Job("fedpav+cdw@synthetic", 0), claims.Job("fedpav+cdw@synthetic", 1)]
+    assert claims.spread_jobs(["fedpav@synthetic"], 2, {}) == [claims.Job("fedpav@synthetic", s) for s in range(2)]
+    assert claims.spread_jobs(["fedpav@synthetic"], 1, partial_grid := claims.choose(grid[:2], ["fedpav@synthetic"],
+                              [0.5, 1.0, 2.0])) == [claims.Job("fedpav@synthetic", 0)]  # an incomplete grid: factor 1
+    assert partial_grid["fedpav@synthetic"]["complete"] is False
     # … and once all ten are in, the claim is decided from them (CDW 3 points worse at ×0.5: reversed)
     tuned = [run("fedpav+cdw@synthetic", seed, 0.27 + 0.01 * seed, 0.5) for seed in range(10)]
     text = claims.publication([], [table3], "cmd", {}, spread_only=many + tuned, started_grid=chosen)
