@@ -191,6 +191,13 @@ def choose(rows: Iterable[dict[str, Any]], arms: Iterable[str], scales: list[flo
     return out
 
 
+def chosen_factor(grid: dict[str, dict[str, Any]], arm: str) -> float:
+    """The factor ``arm``'s grid (:func:`choose`'s, looked up by the arm it is tuned as) chose once every
+    factor is scored; 1 without a complete grid."""
+    g = grid.get(tuned_as(arm))
+    return g["chosen"] if g and g["complete"] else 1.0
+
+
 # ---- claims -----------------------------------------------------------------------------------------
 
 def seen_rank1(run: dict[str, Any]) -> float:
@@ -433,8 +440,7 @@ def started_claim_runs(rows: list[dict[str, Any]], grid: dict[str, dict[str, Any
     factors: dict[str, float] = {}
     tests = [r for r in rows if not job_of(r).validation]
     for arm in dict.fromkeys(r["arm"] for r in tests):
-        g = grid.get(tuned_as(arm))
-        chosen = g["chosen"] if g and g["complete"] else 1.0
+        chosen = chosen_factor(grid, arm)
         at = {scale: [r for r in tests if r["arm"] == arm and job_of(r).lr_scale == scale] for scale in (chosen, 1.0)}
         factors[arm] = chosen if len(at[chosen]) >= STARTED_MIN_SEEDS else 1.0
         out += at[factors[arm]]
@@ -686,7 +692,7 @@ def spread_jobs(arms: list[str], seeds: int, chosen: dict[str, dict[str, Any]]) 
     chose (1 without one) — the runs the pretrained-start claims are decided from, so a run stopped by
     ``--max-minutes`` has spent its time on them — then the factor-1 seeds of the arms whose grid chose
     another factor (the spread at the defaults)."""
-    factor = {a: g["chosen"] if (g := chosen.get(tuned_as(a))) and g["complete"] else 1.0 for a in arms}
+    factor = {a: chosen_factor(chosen, a) for a in arms}
     jobs = [Job(a, s, factor[a]) for s in range(seeds) for a in arms]
     jobs += [Job(a, s) for s in range(seeds) for a in arms if factor[a] != 1.0]
     return jobs
