@@ -160,11 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     results = args.out / "runs.jsonl"
     rows = claims.load(results)
     command = "python bench/check_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.report:  # name the command that made the runs, as claims.py does, not this re-print
+        made = args.out / "command.txt"
+        command = made.read_text().strip() if made.exists() else "?"
     if not args.report:
         print(describe(), flush=True)
         claims.prepare_data(args.arms)
         jobs = [claims.Job(a, s, factors[a]) for s in range(args.seeds) for a in args.arms]
         rows += claims.execute(jobs, rows, results, args, time.monotonic())
+        (args.out / "command.txt").write_text(command + "\n")
     mine = [r for r in at_factors(rows, factors, args.rounds) if r["seed"] < args.seeds]
     compared = comparisons(published, mine, args.arms)
     text, outside = report(compared, published, mine, command)
