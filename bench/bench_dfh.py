@@ -110,9 +110,17 @@ def one_run(method: str, target: str, seed: int, rounds: int, tmp: Path, cfg: Ru
     losses = [json.loads(line)["loss"] for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"method": method, "target": target, "seed": seed, "rounds": rounds,
             "unseen": {"mAP": own["mAP"], "rank1": own["rank1"]}, **by_feature,
-            "seen_mAP": statistics.mean(d["mAP"] for d in summary["domains"]),
+            "seen_mAP": statistics.mean(d["mAP"] for d in summary["domains"]), "inputs": run_inputs(fed.data_info),
             "loss_per_round": losses,
             "cpu_seconds": time.process_time() - cpu, "wall_seconds": time.perf_counter() - wall}
+
+
+def run_inputs(data_info: dict) -> dict:
+    """What a run started from (its data.json, which the caller's temporary run folder discards): the
+    data's content fingerprint and the initial backbone's SHA-256 (None from scratch), so that two
+    machines' runs can be told to have read the same bytes."""
+    return {"data_fingerprint": data_info["fingerprint"],
+            "backbone_sha256": data_info["pretrained"].get("backbone_sha256")}
 
 
 def interval(values: list[float]) -> tuple[float, float]:

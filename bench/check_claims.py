@@ -104,6 +104,30 @@ def comparisons(published: list[dict[str, Any]], mine: list[dict[str, Any]],
     return rows
 
 
+def same_inputs(published: list[dict[str, Any]], mine: list[dict[str, Any]], arms: Iterable[str]) -> str:
+    """Per arm, whether this machine's runs started from the bytes the published ones did (data
+    fingerprint and initial backbone SHA-256, :func:`bench_dfh.run_inputs`): a rerun on other bytes
+    is another experiment, whatever its numbers."""
+    def started_from(runs: list[dict[str, Any]], arm: str) -> set[tuple[str, str | None]]:
+        return {(r["inputs"]["data_fingerprint"], r["inputs"]["backbone_sha256"]) for r in runs
+                if r["arm"] == arm and "inputs" in r}
+
+    verdicts: dict[str, list[str]] = {}
+    for arm in arms:
+        theirs, ours = started_from(published, arm), started_from(mine, arm)
+        if not theirs or not ours:
+            verdict = "cannot tell (" + ("the published runs" if not theirs else "this machine's runs") + \
+                " predate the record)"
+        elif theirs == ours:
+            verdict = "the same data and initial backbone bytes as the published runs"
+        else:
+            data = {d for d, _ in theirs} == {d for d, _ in ours}
+            verdict = ("**other initial backbone bytes** than" if data else "**other data bytes** than") + \
+                " the published runs: another experiment"
+        verdicts.setdefault(verdict, []).append(arm)
+    return "; ".join(f"{', '.join(a)}: {v}" for v, a in verdicts.items())
+
+
 def report(compared: list[tuple[str, list[float], list[float]]], published: list[dict[str, Any]],
            mine: list[dict[str, Any]], command: str) -> tuple[str, int]:
     """The check's table and verdict, and how many rows lie outside their interval."""
@@ -121,8 +145,9 @@ def report(compared: list[tuple[str, list[float], list[float]]], published: list
                f"(α = {ALPHA:g} over the whole table, Bonferroni)" if compared else "Nothing to compare")
     return "\n".join([
         *lines, "", verdict + ".", "",
-        f"Published runs: {claims.machines_line(published)}.",
-        f"This machine: {claims.machines_line(mine)}; `{command}`.",
+        f"Published runs: {claims.machines_line(published)}; {claims.inputs_line(published)}.",
+        f"This machine: {claims.machines_line(mine)}; {claims.inputs_line(mine)}; `{command}`.",
+        f"Started from: {same_inputs(published, mine, dict.fromkeys(r['arm'] for r in mine))}.",
     ]), outside
 
 

@@ -125,3 +125,21 @@ def test_the_command_compares_what_it_finds_and_refuses_what_it_cannot(check, tm
         with pytest.raises(SystemExit) as stopped:
             check.main([*bad, "--report"])
         assert stopped.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_the_check_says_whether_this_machine_started_from_the_published_bytes(check) -> None:
+    def started(arm: str, data: str, backbone: str | None) -> dict:
+        return {**run(arm, 0, 0.3, 0.4), "inputs": {"data_fingerprint": data, "backbone_sha256": backbone}}
+
+    published = [started("fedpav", "d1", None), started("fedpav@synthetic", "d1", "b1"),
+                 started("fedreid@synthetic", "d1", "b1"), run("fedreid", 0, 0.3, 0.4),
+                 started("fedpav+cdw", "d1", None)]
+    mine = [started("fedpav", "d1", None), started("fedpav@synthetic", "d1", "b2"),
+            started("fedreid@synthetic", "d2", "b1"), started("fedreid", "d1", None), run("fedpav+cdw", 0, 0.3, 0.4)]
+    said = check.same_inputs(published, mine, ["fedpav", "fedpav@synthetic", "fedreid@synthetic", "fedreid",
+                                               "fedpav+cdw"])
+    assert "fedpav: the same data and initial backbone bytes" in said
+    assert "fedpav@synthetic: **other initial backbone bytes**" in said
+    assert "fedreid@synthetic: **other data bytes**" in said
+    assert "fedreid: cannot tell (the published runs predate" in said
+    assert "fedpav+cdw: cannot tell (this machine's runs predate" in said

@@ -254,3 +254,19 @@ def test_the_started_table_says_whether_its_factor_1_runs_are_the_tuned_ones(cla
     only_one = {"fedpav@synthetic": chosen["fedpav@synthetic"]}
     line = claims.started_tuning_line("synthetic", ["fedpav", "fedpav+cdw"], only_one)
     assert "at the tuned factor for fedpav@synthetic (×1)." in line and "Not tuned yet: fedpav+cdw@synthetic." in line
+
+
+def test_a_run_records_the_bytes_it_started_from_and_the_publication_counts_them(claims, small_config) -> None:
+    from secfed.federation.builder import build
+
+    inputs = sys.modules["bench_dfh"].run_inputs(build(small_config).data_info)
+    assert len(inputs["data_fingerprint"]) == 64 and inputs["backbone_sha256"] is None  # from scratch
+    started = {"data_fingerprint": "ab" * 32, "backbone_sha256": "cd" * 32}
+    runs = [{"arm": "fedpav", "inputs": inputs}, {"arm": "fedpav@synthetic", "inputs": started},
+            {"arm": "fedpav@synthetic", "inputs": started}, {"arm": "fedpav"}]
+    line = claims.inputs_line(runs)
+    assert f"data {'ab' * 6} (2 runs), {inputs['data_fingerprint'][:12]} (1 run)" in line
+    assert f"initial backbone {'cd' * 6} (2 runs), from scratch (1 run)" in line
+    assert line.endswith("1 run made before data fingerprints and initial backbones were recorded")
+    assert claims.inputs_line([{"arm": "fedpav"}]) == \
+        "1 run made before data fingerprints and initial backbones were recorded"
