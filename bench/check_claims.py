@@ -7,10 +7,9 @@ A run on another CPU (or a GPU) does not give the published bytes (`bench_repro.
 does), so what a second machine can reproduce is the published *distribution*: each arm's
 seed-to-seed mean and spread, and each claim's mean paired difference. This command runs seeds
 0 … K−1 of the named arms at the learning-rate factor their published claims table decides from
-(from-scratch arms: factor 1; ARM@synthetic arms: the factor their grid chose once its ten seeds were
-in; `--at-defaults`: factor 1 for all) with `claims.py`'s own runner (resumable: finished runs in
-OUT/runs.jsonl are skipped) and, for every published number
-those runs measure (an arm's mean seen rank-1 and unseen mAP; the paired d of every claim all of
+(the factor their grid chose once its ten seeds were in, else 1; `--at-defaults`: factor 1 for all)
+with `claims.py`'s own runner (resumable: finished runs in OUT/runs.jsonl are skipped) and, for
+every published number those runs measure (an arm's mean seen rank-1 and unseen mAP; the paired d of every claim all of
 whose arms ran), asks whether the mean of the K new runs lies where the mean of K runs drawn from
 the published runs' distribution would: the prediction interval
 
@@ -57,16 +56,16 @@ def prediction(published: list[float], k: int, alpha: float) -> tuple[float, flo
 
 
 def published_factors(rows: list[dict[str, Any]], arms: Iterable[str], at_defaults: bool = False) -> dict[str, float]:
-    """The learning-rate factor of each arm's published runs: for an ARM@START arm, the factor the
-    pretrained-start table decides from (its grid's choice once its ten seeds are in, else 1 —
-    :func:`claims.started_claim_runs`); for a from-scratch arm 1 (its table is published at the
-    defaults); 1 for every arm with ``at_defaults`` (the spread table's factor-1 rows)."""
-    started = [a for a in arms if claims.split_arm(a)[1]]
+    """The learning-rate factor of each arm's published runs: the factor its table decides from (the
+    grid's choice once its ten seeds are in, else 1 — :func:`claims.decided_runs`, the rule of both the
+    from-scratch and the pretrained-start tables); 1 for every arm with ``at_defaults`` (the spread
+    table's factor-1 rows)."""
+    arms = list(arms)
     factors = dict.fromkeys(arms, 1.0)
-    if started and not at_defaults:
-        grid = claims.choose(rows, started, list(claims.LR_GRID))
-        _, used = claims.started_claim_runs(claims.started_runs(rows, started), grid)
-        factors.update({a: used[a] for a in started if a in used})
+    if not at_defaults:
+        grid = claims.choose(rows, arms, list(claims.LR_GRID))
+        _, used = claims.decided_runs(claims.started_runs(rows, arms), grid, claims.STARTED_MIN_SEEDS)
+        factors.update({a: used[a] for a in arms if a in used})
     return factors
 
 

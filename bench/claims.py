@@ -35,9 +35,11 @@ are scaled by each factor of ``--lr-grid``, trained on seeds of their own (10,00
 claim seed) and scored on the VALIDATION split of the training domains (``data.validation``:
 held-out training identities; no test set and no unseen domain is scored); the factor with the best
 validation mAP is the arm's for every claim run (``fedreid+beta`` takes FedReID's). ``--lr-grid 1``
-skips tuning. The choice is printed and written to OUT/grid.json. ``--at-defaults`` decides the
-claims from the runs at factor 1 (each method's defaults) and prints the grid's choice beside them,
-for when the tuned claim runs have not been made yet.
+skips tuning. The choice is printed and written to OUT/grid.json. The report decides each claim from
+each arm's runs at its chosen factor once all ``--seeds`` of them are in, else from its factor-1 runs
+(an interrupted command publishes what it has, the same rule as the pretrained starts' table), and
+says under the table which arms are at which; ``--at-defaults`` decides from the factor-1 runs of
+every arm, printing the grid's choice beside them.
 
 Every finished run is appended to OUT/runs.jsonl at once; a rerun skips what is there (kill it at
 any time). Runs go out seed by seed, so an interrupted bench leaves whole pairs. ``--workers`` runs
@@ -368,32 +370,22 @@ def grid_summary(chosen: dict[str, dict[str, Any]]) -> str:
                      for a, g in chosen.items())
 
 
-def tuning_line(chosen: dict[str, dict[str, Any]], at_defaults: bool = False) -> str:
-    """How each arm's learning rates were chosen, in one sentence (``at_defaults``: the claims ran at
-    factor 1 whatever the grid chose)."""
-    if all(not g["validation_mAP"] for g in chosen.values()):
-        return "Learning rates: each method's defaults (factor 1; no tuning runs)."
-    grid = grid_summary(chosen)
-    if at_defaults:
-        return ("Learning rates: each method's defaults (factor 1) — NOT the tuned ones. The grid on the validation "
-                f"split of the training domains (validation mAP % per factor) chose: {grid}; the claims at those "
-                "factors are not run yet.")
-    return f"Learning-rate factor per arm, chosen on the validation split of its training domains (validation mAP % per factor): {grid}."
-
-
 def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str,
-                chosen: dict[str, dict[str, Any]], at_defaults: bool = False,
-                spread_only: list[dict[str, Any]] = (), started_grid: dict[str, dict[str, Any]] | None = None) -> str:
-    """The claims table, the spread of every arm (``spread_only``: the ``--spread`` arms' runs,
+                grid: dict[str, dict[str, Any]], factors: dict[str, float] | None = None,
+                spread_only: list[dict[str, Any]] = (), started_grid: dict[str, dict[str, Any]] | None = None,
+                other_factors: list[dict[str, Any]] = ()) -> str:
+    """The claims table (``runs``: :func:`claim_runs`'s, at ``factors``, the factor per arm; ``grid``:
+    :func:`choose`'s for the claims' arms), the spread of every arm (``other_factors``: the claims'
+    arms' test runs at the factor the table does not use; ``spread_only``: the ``--spread`` arms' runs,
     e.g. from the synthetic pretrained backbone; ``started_grid``: what ``--spread --tune``'s grid
     chose for them), the tuning line and the footer."""
     wall = sum(r["seconds"] for r in runs) / 60
     return "\n".join([
         table(runs, claims), "",
-        spread([*runs, *spread_only]), "",
+        spread([*runs, *other_factors, *spread_only]), "",
         *([spread_only_line(spread_only), ""] if spread_only else []),
         *([started, ""] if (started := started_claims(spread_only, claims, started_grid or {})) else []),
-        tuning_line(chosen, at_defaults), "",
+        tuning_line(arms_of(claims), grid, factors), "",
         f"d > 0 is what the paper claims; reproduced: the interval's low end is above the threshold (0 unless "
         f"the statement names one); not reproduced: its high end is below threshold + 1 point (0.25 for "
         f"volatility); otherwise undecided. {len(runs)} runs, {wall:.0f} run-minutes, on "
@@ -418,15 +410,15 @@ def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim],
             blocks.append(f"The same claims from the {start} pretrained backbone, where `--spread` ran every arm "
                           f"(ARM@{start}, paired by seed; each arm's learning-rate factor is named below the table):"
                           f"\n\n{table(mine, decidable, min_seeds=STARTED_MIN_SEEDS)}\n\n"
-                          f"{started_tuning_line(start, arms_of(decidable), grid or {}, factors)}")
+                          f"{tuning_line(arms_of(decidable), grid or {}, factors, start)}")
     return "\n\n".join(blocks)
 
 
 def started_by_start(spread_only: Iterable[dict[str, Any]], grid: dict[str, dict[str, Any]] | None = None
                      ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
-    """Per start, the runs its claims are decided from (:func:`started_claim_runs`), named by method;
+    """Per start, the runs its claims are decided from (:func:`decided_runs`), named by method;
     and the factor used per ARM@START arm."""
-    runs, factors = started_claim_runs(list(spread_only), grid or {})
+    runs, factors = decided_runs(list(spread_only), grid or {}, STARTED_MIN_SEEDS)
     by_start: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         method, start = split_arm(r["arm"])
@@ -434,38 +426,40 @@ def started_by_start(spread_only: Iterable[dict[str, Any]], grid: dict[str, dict
     return by_start, factors
 
 
-def started_claim_runs(rows: list[dict[str, Any]], grid: dict[str, dict[str, Any]]
-                       ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Each ``--spread`` arm's test runs at the factor its complete grid chose when that factor has its
-    ``STARTED_MIN_SEEDS`` seeds (a half-made set would turn a decided claim undecided), else its
-    factor-1 runs; and the factor used per arm."""
+def decided_runs(rows: list[dict[str, Any]], grid: dict[str, dict[str, Any]], min_seeds: int
+                 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Each arm's test runs at the factor its complete grid chose once that factor has ``min_seeds``
+    seeds (a half-made set would turn a decided claim undecided), else its factor-1 runs; and the
+    factor used per arm. One rule for both tables: from scratch and from each pretrained start."""
     out: list[dict[str, Any]] = []
     factors: dict[str, float] = {}
     tests = [r for r in rows if not job_of(r).validation]
     for arm in dict.fromkeys(r["arm"] for r in tests):
         chosen = chosen_factor(grid, arm)
         at = {scale: [r for r in tests if r["arm"] == arm and job_of(r).lr_scale == scale] for scale in (chosen, 1.0)}
-        factors[arm] = chosen if len(at[chosen]) >= STARTED_MIN_SEEDS else 1.0
+        factors[arm] = chosen if len(at[chosen]) >= min_seeds else 1.0
         out += at[factors[arm]]
     return out, factors
 
 
-def started_tuning_line(start: str, arms: list[str], grid: dict[str, dict[str, Any]],
-                        factors: dict[str, float] | None = None) -> str:
-    """What the grid chose per arm from ``start`` (`--spread ARM@START --tune`), which arms' runs above
-    are at the tuned factor (``factors``: the factor used per ARM@START arm, 1 when absent), which are
-    at factor 1 though it chose another, and which arms it has not scored."""
+def tuning_line(arms: list[str], grid: dict[str, dict[str, Any]], factors: dict[str, float] | None = None,
+                start: str = "") -> str:
+    """What the learning-rate grid chose per arm (from scratch, or from ``start``: `--spread ARM@START
+    --tune`), which arms' runs in the table are at the tuned factor (``factors``: the factor used per
+    arm, 1 when absent), which are at factor 1 though it chose another, and which it has not scored."""
     factors = factors or {}
-    tuned = list(dict.fromkeys(tuned_as(f"{a}@{start}") for a in arms))
+    name = {a: f"{a}@{start}" if start else a for a in arms}
+    where, how = ((f"from the {start} start", f"`--spread ARM@{start} --tune`") if start
+                  else ("from scratch", "`python bench/claims.py`"))
+    tuned = list(dict.fromkeys(tuned_as(name[a]) for a in arms))
     scored = {a: g for a in tuned if (g := grid.get(a)) and g["complete"]}  # every factor scored
     if not scored:
-        return (f"Learning rates from the {start} start: the defaults, untuned (no complete grid: "
-                f"`--spread ARM@{start} --tune`). Not tuned yet: {', '.join(tuned)}.")
-    used = {f"{a}@{start}": factors.get(f"{a}@{start}", 1.0) for a in arms}
+        return f"Learning rates {where}: the defaults, untuned (no complete grid: {how}). Not tuned yet: {', '.join(tuned)}."
+    used = {name[a]: factors.get(name[a], 1.0) for a in arms}
     at_tuned = [a for a, f in used.items() if tuned_as(a) in scored and f == scored[tuned_as(a)]["chosen"]]
     off = [a for a, f in used.items() if tuned_as(a) in scored and a not in at_tuned]
     missing = [a for a in tuned if a not in scored]
-    return (f"Learning rates from the {start} start — the grid on the validation split of the training domains "
+    return (f"Learning rates {where} — the grid on the validation split of the training domains "
             f"(validation mAP % per factor) chose: {grid_summary(scored)}. "
             + (f"The runs above are at the tuned factor for {', '.join(f'{a} (×{used[a]:g})' for a in at_tuned)}. "
                if at_tuned else "")
@@ -488,7 +482,7 @@ DEFAULT_BEGIN, DEFAULT_END = "<!-- default-results:start -->", "<!-- default-res
 def default_results(runs: list[dict[str, Any]], command: str) -> str:
     """README's default-run block: the FedPav arm (the default setting) per domain over its seeds,
     federated against local-only, mean ± 95 % interval, and the paired rank-1 gain."""
-    mine = [r for r in runs if r["arm"] == "fedpav"]
+    mine = [r for r in runs if r["arm"] == "fedpav" and job_of(r).lr_scale == 1.0]  # the default: factor 1
     if not mine:
         return ""
 
@@ -600,11 +594,14 @@ def claim_jobs(claims: list[Claim], seeds: int, chosen: dict[str, dict[str, Any]
     return [Job(a, s, chosen[tuned_as(a)]["chosen"]) for s in range(seeds) for a in arms_of(claims)]
 
 
-def claim_runs(rows: list[dict[str, Any]], claims: list[Claim], seeds: int,
-               chosen: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The finished rows the claims are decided from: each arm's runs at its chosen factor."""
-    wanted = set(claim_jobs(claims, seeds, chosen))
-    return [r for r in rows if job_of(r) in wanted]
+def claim_runs(rows: list[dict[str, Any]], claims: list[Claim], seeds: int, grid: dict[str, dict[str, Any]]
+               ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The finished test rows (seeds 0 … ``seeds`` − 1) the claims are decided from, and the factor per
+    arm: each arm's runs at the factor its complete ``grid`` chose once all ``seeds`` are in there,
+    else at factor 1 (:func:`decided_runs`; ``grid`` {}: factor 1 for all)."""
+    arms = set(arms_of(claims))
+    mine = [r for r in rows if r["arm"] in arms and r["seed"] < seeds and not job_of(r).validation]
+    return decided_runs(mine, grid, seeds)
 
 
 def prepare_data(arms: Iterable[str]) -> None:
@@ -686,8 +683,10 @@ def main() -> None:
         rows += execute(claim_jobs(claims, args.seeds, chosen), rows, results, args, started)
         (args.out / "command.txt").write_text(command + "\n")
         print(f"the command's runs took {(time.monotonic() - started) / 60:.1f} minutes (wall)", flush=True)
-    decided = {a: {**g, "chosen": 1.0} for a, g in chosen.items()} if args.at_defaults else chosen
-    publish(claim_runs(rows, claims, args.seeds, decided), claims, command, args, chosen, started_runs(rows, starts),
+    runs, factors = claim_runs(rows, claims, args.seeds, {} if args.at_defaults else chosen)
+    others = [r for r in started_runs(rows, arms_of(claims))
+              if r["seed"] < args.seeds and job_of(r).lr_scale != factors.get(r["arm"], 1.0)]
+    publish(runs, claims, command, args, chosen, factors, others, started_runs(rows, starts),
             choose(rows, starts, args.lr_grid))
 
 
@@ -765,16 +764,16 @@ def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: ar
 
 
 def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args: argparse.Namespace,
-            chosen: dict[str, dict[str, Any]], spread_only: list[dict[str, Any]],
-            started_grid: dict[str, dict[str, Any]]) -> None:
-    text = publication(runs, claims, command, chosen, args.at_defaults, spread_only, started_grid)
+            grid: dict[str, dict[str, Any]], factors: dict[str, float], other_factors: list[dict[str, Any]],
+            spread_only: list[dict[str, Any]], started_grid: dict[str, dict[str, Any]]) -> None:
+    text = publication(runs, claims, command, grid, factors, spread_only, started_grid, other_factors)
     (args.out / "claims.md").write_text(text + "\n")
     figure(runs, claims, args.out / "claims.png", started_by_start(spread_only, started_grid)[0])
     print(text)
     if args.publish:
         for path in (REPO / "README.md", REPO / "bench" / "RESULTS.md"):
             path.write_text(rewrite_between_markers(path.read_text(), text))
-        block = default_results(runs, command)
+        block = default_results([*runs, *other_factors], command)
         if block:
             readme = REPO / "README.md"
             readme.write_text(rewrite_between_markers(readme.read_text(), block, DEFAULT_BEGIN, DEFAULT_END))

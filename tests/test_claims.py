@@ -100,16 +100,56 @@ def test_each_arm_is_tuned_on_validation_runs_of_its_own_seeds_and_claims_use_it
     assert not any(j.validation or j.seed >= claims.GRID_SEED for j in jobs)
     # a claim run at another factor (e.g. an untuned one from before) is not decided from
     finished = rows + [row(j, 0.2) for j in jobs] + [row(claims.Job("fedpav", 0, 1.0), 0.9)]
-    decided = claims.claim_runs(finished, [fig3, table3], 2, chosen)
+    decided, factors = claims.claim_runs(finished, [fig3, table3], 2, chosen)
     assert len(decided) == len(jobs) and all(not r["validation"] for r in decided)
-    assert "fedpav ×2 (×0.5: 11.0, ×1: 11.0, ×2: 31.0)" in claims.tuning_line(chosen)
-    # --at-defaults: decided from the factor-1 runs, saying so beside the grid's choice
-    at_defaults = {a: {**g, "chosen": 1.0} for a, g in chosen.items()}
-    untuned = claims.claim_runs(finished, [table3], 2, at_defaults)
+    assert factors == {"fedreid": 0.5, "fedreid+beta": 0.5, "fedpav": 2.0, "fedpav+cdw": 1.0}
+    line = claims.tuning_line(claims.arms_of([fig3, table3]), chosen, factors)
+    assert "fedpav ×2 (×0.5: 11.0, ×1: 11.0, ×2: 31.0)" in line and "NOT the tuned ones" not in line
+    assert "at the tuned factor for fedreid (×0.5), fedreid+beta (×0.5), fedpav (×2), fedpav+cdw (×1)" in line
+    # --at-defaults (no grid): decided from the factor-1 runs, saying so beside the grid's choice
+    untuned, factors = claims.claim_runs(finished, [table3], 2, {})
     assert {(r["arm"], r["seed"]) for r in untuned} == {("fedpav", 0), ("fedpav+cdw", 0), ("fedpav+cdw", 1)}
-    assert all(r["lr_scale"] == 1.0 for r in untuned)
-    line = claims.tuning_line(chosen, at_defaults=True)
-    assert "NOT the tuned ones" in line and "fedpav ×2" in line and "not run yet" in line
+    assert all(r["lr_scale"] == 1.0 for r in untuned) and factors == {"fedpav": 1.0, "fedpav+cdw": 1.0}
+    line = claims.tuning_line(claims.arms_of([table3]), chosen, factors)
+    assert "For fedpav they are at factor 1, NOT the tuned ones" in line and "fedpav ×2" in line
+    assert "Learning rates from scratch: the defaults, untuned" in claims.tuning_line(["fedpav"], {}, factors)
+
+
+def test_an_interrupted_claims_command_publishes_each_arm_at_its_tuned_factor_once_all_seeds_are_in(claims) -> None:
+    """Issue 24 item 3 from scratch: the tuned claim runs come in arm by arm (hours on two cores); the
+    report decides each arm from them only when all its seeds are in, else from factor 1 — never a
+    mix of factors within an arm — and says which; the spread table keeps both; README's default
+    block stays the default (factor 1)."""
+    [table1] = [c for c in claims.CLAIMS if c.key == "dfh-table1"]  # lodo:dfh against lodo:fedpav
+
+    def row(arm: str, seed: int, mAP: float, scale: float = 1.0, validation: bool = False) -> dict:
+        return {"arm": arm, "seed": seed, "lr_scale": scale, "validation": validation, "seconds": 60.0,
+                "domains": [{"name": "a", "rank1": mAP, "mAP": mAP}], "unseen": [{"name": "u", "mAP": mAP}]}
+
+    grid = [row(a, claims.GRID_SEED, v, f, True) for a, best in (("lodo:fedpav", 2.0), ("lodo:dfh", 0.5))
+            for f, v in ((0.5, 0.2), (1.0, 0.3), (2.0, 0.4)) for v in [0.5 if f == best else v]]
+    chosen = claims.choose(grid, ["lodo:fedpav", "lodo:dfh"], [0.5, 1.0, 2.0])
+    assert {a: g["chosen"] for a, g in chosen.items()} == {"lodo:fedpav": 2.0, "lodo:dfh": 0.5}
+    at_one = [row(a, s, 0.30 + (0.02 if a == "lodo:dfh" else 0.0)) for s in range(3) for a in ("lodo:fedpav", "lodo:dfh")]
+    fedpav_x2 = [row("lodo:fedpav", s, 0.40 + 0.001 * s, 2.0) for s in range(3)]
+    dfh_half = [row("lodo:dfh", s, 0.35, 0.5) for s in range(2)]  # its third seed is still running
+    rows = grid + at_one + fedpav_x2 + dfh_half
+    runs, factors = claims.claim_runs(rows, [table1], 3, chosen)
+    assert factors == {"lodo:fedpav": 2.0, "lodo:dfh": 1.0}
+    assert {(r["arm"], r["lr_scale"]) for r in runs} == {("lodo:fedpav", 2.0), ("lodo:dfh", 1.0)} and len(runs) == 6
+    text = claims.publication(runs, [table1], "cmd", chosen, factors,
+                              other_factors=[r for r in at_one + dfh_half if r["lr_scale"] != factors[r["arm"]]])
+    assert "| DFH Table 1 |" in text and "| 3 | -8.10 [" in text  # DFH at ×1 against FedPav at ×2
+    assert "at the tuned factor for lodo:fedpav (×2)" in text and "For lodo:dfh they are at factor 1, NOT the tuned" in text
+    assert "| lodo:fedpav ×2 | 3 |" in text and "| lodo:fedpav | 3 |" in text and "| lodo:dfh ×0.5 | 2 |" in text
+    # the last seed lands: both arms at their tuned factors
+    runs, factors = claims.claim_runs(rows + [row("lodo:dfh", 2, 0.35, 0.5)], [table1], 3, chosen)
+    assert factors == {"lodo:fedpav": 2.0, "lodo:dfh": 0.5}
+    assert "| 3 | -5.10 [" in claims.publication(runs, [table1], "cmd", chosen, factors)
+    default = [{**row("fedpav", s, 0.1, scale), "domains": [{"name": "gate", "train_images": 9, "rank1": r,
+                                                              "local_rank1": 0.0, "mAP": r, "local_mAP": 0.0}]}
+               for s in range(2) for scale, r in ((1.0, 0.1), (2.0, 0.5))]
+    assert "over 2 seeds" in (block := claims.default_results(default, "cmd")) and "| gate (9) | 10.0 ± " in block
 
 
 def test_the_publication_names_each_machine_and_the_command(claims) -> None:
@@ -250,9 +290,9 @@ def test_the_started_table_says_whether_its_factor_1_runs_are_the_tuned_ones(cla
     assert "| 10 | +0.00" in text and "For fedpav+cdw@synthetic they are at factor 1, NOT the tuned ones" in text
     # an arm whose grid is still running (not every factor scored) is not called tuned
     partial = claims.choose(grid[:2], ["fedpav@synthetic"], [0.5, 1.0, 2.0])
-    assert "Not tuned yet: fedpav@synthetic" in claims.started_tuning_line("synthetic", ["fedpav"], partial)
+    assert "Not tuned yet: fedpav@synthetic" in claims.tuning_line(["fedpav"], partial, start="synthetic")
     only_one = {"fedpav@synthetic": chosen["fedpav@synthetic"]}
-    line = claims.started_tuning_line("synthetic", ["fedpav", "fedpav+cdw"], only_one)
+    line = claims.tuning_line(["fedpav", "fedpav+cdw"], only_one, start="synthetic")
     assert "at the tuned factor for fedpav@synthetic (×1)." in line and "Not tuned yet: fedpav+cdw@synthetic." in line
 
 
