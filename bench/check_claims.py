@@ -9,8 +9,8 @@ seed-to-seed mean and spread, and each claim's mean paired difference. This comm
 0 … K−1 of the named arms at the learning-rate factor their published claims table decides from
 (the factor their grid chose once its ten seeds were in, else 1; `--at-defaults`: factor 1 for all)
 with `claims.py`'s own runner (resumable: finished runs in OUT/runs.jsonl are skipped) and, for
-every published number those runs measure (an arm's mean seen rank-1 and unseen mAP; the paired d of every claim all of
-whose arms ran), asks whether the mean of the K new runs lies where the mean of K runs drawn from
+every published number those runs measure (an arm's mean seen rank-1 and unseen mAP; the paired d
+of every claim all of whose arms ran), asks whether the mean of the K new runs lies where the mean of K runs drawn from
 the published runs' distribution would: the prediction interval
 
     published mean ± t(1 − α/2, n − 1) · published std · sqrt(1/n + 1/K)

@@ -594,14 +594,17 @@ def claim_jobs(claims: list[Claim], seeds: int, chosen: dict[str, dict[str, Any]
     return [Job(a, s, chosen[tuned_as(a)]["chosen"]) for s in range(seeds) for a in arms_of(claims)]
 
 
+def claim_tests(rows: list[dict[str, Any]], claims: list[Claim], seeds: int) -> list[dict[str, Any]]:
+    """The claims' arms' finished test runs (not the grid's) of seeds 0 … ``seeds`` − 1, at any factor."""
+    return [r for r in started_runs(rows, arms_of(claims)) if r["seed"] < seeds]
+
+
 def claim_runs(rows: list[dict[str, Any]], claims: list[Claim], seeds: int, grid: dict[str, dict[str, Any]]
                ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """The finished test rows (seeds 0 … ``seeds`` − 1) the claims are decided from, and the factor per
+    """The finished test rows (:func:`claim_tests`) the claims are decided from, and the factor per
     arm: each arm's runs at the factor its complete ``grid`` chose once all ``seeds`` are in there,
     else at factor 1 (:func:`decided_runs`; ``grid`` {}: factor 1 for all)."""
-    arms = set(arms_of(claims))
-    mine = [r for r in rows if r["arm"] in arms and r["seed"] < seeds and not job_of(r).validation]
-    return decided_runs(mine, grid, seeds)
+    return decided_runs(claim_tests(rows, claims, seeds), grid, seeds)
 
 
 def prepare_data(arms: Iterable[str]) -> None:
@@ -684,8 +687,7 @@ def main() -> None:
         (args.out / "command.txt").write_text(command + "\n")
         print(f"the command's runs took {(time.monotonic() - started) / 60:.1f} minutes (wall)", flush=True)
     runs, factors = claim_runs(rows, claims, args.seeds, {} if args.at_defaults else chosen)
-    others = [r for r in started_runs(rows, arms_of(claims))
-              if r["seed"] < args.seeds and job_of(r).lr_scale != factors.get(r["arm"], 1.0)]
+    others = [r for r in claim_tests(rows, claims, args.seeds) if job_of(r).lr_scale != factors[r["arm"]]]
     publish(runs, claims, command, args, chosen, factors, others, started_runs(rows, starts),
             choose(rows, starts, args.lr_grid))
 
