@@ -72,3 +72,12 @@ def small_at(synth_root: Path) -> Callable[[Path], RunConfig]:
 def small_config(small_at: Callable[[Path], RunConfig], tmp_path: Path) -> RunConfig:
     """:func:`small` writing under the test's own tmp_path."""
     return small_at(tmp_path / "runs")
+
+
+@pytest.fixture
+def two_site_config(small_config: RunConfig) -> RunConfig:
+    """:func:`small` on two of the three domains (79 of the 148 training images): for runs whose cost
+    grows with the images (DP-SGD's per-example gradients, resumed runs) and whose assertions hold
+    for any number of sites above one."""
+    small_config.data.datasets = ["corridor", "plaza"]
+    return small_config

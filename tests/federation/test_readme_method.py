@@ -47,23 +47,27 @@ def test_the_readme_method_registers_and_trains_under_secure_aggregation(small_c
     assert 0 < moved[0] < 0.9 * moved[1]
 
 
-def test_the_readme_method_trains_under_dp_sgd(small_config: RunConfig, tmp_path: Path) -> None:
-    """The README's FedProx with --dp-sgd: every client's steps are clipped, noised and accounted (before
-    the framework owned DP-SGD it trained without any and reported ε = 0)."""
+def test_the_readme_method_trains_under_dp_sgd(two_site_config: RunConfig, tmp_path: Path) -> None:
+    """The README's FedProx with --dp-sgd alone: every client's steps are clipped, noised and accounted
+    (before the framework owned DP-SGD it trained without any and reported ε = 0), on a model without
+    BatchNorm."""
+    cfg = two_site_config
     namespace: dict = {}
     try:
         exec(compile(_block(), "README.md", "exec"), namespace)
-        small_config.method.algorithm = "fedprox"
-        small_config.schedule.rounds = 1
-        small_config.run.local_baseline = False
-        small_config.privacy.dp_sgd = True
-        small_config.privacy.dp_sgd_noise_multiplier = 1.0
-        small_config.schedule.batch_size = 24  # fewer steps: each draws secure noise for all 11 M weights
-        result = run(small_config, tmp_path / "dp")
+        cfg.method.algorithm = "fedprox"
+        cfg.schedule.rounds = 1
+        cfg.run.local_baseline = False
+        cfg.privacy.dp_sgd = True
+        cfg.privacy.dp_sgd_noise_multiplier = 1.0
+        cfg.schedule.batch_size = 24  # fewer steps: each draws secure noise for all 11 M weights
+        result = run(cfg, tmp_path / "dp")
     finally:
         METHODS.pop("fedprox", None)
     fed = result.federation
     assert fed.method.name == "fedprox"
     for client in fed.clients:
         assert client.dp_sgd.accountant.steps > 0 and client.dp_sgd.epsilon() > 0
-    assert all(v["epsilon"] > 0 for v in result.summary["privacy"]["dp_sgd"].values())
+    per_client = result.summary["privacy"]["dp_sgd"]
+    assert len(per_client) == 2 and all(v["epsilon"] > 0 for v in per_client.values())
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in fed.clients[0].site.model.modules())

@@ -30,10 +30,11 @@ def _without_timing(history: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize(("algorithm", "damaged"), [("fedpav", False), ("fedreid", True)])
-def test_resume_ends_bit_identical(small_config: RunConfig, tmp_path: Path, algorithm: str, damaged: bool) -> None:
+def test_resume_ends_bit_identical(two_site_config: RunConfig, tmp_path: Path, algorithm: str, damaged: bool) -> None:
     """FedReID also keeps, per site, the latest local embedding its next expert starts from. ``damaged``:
     a byte of the newest checkpoint flips on disk; the resume continues from the one before it, says
     so naming the damaged file, and still ends where the uninterrupted run ended."""
+    small_config = two_site_config
     small_config.method.algorithm = algorithm
     small_config.schedule.rounds = 3
     small_config.run.eval_every = 2  # round 2 (in the checkpoint) and round 3 (after the resume)
