@@ -45,14 +45,19 @@ def tiny(synth_root: Path, out: Path) -> RunConfig:
     return cfg
 
 
-def small(synth_root: Path, out: Path) -> RunConfig:
+def small(synth_root: Path, out: Path, *, two_sites: bool = False) -> RunConfig:
     """tiny at 16×8 pixels with a 32-wide neck, evaluated after the last round only: the same code
     paths at a fraction of the arithmetic, for tests whose assertions do not depend on what the model
-    learns (privacy, resume, transports, progress)."""
+    learns (privacy, resume, transports, progress). ``two_sites``: two of the three domains (79 of the
+    148 training images), for runs whose cost grows with the images or the sites (DP-SGD's per-example
+    gradients, noise and masks of every site, resumed runs) and whose assertions hold for any number
+    of sites above one."""
     cfg = tiny(synth_root, out)
     cfg.data.height, cfg.data.width = 16, 8
     cfg.model.neck_dim = 32
     cfg.run.eval_every = 0
+    if two_sites:
+        cfg.data.datasets = ["corridor", "plaza"]
     return cfg
 
 
@@ -63,21 +68,18 @@ def tiny_config(synth_root: Path, tmp_path: Path) -> RunConfig:
 
 
 @pytest.fixture(scope="session")
-def small_at(synth_root: Path) -> Callable[[Path], RunConfig]:
+def small_at(synth_root: Path) -> Callable[..., RunConfig]:
     """:func:`small` writing under a folder the caller names (a run shared by a module's tests)."""
-    return lambda out: small(synth_root, out)
+    return lambda out, two_sites=False: small(synth_root, out, two_sites=two_sites)
 
 
 @pytest.fixture
-def small_config(small_at: Callable[[Path], RunConfig], tmp_path: Path) -> RunConfig:
+def small_config(small_at: Callable[..., RunConfig], tmp_path: Path) -> RunConfig:
     """:func:`small` writing under the test's own tmp_path."""
     return small_at(tmp_path / "runs")
 
 
 @pytest.fixture
-def two_site_config(small_config: RunConfig) -> RunConfig:
-    """:func:`small` on two of the three domains (79 of the 148 training images): for runs whose cost
-    grows with the images (DP-SGD's per-example gradients, resumed runs) and whose assertions hold
-    for any number of sites above one."""
-    small_config.data.datasets = ["corridor", "plaza"]
-    return small_config
+def two_site_config(small_at: Callable[..., RunConfig], tmp_path: Path) -> RunConfig:
+    """:func:`small` on two sites, writing under the test's own tmp_path."""
+    return small_at(tmp_path / "runs", two_sites=True)

@@ -85,10 +85,10 @@ def _distributed(cfg: RunConfig) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def distributed_run(small_at: Callable[[Path], RunConfig], tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+def distributed_run(small_at: Callable[..., RunConfig], tmp_path_factory: pytest.TempPathFactory) -> RunResult:
     """One :func:`_distributed` run, read (never changed) by the tests below."""
     out = tmp_path_factory.mktemp("distributed")
-    return run(_distributed(small_at(out / "runs")), out / "dist")
+    return run(_distributed(small_at(out / "runs", two_sites=True)), out / "dist")
 
 
 def test_distributed_noise_under_secure_aggregation(distributed_run: RunResult) -> None:
@@ -134,12 +134,12 @@ def test_dp_logs_carry_no_per_client_figures(small_config: RunConfig, tmp_path: 
     assert "privacy" in line and "privacy" not in line["outside_epsilon"]
 
 
-def test_distributed_noise_is_not_reproducible_from_the_run_seed(small_config: RunConfig, tmp_path: Path,
+def test_distributed_noise_is_not_reproducible_from_the_run_seed(two_site_config: RunConfig, tmp_path: Path,
                                                                  distributed_run: RunResult) -> None:
     """The old code drew Skellam noise from the run seed stored in config.json: a server that knew it
     subtracted the noise to 3e-5. Two runs with the same seed now release different noisy models; with
     privacy.reproducible_noise they are identical (and the run says it is not private)."""
-    cfg = _distributed(small_config)
+    cfg = _distributed(two_site_config)
     first = distributed_run.federation.config  # run a: the same settings and seed, another output folder
     assert first.model_copy(update={"run": first.run.model_copy(update={"out": cfg.run.out})}) == cfg
     a = distributed_run.federation.server.weights

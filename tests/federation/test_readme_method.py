@@ -22,22 +22,23 @@ def _block() -> str:
     return re.search(r"```python\n(.*?)```", block, re.S).group(1)
 
 
-def test_the_readme_method_registers_and_trains_under_secure_aggregation(small_config: RunConfig, tmp_path: Path) -> None:
+def test_the_readme_method_registers_and_trains_under_secure_aggregation(two_site_config: RunConfig, tmp_path: Path) -> None:
+    cfg = two_site_config
     code = _block()
     assert len(code.splitlines()) <= 40
     namespace: dict = {}
     try:
         exec(compile(code, "README.md", "exec"), namespace)
         assert METHODS["fedprox"] is namespace["FedProx"]
-        small_config.method.algorithm = "fedprox"
-        small_config.schedule.rounds = 1
-        small_config.secagg.enabled = True
-        small_config.run.local_baseline = False
-        start = build(small_config).server.weights  # the same initial model both runs start from
+        cfg.method.algorithm = "fedprox"
+        cfg.schedule.rounds = 1
+        cfg.secagg.enabled = True
+        cfg.run.local_baseline = False
+        start = build(cfg).server.weights  # the same initial model both runs start from
         namespace["FedProx"].mu = 10.0
-        stiff = run(small_config, tmp_path / "prox").federation
+        stiff = run(cfg, tmp_path / "prox").federation
         namespace["FedProx"].mu = 0.0
-        loose = run(small_config, tmp_path / "plain").federation
+        loose = run(cfg, tmp_path / "plain").federation
     finally:
         METHODS.pop("fedprox", None)
     assert stiff.method.name == "fedprox" and stiff.channel.name == "secagg"
