@@ -86,12 +86,13 @@ def _kd_run(cfg: RunConfig, synth_root: Path, name: str) -> RunConfig:
     return cfg
 
 
-def test_every_wait_of_a_round_is_a_step_and_listening_changes_nothing(small_config: RunConfig,
+def test_every_wait_of_a_round_is_a_step_and_listening_changes_nothing(two_site_config: RunConfig,
                                                                        synth_root: Path) -> None:
+    cfg = two_site_config  # the steps name every site: two are enough to check that
     heard: list[Step] = []
     with progress.listening(lambda *s: heard.append(s)):
-        heard_run = run(_kd_run(small_config, synth_root, "heard"), Path(small_config.run.out) / "heard")
-    quiet = run(_kd_run(small_config, synth_root, "quiet"), Path(small_config.run.out) / "quiet")
+        heard_run = run(_kd_run(cfg, synth_root, "heard"), Path(cfg.run.out) / "heard")
+    quiet = run(_kd_run(cfg, synth_root, "quiet"), Path(cfg.run.out) / "quiet")
 
     by_activity: dict[str, list[Step]] = {}
     for s in heard:
@@ -107,7 +108,7 @@ def test_every_wait_of_a_round_is_a_step_and_listening_changes_nothing(small_con
     for key in ("domains", "communication", "privacy"):
         assert heard_run.summary[key] == quiet.summary[key], key
     assert torch.equal(heard_run.federation.server.weights, quiet.federation.server.weights)
-    records = [json.loads((Path(small_config.run.out) / n / "metrics.jsonl").read_text()) for n in ("heard", "quiet")]
+    records = [json.loads((Path(cfg.run.out) / n / "metrics.jsonl").read_text()) for n in ("heard", "quiet")]
     for record in records:
         record.pop("seconds")
     assert records[0] == records[1]
