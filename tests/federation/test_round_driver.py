@@ -33,10 +33,10 @@ class Counting(InProcess):
         return super().evaluate(*args, **kwargs)
 
 
-def test_the_driver_over_a_transport_is_the_run(tiny_config: RunConfig, tmp_path: Path) -> None:
+def test_the_driver_over_a_transport_is_the_run(two_site_config: RunConfig, tmp_path: Path) -> None:
     """A transport that only carries messages gets the run's rounds bit for bit: the driver, not
     the transport, owns the records, the evaluation planning and the checkpoints."""
-    cfg = tiny_config
+    cfg = two_site_config
     cfg.run.local_baseline = False
     cfg.schedule.rounds = 1  # one round keeps the suite fast; the Flower test checks two
     cfg.run.eval_every = 0  # evaluated only at the last round: the driver plans it, the transport runs it
