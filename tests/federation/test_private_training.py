@@ -29,10 +29,12 @@ def _dp_fedavg(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def test_beta_alone_claims_no_epsilon(small_config: RunConfig, tmp_path: Path) -> None:
-    small_config.schedule.rounds = 1
-    small_config.privacy.dp_beta = 0.0005
-    result = run(small_config, tmp_path / "beta")
+def test_beta_alone_claims_no_epsilon(two_site_config: RunConfig, tmp_path: Path) -> None:
+    cfg = two_site_config
+    cfg.schedule.rounds = 1
+    cfg.run.local_baseline = False
+    cfg.privacy.dp_beta = 0.0005
+    result = run(cfg, tmp_path / "beta")
     privacy = result.summary["privacy"]
     assert privacy["mechanism"] == "beta" and not privacy["claims_epsilon"] and "epsilon" not in privacy
     assert any("not differential privacy" in s for s in privacy["statements"])
@@ -40,8 +42,8 @@ def test_beta_alone_claims_no_epsilon(small_config: RunConfig, tmp_path: Path) -
     assert "privacy" not in line
 
 
-def test_dp_fedavg_accounts_every_round_and_resume_continues(small_config: RunConfig, tmp_path: Path) -> None:
-    cfg = _dp_fedavg(small_config)
+def test_dp_fedavg_accounts_every_round_and_resume_continues(two_site_config: RunConfig, tmp_path: Path) -> None:
+    cfg = _dp_fedavg(two_site_config)
     cfg.schedule.rounds = 3
     cfg.run.local_baseline = False
 
@@ -61,7 +63,7 @@ def test_dp_fedavg_accounts_every_round_and_resume_continues(small_config: RunCo
     fresh = PrivacyLedger("gaussian", plan.delta, noise_multiplier=plan.accounting_noise_multiplier,
                           sample_rate=plan.accounting_sample_rate)
     for _ in range(3):
-        fresh.record_round(3)
+        fresh.record_round(2)  # both sites, every round
     assert result.summary["privacy"]["epsilon"] == pytest.approx(fresh.epsilon(), rel=1e-12)
     assert result.summary["privacy"]["claims_epsilon"]
 
