@@ -34,19 +34,19 @@ def test_resume_ends_bit_identical(two_site_config: RunConfig, tmp_path: Path, a
     """FedReID also keeps, per site, the latest local embedding its next expert starts from. ``damaged``:
     a byte of the newest checkpoint flips on disk; the resume continues from the one before it, says
     so naming the damaged file, and still ends where the uninterrupted run ended."""
-    small_config = two_site_config
-    small_config.method.algorithm = algorithm
-    small_config.schedule.rounds = 3
-    small_config.run.eval_every = 2  # round 2 (in the checkpoint) and round 3 (after the resume)
-    small_config.run.local_baseline = algorithm == "fedpav"  # the baselines' resume needs testing once
-    full = run(small_config, tmp_path / "full")
+    cfg = two_site_config
+    cfg.method.algorithm = algorithm
+    cfg.schedule.rounds = 3
+    cfg.run.eval_every = 2  # round 2 (in the checkpoint) and round 3 (after the resume)
+    cfg.run.local_baseline = algorithm == "fedpav"  # the baselines' resume needs testing once
+    full = run(cfg, tmp_path / "full")
 
     def crash_after_two(round_number: int) -> None:
         if round_number == 2:
             raise Crash
 
     with pytest.raises(Crash):
-        run(small_config, tmp_path / "cut", on_round_end=crash_after_two)
+        run(cfg, tmp_path / "cut", on_round_end=crash_after_two)
     # the previous checkpoint stays until the next is verified; a finished run keeps its last one only
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "cut")] == ["round-0001.pt", "round-0002.pt"]
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "full")] == ["round-0003.pt"]
@@ -56,9 +56,9 @@ def test_resume_ends_bit_identical(two_site_config: RunConfig, tmp_path: Path, a
     if damaged:
         flip_byte(newest, newest.stat().st_size // 2)
         with pytest.warns(ckpt.CheckpointWarning, match="round-0002.pt"):
-            resumed = run(small_config, tmp_path / "cut", resume=True)
+            resumed = run(cfg, tmp_path / "cut", resume=True)
     else:
-        resumed = run(small_config, tmp_path / "cut", resume=True)
+        resumed = run(cfg, tmp_path / "cut", resume=True)
 
     assert torch.equal(full.federation.server.weights, resumed.federation.server.weights)
     for a, b in zip(full.federation.clients, resumed.federation.clients):
