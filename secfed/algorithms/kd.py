@@ -1,16 +1,31 @@
 """Server knowledge distillation on a public set (Zhuang et al., MM 2020, Alg. 2), around any method.
 
     client  after local training, the features of the public images under its trained model
-            (the "soft labels" ℓ_k) join its upload as the summed vector ``kd`` with weight 1,
-            inside the same masked sum as its model update
+            (the "soft labels" ℓ_k, each scaled to one direction: √D · f/‖f‖) join its upload as the
+            summed vector ``kd`` with weight 1, inside the same masked sum as its model update
     server  after the mean of the updates, ℓ = Σ ℓ_k / K (what the secure sum gives), and the global
-            model is fine-tuned towards ℓ on the public images with an MSE loss (as the reference)
+            model is fine-tuned towards ℓ on the public images with an MSE loss on its own features,
+            scaled the same way
 
 Fixed against the reference code: teachers compute their soft labels in evaluation mode under
 ``torch.no_grad`` (the reference leaves them in training mode, so dropout noises the targets and
 every teacher pass shifts its BatchNorm running statistics). The student trains in training mode,
-as any fine-tuning does. What the soft labels reveal is in SECURITY.md: they are computed on public
-images, so they are a function of the client's model only, and they travel inside the masked sum.
+as any fine-tuning does.
+
+Soft labels are directions, not raw features (the reference regresses raw features). Retrieval
+compares L2-normalised features (``secfed.evaluation.features``), so a feature's direction is the
+knowledge KD transfers; its length is not. And in evaluation mode the length is not bounded: from
+scratch, a client's BatchNorm running statistics lag its weights, and its features on the public set
+reached a mean norm of 9,638 after round 1 (FedPav+KD at the learning-rate grid's ×2, seed 7). An
+MSE towards those tripled the server model's weight norm in one KD epoch (165 → 533; in evaluation
+mode it went to NaN) and left rank-1 at chance after 16 rounds on 4 of 10 seeds
+(bench/results/claims-mm20-kd-epyc). Scaled to √D · f/‖f‖ (unit RMS per coordinate, the scale of the
+BatchNorm-ed features the paper's server learning rate was set for) the same run trains (rank-1
+17 %, FedPav's 16.5 %), no client's scale outweighs another's in the mean, and every coordinate is
+bounded by √D, so the masked sum quantises the soft labels without clipping.
+
+What the soft labels reveal is in SECURITY.md: they are computed on public images, so they are a
+function of the client's model only, and they travel inside the masked sum.
 """
 
 from __future__ import annotations
@@ -31,21 +46,23 @@ from secfed.progress import step
 KD = "kd"
 KD_BATCH = 64
 KD_ACTIVITY = "KD fine-tuning on the public set"
-# Soft labels are raw features: small once trained, but an early model's reach the hundreds or
-# thousands. A wide range costs little precision (32-bit ring: ~2e-5 at 4 clients, ~2e-3 at 100),
-# and values beyond it are clipped and counted in the round's log.
-SOFT_LABEL_BOUND = 4096.0
+
+
+def directions(features: torch.Tensor) -> torch.Tensor:
+    """Each row of ``features`` (N × D) scaled to length √D: its direction at unit RMS per coordinate."""
+    return F.normalize(features, dim=1) * features.shape[1] ** 0.5
 
 
 def soft_labels(model: nn.Module, images: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """Features of the public ``images`` (uint8) under ``model`` in evaluation mode, no autograd:
-    (N × D) float32 on the CPU. The model itself is left untouched (a frozen copy runs)."""
+    """The :func:`directions` of the features of the public ``images`` (uint8) under ``model`` in
+    evaluation mode, no autograd: (N × D) float32 on the CPU, every coordinate within ±√D. The model
+    itself is left untouched (a frozen copy runs)."""
     teacher = eval_copy(model)
     device = next(teacher.parameters()).device
     with torch.inference_mode():
         out = [teacher.embed(normalize(images[i : i + batch_size].to(device))).float().cpu()
                for i in range(0, len(images), batch_size)]
-    return torch.cat(out)
+    return directions(torch.cat(out))
 
 
 class KnowledgeDistillation(MethodWrapper):
@@ -63,7 +80,8 @@ class KnowledgeDistillation(MethodWrapper):
                     seed: int) -> Contribution:
         contribution = self.inner.client_step(site, broadcast, layout, schedule, seed)
         labels = soft_labels(site.model, self.public.to(next(site.model.parameters()).device))
-        return with_summand(contribution, KD, Summand(labels.reshape(-1), 1.0, bound=SOFT_LABEL_BOUND))
+        bound = labels.shape[1] ** 0.5  # |√D · f/‖f‖| ≤ √D: the sum quantises them without clipping
+        return with_summand(contribution, KD, Summand(labels.reshape(-1), 1.0, bound=bound))
 
     def refine(self, weights: torch.Tensor, aggregate: Aggregate) -> torch.Tensor:
         weights = self.inner.refine(weights, aggregate)
@@ -73,7 +91,8 @@ class KnowledgeDistillation(MethodWrapper):
         return self.distill(weights, target, aggregate.round)
 
     def distill(self, weights: torch.Tensor, target: torch.Tensor, round_index: int) -> torch.Tensor:
-        """Fine-tune the global model towards ``target`` features of the public set: MSE, SGD."""
+        """Fine-tune the global model towards ``target`` (the mean soft label of each public image):
+        MSE between the :func:`directions` of its features and ``target``, SGD."""
         model = self.server_model
         load_shared(model, self.student_layout, weights)
         device = next(model.parameters()).device
@@ -90,7 +109,7 @@ class KnowledgeDistillation(MethodWrapper):
                 step(KD_ACTIVITY, done, self.epochs * len(batches), f"epoch {epoch + 1}/{self.epochs}")
                 done += 1
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.mse_loss(model.embed(normalize(images[index])), target[index])
+                loss = F.mse_loss(directions(model.embed(normalize(images[index]))), target[index])
                 loss.backward()
                 optimizer.step()
         optimizer.zero_grad(set_to_none=True)

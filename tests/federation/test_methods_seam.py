@@ -102,6 +102,29 @@ def test_kd_teachers_run_in_eval_mode_without_touching_the_model(tiny_config: Ru
     assert model.training and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
+def test_kd_transfers_directions_so_a_lagging_batchnorm_cannot_throw_the_server_model(
+        tiny_config: RunConfig, synth_root: Path) -> None:
+    # From scratch a client's BatchNorm running statistics lag its weights, and its evaluation-mode
+    # features on the public set grow long (mean norm 9,638 after round 1 of FedPav+KD at the grid's
+    # ×2, seed 7). Regressing those raw features, the server's fine-tuning blew its model up and the
+    # run never recovered (rank-1 at chance). Soft labels are directions at unit RMS per coordinate.
+    fed = build(_kd_cdw(tiny_config, synth_root))
+    kd = fed.method
+    model = fed.clients[0].site.model
+    neck_bn = [m for m in model.neck.modules() if isinstance(m, torch.nn.BatchNorm1d)][-1]
+    neck_bn.running_var.mul_(1e-6)  # statistics far behind the weights: evaluation-mode norm ≈ 2,700
+    labels = soft_labels(model, kd.public)
+    dim = labels.shape[1]
+    assert torch.allclose(labels.norm(dim=1), torch.full((len(labels),), dim ** 0.5))
+    assert labels.abs().max() <= dim ** 0.5  # the bound the masked sum quantises them in, no clipping
+
+    weights = fed.server.broadcast(0).weights
+    kd.epochs = 3  # 3 steps on the 24 public images
+    distilled = kd.distill(weights, labels, round_index=0)
+    assert torch.isfinite(distilled).all()
+    assert distilled.norm() < 1.05 * weights.norm()  # towards the raw features: ×1.9 in these 3 steps
+
+
 def test_kd_and_cdw_train_end_to_end_under_secure_aggregation(tiny_config: RunConfig, synth_root: Path,
                                                                tmp_path: Path) -> None:
     cfg = _kd_cdw(tiny_config, synth_root)
