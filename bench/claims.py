@@ -180,19 +180,20 @@ def run_arm(job: Job, device: str, threads: int, rounds: int = 16) -> dict[str, 
 
 
 def choose(rows: Iterable[dict[str, Any]], arms: Iterable[str], scales: list[float]) -> dict[str, dict[str, Any]]:
-    """Per tuned arm: validation mAP (%, mean over grid seeds and training domains) per factor, and
-    the factor chosen (the best; 1 when nothing was run)."""
+    """Per tuned arm: validation mAP (%, mean over grid seeds and training domains) per factor, the
+    factor chosen (the best; 1 when nothing was run) and the fewest tuning seeds behind a factor."""
     tuning = [(job_of(r), r) for r in rows if r.get("validation")]  # the grid's runs
     out = {}
     for arm in dict.fromkeys(tuned_as(a) for a in arms):
-        score = {}
+        score, seeds = {}, []
         for scale in scales:
             got = [r for job, r in tuning if job.arm == arm and job.lr_scale == scale]
             if got:
                 score[scale] = 100 * statistics.fmean(d["mAP"] for r in got for d in r["domains"])
+                seeds.append(len({r["seed"] for r in got}))
         out[arm] = {"validation_mAP": {f"{k:g}": v for k, v in score.items()},
                     "chosen": max(score, key=score.__getitem__) if score else 1.0,
-                    "complete": len(score) == len(scales)}
+                    "complete": len(score) == len(scales), "seeds": min(seeds, default=0)}
     return out
 
 
@@ -365,9 +366,13 @@ def figure(runs: list[dict[str, Any]], claims: list[Claim], out_png: Path,
 
 
 def grid_summary(chosen: dict[str, dict[str, Any]]) -> str:
-    """``arm ×factor (×0.5: mAP, ×1: mAP, …)`` per tuned arm, ";"-joined."""
-    return "; ".join(f"{a} ×{g['chosen']:g} ({', '.join(f'×{k}: {v:.1f}' for k, v in g['validation_mAP'].items())})"
-                     for a, g in chosen.items())
+    """``arm ×factor (×0.5: mAP, ×1: mAP, …)`` per tuned arm, ";"-joined; ``(N tuning seeds; …)`` where
+    the means are over more than one."""
+    def scores(g: dict[str, Any]) -> str:
+        seeds = f"{g['seeds']} tuning seeds; " if g.get("seeds", 1) > 1 else ""
+        return seeds + ", ".join(f"×{k}: {v:.1f}" for k, v in g["validation_mAP"].items())
+
+    return "; ".join(f"{a} ×{g['chosen']:g} ({scores(g)})" for a, g in chosen.items())
 
 
 def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str,

@@ -93,7 +93,13 @@ def test_each_arm_is_tuned_on_validation_runs_of_its_own_seeds_and_claims_use_it
     rows = [row(j, 0.3 if j.lr_scale == best[j.arm] else 0.1) for j in grid]
     chosen = claims.choose(rows, claims.arms_of([fig3, table3]), [0.5, 1.0, 2.0])
     assert {a: g["chosen"] for a, g in chosen.items()} == best
-    assert chosen["fedpav"]["validation_mAP"]["2"] == pytest.approx(31.0)
+    assert chosen["fedpav"]["validation_mAP"]["2"] == pytest.approx(31.0) and chosen["fedpav"]["seeds"] == 1
+    # more tuning seeds: the mean over them decides, and the line says how many it is over
+    second = [row(claims.Job(j.arm, j.seed + 1, j.lr_scale, True), 0.5 if (j.arm, j.lr_scale) == ("fedpav", 1.0)
+                  else 0.1) for j in grid]
+    two = claims.choose(rows + second, ["fedpav"], [0.5, 1.0, 2.0])["fedpav"]
+    assert two["chosen"] == 1.0 and two["validation_mAP"]["1"] == pytest.approx(31.0) and two["seeds"] == 2
+    assert "fedpav ×1 (2 tuning seeds; ×0.5: 11.0, ×1: 31.0, ×2: 21.0)" in claims.grid_summary({"fedpav": two})
     jobs = claims.claim_jobs([fig3, table3], 2, chosen)
     assert {(j.arm, j.lr_scale) for j in jobs} == {("fedreid", 0.5), ("fedreid+beta", 0.5), ("fedpav", 2.0),
                                                    ("fedpav+cdw", 1.0)}
