@@ -14,15 +14,15 @@ as any fine-tuning does.
 
 Soft labels are directions, not raw features (the reference regresses raw features). Retrieval
 compares L2-normalised features (``secfed.evaluation.features``), so a feature's direction is the
-knowledge KD transfers; its length is not. And in evaluation mode the length is not bounded: from
-scratch, a client's BatchNorm running statistics lag its weights, and its features on the public set
-reached a mean norm of 9,638 after round 1 (FedPav+KD at the learning-rate grid's ×2, seed 7). An
-MSE towards those tripled the server model's weight norm in one KD epoch (165 → 533; in evaluation
-mode it went to NaN) and left rank-1 at chance after 16 rounds on 4 of 10 seeds
-(bench/results/claims-mm20-kd-epyc). Scaled to √D · f/‖f‖ (unit RMS per coordinate, the scale of the
+knowledge KD transfers, not its length — and in evaluation mode the length is unbounded while a
+from-scratch client's BatchNorm running statistics lag its weights: after round 1 of FedPav+KD at
+the learning-rate grid's ×2 (seed 7) the public features' mean norm was 9,638, one KD epoch towards
+them tripled the server model's weight norm (165 → 533), and rank-1 ended at chance (0.9 %; at or
+near chance on 3 of 10 seeds of FedPav+KD and 4 of FedPav+KD+CDW, bench/results/claims-mm20-kd-epyc;
+the trace is in bench/RESULTS.md). As directions at unit RMS per coordinate (the scale of the
 BatchNorm-ed features the paper's server learning rate was set for) the same run trains (rank-1
-17 %, FedPav's 16.5 %), no client's scale outweighs another's in the mean, and every coordinate is
-bounded by √D, so the masked sum quantises the soft labels without clipping.
+17 %, FedPav's 16.5 %); no client's scale outweighs another's in the mean; and every coordinate lies
+within ±√D, so the masked sum quantises the soft labels without clipping.
 
 What the soft labels reveal is in SECURITY.md: they are computed on public images, so they are a
 function of the client's model only, and they travel inside the masked sum.
