@@ -180,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     everything = claims.load(args.published)
     factors = published_factors(everything, args.arms, args.at_defaults)
     published = at_factors(everything, factors, args.rounds)
+    unpublished = [a for a in args.arms if not any(r["arm"] == a for r in published)]
+    if unpublished:  # before hours of runs with nothing to compare them with
+        parser.error(f"{', '.join(unpublished)}: --published {args.published} holds no run of today's method "
+                     f"at {args.rounds} rounds (a KD run from before its soft labels became directions does "
+                     "not count)")
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "runs.jsonl"
     rows = claims.load(results)

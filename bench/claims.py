@@ -82,6 +82,10 @@ BETA = 0.0005
 VALIDATION_FRACTION = 0.25  # of each training domain's multi-camera identities, held out for tuning
 GRID_SEED = 10_000  # tuning seeds start here: never a claim seed
 LR_GRID = (0.5, 1.0, 2.0)  # the learning-rate factors each arm is tuned over (`--lr-grid`)
+# A run of a method that has changed since is neither reused nor decided from: it is redone. KD's
+# soft labels became feature directions in 655c22e (secfed/algorithms/kd.py), so a KD arm's row
+# counts only if it records that revision; the older rows stay in runs.jsonl as history.
+KD_REVISION = "directions"
 
 
 # ---- arms -------------------------------------------------------------------------------------------
@@ -155,7 +159,8 @@ def run_arm(job: Job, device: str, threads: int, rounds: int = 16) -> dict[str, 
     cfg = arm_config(job.arm, job.seed, device, rounds)
     scale_learning_rates(cfg, job.lr_scale)
     head = {"arm": job.arm, "seed": job.seed, "rounds": rounds, "lr_scale": job.lr_scale,
-            "validation": job.validation, "lr": cfg.schedule.lr, "lr_backbone": cfg.schedule.lr_backbone}
+            "validation": job.validation, "lr": cfg.schedule.lr, "lr_backbone": cfg.schedule.lr_backbone,
+            **({"kd": KD_REVISION} if cfg.method.kd else {})}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         if job.validation:
@@ -561,7 +566,13 @@ def rewrite_between_markers(text: str, block: str, begin: str = BEGIN, end_marke
 
 # ---- the command ------------------------------------------------------------------------------------
 
+def current(row: dict[str, Any]) -> bool:
+    """Whether ``row`` ran today's method (see :data:`KD_REVISION`)."""
+    return "+kd" not in split_arm(row["arm"])[0] or row.get("kd") == KD_REVISION
+
+
 def load(path: Path) -> list[dict[str, Any]]:
+    """The finished runs in ``path`` that ran today's methods (:func:`current`), in order."""
     if not path.exists():
         return []
     rows = []
@@ -570,7 +581,7 @@ def load(path: Path) -> list[dict[str, Any]]:
             rows.append(json.loads(line))
         except json.JSONDecodeError:  # a line cut short by a kill: that run is redone
             continue
-    return rows
+    return [r for r in rows if current(r)]
 
 
 def append(path: Path, row: dict[str, Any]) -> None:

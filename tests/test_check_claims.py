@@ -105,7 +105,8 @@ def test_a_started_arm_is_checked_at_the_factor_its_published_claims_are_decided
 def test_the_command_compares_what_it_finds_and_refuses_what_it_cannot(check, tmp_path: Path, capsys) -> None:
     published = tmp_path / "published" / "runs.jsonl"
     published.parent.mkdir()
-    published.write_text("".join(json.dumps(r) + "\n" for r in PUBLISHED))
+    old_kd = [run("fedpav+kd", s, 0.2, 0.3) for s in range(10)]  # no KD revision: before 655c22e
+    published.write_text("".join(json.dumps(r) + "\n" for r in [*PUBLISHED, *old_kd]))
     out = tmp_path / "check"
     out.mkdir()
     (out / "runs.jsonl").write_text("".join(json.dumps(run("fedpav", s, 0.31, 0.415)) + "\n" for s in range(4)))
@@ -117,9 +118,9 @@ def test_the_command_compares_what_it_finds_and_refuses_what_it_cannot(check, tm
     (out / "command.txt").write_text("python bench/check_claims.py fedpav --seeds 3 --threads 2\n")
     assert check.main(args) == 0
     assert "; `python bench/check_claims.py fedpav --seeds 3 --threads 2`." in (out / "check.md").read_text()
-    assert check.main(["fedpav+kd", *args[1:]]) == 2  # nothing published for it
     published_args = ["--published", str(published)]
     for bad, named in ((["nope", *published_args, "--out", str(out)], "nope"),
+                       (["fedpav+kd", *published_args, "--out", str(out)], "fedpav+kd: --published"),  # old KD only
                        (["fedpav", *published_args, "--out", str(published.parent)], "--out"),
                        (["fedpav", "--published", str(tmp_path / "missing"), "--out", str(out)], "--published")):
         with pytest.raises(SystemExit) as stopped:

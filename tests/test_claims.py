@@ -75,6 +75,24 @@ def test_a_rerun_skips_finished_runs_and_a_line_cut_by_a_kill(claims, tmp_path: 
     json.loads(results.read_text().splitlines()[0])
 
 
+def test_a_kd_run_of_the_old_soft_labels_is_redone_not_reused(claims, tmp_path: Path) -> None:
+    """KD changed (soft labels became feature directions): its older runs measure another method, so
+    `make claims` in a folder that holds them redoes them instead of deciding from them."""
+    results = tmp_path / "runs.jsonl"
+    old = {"arm": "fedpav+kd", "seed": 0}  # no revision recorded: made before 655c22e
+    for row in (old, {"arm": "fedpav+kd+cdw@synthetic", "seed": 0}, {"arm": "fedpav", "seed": 0},
+                {**old, "seed": 1, "kd": claims.KD_REVISION}):
+        claims.append(results, row)
+    assert claims.load(results) == [{"arm": "fedpav", "seed": 0}, {"arm": "fedpav+kd", "seed": 1, "kd": "directions"}]
+    assert len(results.read_text().splitlines()) == 4  # the old rows stay as history
+    [fig7] = [c for c in claims.CLAIMS if c.key == "mm20-fig7"]
+    done = {claims.job_of(r) for r in claims.load(results)}
+    assert claims.Job("fedpav+kd", 0) not in done and claims.Job("fedpav+kd", 1) in done
+    chosen = claims.choose(claims.load(results), claims.arms_of([fig7]), [1.0])
+    todo = [j for j in claims.claim_jobs([fig7], 2, chosen) if j not in done]
+    assert todo == [claims.Job("fedpav+kd", 0), claims.Job("fedpav", 1)]
+
+
 def test_each_arm_is_tuned_on_validation_runs_of_its_own_seeds_and_claims_use_its_factor(claims) -> None:
     """Issue 24 item 3: every arm gets the same grid, on tuning seeds no claim uses, scored on the
     validation split; the claims then run (and are decided from) each arm's best factor only."""
