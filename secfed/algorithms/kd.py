@@ -20,9 +20,10 @@ the learning-rate grid's ×2 (seed 7) the public features' mean norm was 9,638, 
 them tripled the server model's weight norm (165 → 533), and rank-1 ended at chance (0.9 %; at or
 near chance on 3 of 10 seeds of FedPav+KD and 4 of FedPav+KD+CDW, bench/results/claims-mm20-kd-epyc;
 the trace is in bench/RESULTS.md). As directions at unit RMS per coordinate (the scale of the
-BatchNorm-ed features the paper's server learning rate was set for) the same run trains (rank-1
-17 %, FedPav's 16.5 %); no client's scale outweighs another's in the mean; and every coordinate lies
-within ±√D, so the masked sum quantises the soft labels without clipping.
+BatchNorm-ed features the paper's server learning rate was set for) the same run trains (seen rank-1
+15.0 %, FedPav's 16.5 %; bench/results/claims-mm20-kd2-epyc); no client's scale outweighs another's
+in the mean; and every coordinate lies within ±√D, so the masked sum quantises the soft labels
+without clipping.
 
 What the soft labels reveal is in SECURITY.md: they are computed on public images, so they are a
 function of the client's model only, and they travel inside the masked sum.
