@@ -64,6 +64,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,13 @@ def _method_config(arm: str, seed: int, rounds: int) -> Any:
     return cfg
 
 
+@cache
+def uses_kd(arm: str) -> bool:
+    """Whether ``arm``'s configuration distils on the server — the one test both the row a run writes
+    (:func:`run_arm`) and the rows a report reads (:func:`current`) apply."""
+    return bool(arm_config(arm, 0, "cpu", 1).method.kd)
+
+
 def scale_learning_rates(cfg: Any, scale: float) -> None:
     """Both learning rates (new layers, backbone) of ``cfg`` × ``scale``, from the method's defaults."""
     from secfed.algorithms import method_class
@@ -160,7 +168,7 @@ def run_arm(job: Job, device: str, threads: int, rounds: int = 16) -> dict[str, 
     scale_learning_rates(cfg, job.lr_scale)
     head = {"arm": job.arm, "seed": job.seed, "rounds": rounds, "lr_scale": job.lr_scale,
             "validation": job.validation, "lr": cfg.schedule.lr, "lr_backbone": cfg.schedule.lr_backbone,
-            **({"kd": KD_REVISION} if cfg.method.kd else {})}
+            **({"kd": KD_REVISION} if uses_kd(job.arm) else {})}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         if job.validation:
@@ -568,11 +576,20 @@ def rewrite_between_markers(text: str, block: str, begin: str = BEGIN, end_marke
 
 def current(row: dict[str, Any]) -> bool:
     """Whether ``row`` ran today's method (see :data:`KD_REVISION`)."""
-    return "+kd" not in split_arm(row["arm"])[0] or row.get("kd") == KD_REVISION
+    return not uses_kd(row["arm"]) or row.get("kd") == KD_REVISION
+
+
+def known_arm(arm: Any) -> bool:
+    """Whether ``arm`` names an arm this bench runs (a claim's arm, from its own start or ``@synthetic``)."""
+    if not isinstance(arm, str):
+        return False
+    method, start = split_arm(arm)
+    return method in arms_of(CLAIMS) and start in ("", "synthetic")
 
 
 def load(path: Path) -> list[dict[str, Any]]:
-    """The finished runs in ``path`` that ran today's methods (:func:`current`), in order."""
+    """The finished runs in ``path`` that ran today's methods (:func:`current`), in order; rows of an
+    arm this bench does not know are set aside with a line on stderr naming them."""
     if not path.exists():
         return []
     rows = []
@@ -581,7 +598,11 @@ def load(path: Path) -> list[dict[str, Any]]:
             rows.append(json.loads(line))
         except json.JSONDecodeError:  # a line cut short by a kill: that run is redone
             continue
-    return [r for r in rows if current(r)]
+    rows = [r for r in rows if isinstance(r, dict)]
+    unknown = sorted({str(r.get("arm")) for r in rows if not known_arm(r.get("arm"))})
+    if unknown:
+        print(f"{path}: set aside the runs of arms this bench does not know: {', '.join(unknown)}", file=sys.stderr)
+    return [r for r in rows if known_arm(r.get("arm")) and current(r)]
 
 
 def append(path: Path, row: dict[str, Any]) -> None:

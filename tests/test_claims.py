@@ -93,6 +93,17 @@ def test_a_kd_run_of_the_old_soft_labels_is_redone_not_reused(claims, tmp_path: 
     assert todo == [claims.Job("fedpav+kd", 0), claims.Job("fedpav", 1)]
 
 
+def test_a_row_of_an_arm_the_bench_does_not_know_is_set_aside_and_named(claims, tmp_path: Path, capsys) -> None:
+    """A hand-edited or foreign runs.jsonl (an arm renamed, another start, a row that is not an object)
+    is input: the report names what it cannot read instead of raising, and decides from the rest."""
+    results = tmp_path / "runs.jsonl"
+    results.write_text('{"arm": "fedpav", "seed": 0}\n{"arm": "fedsgd", "seed": 0}\n'
+                       '{"arm": "fedpav@imagenet", "seed": 0}\n[1, 2]\n{"seed": 3}\n')
+    assert claims.load(results) == [{"arm": "fedpav", "seed": 0}]
+    said = capsys.readouterr().err
+    assert "fedsgd" in said and "fedpav@imagenet" in said and str(results) in said
+
+
 def test_each_arm_is_tuned_on_validation_runs_of_its_own_seeds_and_claims_use_its_factor(claims) -> None:
     """Issue 24 item 3: every arm gets the same grid, on tuning seeds no claim uses, scored on the
     validation split; the claims then run (and are decided from) each arm's best factor only."""
