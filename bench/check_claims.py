@@ -190,8 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = claims.load(results)
     command = "python bench/check_claims.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.report:  # name the command that made the runs, as claims.py does, not this re-print
-        made = args.out / "command.txt"
-        command = made.read_text().strip() if made.exists() else "?"
+        command = claims.recorded_command(args.out)
     if not args.report:
         print(describe(), flush=True)
         claims.prepare_data(args.arms)

@@ -605,6 +605,17 @@ def load(path: Path) -> list[dict[str, Any]]:
     return [r for r in rows if known_arm(r.get("arm")) and current(r)]
 
 
+def recorded_command(folder: Path) -> str:
+    """The command(s) that made ``folder``'s runs, from its command.txt: written by the command itself,
+    or by hand where runs were copied in or several commands ran — ``#`` lines there explain and are
+    left out of what a report quotes; several commands are joined with "then"."""
+    path = folder / "command.txt"
+    if not path.exists():
+        return "?"
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return " then ".join(line for line in lines if line and not line.startswith("#")) or "?"
+
+
 def append(path: Path, row: dict[str, Any]) -> None:
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
@@ -709,7 +720,7 @@ def main() -> None:
         return
     command = "python bench/claims.py " + " ".join(sys.argv[1:])
     if args.report:
-        command = (args.out / "command.txt").read_text().strip() if (args.out / "command.txt").exists() else "?"
+        command = recorded_command(args.out)
     else:
         print(describe(), flush=True)
         prepare_data(arms_of(claims))  # once, before the workers race for it
