@@ -599,10 +599,11 @@ def load(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:  # a line cut short by a kill: that run is redone
             continue
     rows = [r for r in rows if isinstance(r, dict)]
-    unknown = sorted({str(r.get("arm")) for r in rows if not known_arm(r.get("arm"))})
-    if unknown:
+    known = [r for r in rows if known_arm(r.get("arm"))]
+    if len(known) < len(rows):
+        unknown = sorted({str(r.get("arm")) for r in rows if not known_arm(r.get("arm"))})
         print(f"{path}: set aside the runs of arms this bench does not know: {', '.join(unknown)}", file=sys.stderr)
-    return [r for r in rows if known_arm(r.get("arm")) and current(r)]
+    return [r for r in known if current(r)]
 
 
 def recorded_command(folder: Path) -> str:
