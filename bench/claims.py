@@ -297,11 +297,19 @@ def decide(differences: list[float], threshold: float, margin: float) -> str:
     return "undecided"
 
 
+def machine_of(run: dict[str, Any]) -> str:
+    """The machine a run ran on (:func:`environment_line` without the commit; "" for a run made before
+    environments were recorded)."""
+    return environment_line(run["environment"], commit=False) if "environment" in run else ""
+
+
 def paired(claim: Claim, runs: Iterable[dict[str, Any]]) -> list[float]:
-    """One difference per seed that has every arm of the claim."""
-    by_seed: dict[int, dict[str, dict[str, Any]]] = {}
+    """One difference per seed and machine that has every arm of the claim: the arms of a pair ran on
+    one machine, so a folder that holds two machines' runs never pairs a seed across them (the same
+    seed is another run on another CPU: README, "What makes a run repeatable on another machine")."""
+    by_seed: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}
     for r in runs:
-        by_seed.setdefault(r["seed"], {})[r["arm"]] = r
+        by_seed.setdefault((r["seed"], machine_of(r)), {})[r["arm"]] = r
     return [claim.measure(arms) for _, arms in sorted(by_seed.items()) if all(a in arms for a in claim.arms)]
 
 

@@ -45,6 +45,24 @@ def test_differences_pair_arms_by_seed_and_skip_incomplete_seeds(claims) -> None
     assert claims.paired(table3, runs) == pytest.approx([3.0, -2.0])
 
 
+def test_a_seed_is_never_paired_across_two_machines(claims) -> None:
+    """A folder holding two machines' runs pairs each seed's arms within one machine: seed 0 of FedPav
+    on one CPU and seed 0 of CDW on another are two unrelated runs, not a paired difference."""
+    intel = {"cpu": {"model": "Intel Xeon", "logical_cores": 2}, "torch": "2.13.0", "torch_threads": 2,
+             "torch_cpu_capability": "AVX512"}
+    amd = {**intel, "cpu": {"model": "AMD EPYC", "logical_cores": 2}}
+
+    def run(arm: str, seed: int, rank1: float, env: dict) -> dict:
+        return {"arm": arm, "seed": seed, "domains": [{"name": "a", "rank1": rank1}], "unseen": [],
+                "environment": {**env, "commit": f"{seed}abcdef"}}  # the commit does not split a machine
+
+    [table3] = [c for c in claims.CLAIMS if c.key == "mm20-table3"]
+    across = [run("fedpav", 0, 0.10, intel), run("fedpav+cdw", 0, 0.50, amd)]
+    assert claims.paired(table3, across) == []
+    both = across + [run("fedpav+cdw", 0, 0.13, intel), run("fedpav", 0, 0.45, amd)]
+    assert sorted(claims.paired(table3, both)) == pytest.approx([3.0, 5.0])
+
+
 def test_the_readme_block_is_rewritten_only_between_its_markers(claims) -> None:
     text = f"before\n{claims.BEGIN}\nold table\n{claims.END}\nafter\n"
     new = claims.rewrite_between_markers(text, "| new | table |")
