@@ -545,7 +545,7 @@ def machines_line(runs: list[dict[str, Any]]) -> str:
     commits: dict[str, list[str]] = {}
     for r in runs:
         if "environment" in r:
-            found = commits.setdefault(environment_line(r["environment"], commit=False), [])
+            found = commits.setdefault(machine_of(r), [])
             commit = str(r["environment"].get("commit") or "")[:7]
             if commit and commit not in found:
                 found.append(commit)
