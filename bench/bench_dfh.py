@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import torch
-from scipy import stats as scipy_stats
+from bench_methods import interval
 from torch import nn
 
 from secfed.config import RunConfig, RunSection
@@ -121,14 +121,6 @@ def run_inputs(data_info: dict) -> dict:
     machines' runs can be told to have read the same bytes."""
     return {"data_fingerprint": data_info["fingerprint"],
             "backbone_sha256": data_info["pretrained"].get("backbone_sha256")}
-
-
-def interval(values: list[float]) -> tuple[float, float]:
-    """(mean, half-width of the 95 % t-interval); half-width nan for a single value."""
-    mean = statistics.mean(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, float(scipy_stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / len(values) ** 0.5
 
 
 def cell(values: list[float]) -> str:

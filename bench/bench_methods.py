@@ -60,13 +60,14 @@ def config(method: str, seed: int, unseen: int, eval_every: int) -> RunConfig:
     return cfg
 
 
-def interval(values: list[float]) -> tuple[float, float]:
-    """(mean, half-width of the 95 % Student-t interval) of ``values``."""
+def interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """(mean, half-width of the two-sided Student-t interval at ``confidence``) of ``values``; half-width
+    NaN for a single value."""
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, math.nan
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, half
+    half = stats.t.ppf(1 - (1 - confidence) / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, float(half)
 
 
 def volatility(rank1_by_round: list[float]) -> float:

@@ -13,6 +13,17 @@ paired sample, and its mean and 95 % Student-t interval [lo, hi] decide:
                                                           smaller than the margin, 1 point)
     undecided        otherwise — more seeds would be needed; the interval is printed
 
+Raising the seeds after an undecided look and deciding again is a second look at the same claim, and
+a rule applied at 95 % on every look would find an effect that is not there more often than 5 % of the
+time. So each report records, per claim, the number of paired seeds it decided from (OUT/looks.json;
+the same number again is the same look), and a claim looked at k times is decided from the 1 − 0.05/k
+interval (Bonferroni: the intervals of all k looks cover the true mean together with probability
+≥ 95 %; the table names k and the level). It is conservative for nested seeds, whose looks are
+correlated. Strictly it holds for k looks planned in advance: here each look was added after an
+undecided one, the earlier ones at a less strict level (the first at 95 %), so a claim decided at an
+early look would have stopped there at that level; the correction makes today's decision as strict as
+a plan of k looks would have, and cannot undo a look already taken.
+
 Arms (bench_methods.py's and bench_dfh.py's settings; each run ≤ 5 CPU-minutes):
 
     fedpav, fedpav+kd, fedpav+cdw, fedpav+kd+cdw, fedreid   the default (4 client domains, 2 unseen,
@@ -74,6 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_dfh  # noqa: E402
 import bench_methods  # noqa: E402
 
+from secfed import atomic_file  # noqa: E402
 from secfed.environment import describe, environment  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -278,23 +290,57 @@ CLAIMS = [
 ]
 
 
-def interval(values: list[float]) -> tuple[float, float, float]:
-    """(mean, lo, hi) of the 95 % Student-t interval of ``values`` (bench_methods' interval; NaN
-    bounds for one value, which decides nothing)."""
-    mean, half = bench_methods.interval(values)
+ALPHA = 0.05  # the error rate a claim's decision is held to over all its looks
+
+
+def confidence(looks: int) -> float:
+    """The per-look confidence of a claim looked at ``looks`` times: its 95 % split over the looks
+    (Bonferroni), so the intervals of every look cover the true mean together with probability ≥ 95 %."""
+    return 1 - ALPHA / max(1, looks)
+
+
+def interval(values: list[float], looks: int = 1) -> tuple[float, float, float]:
+    """(mean, lo, hi) of the Student-t interval of ``values`` at :func:`confidence` (95 % for one look;
+    bench_methods' interval; NaN bounds for one value, which decides nothing)."""
+    mean, half = bench_methods.interval(values, confidence(looks))
     return mean, mean - half, mean + half
 
 
-def decide(differences: list[float], threshold: float, margin: float) -> str:
-    """reproduced / not reproduced / undecided from the paired differences (module docstring)."""
+def decide(differences: list[float], threshold: float, margin: float, looks: int = 1) -> str:
+    """reproduced / not reproduced / undecided from the paired differences (module docstring), with
+    the interval of a claim looked at ``looks`` times."""
     if len(differences) < 2:
         return "undecided"
-    _, lo, hi = interval(differences)
+    _, lo, hi = interval(differences, looks)
     if lo > threshold:
         return "reproduced"
     if hi < threshold + margin:
         return "not reproduced"
     return "undecided"
+
+
+def record_looks(path: Path, seeds: dict[str, int]) -> dict[str, int]:
+    """Add today's look at each claim to ``path`` (OUT/looks.json: per claim label, the numbers of
+    paired seeds at which a report has decided it) and return each claim's number of looks.
+
+    ``seeds``: the paired seeds of every claim a report decides now (label → n; a claim with too few
+    seeds to be decided is not looked at). A report at a number of seeds already recorded is the same
+    look again; any other number is a new look — raising the seeds after an undecided look and
+    deciding again is a second look, and the interval of each is widened to keep the 95 % over all
+    (:func:`confidence`)."""
+    recorded: dict[str, list[int]] = {}
+    if path.exists():
+        try:
+            recorded = json.loads(path.read_text())
+        except ValueError as error:
+            raise SystemExit(f"{path}: not a looks file ({{claim: [seeds, ...]}}): {error}") from None
+        if not isinstance(recorded, dict) or not all(
+                isinstance(ns, list) and all(type(n) is int and n > 0 for n in ns) for ns in recorded.values()):
+            raise SystemExit(f"{path}: not a looks file: each claim must map to a list of seed counts ≥ 1")
+    for label, n in seeds.items():
+        recorded[label] = sorted({*recorded.get(label, []), n})
+    atomic_file.write_text(path, json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+    return {label: len(ns) for label, ns in recorded.items()}
 
 
 def machine_of(run: dict[str, Any]) -> str:
@@ -313,21 +359,43 @@ def paired(claim: Claim, runs: Iterable[dict[str, Any]]) -> list[float]:
     return [claim.measure(arms) for _, arms in sorted(by_seed.items()) if all(a in arms for a in claim.arms)]
 
 
-def table(runs: list[dict[str, Any]], claims: list[Claim], min_seeds: int = 1) -> str:
+def claim_label(claim: Claim, start: str = "") -> str:
+    """A claim's name in OUT/looks.json: its key, with ``@START`` when decided from a pretrained start."""
+    return f"{claim.key}@{start}" if start else claim.key
+
+
+def table(runs: list[dict[str, Any]], claims: list[Claim], min_seeds: int = 1,
+          looks: dict[str, int] | None = None, start: str = "") -> str:
     """The claims decided from ``runs``; one with fewer than ``min_seeds`` paired seeds is undecided
-    (and one seed decides nothing anyway: :func:`decide`)."""
+    (and one seed decides nothing anyway: :func:`decide`). ``looks``: how many times each claim
+    (:func:`claim_label`, with ``start``) has been decided, from :func:`record_looks` (1 when absent); a
+    claim looked at more than once is decided from its wider interval, and says so."""
+    looks = looks or {}
     lines = ["| claim | statement | seeds | mean d [95 % interval] | decision |", "|---|---|---|---|---|"]
     for claim in claims:
         d = paired(claim, runs)
         if not d:
             lines.append(f"| {claim.source} | {claim.statement} | 0 | — | not run |")
             continue
-        mean, lo, hi = interval(d)
+        k = looks.get(claim_label(claim, start), 1)
+        mean, lo, hi = interval(d, k)
         shown = f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] {claim.unit}" if len(d) > 1 else f"{mean:+.2f} {claim.unit}"
-        verdict = decide(d, claim.threshold, claim.margin) if len(d) >= min_seeds else \
+        if k > 1 and len(d) > 1:
+            shown += f" ({k} looks: a {100 * confidence(k):.1f} % interval each)"
+        verdict = decide(d, claim.threshold, claim.margin, k) if len(d) >= min_seeds else \
             f"undecided ({len(d)} of the {min_seeds} seeds a decision needs)"
         lines.append(f"| {claim.source} | {claim.statement} | {len(d)} | {shown} | **{verdict}** |")
     return "\n".join(lines)
+
+
+def look_seeds(runs: list[dict[str, Any]], claims: list[Claim], started: dict[str, list[dict[str, Any]]]
+               ) -> dict[str, int]:
+    """The paired seeds of every claim a report decides now (:func:`record_looks`' ``seeds``): the main
+    table's with ≥ 2 pairs, each start's (:func:`started_by_start`) with ≥ ``STARTED_MIN_SEEDS``."""
+    seeds = {claim_label(c): n for c in claims if (n := len(paired(c, runs))) >= 2}
+    for start, mine in started.items():
+        seeds |= {claim_label(c, start): n for c in claims if (n := len(paired(c, mine))) >= STARTED_MIN_SEEDS}
+    return seeds
 
 
 def labelled(run: dict[str, Any]) -> str:
@@ -355,31 +423,33 @@ DECISION_COLOURS = {"reproduced": "tab:green", "not reproduced": "tab:red", "und
 
 
 def figure(runs: list[dict[str, Any]], claims: list[Claim], out_png: Path,
-           started: dict[str, list[dict[str, Any]]] | None = None) -> None:
-    """The claims as a forest plot: each claim's mean paired difference and 95 % interval against its
-    threshold (dashed), coloured by the decision; then the same claims from each pretrained start
-    (``started``: :func:`started_by_start`'s runs, decided on ≥ ``STARTED_MIN_SEEDS`` seeds as in its
-    table, grey below that); a claim with fewer than two paired seeds is left out."""
+           started: dict[str, list[dict[str, Any]]] | None = None, looks: dict[str, int] | None = None) -> None:
+    """The claims as a forest plot: each claim's mean paired difference and interval (95 %, split over
+    its ``looks`` as in :func:`table`) against its threshold (dashed), coloured by the decision; then
+    the same claims from each pretrained start (``started``: :func:`started_by_start`'s runs, decided
+    on ≥ ``STARTED_MIN_SEEDS`` seeds as in its table, grey below that); a claim with fewer than two
+    paired seeds is left out."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from secfed import atomic_file
-
-    shown = [(c.source, c, paired(c, runs), 2) for c in claims]
-    shown += [(f"{c.source} @{start}", c, paired(c, mine), STARTED_MIN_SEEDS)
+    looks = looks or {}
+    shown = [(c.source, c, paired(c, runs), 2, looks.get(claim_label(c), 1)) for c in claims]
+    shown += [(f"{c.source} @{start}", c, paired(c, mine), STARTED_MIN_SEEDS, looks.get(claim_label(c, start), 1))
               for start, mine in (started or {}).items() for c in claims]
     shown = [row for row in shown if len(row[2]) > 1]
     fig = Figure(figsize=(7.5, 0.55 * len(shown) + 1.4))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for y, (_, claim, d, needed) in enumerate(reversed(shown)):
-        mean, lo, hi = interval(d)
-        colour = DECISION_COLOURS[decide(d, claim.threshold, claim.margin) if len(d) >= needed else "undecided"]
+    for y, (_, claim, d, needed, k) in enumerate(reversed(shown)):
+        mean, lo, hi = interval(d, k)
+        colour = DECISION_COLOURS[decide(d, claim.threshold, claim.margin, k) if len(d) >= needed else "undecided"]
         ax.errorbar(mean, y, xerr=[[mean - lo], [hi - mean]], fmt="o", color=colour, capsize=3)
         ax.vlines(claim.threshold, y - 0.4, y + 0.4, colors="black", linestyles="--", linewidth=0.8)
-    ax.set_yticks(range(len(shown)), [f"{label} (n={len(d)})" for label, _, d, _ in reversed(shown)], fontsize=8)
+    ax.set_yticks(range(len(shown)), [f"{name} (n={len(d)}{f', {k} looks' if k > 1 else ''})"
+                                      for name, _, d, _, k in reversed(shown)], fontsize=8)
     ax.set_xlabel("paired difference d, points (> threshold: what the paper claims)")
-    ax.set_title("claims: mean d and 95 % interval (green reproduced, red not, grey undecided)", fontsize=9)
+    ax.set_title("claims: mean d and 95 % interval, split over looks (green reproduced, red not, grey undecided)",
+                 fontsize=9)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
@@ -399,22 +469,24 @@ def grid_summary(chosen: dict[str, dict[str, Any]]) -> str:
 def publication(runs: list[dict[str, Any]], claims: list[Claim], command: str,
                 grid: dict[str, dict[str, Any]], factors: dict[str, float] | None = None,
                 spread_only: list[dict[str, Any]] = (), started_grid: dict[str, dict[str, Any]] | None = None,
-                other_factors: list[dict[str, Any]] = ()) -> str:
+                other_factors: list[dict[str, Any]] = (), looks: dict[str, int] | None = None) -> str:
     """The claims table (``runs``: :func:`claim_runs`'s, at ``factors``, the factor per arm; ``grid``:
     :func:`choose`'s for the claims' arms), the spread of every arm (``other_factors``: the claims'
     arms' test runs at the factor the table does not use; ``spread_only``: the ``--spread`` arms' runs,
     e.g. from the synthetic pretrained backbone; ``started_grid``: what ``--spread --tune``'s grid
-    chose for them), the tuning line and the footer."""
+    chose for them), the tuning line and the footer; ``looks``: :func:`record_looks`' count per claim."""
     wall = sum(r["seconds"] for r in runs) / 60
     return "\n".join([
-        table(runs, claims), "",
+        table(runs, claims, looks=looks), "",
         spread([*runs, *other_factors, *spread_only]), "",
         *([spread_only_line(spread_only), ""] if spread_only else []),
-        *([started, ""] if (started := started_claims(spread_only, claims, started_grid or {})) else []),
+        *([started, ""] if (started := started_claims(spread_only, claims, started_grid or {}, looks)) else []),
         tuning_line(arms_of(claims), grid, factors), "",
         f"d > 0 is what the paper claims; reproduced: the interval's low end is above the threshold (0 unless "
         f"the statement names one); not reproduced: its high end is below threshold + 1 point (0.25 for "
-        f"volatility); otherwise undecided. {len(runs)} runs, {wall:.0f} run-minutes, on "
+        f"volatility); otherwise undecided. A claim decided k > 1 times — its seeds raised after an undecided "
+        f"look — is decided from a 1 − 0.05/k interval at each look (Bonferroni: 95 % over all its looks; "
+        f"OUT/looks.json records the seeds of each). {len(runs)} runs, {wall:.0f} run-minutes, on "
         f"{machines_line(runs)}; {inputs_line(runs)}; generated by `{command}`.",
     ])
 
@@ -423,11 +495,12 @@ STARTED_MIN_SEEDS = 10  # issue 24: a claim is decided on ≥ 10 paired seeds (a
 
 
 def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim],
-                   grid: dict[str, dict[str, Any]] | None = None) -> str:
+                   grid: dict[str, dict[str, Any]] | None = None, looks: dict[str, int] | None = None) -> str:
     """The claims every arm of which has ``--spread`` runs from one start (ARM@START, paired by seed),
     decided as the main table decides from each arm's runs at the factor the ``--tune`` grid
     (``grid``, :func:`choose`'s for the ARM@START arms) chose once they are all in, else at factor 1:
-    one table per start, nothing when none; under each, which factor each arm's runs are at."""
+    one table per start, nothing when none; under each, which factor each arm's runs are at. ``looks``:
+    :func:`record_looks`' count per claim (``KEY@START``)."""
     by_start, factors = started_by_start(spread_only, grid)
     blocks = []
     for start, mine in by_start.items():
@@ -435,7 +508,7 @@ def started_claims(spread_only: Iterable[dict[str, Any]], claims: list[Claim],
         if decidable:
             blocks.append(f"The same claims from the {start} pretrained backbone, where `--spread` ran every arm "
                           f"(ARM@{start}, paired by seed; each arm's learning-rate factor is named below the table):"
-                          f"\n\n{table(mine, decidable, min_seeds=STARTED_MIN_SEEDS)}\n\n"
+                          f"\n\n{table(mine, decidable, STARTED_MIN_SEEDS, looks, start)}\n\n"
                           f"{tuning_line(arms_of(decidable), grid or {}, factors, start)}")
     return "\n\n".join(blocks)
 
@@ -825,9 +898,11 @@ def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: ar
 def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args: argparse.Namespace,
             grid: dict[str, dict[str, Any]], factors: dict[str, float], other_factors: list[dict[str, Any]],
             spread_only: list[dict[str, Any]], started_grid: dict[str, dict[str, Any]]) -> None:
-    text = publication(runs, claims, command, grid, factors, spread_only, started_grid, other_factors)
+    started = started_by_start(spread_only, started_grid)[0]
+    looks = record_looks(args.out / "looks.json", look_seeds(runs, claims, started))
+    text = publication(runs, claims, command, grid, factors, spread_only, started_grid, other_factors, looks)
     (args.out / "claims.md").write_text(text + "\n")
-    figure(runs, claims, args.out / "claims.png", started_by_start(spread_only, started_grid)[0])
+    figure(runs, claims, args.out / "claims.png", started, looks)
     print(text)
     if args.publish:
         for path in (REPO / "README.md", REPO / "bench" / "RESULTS.md"):
