@@ -16,6 +16,7 @@ from its run seed, which makes the aggregate reproducible bit for bit (the masks
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,16 @@ _CHUNK = 1 << 15
 BLOCK = 1 << 18
 
 
+def integer(value: object, name: str) -> int:
+    """``value`` as a Python int — numpy integers included, bools and floats not (TypeError naming ``name``)."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+
+
 def ring_bits(n_clients: int, max_abs: int) -> int:
     """Smallest b such that any sum of ``n_clients`` integers in [−max_abs, max_abs] survives mod 2^b.
 
@@ -38,6 +49,7 @@ def ring_bits(n_clients: int, max_abs: int) -> int:
     their per-client bound. Raises :class:`OverflowRefused` when b would exceed 32, naming the
     largest cohort that fits at this bound.
     """
+    n_clients, max_abs = integer(n_clients, "n_clients"), integer(max_abs, "max_abs")
     if n_clients < 1:
         raise ValueError(f"n_clients must be >= 1, got {n_clients}")
     if max_abs < 0:
@@ -55,6 +67,7 @@ def ring_bits(n_clients: int, max_abs: int) -> int:
 def largest_cohort(max_abs: int, bits: int = MAX_RING_BITS) -> int:
     """The most clients whose sum of values in [−max_abs, max_abs] cannot wrap Z_{2^bits}:
     ⌊(2^(bits−1) − 1) / max_abs⌋. (At bound 0 every cohort fits; ``max_abs`` must be ≥ 1 here.)"""
+    max_abs, bits = integer(max_abs, "max_abs"), integer(bits, "bits")
     if not 1 <= bits <= MAX_RING_BITS:
         raise ValueError(f"bits must be in [1, {MAX_RING_BITS}], got {bits}")
     if max_abs < 1:
@@ -76,6 +89,7 @@ class Quantizer:
     n_clients: int
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "n_clients", integer(self.n_clients, "n_clients"))  # numpy integers too
         if not (math.isfinite(self.clip) and self.clip > 0):
             raise ValueError(f"clip must be a positive finite number, got {self.clip}")
         if not (math.isfinite(self.scale) and self.scale > 0):
@@ -101,6 +115,7 @@ class Quantizer:
     @classmethod
     def for_cohort(cls, n_clients: int, clip: float, *, bits: int = MAX_RING_BITS) -> Quantizer:
         """The quantizer with the largest scale whose sum over ``n_clients`` fits ``bits`` bits."""
+        n_clients, bits = integer(n_clients, "n_clients"), integer(bits, "bits")
         if not 1 <= bits <= MAX_RING_BITS:
             raise ValueError(f"bits must be in [1, {MAX_RING_BITS}], got {bits}")
         if not (math.isfinite(clip) and clip > 0):
@@ -114,6 +129,9 @@ class Quantizer:
                 f"{largest_cohort(1, bits):,}, and only at one ring unit per clip"
             )
         scale = max_abs / clip
+        if not math.isfinite(scale):  # a subnormal clip: no float64 scale reaches the ring's bound
+            raise ValueError(f"clip {clip:g} is too small: the scale that fills the ring ({max_abs:,} / clip) "
+                             "overflows float64")
         while math.ceil(clip * scale) > max_abs:  # float rounding may push clip·scale just past
             scale = math.nextafter(scale, 0.0)
         return cls(clip=clip, scale=scale, n_clients=n_clients)

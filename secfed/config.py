@@ -187,7 +187,8 @@ class SecAggConfig(Section):
     enabled: bool = setting(True, "--secagg", "Secure aggregation of everything clients sum.")
     authenticated: bool = setting(True, "--authenticated", "Malicious-server mode: signed keys, consistency "
                                   "check, model binding (the model digest sealed in the key shares). "
-                                  "--no-authenticated is weaker (honest-but-curious server only).")
+                                  "--no-authenticated is weaker (honest-but-curious server only, over a transport "
+                                  "that authenticates every client).")
     graph: Literal["auto", "complete"] = setting("auto", "--secagg-graph", "auto: SecAgg+ sparse graph where it "
                                                  "meets the targets; complete: plain SecAgg.")
     dropout_rate: float = setting(0.0, "--dropout-rate", "Simulate clients vanishing mid-round with this "

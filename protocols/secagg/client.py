@@ -97,6 +97,7 @@ from .keys import (
     graph_seed,
     input_tag_key,
     mask_private_key,
+    key_shares_payload,
     masked_input_payload,
     masked_input_signed,
     pairwise_mask_key,
@@ -293,7 +294,9 @@ class SecAggClient:
         seeded = _ORDER.index(ClientState.AWAIT_SHARES) <= state_index <= _ORDER.index(ClientState.AWAIT_UNMASK)
         if bool(flags & _HAS_SECRETS) != live or (seeded and not flags & _HAS_SEED) or (
                 flags & _HAS_SEED and state_index < _ORDER.index(ClientState.AWAIT_SHARES)) or (
-                bool(flags & _HAS_LISTED) != (state is ClientState.AWAIT_ROSTER and not config.params.complete)):
+                bool(flags & _HAS_LISTED) != (state is ClientState.AWAIT_ROSTER and not config.params.complete)) or (
+                # an authenticated client awaiting the unmask request has signed the survivor set it checks
+                config.authenticated and state is ClientState.AWAIT_UNMASK and not flags & _HAS_SIGNED):
             raise MalformedMessage(f"client state: flags {flags:#06x} do not fit state {state.value}")
         r = _Reader(view[_STATE_HEADER.size :], "client state")
         client = cls(config, client_id, identity_key=identity_key)
@@ -432,9 +435,10 @@ class SecAggClient:
                 self._seed = complete_graph_seed(cfg, [self.id, *self._roster])
             self._commitments = None  # the nonces are checked: the list is no longer needed
             key_shares = self._primitives.split(self._mask_seed, t, len(self.neighbours))
-            sealed = [self._seal_share(v, ShareKind.MASK_KEY, key_shares) for v in self._roster]
+            sealed = tuple(self._seal_share(v, ShareKind.MASK_KEY, key_shares) for v in self._roster)
+            signature = sign(self._identity, key_shares_payload(cfg, self.id, sealed)) if cfg.authenticated else b""
             self._state = ClientState.AWAIT_SHARES
-            return EncryptedShares(**self._envelope(), shares=tuple(sealed))
+            return EncryptedShares(**self._envelope(), shares=sealed, signature=signature)
 
     # ---- phase 3: masked input ------------------------------------------------------------------
 
@@ -463,11 +467,12 @@ class SecAggClient:
         (plus an Ed25519 signature in authenticated mode)."""
         self._expect_state(ClientState.AWAIT_INPUT)
         cfg = self.config
-        source = self._ring_vector(x)
+        source = self._ring_vector(x)  # a bad input is the caller's error: the client stays ready
         streams = [MaskStream(self_mask_key(cfg, self.id, self._self_seed), 1)]
-        for v in sorted(self._held):
-            key = pairwise_mask_key(cfg, self.id, v, self._mask_private, self._roster[v].mask_public)
-            streams.append(MaskStream(key, pairwise_sign(self.id, v)))
+        with self._aborting():  # a neighbour's unusable mask key (e.g. a low-order point) is the roster's
+            for v in sorted(self._held):
+                key = pairwise_mask_key(cfg, self.id, v, self._mask_private, self._roster[v].mask_public)
+                streams.append(MaskStream(key, pairwise_sign(self.id, v)))
         acc = parallel.zeros(cfg.dimension)
         try:  # one pass: bound check, masks, reduction and the vector's digest
             digest = self._primitives.mask_into(acc, source, streams, bits=cfg.ring_bits, bound=cfg.input_bound)
@@ -754,7 +759,7 @@ class SecAggClient:
 
 
 _STATE_MAGIC = b"SACS"
-_STATE_VERSION = 4  # roster entries as in wire version 5 (no model digest); shares of GF(2^31 − 1) (20 bytes);
+_STATE_VERSION = 4  # roster entries as in wire versions 5 and 6 (no model digest); shares of GF(2^31 − 1) (20 bytes);
 # v3: no listed commitments kept with the complete graph (it skips the graph-seed phase); v4: roster entries
 # without the model digest, which is the one given at share_keys (zeros before)
 # magic | version u8 | state u8 (index in ClientState) | flags u16 | config digest 32B | client id u32

@@ -234,10 +234,22 @@ def masked_input_payload(
     """What binds a masked input to its sender: session, round, config, graph, the vector's digest
     (:func:`~..crypto.vector_digest`, computed while masking and while summing on arrival) and a
     SHA-256 of the sealed self-mask shares that travel with it."""
-    shares_hash = hashlib.sha256(b"".join(
+    return config.binding("masked-input", client, seed, vector_digest, _shares_hash(shares))
+
+
+def key_shares_payload(config: SessionConfig, client: int, shares: Iterable[SealedShare]) -> bytes:
+    """What an authenticated client signs for its key-share message: session, round, config and a
+    SHA-256 of the sealed key-seed shares. The server cannot open the shares, so without the
+    signature a copy altered in transit would be accepted, the genuine one refused as a replay, and
+    the altered share would abort the neighbour it is sealed for."""
+    return config.binding("key-shares", client, _shares_hash(shares))
+
+
+def _shares_hash(shares: Iterable[SealedShare]) -> bytes:
+    """SHA-256 of sealed shares as (peer, length, ciphertext) records: what a binding says about them."""
+    return hashlib.sha256(b"".join(
         s.peer.to_bytes(4, "little") + len(s.ciphertext).to_bytes(2, "little") + s.ciphertext for s in shares
     )).digest()
-    return config.binding("masked-input", client, seed, vector_digest, shares_hash)
 
 
 def masked_input_signed(payload: bytes, tag: bytes) -> bytes:

@@ -23,10 +23,14 @@ computed differently too. Version 4 signs a masked input's tag together with its
 binding, and an unmask response carries its contents sealed to the server (AES-256-GCM under a
 key from the responder's round key and the session's server key): an observer of every message
 no longer learns the survivors' self-mask seeds and the dropped clients' key shares, and with
-them the sum. Version 5 (this one) takes the model digest out of the key advertisement and the
+them the sum. Version 5 takes the model digest out of the key advertisement and the
 key roster (an advertisement can then go out before the model is known: the next round's rides
 on this round's unmask response); the digest travels sealed inside every share instead, so a
-sealed share is 32 bytes longer. Messages of versions 1 to 4 are refused by version number
+sealed share is 32 bytes longer. Version 6 (this one) adds the sender's Ed25519 signature to the
+key-share message in authenticated mode (empty otherwise), over a binding of its sealed shares: a
+copy altered in transit is refused on arrival and the genuine one still counts, where version 5's
+server took the altered copy, refused the genuine one as a replay and the altered share aborted
+its recipient. Messages of versions 1 to 5 are refused by version number
 (:class:`UnsupportedVersion`), never misread.
 
 Lists that grow with the cohort are never walked entry by entry in Python: (id, value) lists —
@@ -51,7 +55,7 @@ from ..shamir import SECRET_BYTES, SHARE_BYTES
 from .idtable import IdTable
 
 MAGIC = b"SAGG"
-VERSION = 5
+VERSION = 6
 SERVER = 0xFFFFFFFF
 _HEADER = struct.Struct("<4sBBH16sQIIQ")
 HEADER_BYTES = _HEADER.size  # 48
@@ -141,6 +145,7 @@ class SealedShare:
 @dataclass(frozen=True)
 class EncryptedShares(Envelope):
     shares: tuple[SealedShare, ...]  # key-seed shares, one per neighbour
+    signature: bytes  # Ed25519 over the sender's binding of the shares (empty when unauthenticated)
 
 
 @dataclass(frozen=True)
@@ -340,6 +345,11 @@ def _roster_valid(m: KeyRoster, c: _Check) -> None:
     _strictly_increasing([e.client for e in m.entries], "roster client ids", c.what)
 
 
+def _shares_valid(m: EncryptedShares, c: _Check) -> None:
+    c.sealed(m.shares)
+    c.raw(m.signature, (0, SIGNATURE_BYTES), "signature")
+
+
 def _masked_valid(m: MaskedInput, c: _Check) -> None:
     v = m.vector
     if not isinstance(v, np.ndarray) or v.ndim != 1 or v.dtype.kind != "u" or v.dtype.itemsize != 4:
@@ -389,7 +399,7 @@ _VALIDATORS = {
     MessageType.GRAPH_COMMITMENTS: lambda m, c: c.pairs(m.commitments, DIGEST_BYTES, "graph commitments"),
     MessageType.GRAPH_REVEAL: lambda m, c: c.raw(m.nonce, (GRAPH_NONCE_BYTES,), "graph nonce"),
     MessageType.KEY_ROSTER: _roster_valid,
-    MessageType.ENCRYPTED_SHARES: lambda m, c: c.sealed(m.shares),
+    MessageType.ENCRYPTED_SHARES: _shares_valid,
     MessageType.SHARE_DELIVERY: lambda m, c: c.sealed(m.shares),
     MessageType.MASKED_INPUT: _masked_valid,
     MessageType.SURVIVOR_LIST: lambda m, c: c.ids(m.survivors, "survivors"),
@@ -451,7 +461,9 @@ def _body_parts(m: Message) -> list[bytes | memoryview]:
         for e in m.entries:
             parts += [_u32(e.client), *_key_fields(e)]
         return parts
-    if isinstance(m, (EncryptedShares, ShareDelivery)):
+    if isinstance(m, EncryptedShares):
+        return [*_sealed(m.shares), _signature(m.signature)]
+    if isinstance(m, ShareDelivery):
         return _sealed(m.shares)
     if isinstance(m, MaskedInput):
         vec = np.ascontiguousarray(m.vector, dtype="<u4")
@@ -687,7 +699,8 @@ _DECODERS = {
         **env, commitments=r.pairs("graph commitments", DIGEST_BYTES)),
     MessageType.GRAPH_REVEAL: lambda r, env, _: GraphReveal(**env, nonce=r.fixed(GRAPH_NONCE_BYTES, "graph nonce")),
     MessageType.KEY_ROSTER: _decode_roster,
-    MessageType.ENCRYPTED_SHARES: lambda r, env, _: EncryptedShares(**env, shares=r.sealed()),
+    MessageType.ENCRYPTED_SHARES: lambda r, env, _: EncryptedShares(
+        **env, shares=r.sealed(), signature=r.signature("signature")),
     MessageType.SHARE_DELIVERY: lambda r, env, _: ShareDelivery(**env, shares=r.sealed()),
     MessageType.MASKED_INPUT: _decode_masked,
     MessageType.SURVIVOR_LIST: lambda r, env, _: SurvivorList(**env, survivors=r.ids("survivors")),

@@ -23,6 +23,7 @@ groups of keys, chunks of the vector, every core), never a mask vector per clien
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,7 @@ from .keys import (
     graph_seed,
     input_tag_key,
     mask_private_key,
+    key_shares_payload,
     masked_input_payload,
     masked_input_signed,
     pairwise_mask_key,
@@ -231,6 +233,8 @@ class SecAggServer:
         # Every neighbour in the cohort must get a share, or masks would not cancel.
         self._check_sealed(m.sender, m.shares, expected, "key-seed shares", "neighbours that revealed nonces",
                            SEALED_KEY_SHARE_BYTES)
+        self._check_signed(m.sender, m.signature, lambda: key_shares_payload(self.config, m.sender, m.shares),
+                           "key-share message")
         self._sealed[m.sender] = {s.peer: s.ciphertext for s in m.shares}
 
     def _on_masked(self, m: MaskedInput) -> None:
@@ -260,6 +264,14 @@ class SecAggServer:
                 raise
         self._inputs[m.sender] = (payload, m.tag)
         self._self_shares[m.sender] = {s.peer: s.ciphertext for s in m.self_mask_shares}
+
+    def _check_signed(self, sender: int, signature: bytes, payload: Callable[[], bytes], what: str) -> None:
+        """In authenticated mode ``signature`` must verify under the sender's identity key (else
+        SignatureInvalid, the message refused and nothing recorded); unauthenticated, it must be empty."""
+        if self.config.authenticated:
+            verify(self.config.identity_keys[sender], signature, payload(), who=f"client {sender}'s {what}")
+        elif signature:
+            raise MalformedMessage(f"client {sender}'s {what} carries a signature in unauthenticated mode")
 
     def _check_sealed(self, sender: int, shares, expected: list[int], what: str, whom: str, size: int) -> None:
         got = [s.peer for s in shares]

@@ -66,6 +66,29 @@ def test_tampered_sealed_share_is_detected_and_the_client_aborts(make_round):
         r.clients[0].receive_shares(d)
 
 
+def test_a_neighbours_degenerate_mask_key_aborts_the_client_that_masks_with_it(make_round):
+    """A colluder advertises (and signs: it is its own advertisement) the all-zero X25519 point as
+    its mask key. An honest neighbour cannot derive their pairwise mask: mask() raises
+    DecryptionFailed and the client aborts for good, forgetting its secrets — before, it stayed
+    ready to mask, seeds in memory, contrary to "anything wrong with a message's content aborts"."""
+    from secfed.protocols.crypto import sign
+    from secfed.protocols.secagg import keys
+
+    r = make_round(5, threshold=3, authenticated=True)
+    genuine = r.clients[4].advertise_keys()
+    low_order = bytes(32)
+    payload = keys.advertise_payload(r.config, 4, genuine.enc_public, low_order, genuine.self_mask_commitment,
+                                     genuine.graph_commitment)
+    r.clients[4].advertise_keys = lambda: replace(genuine, mask_public=low_order, signature=sign(r.identities[4], payload))
+    deliveries = r.share_keys(r.advertise())
+    r.clients[0].receive_shares(r.wire(deliveries[0]))
+    with pytest.raises(DecryptionFailed, match="degenerate"):
+        r.clients[0].mask(r.inputs[0])
+    assert r.clients[0].state is ClientState.ABORTED
+    with pytest.raises(Aborted):
+        r.clients[0].mask(r.inputs[0])
+
+
 def test_share_redirected_to_another_recipient_does_not_open(make_round):
     r = make_round(4, threshold=2)
     deliveries = r.share_keys(r.advertise())
@@ -304,6 +327,39 @@ def test_unsigned_advertisement_is_refused_by_the_server(make_round):
     advert = r.clients[0].advertise_keys()
     with pytest.raises(SignatureInvalid):
         r.server.receive(replace(advert, signature=bytes(64)))
+
+
+@pytest.mark.parametrize("alteration", ["share", "signature", "stripped"])
+def test_a_key_share_message_altered_in_transit_is_refused_and_the_genuine_one_still_counts(make_round, alteration):
+    """Authenticated: client 1's key-share message altered on the way — one bit of a sealed share
+    flipped, one bit of its signature flipped, or the signature stripped — reaches the server first
+    and is refused on arrival; the genuine copy then counts, every client masks and the sum is exact.
+    (Wire version 5 carried no signature: the altered copy was accepted, the genuine one refused as
+    a replay, and the altered share aborted the neighbour it was sealed for with DecryptionFailed.)"""
+    r = make_round(5, threshold=3, authenticated=True)
+    rosters = r.advertise()
+    genuine = r.clients[1].share_keys(r.wire(rosters[1]))
+    first = genuine.shares[0]
+    altered = {
+        "share": replace(genuine, shares=(SealedShare(first.peer, flip(first.ciphertext)), *genuine.shares[1:])),
+        "signature": replace(genuine, signature=flip(genuine.signature)),
+        "stripped": replace(genuine, signature=b""),
+    }[alteration]
+    with pytest.raises(SignatureInvalid, match="client 1's key-share message"):
+        r.server.receive(r.wire(altered))
+    r.server.receive(r.wire(genuine))
+    deliveries = r.share_keys(rosters, skip=(1,))  # the others share keys; the phase closes
+    r.unmask(r.consistency(r.masked_input(deliveries)))
+    assert r.server.result.survivors == (0, 1, 2, 3, 4)
+    assert np.array_equal(r.server.result.total, r.expected_sum(range(5)))
+
+
+def test_a_signed_key_share_message_is_malformed_in_unauthenticated_mode(make_round):
+    r = make_round(4, threshold=2)
+    shares = r.clients[0].share_keys(r.wire(r.advertise()[0]))
+    assert shares.signature == b""
+    with pytest.raises(MalformedMessage, match="key-share message carries a signature"):
+        r.server.receive(r.wire(replace(shares, signature=bytes(64))))
 
 
 def test_equivocating_survivor_sets_cannot_reach_a_quorum(make_round):

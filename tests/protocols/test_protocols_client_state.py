@@ -193,3 +193,22 @@ def test_a_signed_survivor_set_outside_the_cohort_is_refused_on_restore(make_rou
         with pytest.raises(MalformedMessage, match=match):
             load(r, forged)
     assert load(r, data).state is ClientState.AWAIT_UNMASK
+
+
+def test_an_authenticated_client_awaiting_unmask_without_its_signed_set_is_refused_on_restore(make_round):
+    """The parts of saved bytes must agree: an authenticated client awaiting the unmask request has
+    signed a survivor set, so a state without one (flag cleared, list removed) is refused on
+    restore — before, it restored, and the genuine request then failed with InconsistentView,
+    blaming the server for an equivocation it never made."""
+    r = make_round(5, threshold=2, authenticated=True)
+    lists = r.masked_input(r.share_keys(r.advertise()))
+    r.clients[1].consistency_check(lists[1])
+    data = r.clients[1].export_state()
+    survivors = struct.pack("<I5I", 5, 0, 1, 2, 3, 4)
+    assert data.endswith(survivors)
+    flags = struct.unpack_from("<H", data, 6)[0]
+    body = data[48 : -len(survivors)]
+    unsigned = data[:6] + struct.pack("<H", flags & ~4) + data[8:44] + struct.pack("<I", len(body)) + body
+    with pytest.raises(MalformedMessage, match="do not fit state await_unmask"):
+        load(r, unsigned)
+    assert load(r, data).state is ClientState.AWAIT_UNMASK

@@ -28,7 +28,7 @@ from secfed.protocols import (
 from secfed.protocols.crypto import public_bytes, sign
 from secfed.protocols.prg import MaskStream, apply_masks
 from secfed.protocols.secagg import keys
-from secfed.protocols.secagg.messages import SERVER, SealedShare, ShareKind, SurvivorList, UnmaskRequest
+from secfed.protocols.secagg.messages import SERVER, AdvertiseKeys, SealedShare, ShareKind, SurvivorList, UnmaskRequest
 
 replace = dataclasses.replace
 
@@ -314,3 +314,60 @@ def test_the_equivocation_recovers_the_input_when_the_quorum_counts_only_c(make_
     r = reviewed_round(make_round, params)
     recovered, refused = equivocate(r, count)
     assert refused == [] and np.array_equal(recovered, r.inputs[0])
+
+
+@pytest.mark.parametrize("authenticated", [False, True])
+def test_a_network_attacker_racing_advertisements_needs_client_authentication(make_round, authenticated):
+    """An active network attacker — no server key, no help from the server — sends key
+    advertisements in clients 1 and 2's names before theirs arrive, then plays them.
+
+    Unauthenticated, nothing ties an advertisement to its sender but the transport: the server takes
+    the attacker's, refuses the genuine ones as replays, and client 0 seals its key-seed and
+    self-mask-seed shares to the attacker's keys, which then rebuilds x_0 from the wire bytes alone
+    (t = 2). This is why the mode needs a transport that authenticates every client to the server
+    (SECURITY.md, "Unauthenticated"). Authenticated, the forged advertisements carry no valid
+    signature of 1 and 2: refused on arrival, the genuine ones count and the sum is exact."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secfed.protocols import ReplayedMessage, SecAggClient, SignatureInvalid
+
+    r = make_round(5, threshold=2, authenticated=authenticated)
+    cfg, server = r.config, r.server
+    if authenticated:  # keys of the attacker's own, signed with an identity key of its own
+        attacker = Ed25519PrivateKey.generate()
+        for i in (1, 2):
+            fields = dict(enc_public=bytes([i]) * 32, mask_public=bytes([i + 2]) * 32, self_mask_commitment=bytes(32),
+                          graph_commitment=bytes(32))
+            payload = keys.advertise_payload(cfg, i, *fields.values())
+            forged = AdvertiseKeys(**envelope(r, SERVER), **fields, config_digest=cfg.digest,
+                                   signature=sign(attacker, payload))
+            with pytest.raises(SignatureInvalid, match=f"client {i}'s keys"):
+                server.receive(r.wire(replace(forged, sender=i)))
+        r.unmask(r.consistency(r.masked_input(r.share_keys(r.advertise()))))
+        assert np.array_equal(server.result.total, r.expected_sum(range(5)))
+        return
+    impostors = {i: SecAggClient(cfg, i) for i in (1, 2)}  # the attacker's own keys
+    for impostor in impostors.values():
+        server.receive(r.wire(impostor.advertise_keys()))
+    players = {**dict(enumerate(r.clients)), **impostors}
+    for i in range(5):
+        advert = r.wire(r.clients[i].advertise_keys())
+        if i in impostors:
+            with pytest.raises(ReplayedMessage):
+                server.receive(advert)
+        else:
+            server.receive(advert)
+    for i, roster in server.close_phase().items():
+        server.receive(r.wire(players[i].share_keys(r.wire(roster))))
+    masked = mask_all(type("Played", (), {"clients": players, "inputs": r.inputs, "wire": r.wire}), server.close_phase())
+    victim = masked[0]
+    key_seed = shamir.combine([impostors[i]._held[0] for i in (1, 2)])
+    self_seed = shamir.combine([impostors[i]._open_share(0, ShareKind.SELF_MASK, s.ciphertext)
+                                for s in victim.self_mask_shares for i in (1, 2) if s.peer == i])
+    private = keys.mask_private_key(cfg, 0, key_seed)
+    acc = victim.vector.copy()
+    streams = [MaskStream(keys.self_mask_key(cfg, 0, self_seed), -1)] + [
+        MaskStream(keys.pairwise_mask_key(cfg, 0, s.peer, private, server._adverts[s.peer].mask_public),
+                   -keys.pairwise_sign(0, s.peer)) for s in victim.self_mask_shares]
+    apply_masks(acc, streams, bits=cfg.ring_bits)
+    assert np.array_equal(acc, r.inputs[0])

@@ -16,6 +16,7 @@ from secfed.protocols.shamir import SHARE_BYTES
 from secfed.protocols.secagg.messages import (
     HEADER_BYTES,
     SERVER,
+    VERSION,
     AdvertiseKeys,
     ConsistencySignature,
     EncryptedShares,
@@ -67,8 +68,10 @@ def messages(draw):
         return KeyRoster(**env, nonces=pairs(draw, 16), entries=tuple(
             RosterEntry(c, draw(b32), draw(b32), draw(b32), draw(b32), draw(b32), draw(sig))
             for c in clients))
-    if kind in (2, 3):
-        return (EncryptedShares if kind == 2 else ShareDelivery)(**env, shares=sealed(draw))
+    if kind == 2:
+        return EncryptedShares(**env, shares=sealed(draw), signature=draw(sig))
+    if kind == 3:
+        return ShareDelivery(**env, shares=sealed(draw))
     if kind == 4:
         vec = np.array(draw(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=20)), dtype=np.uint32)
         return MaskedInput(**env, vector=vec, self_mask_shares=sealed(draw), tag=draw(b32), signature=draw(sig))
@@ -165,11 +168,11 @@ def test_header_checks_say_what_is_wrong():
     m = SurvivorList(session_id=bytes(16), round=1, sender=SERVER, recipient=3, survivors=(1, 2))
     with pytest.raises(MalformedMessage, match="magic"):
         decode(_header(m, magic=b"JUNK"))
-    for old in (1, 2, 3, 4):  # the previous wire formats are refused, never misread
-        with pytest.raises(UnsupportedVersion, match=f"version {old}; this build speaks 5"):
+    for old in (1, 2, 3, 4, 5):  # the previous wire formats are refused, never misread
+        with pytest.raises(UnsupportedVersion, match=f"version {old}; this build speaks 6"):
             decode(_header(m, version=old))
-    with pytest.raises(UnsupportedVersion, match="version 6"):
-        decode(_header(m, version=6))
+    with pytest.raises(UnsupportedVersion, match="version 7"):
+        decode(_header(m, version=7))
     with pytest.raises(MalformedMessage, match="unknown message type 99"):
         decode(_header(m, type=99))
     with pytest.raises(MalformedMessage, match="flags"):
@@ -233,20 +236,20 @@ def test_decode_takes_any_buffer_and_its_vector_is_always_read_only():
 
 def test_a_version_2_unmask_response_is_refused_not_misread():
     """Version 2 carried 16-byte GF(2^128) share values, version 3 20-byte ones, both in the clear;
-    versions 4 and 5 carry them sealed to the server. Older bytes must be refused as a whole, by their
+    versions 4 to 6 carry them sealed to the server. Older bytes must be refused as a whole, by their
     version number, before any field is read — and an old body under a current header is refused
     as malformed, never read as a sealed box."""
     env = dict(session_id=bytes(16), round=3, sender=4, recipient=SERVER)
     for version, width in ((2, 16), (3, SHARE_BYTES)):  # one share value in the clear, as that version sent it
         body = struct.pack("<B", 16) + bytes(16) + struct.pack("<I", 1) + struct.pack("<IB", 1, 0) + bytes(range(width))
         old = struct.pack("<4sBBH16sQIIQ", b"SAGG", version, 9, 0, bytes(16), 3, 4, SERVER, len(body)) + body
-        with pytest.raises(UnsupportedVersion, match=f"version {version}; this build speaks 5"):
+        with pytest.raises(UnsupportedVersion, match=f"version {version}; this build speaks 6"):
             decode(old)
         with pytest.raises(MalformedMessage):
-            decode(old[:4] + bytes([4]) + old[5:])
+            decode(old[:4] + bytes([VERSION]) + old[5:])
     current = UnmaskResponse(**env, sealed=bytes(SEAL_OVERHEAD + 16 + 4 + 4 + 1 + SHARE_BYTES))
     wire = encode(current)
-    assert wire[4] == 5 and decode(wire) == current
+    assert wire[4] == VERSION == 6 and decode(wire) == current
     with pytest.raises(ValueError, match="sealed secrets of 49 bytes"):  # no whole share inside
         encode(UnmaskResponse(**env, sealed=bytes(SEAL_OVERHEAD + 16 + 4 + 1)))
 

@@ -216,6 +216,24 @@ def test_a_scale_whose_product_with_the_clip_overflows_is_refused_typed():
         Quantizer(1e200, 1e200, 2)
 
 
+def test_numpy_integers_are_counts_and_other_types_are_refused_typed():
+    """Integrators pass their own bounds and cohort sizes, often as numpy integers: they count like
+    ints (before: AttributeError on ``.bit_length``); a float or bool count is a TypeError naming the
+    argument, and a clip so small that no float64 scale fills the ring a ValueError naming the clip
+    (before: OverflowError from ``math.ceil(inf)``)."""
+    assert ring_bits(np.int64(10), np.int64(100)) == ring_bits(10, 100)
+    assert largest_cohort(np.uint32(7), np.int8(20)) == largest_cohort(7, 20)
+    q = Quantizer(1.0, 100.0, np.int64(10))
+    assert type(q.n_clients) is int and q == Quantizer(1.0, 100.0, 10)
+    assert Quantizer.for_cohort(np.int32(3), 1.0, bits=np.int64(16)) == Quantizer.for_cohort(3, 1.0, bits=16)
+    for call, name in ((lambda: Quantizer(1.0, 100.0, 10.0), "n_clients"), (lambda: ring_bits(True, 3), "n_clients"),
+                       (lambda: ring_bits(3, 2.5), "max_abs"), (lambda: Quantizer.for_cohort(3, 1.0, bits=16.0), "bits")):
+        with pytest.raises(TypeError, match=f"{name} must be an integer"):
+            call()
+    with pytest.raises(ValueError, match="clip 1e-310 is too small"):
+        Quantizer.for_cohort(3, clip=1e-310)
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.longdouble])
 def test_a_weighted_value_beyond_float_range_is_clipped_not_called_non_finite(dtype):
     """weight·x may overflow float64 (or the input's precision) for a finite x: it lies beyond the
