@@ -92,7 +92,7 @@ def client_index(run: AuditedRun, client: str | None) -> int:
     for k, c in enumerate(clients):
         if c.site.name == client:
             return k
-    if client.isdigit() and int(client) < len(clients):
+    if client.isdecimal() and int(client) < len(clients):  # isdigit() admits '²', which int() refuses
         return int(client)
     names = ", ".join(f"{k} ({c.site.name})" for k, c in enumerate(clients))
     raise AuditError("--client", f"no client {client!r}; this run has {names}")

@@ -14,6 +14,7 @@ from pathlib import Path
 import rich_click as click
 
 from secfed.cli.common import emit_json, human_console, set_threads
+from secfed.cli.options import FiniteFloatRange
 
 FAIL_ON = {"leak": ("LEAK",), "inconclusive": ("LEAK", "INCONCLUSIVE")}
 
@@ -35,7 +36,7 @@ class AuditUsageError(click.ClickException):
 @click.option("--client", help="Client name or id (default: the one with the fewest images).")
 @click.option("--budget", type=click.Choice(["quick", "standard", "thorough"]), default="standard", show_default=True,
               help="quick ≤ 2 min (a lower bound on leakage), standard ≤ 5 min on 2 CPU cores, thorough for a GPU.")
-@click.option("--time-limit", type=click.FloatRange(min=1.0), help="Wall-clock seconds for the whole audit "
+@click.option("--time-limit", type=FiniteFloatRange(min=1.0), help="Wall-clock seconds for the whole audit "
               "(overrides the budget's).")
 @click.option("--device", help="Where the attacks run: auto, cpu, cuda (default: the run's setting).")
 @click.option("--data-root", type=click.Path(file_okay=False, path_type=Path),

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from secfed.cli.common import emit_json, human_console
+from secfed.cli.options import FiniteFloatRange
 from secfed.data.synth import (
     DEFAULT_PUBLIC_IMAGES,
     HEIGHT_RANGE,
@@ -57,7 +58,7 @@ def print_domains(rows: list[Row], title: str, console: Console) -> None:
                    f"distillation ({DEFAULT_PUBLIC_IMAGES}: about the largest client's train set).")
 @click.option("--seed", type=click.IntRange(*SEED_RANGE), default=0, show_default=True,
               help="Run seed; the same seed writes byte-identical files.")
-@click.option("--scale", type=click.FloatRange(*SCALE_RANGE), default=1.0, show_default=True,
+@click.option("--scale", type=FiniteFloatRange(*SCALE_RANGE), default=1.0, show_default=True,
               help=SCALE_HELP)
 @click.option("--height", type=click.IntRange(*HEIGHT_RANGE), default=128, show_default=True,
               help="Height of the written images, in pixels.")

@@ -34,7 +34,7 @@ from typing import Any
 import rich_click as click
 
 from secfed.cli.common import emit_json, human_console
-from secfed.cli.options import config_options, option_panels
+from secfed.cli.options import FiniteFloatRange, config_options, option_panels
 from secfed.config import RunConfig
 
 APP_NAME = "secfed-train"
@@ -226,7 +226,7 @@ def flower_group() -> None:
 @click.option("--supernodes", type=click.IntRange(min=2), default=2, show_default=True,
               help="SuperNodes to start; the run's clients are spread over them (k mod N).")
 @click.option("--insecure", is_flag=True, help="No TLS and no SuperNode authentication (default: both).")
-@click.option("--node-poll", type=click.FloatRange(min=0.01, max=3.0), default=None, metavar="SECONDS",
+@click.option("--node-poll", type=FiniteFloatRange(min=0.01, max=3.0), default=None, metavar="SECONDS",
               help="Cap the SuperNodes' fixed polls (Flower's: 3 s idle, 0.5 s for replies): faster rounds on "
                    "loopback for a little idle CPU.")
 @click.option("--keep", is_flag=True, help="Keep RUN_DIR/../NAME.flower (the SuperNodes' state and the logs) "

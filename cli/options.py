@@ -7,6 +7,7 @@ configuration's sections.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,16 @@ from secfed.config import KEYS, SECTIONS, ConfigError, Key
 
 GROUP_TITLES = {"data": "Data", "model": "Model", "method": "Method", "schedule": "Schedule",
                 "secagg": "Secure aggregation", "privacy": "Privacy", "run": "Run"}
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange that also refuses nan and ±inf: click compares with ``<``, which nan passes."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 class _Text(click.ParamType):

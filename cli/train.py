@@ -12,14 +12,11 @@ import rich_click as click
 
 from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
 from secfed.cli.options import config_options, given_overrides, option_panels, render
-from secfed.config import ConfigError, RunConfig, from_dict, load_toml, with_overrides
+from secfed.config import RESUME_COMPATIBLE, ConfigError, RunConfig, from_dict, load_toml, with_overrides
 
 # The library is imported inside the functions that run a command: `secfed train --help` then
 # starts without torch, torchvision and the federation (≈ 4 s on the dev VM).
 
-# Settings that do not change what is trained (threads, device, where figures are logged), or that repair a run (a lower learning rate after a
-# divergence, the data's new place), so they may accompany --resume.
-RESUME_COMPATIBLE = {"run.threads", "run.device", "run.log_to", "data.root", "schedule.lr", "schedule.lr_backbone"}
 COMMAND_OPTIONS = ["--config", "--resume", "--leave-one-out", "--flower", "--json", "--help"]
 # the type goes after the help, not in a column of its own: more room in 80 columns
 click.rich_click.OPTIONS_TABLE_COLUMN_TYPES = ["required", "opt_short", "opt_long", "help"]
@@ -85,6 +82,9 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
         raw = raw["config"] if sweep else raw
     except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
         raise click.BadParameter(f"{config_file} cannot be read ({exc})", param_hint="--resume") from None
+    if not isinstance(raw, dict):
+        raise click.BadParameter(f"{config_file} is not a secfed configuration (a JSON object of sections); it "
+                                 f"holds a {type(raw).__name__}", param_hint="--resume")
     try:
         cfg = with_overrides(from_dict(raw), overrides)
     except ConfigError as exc:

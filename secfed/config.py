@@ -336,6 +336,26 @@ KEYS: dict[str, Key] = {k.dotted: k for k in keys()}
 FLAG_OF: dict[str, str] = {k.dotted: k.flag for k in KEYS.values()}
 
 
+# Settings that do not change what is trained (threads, device, where figures are logged), or that
+# repair a run (a lower learning rate after a divergence, the data's new place): they may accompany
+# --resume, and a checkpoint is restored whatever they are.
+RESUME_COMPATIBLE = frozenset({"run.threads", "run.device", "run.log_to", "data.root", "schedule.lr",
+                               "schedule.lr_backbone"})
+
+
+def settings_that_differ(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``section.key`` → (saved, current) for every setting two configurations (:meth:`RunConfig.to_dict`,
+    or that saved as JSON) disagree on, :data:`RESUME_COMPATIBLE` ones aside."""
+    def flat(config: Mapping[str, Any]) -> dict[str, Any]:
+        plain = json.loads(json.dumps(dict(config)))  # tuples and lists alike, as a saved config holds them
+        return {f"{section}.{key}": value for section, table in plain.items() if isinstance(table, dict)
+                for key, value in table.items()}
+
+    a, b = flat(saved), flat(current)
+    return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
+            if k not in RESUME_COMPATIBLE and a.get(k) != b.get(k)}
+
+
 def flag_name(key: str) -> str:
     """The flag of ``key`` (``schedule.rounds`` → ``--rounds``); the key itself when it has none."""
     return FLAG_OF.get(key, key)

@@ -518,6 +518,7 @@ def test_cli_writes_and_summarises(tmp_path: Path) -> None:
         (["--seed", str(2**63)], "--seed"),
         (["--scale", "0"], "--scale"),
         (["--scale", "500"], "--scale"),
+        (["--scale", "nan"], "--scale"),  # nan passes click's FloatRange
         (["--height", "8"], "--height"),
         (["--width", "abc"], "--width"),
         (["--unseen", "-1"], "--unseen"),

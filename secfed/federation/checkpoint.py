@@ -236,6 +236,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not (isinstance(rounds, int) and isinstance(skeleton, dict) and isinstance(tensors, list)
             and all(isinstance(t, torch.Tensor) for t in tensors)):
         raise CorruptCheckpoint(f"{path}: damaged checkpoint (its table of contents is malformed)")
+    named = _NAME.search(path.name)
+    if named and int(named.group(1)) != rounds:  # renamed: resuming from it would repeat or skip rounds
+        raise CorruptCheckpoint(f"{path}: its name says round {int(named.group(1))}, its contents round {rounds}")
     if _state_digest(rounds, skeleton, [tensor_digest(t) for t in tensors]) != raw.get("digest"):
         raise CorruptCheckpoint(f"{path}: damaged checkpoint (its contents do not match the digest it was "
                                 "written with)")

@@ -48,7 +48,7 @@ from typing import Any, Callable, Protocol
 from secfed import atomic_file, tracking
 from secfed.algorithms import method_class
 from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr, train_alone
-from secfed.config import ConfigError, RunConfig, from_dict
+from secfed.config import ConfigError, RunConfig, from_dict, settings_that_differ
 from secfed.environment import environment
 from secfed.evaluation.communication import communication_cost
 from secfed.federation import checkpoint as ckpt
@@ -252,7 +252,8 @@ def run(
     history: list[dict[str, Any]] = []
     start, wall = 0, 0.0
     if resume and ckpt.list_checkpoints(run_dir):
-        _, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
+        path, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
+        check_same_run(fed, state, path)
         check_data(fed, state, data_root)
         history, start, wall = restore(fed, state)
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
@@ -415,6 +416,19 @@ def run_title(cfg: RunConfig, run_dir: Path) -> str:
     return (f"{run_dir.name}: {m.algorithm}{options} · {cfg.data.scenario} · {cfg.model.backbone} "
             f"{cfg.data.height}×{cfg.data.width} · {s.rounds} rounds · E={s.local_epochs} B={s.batch_size} · "
             f"{channel} · seed {cfg.seed}")
+
+
+def check_same_run(fed: Federation, state: dict[str, Any], path: Path) -> None:
+    """A resumed run continues only from a checkpoint it wrote itself: the checkpoint's saved
+    settings must be the run's (those a resume may change aside). Another run's checkpoint copied
+    in, or a config.json edited since, would otherwise continue silently under the wrong settings."""
+    differ = settings_that_differ(state.get("config", {}), fed.config.to_dict())
+    if differ:
+        shown = "; ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in list(differ.items())[:4])
+        more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+        raise ckpt.CheckpointError(
+            f"{path} was written by a run with other settings ({shown}{more}): it is not this run's checkpoint, "
+            "or its config.json was edited since; put the run's own files back, or start a new run")
 
 
 def check_data(fed: Federation, state: dict[str, Any], data_root: Path | None) -> None:

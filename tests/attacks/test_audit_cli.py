@@ -94,6 +94,8 @@ def test_the_next_round_is_re_derived_from_the_clients_real_step(recorded_run: P
     (["--target", "dfs"], "shares no DFS"),
     (["--round", "9"], "cannot be audited"),
     (["--client", "nobody"], "no client 'nobody'"),
+    (["--client", "²"], "no client '²'"),  # a digit to str.isdigit, not to int(): was a ValueError traceback
+    (["--time-limit", "nan"], "'nan' is not a finite number"),  # nan passed click's FloatRange(min=1)
 ])
 def test_requests_the_run_cannot_answer_are_usage_errors(recorded_run: Path, tmp_path: Path, args: list[str],
                                                          message: str) -> None:

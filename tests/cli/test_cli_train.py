@@ -213,6 +213,16 @@ def test_resume_refuses_flags_that_change_the_run(trained: tuple[dict, Path]) ->
     assert result.exit_code == 2 and "--rounds" in result.output
 
 
+@pytest.mark.parametrize("content", ["[1, 2]", "3", '"text"'])
+def test_a_saved_config_that_is_not_an_object_is_a_usage_error(tmp_path: Path, content: str) -> None:
+    """Valid JSON that is not a table of sections (a damaged or foreign config.json): named, exit 2 —
+    before, a list reached ``dict(raw)`` and raised a TypeError traceback."""
+    (tmp_path / "config.json").write_text(content)
+    result = invoke(["train", "--resume", str(tmp_path)])
+    assert result.exit_code == 2 and "is not a secfed configuration" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
 def test_resume_of_a_finished_run_reads_its_saved_config_and_reports_the_same(trained: tuple[dict, Path]) -> None:
     summary, run_dir = trained
     result = invoke(["train", "--resume", str(run_dir), "--json", "--threads", "2"])

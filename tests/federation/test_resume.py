@@ -106,3 +106,30 @@ def test_only_newest_checkpoints_are_kept(tmp_path: Path) -> None:
         ckpt.save_checkpoint(tmp_path, r, {"x": torch.tensor([r])}, keep=2)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["round-0003.pt", "round-0004.pt"]
     assert ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path))["rounds_done"] == 4
+
+
+def test_a_checkpoint_of_other_settings_or_a_renamed_one_is_never_resumed(two_site_config: RunConfig,
+                                                                          tmp_path: Path) -> None:
+    """A resume continues only from a checkpoint this run wrote. Another run's checkpoint copied in
+    (or a config.json edited since: the same thing to the resume) is refused naming the settings
+    that differ — before, it resumed silently, continuing one run's history under another's seed.
+    Settings a resume may change (--lr, --threads, …) still may. A checkpoint renamed to another
+    round is damaged: its name and contents disagree."""
+    cfg = two_site_config
+    cfg.schedule.rounds = 1
+    run(cfg, tmp_path / "a")
+    newest = ckpt.latest_checkpoint(tmp_path / "a")
+    before = newest.read_bytes()
+    other = cfg.model_copy(deep=True)
+    other.run.seed = cfg.run.seed + 1
+    seed = cfg.run.seed
+    with pytest.raises(ckpt.CheckpointError, match=rf"other settings \(run\.seed: {seed} there, {seed + 1} here\)"):
+        run(other, tmp_path / "a", resume=True)
+    assert newest.read_bytes() == before  # nothing written
+    repaired = cfg.model_copy(deep=True)
+    repaired.schedule.lr = 0.001
+    run(repaired, tmp_path / "a", resume=True)  # a lower learning rate may accompany a resume
+    renamed = newest.with_name("round-0002.pt")
+    newest.rename(renamed)
+    with pytest.raises(ckpt.CorruptCheckpoint, match="its name says round 2, its contents round 1"):
+        ckpt.load_checkpoint(renamed)
