@@ -407,7 +407,7 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
         secagg=cfg.secagg.enabled, bn_stats=cfg.model.bn_stats, extra_uploads=extra_uploads, model_dim=layout.size,
         quantiser_scale=channel.scale if isinstance(channel, SecureChannel) else None, ring_bits=RING_BITS,
         design_dropout=max(DESIGN_DROPOUT, cfg.secagg.dropout_rate), dfs=dfs_settings(cfg, method),
-        authenticated=cfg.secagg.authenticated,
+        authenticated=cfg.secagg.authenticated, dfs_identities=min(int(c["classes"]) for c in clients_info),
     )
     sizes = [int(c["images"]) for c in clients_info]
     weight_scale = 1.0 / sum(sizes)

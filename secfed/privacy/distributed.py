@@ -371,21 +371,29 @@ def collusion_bound(session: int, corrupt_fraction: float) -> int:
     return math.floor(corrupt_fraction * session)
 
 
-def fewest_honest_shares(max_session: int, *, corrupt_fraction: float, authenticated: bool, min_cohort: int = 2) -> int:
+def fewest_honest_shares(max_session: int, *, colluders: int, corrupt_fraction: float, authenticated: bool,
+                         min_cohort: int = 2) -> int:
     """The fewest honest noise shares any released sum can hold, whatever the dropouts.
 
     A round may (re)start a session with any n ∈ [``min_cohort``, ``max_session``] clients still online
     (a malicious server may claim the others dropped). A session of n releases a sum of at least
-    ``min_cohort`` inputs and, in authenticated mode, of at least the ⌊(n + c)/2⌋ + 1 survivors whose
-    signatures an unmask request needs; up to c = ⌊γ·n⌋ of them may be colluders. Unauthenticated, only
-    ``min_cohort`` is assumed (a sparse graph's threshold may lie below c + 1). Never below 1: the client
-    whose privacy is measured is in the sum with its own share.
+    ``min_cohort`` inputs and, in authenticated mode, of at least the ⌊(n + c_n)/2⌋ + 1 survivors whose
+    signatures an unmask request needs (c_n = ⌊γ·n⌋, the bound the session's quorum is sized for).
+    Unauthenticated, only ``min_cohort`` is assumed (a sparse graph's threshold may lie below c + 1).
+    ``colluders`` is the absolute number of clients that may collude with the server: the server
+    chooses whom it restarts a session with, so all of them may sit in the smallest one, and each
+    hands its noise share over. Never below 1: the client whose privacy is measured is in the sum
+    with its own share. (Before, the colluders of a session of n were taken as ⌊γ·n⌋ of *that*
+    session — none in a restarted session of two, which then counted two honest shares although one
+    of its two clients could be a colluder.)
     """
+    if colluders < 0:
+        raise ValueError(f"colluders must be ≥ 0, got {colluders}")
     fewest = min_cohort
     for n in range(min_cohort, max_session + 1):
         c = collusion_bound(n, corrupt_fraction)
         released = max(min_cohort, (n + c) // 2 + 1) if authenticated else min_cohort
-        fewest = min(fewest, max(1, released - c))
+        fewest = min(fewest, max(1, released - colluders))
     return fewest
 
 

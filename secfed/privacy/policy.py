@@ -230,8 +230,9 @@ class PrivacyPlan:
                               f"of m sites makes the skip sensitivity (1 + m)·C) — use {ref('sampling')} fixed, or "
                               "one client per node")
         if self.mechanism == "skellam":
-            colluders = collusion_bound(len(sites), CORRUPT_FRACTION) * max(sites)  # a colluding node's sites
-            fewest = fewest_honest_shares(len(sites), corrupt_fraction=CORRUPT_FRACTION,
+            colluding_nodes = collusion_bound(len(sites), CORRUPT_FRACTION)
+            colluders = colluding_nodes * max(sites)  # a colluding node's sites
+            fewest = fewest_honest_shares(len(sites), colluders=colluding_nodes, corrupt_fraction=CORRUPT_FRACTION,
                                           authenticated=self.authenticated, min_cohort=MIN_SECURE_COHORT)
             if colluders > self.colluders or fewest < self.fewest_shares:
                 raise ConfigError(KEY["distributed"], f"{where}; colluding nodes could subtract {colluders} noise "
@@ -376,6 +377,7 @@ def resolve(
     dfs: tuple[float, float] | None = None,
     authenticated: bool = True,
     node_sites: Sequence[int] | None = None,
+    dfs_identities: int | None = None,
 ) -> PrivacyPlan:
     """Check ``cfg`` against the run and derive the privacy plan: validate, then the plan of the one
     mechanism that noises the aggregate (Skellam, Gaussian, β or none), then DP-SGD's and DFS's, then
@@ -392,6 +394,8 @@ def resolve(
     ``authenticated``: secure aggregation's malicious-server mode (its signature quorum bounds how few
     inputs a released sum holds, see :func:`.distributed.fewest_honest_shares`). ``node_sites``: how many
     clients each party of the secure sum holds (Flower: a SuperNode's sites; None: one client each).
+    ``dfs_identities``: the fewest identities a DFH client has — the DFS ε is identity-level, so its δ
+    must lie below 1/that (refused naming `privacy.delta` otherwise).
     """
     if num_clients < 1:
         raise ValueError(f"num_clients must be ≥ 1, got {num_clients}")
@@ -404,7 +408,10 @@ def resolve(
                  design_dropout=design_dropout, authenticated=authenticated, node_sites=node_sites)
     noise = _aggregate_noise(run)
     dp_sgd = _dp_sgd_plan(cfg)
-    dfs_plan = plan_dfs(dfs, rounds=rounds, delta=run.delta if noise.claims else cfg.delta)
+    dfs_delta = run.delta if noise.claims else cfg.delta
+    if dfs is not None and dfs[0] > 0 and dfs_identities is not None:  # an identity-level ε: δ < 1/identities
+        dfs_delta = checked_delta(dfs_delta, dfs_identities, "delta", "identities of the smallest DFH client")
+    dfs_plan = plan_dfs(dfs, rounds=rounds, delta=dfs_delta)
     statements = [*noise.statements, *_closing_statements(cfg, noise, dp_sgd, run.sampling, dfs, dfs_plan)]
     return _assemble(run, noise, dp_sgd, dfs_plan, statements)
 
@@ -533,8 +540,8 @@ def _skellam_plan(run: _RunFacts) -> _NoisePlan:
     assert delta is not None
     max_cohort = run.fixed_k if run.fixed_k is not None else run.num_clients
     colluders = collusion_bound(max_cohort, CORRUPT_FRACTION)
-    fewest = fewest_honest_shares(max_cohort, corrupt_fraction=CORRUPT_FRACTION, authenticated=run.authenticated,
-                                  min_cohort=MIN_SECURE_COHORT)
+    fewest = fewest_honest_shares(max_cohort, colluders=colluders, corrupt_fraction=CORRUPT_FRACTION,
+                                  authenticated=run.authenticated, min_cohort=MIN_SECURE_COHORT)
     skellam = _skellam(cfg, delta, run.rounds, run.fixed_k, run.sample_rate, run.num_clients, run.model_dim,
                        run.ring_bits, fewest)
     return _NoisePlan(
@@ -754,8 +761,9 @@ def _skellam_statements(cfg: PrivacyConfig, skellam: SkellamParams, delta: float
         f"{skellam.contributors} shares) and the server never sees a noise-free sum.{target}",
         f"(ε, δ = {delta:.3g}) by the Skellam RDP bound (Agarwal, Kairouz & Liu 2021), per round without amplification "
         f"by sampling, zero-out adjacency. It holds against the server colluding with up to c = {colluders} clients "
-        f"(⌊{CORRUPT_FRACTION:g}·n⌋ of a round's n, secure aggregation's bound): a round counts only the noise shares of "
-        f"clients whose input reached the sum, less c, and never fewer than {fewest}.",
+        f"(⌊{CORRUPT_FRACTION:g}·n⌋ of the planned cohort's n, secure aggregation's bound; any of them may be in any "
+        f"session the server restarts): a round counts only the noise shares of clients whose input reached the sum, "
+        f"less c, and never fewer than {fewest}.",
     ]
 
 
