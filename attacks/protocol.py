@@ -67,7 +67,10 @@ def protocol_checks(config: Mapping[str, Any], history: Sequence[Mapping[str, An
     authenticated = secagg and bool(config["secagg"]["authenticated"])
     privacy = config["privacy"]
     client_level = privacy.get("noise_multiplier") is not None or privacy.get("target_epsilon") is not None
-    noised = bool(privacy.get("dp_beta")) or client_level or bool(privacy.get("distributed"))
+    # Noise covers a small cohort only when it bounds each contribution: clipped updates (β without a
+    # clip bounds nothing, however large or tiny).
+    noised = privacy.get("clip") is not None and (bool(privacy.get("dp_beta")) or client_level
+                                                  or bool(privacy.get("distributed")))
     return [_secure_aggregation(secagg, authenticated), _same_model(model_hashes, authenticated),
             _min_cohort(history, noised), _dropout_differencing(history, secagg, client_level),
             _participation_metadata(history)]

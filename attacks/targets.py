@@ -278,8 +278,10 @@ def attack_dfs(*, model: nn.Module, dfs: torch.Tensor, judge: Judge, client_imag
     out = feature_inversion(model, pool5, stats.mean_of_means.float().to(device), images=2,
                             image_shape=tuple(judge.gallery.images.shape[1:]),  # type: ignore[arg-type]
                             iterations=budget.feature_iterations, restarts=1, stopwatch=w, seed=seed)
-    rows, tests = judge.judge_images(out.images, client_images, identities=[members] * len(out.images), exclude=[],
-                                     use_embedding=True)
+    # The pictures behind μ̂ stay out of the search (a reconstruction near them is the image-match
+    # test's to judge), and the embedding the inversion optimised through does not grade it.
+    rows, tests = judge.judge_images(out.images, client_images, identities=[members] * len(out.images),
+                                     use_embedding=False)
     verdict, reason = decide(tests, out.residual, FEATURE_FIT, complete=False)
     results.append(_timed(AttackResult(
         "inversion:dfs", "dfs", verdict, reason, out.residual, "1 − cos(pool-5 feature, μ̂)", FEATURE_FIT, False,

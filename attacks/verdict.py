@@ -134,12 +134,14 @@ def decide(tests: dict[str, LeakTest], residual: float | None, fit_threshold: fl
         if test.significant and test.threshold:
             return Verdict.LEAK, f"{name}: {test.hits}/{test.trials} reconstruction(s) match a victim's own picture " \
                 f"({test.statistic})"
-        if test.significant:
+        if test.significant and name.startswith("reid"):
             # p comes from the rank of each reconstruction's first true match, not from the rank-1
             # count: say so, or "1/6 at rank 1, chance 0.17" reads as evidence of nothing
             return Verdict.LEAK, (f"{name}: p = {test.p_value:.2g} < {ALPHA}: the victims' other pictures rank "
                                   f"higher than chance ({test.hits}/{test.trials} at rank 1, chance "
                                   f"{test.chance:.2g})")
+        if test.significant:  # membership, linkage: their own statistic, not a re-identification
+            return Verdict.LEAK, f"{name}: p = {test.p_value:.2g} < {ALPHA} ({test.statistic})"
     fitted = residual is not None and fit_threshold is not None and residual <= fit_threshold
     if not fitted:
         shown = "n/a" if residual is None else f"{residual:.3g}"
@@ -151,7 +153,7 @@ def decide(tests: dict[str, LeakTest], residual: float | None, fit_threshold: fl
             return Verdict.INCONCLUSIVE, (f"the update fitted (residual {residual:.3g}) but nothing checks what was "
                                           "reconstructed (no batch statistics in the update): a gradient fit alone "
                                           "proves nothing")
-        if value > limit:
+        if not value <= limit:  # NaN included: an unchecked reconstruction proves nothing
             return Verdict.INCONCLUSIVE, (f"the update fitted (residual {residual:.3g}) but the reconstructions do not "
                                           f"reproduce its batch statistics ({value:.3g} > {limit:.3g}): they are not "
                                           "the pictures behind it, so finding no one proves nothing")

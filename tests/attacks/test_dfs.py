@@ -7,7 +7,7 @@ import torch
 
 from secfed.algorithms import base_method
 from secfed.attacks.budget import Budget, Stopwatch
-from secfed.attacks.controls import gallery_of
+from secfed.attacks.controls import gallery_of, noise_images
 from secfed.attacks.dfs import DomainStatistics, identity_statistics, pool5_features
 from secfed.attacks.judge import Judge
 from secfed.attacks.targets import attack_dfs
@@ -61,6 +61,28 @@ def test_statistics_of_other_people_link_no_member(client_and_population) -> Non
     membership = next(r for r in results if r.attack == "membership:dfs")
     assert membership.verdict is not Verdict.LEAK
     assert not set(membership.metrics["linked_members"])
+
+
+def test_the_inversion_of_the_dfs_never_grades_itself_on_its_own_pictures(people) -> None:
+    """Negative control: a client of two noise images (nobody in them, no other picture). The
+    inversion of μ̂ used to search a gallery still holding the very pictures behind μ̂, graded by
+    the embedding it optimised through, and said LEAK (its nearest match: the client's own noise
+    image). The client's pictures now stay out of the search and the embedding is not counted."""
+    cfg = RunConfig()
+    cfg.data.height, cfg.data.width = 32, 16
+    torch.manual_seed(0)
+    model = base_method(cfg).build_model(2).eval()
+    noise = noise_images(2, 32, 16, seed=3)
+    groups = [("client/0", noise[:1]), ("client/1", noise[1:])] + people["distractors"]
+    gallery, where = gallery_of(groups, own=[True, True] + [False] * len(people["distractors"]))
+    judge = Judge(model, gallery)
+    own = where[0] + where[1]
+    results, _ = attack_dfs(model=model, dfs=_dfs_of(judge, own), judge=judge, client_images=own, budget=TINY,
+                            watch=Stopwatch(5.0))
+    inversion = next(r for r in results if r.attack == "inversion:dfs")
+    assert inversion.verdict is not Verdict.LEAK
+    assert "reid-embedding" not in inversion.tests
+    assert all(row.get("pixels_nearest_index") not in own for row in inversion.per_image)
 
 
 def test_the_contract_is_four_d_vectors() -> None:

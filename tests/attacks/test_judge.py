@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from secfed.algorithms import base_method
 from secfed.attacks.controls import gallery_of, noise_images, photographs
 from secfed.attacks.judge import IMAGE_SSIM, Judge
-from secfed.attacks.verdict import ALPHA
+from secfed.attacks.verdict import ALPHA, Verdict, decide
 from secfed.config import RunConfig
 from secfed.data.augment import crop_flip
 
@@ -81,13 +81,53 @@ def test_aimed_reconstructions_are_tested_crosswise_so_a_hub_proves_nothing(peop
     groups = people["campus"] + people["distractors"]
     gallery, where = gallery_of(groups, own=[True] * len(people["campus"]) + [False] * len(people["distractors"]))
     judge = _judge(gallery, toy_config)
-    targets = [groups[i][0] for i in range(4)]
-    pictures = torch.stack([gallery.images[where[i][0]] for i in range(4)])
-    _, tests = judge.judge_targeted(pictures, targets, [i for w in where[:4] for i in w])
-    assert tests["reid-pixels"].p_value == pytest.approx(1 / 24) and tests["reid-pixels"].hits == 4
-    _, hub = judge.judge_targeted(pictures[:1].expand(4, -1, -1, -1).contiguous(), targets,
-                                  [i for w in where[:4] for i in w])
+    targets = [groups[i][0] for i in range(5)]
+    victims = [i for w in where[:5] for i in w]
+    pictures = torch.stack([gallery.images[where[i][0]] for i in range(5)])
+    _, tests = judge.judge_targeted(pictures, targets, victims)
+    assert tests["reid-pixels"].p_value == pytest.approx(1 / 120) and tests["reid-pixels"].hits == 5
+    _, hub = judge.judge_targeted(pictures[:1].expand(5, -1, -1, -1).contiguous(), targets, victims)
     assert hub["reid-pixels"].p_value > 0.2
+
+
+def test_a_crossed_test_of_four_or_fewer_targets_has_no_power_and_an_exact_copy_still_leaks(
+        people, toy_config: RunConfig) -> None:
+    """With k ≤ 4 targets the exact permutation test's smallest p is 1/k! ≥ 1/24 > 0.01: it can
+    never find a leak, so it must say "no power" — before, it counted as a test with power, and exact
+    copies of a two-person client's pictures (SSIM 1) were reported NO-LEAK. The image-match test
+    on the victims' own pictures now judges class-conditional reconstructions too."""
+    groups = people["campus"] + people["distractors"]
+    gallery, where = gallery_of(groups, own=[True] * len(people["campus"]) + [False] * len(people["distractors"]))
+    judge = _judge(gallery, toy_config)
+    for k in (2, 4):
+        targets = [groups[i][0] for i in range(k)]
+        pictures = torch.stack([gallery.images[where[i][0]] for i in range(k)])
+        _, tests = judge.judge_targeted(pictures, targets, [i for w in where[:k] for i in w])
+        assert not tests["reid-pixels"].measurable and f"1/{k}!" in tests["reid-pixels"].statistic
+        assert tests["image-match"].significant and tests["image-match"].hits == k
+        verdict, reason = decide(tests, 0.0, 0.25, complete=True)
+        assert verdict is Verdict.LEAK and "image-match" in reason
+        noise = noise_images(k, *pictures.shape[2:])
+        _, tests = judge.judge_targeted(noise, targets, [i for w in where[:k] for i in w])
+        assert decide(tests, 0.0, 0.25, complete=True)[0] is Verdict.INCONCLUSIVE
+
+
+def test_a_victim_without_another_picture_is_never_cleared_by_the_others(people, toy_config: RunConfig) -> None:
+    """Power is per reconstruction: one aimed at a victim with no other picture anywhere cannot be
+    re-identified, so a clean result for the victims that can be tested says nothing about it —
+    "no power", never NO-LEAK (before, the pooled power check let the others' test clear it)."""
+    campus = people["campus"]
+    alone = (campus[0][0], campus[0][1][:1])  # its only picture is the client's own
+    shape = campus[0][1].shape[2:]
+    fillers = [(f"noise/{i}", image[None]) for i, image in enumerate(noise_images(600, *shape, seed=5))]
+    groups = [alone, campus[1]] + people["distractors"] + fillers  # a gallery large enough for p < 0.01
+    gallery, where = gallery_of(groups, own=[True, True] + [False] * (len(groups) - 2))
+    judge = _judge(gallery, toy_config)
+    own = [where[0][0], where[1][0]]
+    noise = noise_images(2, *gallery.images.shape[2:])
+    _, tests = judge.judge_images(noise, own, identities=[{alone[0]}, {campus[1][0]}])
+    assert not tests["reid-pixels"].measurable and "no power for 1 of 2" in tests["reid-pixels"].statistic
+    assert decide(tests, 0.0, 0.25, complete=True)[0] is Verdict.INCONCLUSIVE
 
 
 def _photo_gallery(cfg: RunConfig) -> tuple[Judge, torch.Tensor, list[int]]:

@@ -9,11 +9,13 @@ from secfed.attacks.verdict import Verdict
 from secfed.config import RunConfig
 
 
-def _config(secagg: bool = True, authenticated: bool = True, beta: float = 0.0) -> dict[str, Any]:
+def _config(secagg: bool = True, authenticated: bool = True, beta: float = 0.0,
+            clip: float | None = None) -> dict[str, Any]:
     cfg = RunConfig()
     cfg.secagg.enabled = secagg
     cfg.secagg.authenticated = authenticated
     cfg.privacy.dp_beta = beta
+    cfg.privacy.clip = clip
     return cfg.to_dict()
 
 
@@ -43,8 +45,13 @@ def test_two_client_aggregates_expose_each_to_the_other() -> None:
     findings = protocol_checks(_config(), history, {})
     assert _status(findings, "min-cohort") == "fail"
     assert protocol_verdict(findings)[0] is Verdict.LEAK
-    noised = protocol_checks(_config(beta=1e-3), history, {})
+    noised = protocol_checks(_config(beta=1e-3, clip=1.0), history, {})
     assert _status(noised, "min-cohort") == "risk"
+    # β without a clip bounds no contribution, whatever its size: the two-client sum still exposes
+    # each to the other (before, any β > 0 turned this LEAK into NO-LEAK)
+    for beta in (5e-4, 1e-9):
+        unbounded = protocol_checks(_config(beta=beta), history, {})
+        assert _status(unbounded, "min-cohort") == "fail" and protocol_verdict(unbounded)[0] is Verdict.LEAK
 
 
 def test_aggregates_that_differ_by_one_client_are_named() -> None:

@@ -46,6 +46,12 @@ def test_a_fit_without_a_measurable_test_is_inconclusive() -> None:
     assert verdict is Verdict.INCONCLUSIVE
 
 
+def test_a_membership_leak_says_what_it_measured_not_a_re_identification() -> None:
+    members = LeakTest(True, 2, 2, 0.01, 0.0002, "member identities above the non-members' 99th percentile")
+    verdict, reason = decide({"membership": members}, residual=None, fit_threshold=None, complete=False)
+    assert verdict is Verdict.LEAK and "99th percentile" in reason and "other pictures" not in reason
+
+
 def test_a_p_value_at_the_level_is_not_significant() -> None:
     assert not LeakTest(True, 1, 1, 0.5, ALPHA, "").significant
     assert not LeakTest(False, 3, 3, 0.0, 0.0, "").significant  # nothing measured, nothing claimed
@@ -74,6 +80,9 @@ def test_a_gradient_fit_whose_pictures_do_not_explain_the_update_proves_nothing(
     assert verdict is Verdict.INCONCLUSIVE and "gradient fit alone" in reason
     assert decide({"reid-embedding": CHANCE}, residual=0.011, fit_threshold=0.05, complete=True,
                   reconstruction=(0.01, 0.05))[0] is Verdict.NO_LEAK
+    # a NaN reconstruction residual passed `value > limit` and fell through to NO-LEAK
+    assert decide({"reid-embedding": CHANCE}, residual=0.011, fit_threshold=0.05, complete=True,
+                  reconstruction=(float("nan"), 0.05))[0] is Verdict.INCONCLUSIVE
     result = AttackResult("inversion:gradient", "update", Verdict.INCONCLUSIVE, "", 0.011, "r", 0.05, True,
                           reconstruction_residual=0.8, reconstruction_threshold=0.05)
     assert not result.fitted
