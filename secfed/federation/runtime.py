@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -259,6 +260,8 @@ def run(
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
     else:
         start_run_dir(fed, run_dir)
+    if resume:
+        charge_lost_releases(fed, run_dir)
     reporter.run_started(fed, start)
     summary = drive(fed, InProcess(run_dir), run_dir, reporter, history=history, start=start, wall=wall,
                     on_round_end=on_round_end)
@@ -267,6 +270,20 @@ def run(
     plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
     reporter.finish(summary, run_dir)
     return RunResult(run_dir, summary, fed)
+
+
+RELEASES = "privacy-releases.jsonl"  # write-ahead notes of the rounds that began (runs that claim an ε)
+
+
+def charge_lost_releases(fed: Federation, run_dir: Path) -> None:
+    """Rounds that began after the checkpoint a resume restored may have released a noised aggregate
+    before the interruption; the resumed run redoes them with fresh noise, so each is accounted once
+    more (:meth:`~secfed.privacy.round.ServerPrivacy.charge_lost_releases`), and said."""
+    lost = fed.server.privacy.charge_lost_releases(run_dir / RELEASES)
+    if lost:
+        warnings.warn(ckpt.CheckpointWarning(
+            f"round(s) {', '.join(map(str, lost))} had begun before the interruption and are redone with fresh "
+            f"noise; their earlier release is accounted too ({len(lost)} more round(s) in the ε)"), stacklevel=2)
 
 
 def start_run_dir(fed: Federation, run_dir: Path) -> None:
@@ -359,6 +376,7 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
     cohort = fed.server.cohort(t, cfg.schedule.clients_per_round, cfg.seed)
     reporter.round_started(round_number, [fed.clients[k].site.name for k in cohort])
     schedule = schedule_for(cfg, t)
+    fed.server.privacy.note_release(run_dir / RELEASES, round_number)  # before anything noised can leave
     try:
         trained = transport.train(fed, t, cohort, fed.server.broadcast(t), reporter)
     except SiteDiverged as exc:

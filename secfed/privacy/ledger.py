@@ -75,6 +75,12 @@ class PrivacyLedger:
             account_round(self._accountant, self.skellam, shares)
         self.rounds += 1
 
+    def record_lost_release(self) -> None:
+        """Account a round that may have released its noised aggregate before an interruption lost its
+        record (the resumed run redoes it with fresh noise): at the worst case, since who contributed
+        is unknown — the fewest honest shares for distributed noise; the same step for Gaussian noise."""
+        self.record_round(self.fewest_shares if self.mechanism == "skellam" else 0)
+
     def epsilon(self) -> float:
         """ε at the plan's δ after the rounds recorded so far."""
         return self._accountant.epsilon(self.accounted_delta)

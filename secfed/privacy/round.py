@@ -15,7 +15,10 @@ the audit attacks. Every noise is drawn from a :class:`~secfed.privacy.noise.Noi
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -144,6 +147,37 @@ class ServerPrivacy:
         metrics = self.ledger.metrics()
         metrics["epsilon_server"] = adversary.client_level(self.plan, metrics["epsilon"]).server
         return metrics
+
+    def note_release(self, log: Path, round_number: int) -> None:
+        """Write-ahead, before round ``round_number`` can release anything: append to ``log`` (fsynced)
+        that release number ``ledger.rounds`` is under way. A run killed before that round's checkpoint
+        is on disk resumes from an earlier one and redoes the round with fresh noise — a second release
+        of it — so :meth:`charge_lost_releases` accounts the first as well."""
+        if self.ledger is None:
+            return
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"release": self.ledger.rounds, "round": round_number}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def charge_lost_releases(self, log: Path) -> list[int]:
+        """On resume: account every release ``log`` notes that the restored ledger does not count
+        (rounds begun after the checkpoint it was restored from), each at the worst case; returns their
+        round numbers. A torn last line is a note whose round never began training: not a release."""
+        if self.ledger is None or not log.exists():
+            return []
+        counted, lost = self.ledger.rounds, []
+        for line in log.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+                release, round_number = int(entry["release"]), int(entry["round"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if release >= counted:
+                lost.append(round_number)
+        for _ in lost:
+            self.ledger.record_lost_release()
+        return lost
 
     def state_dict(self) -> dict[str, Any] | None:
         return None if self.ledger is None else self.ledger.state_dict()

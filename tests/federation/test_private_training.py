@@ -68,6 +68,38 @@ def test_dp_fedavg_accounts_every_round_and_resume_continues(two_site_config: Ru
     assert result.summary["privacy"]["claims_epsilon"]
 
 
+def test_a_round_lost_with_its_checkpoint_is_accounted_again_when_redone(two_site_config: RunConfig,
+                                                                        tmp_path: Path) -> None:
+    """The round loop writes round t's checkpoint in the background while round t + 1 trains: a run
+    killed before it is on disk resumes from round t − 1 and redoes round t with fresh noise — two
+    releases of it. Before, the ledger counted one (a review saw five noised models for an ε of three
+    rounds). Each round now notes itself before it trains (privacy-releases.jsonl, fsynced), and the
+    resume accounts every noted round its checkpoint does not count, saying which."""
+    cfg = _dp_fedavg(two_site_config)
+    cfg.schedule.rounds = 3
+    cfg.run.local_baseline = False
+
+    def crash(round_number: int) -> None:
+        if round_number == 2:
+            raise Crash
+
+    run_dir = tmp_path / "dp"
+    with pytest.raises(Crash):
+        run(cfg, run_dir, on_round_end=crash)
+    (run_dir / "checkpoints" / "round-0002.pt").unlink()  # killed before round 2's checkpoint was written
+    with pytest.warns(UserWarning, match=r"round\(s\) 2 had begun before the interruption"):
+        result = run(cfg, run_dir, resume=True)
+    plan = result.federation.plan
+    fresh = PrivacyLedger("gaussian", plan.delta, noise_multiplier=plan.accounting_noise_multiplier,
+                          sample_rate=plan.accounting_sample_rate)
+    for _ in range(4):  # rounds 1, 2 (lost), 2 and 3
+        fresh.record_round(2)
+    assert result.summary["privacy"]["accounted_rounds"] == 4
+    assert result.summary["privacy"]["epsilon"] == pytest.approx(fresh.epsilon(), rel=1e-12)
+    notes = [json.loads(x) for x in (run_dir / "privacy-releases.jsonl").read_text().splitlines()]
+    assert [(n["release"], n["round"]) for n in notes] == [(0, 1), (1, 2), (2, 2), (3, 3)]
+
+
 def test_dp_refuses_data_dependent_weights(small_config: RunConfig, tmp_path: Path) -> None:
     cfg = _dp_fedavg(small_config)
     cfg.method.aggregation = "weighted"
