@@ -389,7 +389,11 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
                           trained.baseline, privacy)
     if eval_due(cfg, round_number):
         final = round_number == cfg.schedule.rounds
-        record.update(eval_record(fed, transport.evaluate(fed, final=final, cohort=aggregate.contributors), final))
+        # The contributors' own pre-aggregation models ("local_model") are scored only where no ε is
+        # claimed: which domains have a score would reveal the last cohort, and each score is one
+        # client's un-noised model.
+        cohort = () if private_logs(fed) else aggregate.contributors
+        record.update(eval_record(fed, transport.evaluate(fed, final=final, cohort=cohort), final))
     t_end = time.perf_counter()
     wall += t_end - t0
     record["seconds"] = {"train": trained.trained_at - t0, "aggregate": t_agg - trained.trained_at,

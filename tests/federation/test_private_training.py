@@ -166,6 +166,9 @@ def test_dp_logs_carry_no_per_client_figures(small_config: RunConfig, tmp_path: 
         assert key not in line, key
     assert {"eval", "seconds", "bytes_up"} <= set(line["outside_epsilon"])
     assert "privacy" in line and "privacy" not in line["outside_epsilon"]
+    # the last cohort's own un-noised models are not scored: which domains had a score revealed
+    # the cohort, and each score was one client's model before aggregation
+    assert line["final"] and all(scores["local_model"] is None for scores in line["final"].values())
 
 
 def test_distributed_noise_is_not_reproducible_from_the_run_seed(two_site_config: RunConfig, tmp_path: Path,
