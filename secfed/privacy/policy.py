@@ -456,6 +456,7 @@ class _RunFacts:
     blockers: tuple[tuple[str, str], ...]
     inflation: float  # secure aggregation's rounding: the clipped bound grows by this factor
     skip_p: float  # per round, P[a Poisson round releases no sum] (0 without Poisson under secure aggregation)
+    design_dropout: float  # the dropout rate skip_p assumes (each sampled client vanishes with at most this)
     poisson_skips: bool
     skip_factor: int  # the sum's sensitivity in units of C under the "sensitivity" rule
     model_dim: int | None
@@ -489,7 +490,7 @@ def _facts(cfg: PrivacyConfig, *, num_clients: int, clients_per_round: int, roun
         delta=checked_delta(cfg.delta, num_clients, "delta", "clients") if wants_epsilon else None,
         blockers=tuple(blockers), inflation=inflation,
         skip_p=_skip_probability(nodes, sample_rate, design_dropout) if poisson_skips else 0.0,
-        poisson_skips=poisson_skips,
+        design_dropout=design_dropout, poisson_skips=poisson_skips,
         skip_factor=1 + max(nodes),  # adding one client can release its update and one other node's sites
         model_dim=model_dim, ring_bits=ring_bits, authenticated=authenticated,
         node_sites=tuple(node_sites) if node_sites is not None else None,
@@ -592,7 +593,9 @@ def _gaussian_statements(run: _RunFacts, plan: _NoisePlan) -> list[str]:
                    f"the accountant is given the noise relative to that bound (z = {z / run.inflation:.6g}).")
     if plan.skip_rule == "delta":
         out.append(f"A Poisson round with fewer than {MIN_SECURE_COHORT} clients left releases no sum (probability ≤ "
-                   f"{run.skip_p:.3g} per round); that event is folded into δ: the accountant runs at δ = "
+                   f"{run.skip_p:.3g} per round, assuming each sampled client drops out with probability ≤ "
+                   f"{run.design_dropout:g}, the rate secure aggregation is dimensioned for — more dropouts make the "
+                   f"event likelier than accounted); that event is folded into δ: the accountant runs at δ = "
                    f"{plan.accounted_delta:.3g}.")
     elif plan.skip_rule == "sensitivity":
         out.append(f"A Poisson round with fewer than {MIN_SECURE_COHORT} clients left releases no sum, so one client "

@@ -218,6 +218,12 @@ def test_poisson_rounds_without_a_sum_are_folded_into_delta_when_rare() -> None:
     assert plan.skip_rule == "delta" and 0 < plan.skip_probability < 1e-15
     assert plan.accounted_delta == pytest.approx(5e-7)  # half of δ for the accountant, half for the event
     assert plan.accounted_delta + 20 * (1 + math.exp(plan.ledger().epsilon() or 0)) * plan.skip_probability <= 1e-6
+    # the event's probability rests on the dropout rate secure aggregation is dimensioned for: said beside it
+    assert any("drops out with probability ≤ 0.1" in s and "folded into δ" in s for s in plan.statements)
+    busier = _plan(dict(num_clients=1000, clients_per_round=0, rounds=20, design_dropout=0.3), clip=1.0,
+                   noise_multiplier=1.0, sampling="poisson", sample_rate=0.05, delta=1e-6)
+    assert busier.skip_probability > plan.skip_probability
+    assert any("drops out with probability ≤ 0.3" in s for s in busier.statements)
 
 
 def test_poisson_on_a_small_federation_doubles_the_sensitivity() -> None:
