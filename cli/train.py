@@ -169,6 +169,10 @@ def sweep(console: Any, cfg: RunConfig, run_dir: Path, resuming: bool, data_root
         table.add_row(t["name"], f"{100 * t['rank1']:.1f}", f"{100 * t['mAP']:.1f}", t["run"])
     table.add_row("mean", f"{100 * result.mean['rank1']:.1f}", f"{100 * result.mean['mAP']:.1f}", "", style="bold")
     console.print(table)
+    if result.privacy:
+        console.print(f"ε over the sweep: each run's ε is its own, but a client's data trains every run except the one "
+                      f"holding its domain out; by basic composition a client's ε ≤ {result.privacy['epsilon']:.4g} "
+                      f"(δ ≤ {result.privacy['delta']:.3g}), per domain in leave-one-out.json")
     console.print(f"run directory: {run_dir}")
     if json_output:
         emit_json(result.to_dict())

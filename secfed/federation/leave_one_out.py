@@ -31,9 +31,30 @@ class SweepResult:
     run_dir: Path
     targets: list[dict[str, Any]]  # per held-out domain: name, rank1, mAP, run (its run directory)
     mean: dict[str, float]
+    privacy: dict[str, Any] | None = None  # the runs' client-level ε composed per client (None: none claimed)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"protocol": "leave-one-domain-out", "targets": self.targets, "mean": self.mean}
+        out = {"protocol": "leave-one-domain-out", "targets": self.targets, "mean": self.mean}
+        return out | ({"privacy": self.privacy} if self.privacy else {})
+
+
+def composed_privacy(targets: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Each run states its own ε, but a client's data trains every run except the one holding its
+    domain out: its ε over the sweep adds up (basic composition: ε and δ sum over the runs it trained
+    in). None when no run claims a client-level ε."""
+    claimed = {t["name"]: t["privacy"] for t in targets if (t.get("privacy") or {}).get("epsilon") is not None}
+    if not claimed:
+        return None
+    per_domain = {}
+    for name in (t["name"] for t in targets):
+        runs = [p for held_out, p in claimed.items() if held_out != name]
+        per_domain[name] = {"runs": len(runs), "epsilon": sum(p["epsilon"] for p in runs),
+                            "delta": sum(p["delta"] for p in runs)}
+    worst = max(per_domain.values(), key=lambda d: d["epsilon"])
+    return {"composition": "basic: a client's ε and δ add over the runs its data trained in (every run but the "
+                           "one holding its domain out)",
+            "epsilon": worst["epsilon"], "delta": max(d["delta"] for d in per_domain.values()),
+            "per_domain": per_domain}
 
 
 def training_domains(cfg: RunConfig) -> list[str]:
@@ -69,7 +90,8 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
                 {"protocol": "leave-one-domain-out", "targets": names, "config": json.loads(cfg.to_json())}, indent=2))
         targets = _targets(cfg, run_dir, names, resume=resume, reporter=reporter, data_root=data_root)
     mean = {key: statistics.fmean(t[key] for t in targets) for key in ("rank1", "mAP")}
-    result = SweepResult(run_dir, targets, mean)
+    result = SweepResult(run_dir, [{k: v for k, v in t.items() if k != "privacy"} for t in targets], mean,
+                         composed_privacy(targets))
     atomic_file.write_text(run_dir / RESULT_FILE, json.dumps(result.to_dict(), indent=2))
     return result
 
@@ -89,5 +111,6 @@ def _targets(cfg: RunConfig, run_dir: Path, names: list[str], *, resume: bool, r
             again = resume and (sub_dir / "config.json").is_file() and bool(ckpt.list_checkpoints(sub_dir))
             summary = run(sub, sub_dir, resume=again, reporter=reporter, data_root=data_root).summary
         scores = next(d for d in summary["unseen"] if d["name"] == name)
-        targets.append({"name": name, "rank1": scores["rank1"], "mAP": scores["mAP"], "run": sub_dir.name})
+        targets.append({"name": name, "rank1": scores["rank1"], "mAP": scores["mAP"], "run": sub_dir.name,
+                        "privacy": summary.get("privacy")})
     return targets

@@ -61,3 +61,21 @@ def test_leave_one_out_refuses_a_held_out_list_and_too_few_domains(synth_root: P
     two = _invoke(["--data-root", str(synth_root), *TINY, "--out", str(tmp_path), "--leave-one-out",
                    "--datasets", ",".join(names[:2])])
     assert two.exit_code == 2 and "--datasets" in two.output and "at least three" in two.output
+
+
+def test_a_clients_epsilon_over_the_sweep_adds_up_over_the_runs_its_data_trained() -> None:
+    """Each run of a sweep states its own ε, but a client's data trains every run except the one that
+    holds its domain out: nothing stated what that costs it. Basic composition, per domain, and the
+    worst domain's total (a client of `a` trained runs b and c: 2 + 3)."""
+    privacy = {"a": {"epsilon": 1.0, "delta": 1e-5}, "b": {"epsilon": 2.0, "delta": 1e-5},
+               "c": {"epsilon": 3.0, "delta": 1e-5}}
+    targets = [{"name": n, "privacy": p} for n, p in privacy.items()]
+    composed = loo.composed_privacy(targets)
+    assert composed["per_domain"] == {"a": {"runs": 2, "epsilon": 5.0, "delta": 2e-5},
+                                      "b": {"runs": 2, "epsilon": 4.0, "delta": 2e-5},
+                                      "c": {"runs": 2, "epsilon": 3.0, "delta": 2e-5}}
+    assert composed["epsilon"] == 5.0 and composed["delta"] == 2e-5 and "basic" in composed["composition"]
+    unclaimed = [{"name": n, "privacy": {"mechanism": "none", "claims_epsilon": False}} for n in privacy]
+    assert loo.composed_privacy(unclaimed) is None
+    result = loo.SweepResult(Path("."), [{"name": "a"}], {"rank1": 0.1, "mAP": 0.1}, composed)
+    assert result.to_dict()["privacy"]["epsilon"] == 5.0
