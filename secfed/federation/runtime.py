@@ -260,8 +260,7 @@ def run(
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
     else:
         start_run_dir(fed, run_dir)
-    if resume:
-        charge_lost_releases(fed, run_dir)
+    charge_lost_releases(fed, run_dir, start)  # also when a round was lost before the first checkpoint
     reporter.run_started(fed, start)
     summary = drive(fed, InProcess(run_dir), run_dir, reporter, history=history, start=start, wall=wall,
                     on_round_end=on_round_end)
@@ -275,15 +274,39 @@ def run(
 RELEASES = "privacy-releases.jsonl"  # write-ahead notes of the rounds that began (runs that claim an ε)
 
 
-def charge_lost_releases(fed: Federation, run_dir: Path) -> None:
-    """Rounds that began after the checkpoint a resume restored may have released a noised aggregate
-    before the interruption; the resumed run redoes them with fresh noise, so each is accounted once
-    more (:meth:`~secfed.privacy.round.ServerPrivacy.charge_lost_releases`), and said."""
-    lost = fed.server.privacy.charge_lost_releases(run_dir / RELEASES)
+def charge_lost_releases(fed: Federation, run_dir: Path, rounds_done: int) -> None:
+    """Rounds that began after the checkpoint a resume restored (or before any was written) may have
+    released a noised aggregate before the interruption; the run redoes them with fresh noise, so
+    each is accounted once more (:meth:`~secfed.privacy.round.ServerPrivacy.charge_lost_releases`),
+    and said. Example-level DP-SGD cannot charge a round whose local steps were lost with it: such a
+    run is refused, naming the rounds, rather than continued under an ε that would leave them out."""
+    notes = _notes(run_dir / RELEASES)
+    if any(c.dp_sgd is not None for c in fed.clients):
+        begun = sorted({int(n["round"]) for n in notes if int(n["round"]) > rounds_done})
+        if begun:
+            raise ckpt.CheckpointError(
+                f"{run_dir}: round(s) {', '.join(map(str, begun))} had begun before the interruption and may have "
+                "released a model trained with DP-SGD, but their local steps were lost with them, so the "
+                "example-level ε cannot account them: start a new run (this one's ε would leave them out)")
+    lost = fed.server.privacy.charge_lost_releases(notes)
     if lost:
         warnings.warn(ckpt.CheckpointWarning(
             f"round(s) {', '.join(map(str, lost))} had begun before the interruption and are redone with fresh "
             f"noise; their earlier release is accounted too ({len(lost)} more round(s) in the ε)"), stacklevel=2)
+
+
+def _notes(log: Path) -> list[dict[str, Any]]:
+    """The release notes of ``log`` that parse (none when it does not exist); a torn last line is a
+    round that never began training."""
+    notes = []
+    for line in log.read_text(encoding="utf-8").splitlines() if log.exists() else []:
+        try:
+            note = json.loads(line)
+            int(note["round"]), int(note["release"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        notes.append(note)
+    return notes
 
 
 def start_run_dir(fed: Federation, run_dir: Path) -> None:
@@ -376,7 +399,7 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
     cohort = fed.server.cohort(t, cfg.schedule.clients_per_round, cfg.seed)
     reporter.round_started(round_number, [fed.clients[k].site.name for k in cohort])
     schedule = schedule_for(cfg, t)
-    fed.server.privacy.note_release(run_dir / RELEASES, round_number)  # before anything noised can leave
+    fed.server.privacy.note_release(run_dir / RELEASES, round_number, claimed=private_logs(fed))  # before anything leaves
     try:
         trained = transport.train(fed, t, cohort, fed.server.broadcast(t), reporter)
     except SiteDiverged as exc:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,33 +148,28 @@ class ServerPrivacy:
         metrics["epsilon_server"] = adversary.client_level(self.plan, metrics["epsilon"]).server
         return metrics
 
-    def note_release(self, log: Path, round_number: int) -> None:
-        """Write-ahead, before round ``round_number`` can release anything: append to ``log`` (fsynced)
-        that release number ``ledger.rounds`` is under way. A run killed before that round's checkpoint
-        is on disk resumes from an earlier one and redoes the round with fresh noise — a second release
-        of it — so :meth:`charge_lost_releases` accounts the first as well."""
-        if self.ledger is None:
+    def note_release(self, log: Path, round_number: int, *, claimed: bool) -> None:
+        """Write-ahead, before round ``round_number`` can release anything, in a run that claims an ε
+        (``claimed``: client- or example-level): append to ``log`` (fsynced) that release number
+        ``ledger.rounds`` (without a client-level ledger: the round's index) is under way. A run killed
+        before that round's checkpoint is on disk resumes from an earlier one and redoes the round with
+        fresh noise — a second release of it — so :meth:`charge_lost_releases` accounts the first too."""
+        if not claimed and self.ledger is None:
             return
+        release = self.ledger.rounds if self.ledger is not None else round_number - 1
         with open(log, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"release": self.ledger.rounds, "round": round_number}) + "\n")
+            fh.write(json.dumps({"release": release, "round": round_number}) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 
-    def charge_lost_releases(self, log: Path) -> list[int]:
-        """On resume: account every release ``log`` notes that the restored ledger does not count
-        (rounds begun after the checkpoint it was restored from), each at the worst case; returns their
-        round numbers. A torn last line is a note whose round never began training: not a release."""
-        if self.ledger is None or not log.exists():
+    def charge_lost_releases(self, notes: Sequence[Mapping[str, Any]]) -> list[int]:
+        """On resume: account every release the ``notes`` (:meth:`note_release`'s lines) name that the
+        restored ledger does not count — rounds begun after the checkpoint it was restored from — each
+        at the worst case; returns their round numbers."""
+        if self.ledger is None:
             return []
-        counted, lost = self.ledger.rounds, []
-        for line in log.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = json.loads(line)
-                release, round_number = int(entry["release"]), int(entry["round"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            if release >= counted:
-                lost.append(round_number)
+        counted = self.ledger.rounds  # a note's index is the ledger's count when its round began
+        lost = [int(n["round"]) for n in notes if int(n["release"]) >= counted]
         for _ in lost:
             self.ledger.record_lost_release()
         return lost
