@@ -296,16 +296,22 @@ def charge_lost_releases(fed: Federation, run_dir: Path, rounds_done: int) -> No
 
 
 def _notes(log: Path) -> list[dict[str, Any]]:
-    """The release notes of ``log`` that parse (none when it does not exist); a torn last line is a
-    round that never began training."""
-    notes = []
+    """The release notes of ``log`` that parse and were not withdrawn (none when it does not exist);
+    a torn last line is a round that never began training."""
+    notes: list[dict[str, Any]] = []
     for line in log.read_text(encoding="utf-8").splitlines() if log.exists() else []:
         try:
             note = json.loads(line)
-            int(note["round"]), int(note["release"])
+            key = int(note["release"]), int(note["round"])
         except (ValueError, KeyError, TypeError):
             continue
-        notes.append(note)
+        if note.get("retracted") is not True:
+            notes.append(note)
+            continue
+        # a withdrawal cancels the latest note of its round (a redone round may reuse its index)
+        match = [i for i, n in enumerate(notes) if (int(n["release"]), int(n["round"])) == key]
+        if match:
+            del notes[match[-1]]
     return notes
 
 
@@ -399,11 +405,15 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
     cohort = fed.server.cohort(t, cfg.schedule.clients_per_round, cfg.seed)
     reporter.round_started(round_number, [fed.clients[k].site.name for k in cohort])
     schedule = schedule_for(cfg, t)
-    fed.server.privacy.note_release(run_dir / RELEASES, round_number, claimed=private_logs(fed))  # before anything leaves
+    claimed = private_logs(fed)
+    fed.server.privacy.note_release(run_dir / RELEASES, round_number, claimed=claimed)  # before anything leaves
     try:
         trained = transport.train(fed, t, cohort, fed.server.broadcast(t), reporter)
-    except SiteDiverged as exc:
-        raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new) from None
+    except BaseException as exc:  # no aggregate exists: nothing noised left; the note is withdrawn
+        fed.server.privacy.retract_release(run_dir / RELEASES, round_number, claimed=claimed)
+        if isinstance(exc, SiteDiverged):
+            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new) from None
+        raise
     aggregate = trained.aggregate
     fed.server.apply(aggregate)
     privacy = fed.server.privacy.account(len(aggregate.contributors))

@@ -156,9 +156,22 @@ class ServerPrivacy:
         fresh noise — a second release of it — so :meth:`charge_lost_releases` accounts the first too."""
         if not claimed and self.ledger is None:
             return
-        release = self.ledger.rounds if self.ledger is not None else round_number - 1
+        self._append(log, {"release": self._release(round_number), "round": round_number})
+
+    def retract_release(self, log: Path, round_number: int, *, claimed: bool) -> None:
+        """Round ``round_number`` stopped before its aggregate existed (Ctrl-C, an error in training):
+        nothing noised left the process, so its note is withdrawn and a resume does not charge it. A
+        kill gives no chance to retract: that round stays charged (or, under DP-SGD, refused)."""
+        if claimed or self.ledger is not None:
+            self._append(log, {"release": self._release(round_number), "round": round_number, "retracted": True})
+
+    def _release(self, round_number: int) -> int:
+        return self.ledger.rounds if self.ledger is not None else round_number - 1
+
+    @staticmethod
+    def _append(log: Path, note: dict[str, Any]) -> None:
         with open(log, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"release": release, "round": round_number}) + "\n")
+            fh.write(json.dumps(note) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 

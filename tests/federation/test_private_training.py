@@ -124,6 +124,39 @@ def test_a_round_lost_before_the_first_checkpoint_is_accounted_by_a_fresh_start_
     assert [(n["release"], n["round"]) for n in notes] == [(0, 1), (1, 1)]
 
 
+def test_a_round_stopped_before_its_aggregate_existed_is_withdrawn_not_charged(
+        two_site_config: RunConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or an error) while round 2 trains: no aggregate existed, nothing noised left the
+    process, so the round's note is withdrawn and the resume charges nothing — ε as uninterrupted.
+    Only a kill, which cannot withdraw, leaves a round charged (above)."""
+    from secfed.federation import runtime
+
+    cfg = _dp_fedavg(two_site_config)
+    cfg.schedule.rounds = 2
+    cfg.run.local_baseline = False
+    cfg.run.eval_every = 0
+    train = runtime.InProcess.train
+
+    def interrupted(self, fed, t, *args, **kwargs):
+        if t == 1:
+            raise KeyboardInterrupt
+        return train(self, fed, t, *args, **kwargs)
+
+    run_dir = tmp_path / "dp"
+    monkeypatch.setattr(runtime.InProcess, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, run_dir)
+    monkeypatch.setattr(runtime.InProcess, "train", train)
+    result = run(cfg, run_dir, resume=True)
+    assert result.summary["privacy"]["accounted_rounds"] == 2
+    notes = [json.loads(x) for x in (run_dir / "privacy-releases.jsonl").read_text().splitlines()]
+    assert notes == [{"release": 0, "round": 1}, {"release": 1, "round": 2},
+                     {"release": 1, "round": 2, "retracted": True}, {"release": 1, "round": 2}]
+    # a withdrawal cancels one note: the redone round 2, killed, would still be charged
+    assert runtime._notes(run_dir / "privacy-releases.jsonl") == [{"release": 0, "round": 1},
+                                                                  {"release": 1, "round": 2}]
+
+
 def test_a_dp_sgd_run_that_lost_a_released_round_is_refused_not_resumed(two_site_config: RunConfig,
                                                                         tmp_path: Path) -> None:
     """Example-level DP-SGD: a round lost with its checkpoint took local steps nobody can account any
