@@ -295,6 +295,18 @@ def charge_lost_releases(fed: Federation, run_dir: Path, rounds_done: int) -> No
             f"noise; their earlier release is accounted too ({len(lost)} more round(s) in the ε)"), stacklevel=2)
 
 
+def note_release(fed: Federation, run_dir: Path, round_number: int, *, claimed: bool,
+                 withdrawn: bool = False) -> None:
+    """Write-ahead, in a run that claims an ε (``claimed``: client- or example-level): before round
+    ``round_number`` can release anything, append (fsynced) a note that it is under way; with
+    ``withdrawn``, that it stopped before its aggregate existed (Ctrl-C, an error in training), so
+    nothing noised left and a resume does not charge it. A kill gives no chance to withdraw: that
+    round stays charged (or, under DP-SGD, its resume refused) — :func:`charge_lost_releases`."""
+    if claimed:
+        note = {"release": fed.server.privacy.release_index(round_number), "round": round_number}
+        ckpt.append_jsonl(run_dir / RELEASES, note | ({"retracted": True} if withdrawn else {}))
+
+
 def _notes(log: Path) -> list[dict[str, Any]]:
     """The release notes of ``log`` that parse and were not withdrawn (none when it does not exist);
     a torn last line is a round that never began training."""
@@ -406,11 +418,11 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
     reporter.round_started(round_number, [fed.clients[k].site.name for k in cohort])
     schedule = schedule_for(cfg, t)
     claimed = private_logs(fed)
-    fed.server.privacy.note_release(run_dir / RELEASES, round_number, claimed=claimed)  # before anything leaves
+    note_release(fed, run_dir, round_number, claimed=claimed)  # before anything noised can leave
     try:
         trained = transport.train(fed, t, cohort, fed.server.broadcast(t), reporter)
     except BaseException as exc:  # no aggregate exists: nothing noised left; the note is withdrawn
-        fed.server.privacy.retract_release(run_dir / RELEASES, round_number, claimed=claimed)
+        note_release(fed, run_dir, round_number, claimed=claimed, withdrawn=True)
         if isinstance(exc, SiteDiverged):
             raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new) from None
         raise
@@ -425,13 +437,13 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
         # The contributors' own pre-aggregation models ("local_model") are scored only where no ε is
         # claimed: which domains have a score would reveal the last cohort, and each score is one
         # client's un-noised model.
-        cohort = () if private_logs(fed) else aggregate.contributors
+        cohort = () if claimed else aggregate.contributors
         record.update(eval_record(fed, transport.evaluate(fed, final=final, cohort=cohort), final))
     t_end = time.perf_counter()
     wall += t_end - t0
     record["seconds"] = {"train": trained.trained_at - t0, "aggregate": t_agg - trained.trained_at,
                          "eval": t_end - t_agg, "round": t_end - t0, "elapsed": wall}
-    return (dp_record(record) if private_logs(fed) else record), wall
+    return (dp_record(record) if claimed else record), wall
 
 
 def drive(fed: Federation, transport: Transport, run_dir: Path, reporter: Reporter, *,

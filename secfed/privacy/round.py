@@ -15,10 +15,7 @@ the audit attacks. Every noise is drawn from a :class:`~secfed.privacy.noise.Noi
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,35 +145,14 @@ class ServerPrivacy:
         metrics["epsilon_server"] = adversary.client_level(self.plan, metrics["epsilon"]).server
         return metrics
 
-    def note_release(self, log: Path, round_number: int, *, claimed: bool) -> None:
-        """Write-ahead, before round ``round_number`` can release anything, in a run that claims an ε
-        (``claimed``: client- or example-level): append to ``log`` (fsynced) that release number
-        ``ledger.rounds`` (without a client-level ledger: the round's index) is under way. A run killed
-        before that round's checkpoint is on disk resumes from an earlier one and redoes the round with
-        fresh noise — a second release of it — so :meth:`charge_lost_releases` accounts the first too."""
-        if not claimed and self.ledger is None:
-            return
-        self._append(log, {"release": self._release(round_number), "round": round_number})
-
-    def retract_release(self, log: Path, round_number: int, *, claimed: bool) -> None:
-        """Round ``round_number`` stopped before its aggregate existed (Ctrl-C, an error in training):
-        nothing noised left the process, so its note is withdrawn and a resume does not charge it. A
-        kill gives no chance to retract: that round stays charged (or, under DP-SGD, refused)."""
-        if claimed or self.ledger is not None:
-            self._append(log, {"release": self._release(round_number), "round": round_number, "retracted": True})
-
-    def _release(self, round_number: int) -> int:
+    def release_index(self, round_number: int) -> int:
+        """The index a release note of round ``round_number`` carries: the ledger's count of accounted
+        releases when the round begins (without a client-level ledger, as under DP-SGD alone, the
+        round's index), so that a resume can tell which notes its restored ledger does not count."""
         return self.ledger.rounds if self.ledger is not None else round_number - 1
 
-    @staticmethod
-    def _append(log: Path, note: dict[str, Any]) -> None:
-        with open(log, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(note) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
     def charge_lost_releases(self, notes: Sequence[Mapping[str, Any]]) -> list[int]:
-        """On resume: account every release the ``notes`` (:meth:`note_release`'s lines) name that the
+        """On resume: account every release the ``notes`` (the run's release notes, not withdrawn) name that the
         restored ledger does not count — rounds begun after the checkpoint it was restored from — each
         at the worst case; returns their round numbers."""
         if self.ledger is None:

@@ -29,6 +29,29 @@ def _dp_fedavg(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def _interrupted(cfg: RunConfig, run_dir: Path, after: int) -> None:
+    """``cfg`` run in ``run_dir`` until an interrupt right after round ``after`` (its checkpoint written)."""
+    def crash(round_number: int) -> None:
+        if round_number == after:
+            raise Crash
+
+    with pytest.raises(Crash):
+        run(cfg, run_dir, on_round_end=crash)
+
+
+def _uninterrupted_epsilon(plan, rounds: int) -> float:
+    """The ε a DP-FedAvg ledger ends at after ``rounds`` steps of both sites."""
+    ledger = PrivacyLedger("gaussian", plan.delta, noise_multiplier=plan.accounting_noise_multiplier,
+                           sample_rate=plan.accounting_sample_rate)
+    for _ in range(rounds):
+        ledger.record_round(2)  # both sites, every round
+    return ledger.epsilon()
+
+
+def _release_notes(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "privacy-releases.jsonl").read_text().splitlines()]
+
+
 def test_beta_alone_claims_no_epsilon(two_site_config: RunConfig, tmp_path: Path) -> None:
     cfg = two_site_config
     cfg.schedule.rounds = 1
@@ -40,31 +63,22 @@ def test_beta_alone_claims_no_epsilon(two_site_config: RunConfig, tmp_path: Path
     assert any("not differential privacy" in s for s in privacy["statements"])
     line = json.loads((tmp_path / "beta" / "metrics.jsonl").read_text().splitlines()[0])
     assert "privacy" not in line
+    assert not (tmp_path / "beta" / "privacy-releases.jsonl").exists()  # a run claiming no ε notes nothing
 
 
 def test_dp_fedavg_accounts_every_round_and_resume_continues(two_site_config: RunConfig, tmp_path: Path) -> None:
     cfg = _dp_fedavg(two_site_config)
     cfg.schedule.rounds = 3
     cfg.run.local_baseline = False
-
-    def crash(round_number: int) -> None:
-        if round_number == 2:
-            raise Crash
-
-    with pytest.raises(Crash):
-        run(cfg, tmp_path / "dp", on_round_end=crash)
+    _interrupted(cfg, tmp_path / "dp", after=2)
     result = run(cfg, tmp_path / "dp", resume=True)
     lines = [json.loads(x) for x in (tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()]
     eps = [r["privacy"]["epsilon"] for r in lines]
     assert eps[0] < eps[1] < eps[2]
     assert [r["privacy"]["accounted_rounds"] for r in lines] == [1, 2, 3]
     # the resumed accountant ends where three uninterrupted steps end
-    plan = result.federation.plan
-    fresh = PrivacyLedger("gaussian", plan.delta, noise_multiplier=plan.accounting_noise_multiplier,
-                          sample_rate=plan.accounting_sample_rate)
-    for _ in range(3):
-        fresh.record_round(2)  # both sites, every round
-    assert result.summary["privacy"]["epsilon"] == pytest.approx(fresh.epsilon(), rel=1e-12)
+    assert result.summary["privacy"]["epsilon"] == pytest.approx(_uninterrupted_epsilon(result.federation.plan, 3),
+                                                                 rel=1e-12)
     assert result.summary["privacy"]["claims_epsilon"]
 
 
@@ -78,25 +92,15 @@ def test_a_round_lost_with_its_checkpoint_is_accounted_again_when_redone(two_sit
     cfg = _dp_fedavg(two_site_config)
     cfg.schedule.rounds = 3
     cfg.run.local_baseline = False
-
-    def crash(round_number: int) -> None:
-        if round_number == 2:
-            raise Crash
-
     run_dir = tmp_path / "dp"
-    with pytest.raises(Crash):
-        run(cfg, run_dir, on_round_end=crash)
+    _interrupted(cfg, run_dir, after=2)
     (run_dir / "checkpoints" / "round-0002.pt").unlink()  # killed before round 2's checkpoint was written
     with pytest.warns(UserWarning, match=r"round\(s\) 2 had begun before the interruption"):
         result = run(cfg, run_dir, resume=True)
-    plan = result.federation.plan
-    fresh = PrivacyLedger("gaussian", plan.delta, noise_multiplier=plan.accounting_noise_multiplier,
-                          sample_rate=plan.accounting_sample_rate)
-    for _ in range(4):  # rounds 1, 2 (lost), 2 and 3
-        fresh.record_round(2)
-    assert result.summary["privacy"]["accounted_rounds"] == 4
-    assert result.summary["privacy"]["epsilon"] == pytest.approx(fresh.epsilon(), rel=1e-12)
-    notes = [json.loads(x) for x in (run_dir / "privacy-releases.jsonl").read_text().splitlines()]
+    assert result.summary["privacy"]["accounted_rounds"] == 4  # rounds 1, 2 (lost), 2 and 3
+    assert result.summary["privacy"]["epsilon"] == pytest.approx(_uninterrupted_epsilon(result.federation.plan, 4),
+                                                                 rel=1e-12)
+    notes = _release_notes(run_dir)
     assert [(n["release"], n["round"]) for n in notes] == [(0, 1), (1, 2), (2, 2), (3, 3)]
 
 
@@ -109,19 +113,13 @@ def test_a_round_lost_before_the_first_checkpoint_is_accounted_by_a_fresh_start_
     cfg.schedule.rounds = 1
     cfg.run.local_baseline = False
     cfg.run.eval_every = 0
-
-    def crash(round_number: int) -> None:
-        raise Crash
-
     run_dir = tmp_path / "first"
-    with pytest.raises(Crash):
-        run(cfg, run_dir, on_round_end=crash)
+    _interrupted(cfg, run_dir, after=1)
     (run_dir / "checkpoints" / "round-0001.pt").unlink()
     with pytest.warns(UserWarning, match=r"round\(s\) 1 had begun"):
         result = run(cfg, run_dir)
     assert result.summary["privacy"]["accounted_rounds"] == 2
-    notes = [json.loads(x) for x in (run_dir / "privacy-releases.jsonl").read_text().splitlines()]
-    assert [(n["release"], n["round"]) for n in notes] == [(0, 1), (1, 1)]
+    assert [(n["release"], n["round"]) for n in _release_notes(run_dir)] == [(0, 1), (1, 1)]
 
 
 def test_a_round_stopped_before_its_aggregate_existed_is_withdrawn_not_charged(
@@ -149,8 +147,7 @@ def test_a_round_stopped_before_its_aggregate_existed_is_withdrawn_not_charged(
     monkeypatch.setattr(runtime.InProcess, "train", train)
     result = run(cfg, run_dir, resume=True)
     assert result.summary["privacy"]["accounted_rounds"] == 2
-    notes = [json.loads(x) for x in (run_dir / "privacy-releases.jsonl").read_text().splitlines()]
-    assert notes == [{"release": 0, "round": 1}, {"release": 1, "round": 2},
+    assert _release_notes(run_dir) == [{"release": 0, "round": 1}, {"release": 1, "round": 2},
                      {"release": 1, "round": 2, "retracted": True}, {"release": 1, "round": 2}]
     # a withdrawal cancels one note: the redone round 2, killed, would still be charged
     assert runtime._notes(run_dir / "privacy-releases.jsonl") == [{"release": 0, "round": 1},
@@ -176,11 +173,10 @@ def test_a_dp_sgd_run_that_lost_a_released_round_is_refused_not_resumed(two_site
     (run_dir / "privacy-releases.jsonl").write_text('{"release": 0, "round": 1}\n')
     with pytest.raises(ckpt.CheckpointError, match=r"round\(s\) 1 had begun .* example-level ε cannot account"):
         run(cfg, run_dir, resume=True)
-    # a DP-SGD-only run (no client-level ledger) notes its rounds by index; a run claiming nothing does not
+    # a DP-SGD-only run (no client-level ledger) notes its rounds by index (a run claiming nothing
+    # notes nothing: test_beta_alone_claims_no_epsilon)
     server = ServerPrivacy(plan=None, run_seed=0, noise=None, ledger=None, source=None)  # type: ignore[arg-type]
-    server.note_release(tmp_path / "notes.jsonl", 3, claimed=True)
-    server.note_release(tmp_path / "notes.jsonl", 4, claimed=False)
-    assert [json.loads(x) for x in (tmp_path / "notes.jsonl").read_text().splitlines()] == [{"release": 2, "round": 3}]
+    assert server.release_index(3) == 2
 
 
 def test_dp_refuses_data_dependent_weights(small_config: RunConfig, tmp_path: Path) -> None:
