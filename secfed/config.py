@@ -345,13 +345,16 @@ RESUME_COMPATIBLE = frozenset({"run.threads", "run.device", "run.log_to", "data.
 
 def settings_that_differ(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``section.key`` → (saved, current) for every setting two configurations (:meth:`RunConfig.to_dict`,
-    or that saved as JSON) disagree on, :data:`RESUME_COMPATIBLE` ones aside."""
+    or that saved as JSON) disagree on, :data:`RESUME_COMPATIBLE` ones aside. A setting one of them does
+    not hold (saved by a secfed before the setting existed) counts as its default, the behaviour that
+    secfed had."""
     def flat(config: Mapping[str, Any]) -> dict[str, Any]:
         plain = json.loads(json.dumps(dict(config)))  # tuples and lists alike, as a saved config holds them
         return {f"{section}.{key}": value for section, table in plain.items() if isinstance(table, dict)
                 for key, value in table.items()}
 
-    a, b = flat(saved), flat(current)
+    defaults = flat(RunConfig().to_dict())
+    a, b = {**defaults, **flat(saved)}, {**defaults, **flat(current)}
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
             if k not in RESUME_COMPATIBLE and a.get(k) != b.get(k)}
 

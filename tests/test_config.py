@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from secfed.config import KEYS, ConfigError, RunConfig, from_dict, load_toml, settings_table, with_overrides
+from secfed.config import (KEYS, ConfigError, RunConfig, from_dict, load_toml, settings_table, settings_that_differ,
+                           with_overrides)
 from secfed.validation import check
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -141,3 +142,17 @@ def test_a_method_declares_its_own_settings_and_refusals(monkeypatch: pytest.Mon
     with pytest.raises(ConfigError, match="applies to `?method.algorithm`? picky") as caught:
         check(other)
     assert caught.value.key == "method.kd_epochs"
+
+
+
+def test_a_setting_a_saved_config_predates_counts_as_its_default() -> None:
+    # A run saved by a secfed before `secagg.stats_clip` existed resumes under a newer one while the
+    # setting stays at its default (the behaviour it had); another value differs, and so does a
+    # setting both hold.
+    current = RunConfig().to_dict()
+    older = {**current, "secagg": {k: v for k, v in current["secagg"].items() if k != "stats_clip"}}
+    assert settings_that_differ(older, current) == {}
+    raised = with_overrides(RunConfig(), {"secagg.stats_clip": "8192"}).to_dict()
+    assert settings_that_differ(older, raised) == {"secagg.stats_clip": (4096.0, 8192.0)}
+    reseeded = with_overrides(RunConfig(), {"run.seed": "1"}).to_dict()
+    assert settings_that_differ(older, reseeded) == {"run.seed": (0, 1)}
