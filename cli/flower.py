@@ -247,6 +247,7 @@ def local_command(supernodes: int, insecure: bool, node_poll: float | None, keep
     from secfed.adapters.flower import Cohort
     from secfed.adapters.flower import node as node_files
     from secfed.adapters.flower.launch import Loopback
+    from secfed.adapters.flower.sites import own_nodes_policy
     from secfed.cli.train import resolve_config
 
     cfg, run_dir, resuming = resolve_config({**params, "resume": None})
@@ -256,7 +257,8 @@ def local_command(supernodes: int, insecure: bool, node_poll: float | None, keep
     for i in range(supernodes):
         folder = work / f"node-{i}"
         sites[f"node-{i}"] = node_files.public_identity(node_files.identity_key(folder))
-        configs.append({node_files.STATE_DIR_KEY: str(folder), node_files.COHORT_KEY: str(cohort_file)})
+        configs.append({node_files.STATE_DIR_KEY: str(folder), node_files.COHORT_KEY: str(cohort_file),
+                        **own_nodes_policy(cfg)})
     cohort_file.write_text(Cohort(sites).dumps())
     with Loopback(work / "deployment", supernodes=supernodes, node_configs=configs, tls=not insecure,
                   node_auth=not insecure, node_poll=node_poll) as fed:

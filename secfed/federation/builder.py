@@ -223,6 +223,8 @@ def _entries_under(root: Path, requested: Sequence[str], key: str) -> list[tuple
             if fmt not in FORMATS:
                 raise ConfigError(key, f"{entry}: cannot tell the format; write {name}:FORMAT with FORMAT one of "
                                   f"{', '.join(FORMATS)}")
+            if not (root / name).resolve().is_relative_to(root.resolve()):
+                raise ConfigError(key, f"{entry}: a dataset is a folder under `data.root` ({root}), not outside it")
             if not (root / name).is_dir():
                 raise ConfigError(key, f"{root / name} is not a directory")
             entries.append((name, fmt))

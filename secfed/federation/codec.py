@@ -125,6 +125,8 @@ def _header(view: memoryview, kind: int | None) -> dict[str, Any]:
         header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + header_len]))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CodecError(f"{what}: header is not JSON ({exc})") from None
+    except RecursionError:  # nesting deeper than the interpreter's stack, e.g. [[[[…]]]]
+        raise CodecError(f"{what}: header nests too deeply") from None
     if not isinstance(header, dict) or not isinstance(header.get("tensors"), list):
         raise CodecError(f"{what}: header has no tensor table")
     if len(header["tensors"]) > MAX_TENSORS:
@@ -134,7 +136,8 @@ def _header(view: memoryview, kind: int | None) -> dict[str, Any]:
 
 def _well_formed(entry: object) -> bool:
     """A tensor-table entry with a known dtype and a shape of non-negative ints (its name aside)."""
-    return (isinstance(entry, dict) and entry.get("dtype") in _DTYPES and isinstance(entry.get("shape"), list)
+    return (isinstance(entry, dict) and isinstance(entry.get("dtype"), str) and entry["dtype"] in _DTYPES
+            and isinstance(entry.get("shape"), list)
             and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry["shape"]))
 
 

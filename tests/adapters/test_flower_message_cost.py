@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from secfed.adapters.flower import node as node_files
-from secfed.adapters.flower.sites import NodeSites
+from secfed.adapters.flower.sites import NodeSites, own_nodes_policy
 from secfed.federation.builder import EvalDomain
 
 HEAVY = ("torch", "torchvision", "opacus", "scipy", "matplotlib")
@@ -69,7 +69,8 @@ def test_the_client_app_module_imports_no_torch():
 
 
 def test_a_train_message_loads_no_query_or_gallery_and_an_evaluate_message_does(tiny_config, tmp_path):
-    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path)}
+    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path),
+              **own_nodes_policy(tiny_config)}
     token = secrets.token_hex(16)
     trained = NodeSites.open(tiny_config, config, token, train=True)
     assert trained.fed.domains and not any(isinstance(d, EvalDomain) for d in trained.fed.domains)

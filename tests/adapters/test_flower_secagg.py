@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx, FedTrimmedAvg, Krum
 
 from secfed.adapters.flower import SecAggStrategy, SecAggWorkflow, is_weighted_mean
 from secfed.adapters.flower import node as node_files
-from secfed.adapters.flower.mod import STATE_RECORD, _unframe
+from secfed.adapters.flower.mod import STATE_RECORD, SecAggMod, SessionRefused, _unframe
 from secfed.adapters.flower.wire import CONTROL, NEXT, PAYLOAD, decode_session, encode_session
 from secfed.protocols import ClientState, DecryptionFailed, GraphParams, MalformedMessage, SecAggClient, SessionConfig
+
+from fakegrid import FakeGrid
 
 INITIAL = {"w": np.arange(6, dtype=np.float32).reshape(2, 3) / 10, "b": np.zeros(4, np.float32)}
 
@@ -234,3 +237,40 @@ def test_session_config_bytes_round_trip_and_refuse_damage():
         decode_session(data[:7] + b"\x01" + data[8:])
     with pytest.raises(MalformedMessage, match="needs 14 bits"):
         decode_session(data[:6] + b"\x01" + data[7:])  # a 1-bit ring cannot hold the bound
+
+
+def _session(params: GraphParams) -> SessionConfig:
+    return SessionConfig(bytes(16), 0, params, 4, input_bound=None, server_key=bytes(32), authenticated=False)
+
+
+def test_a_session_weaker_than_the_colluders_a_node_assumes_is_refused(tmp_path):
+    """(found by review: a node answered n = 5 sessions with t = 1, c = 0 — one colluding neighbour then
+    holds a node's seeds; the server writes the session, so the node checks it)"""
+    context = Context(1, 7, {node_files.STATE_DIR_KEY: str(tmp_path), "secfed-allow-unauthenticated": True},
+                      RecordDict(), {})
+    mod = SecAggMod()
+    for weak in (GraphParams(5, 4, 1), GraphParams(10, 9, 2, corrupt_bound=1)):  # ⌊0.2·n⌋ = 1, 2 colluders
+        with pytest.raises(SessionRefused, match="colluding clients"):
+            mod.check_session(context, _session(weak))
+    mod.check_session(context, _session(GraphParams(5, 4, 2, corrupt_bound=1)))  # choose_params(5)'s strength
+    mod.check_session(context, _session(GraphParams(10, 9, 3)))  # the threshold's own bound: t − 1 = 2
+    SecAggMod(corrupt_fraction=0.0).check_session(context, _session(GraphParams(5, 4, 1)))  # a node assuming none
+    with pytest.raises(SessionRefused):
+        SecAggMod(corrupt_fraction=0.5).check_session(context, _session(GraphParams(10, 9, 3)))
+
+
+def test_a_node_requiring_secure_aggregation_refuses_a_plain_train_message(tmp_path):
+    """(found by review: a train message without secfed's control record went to the app, whose reply
+    — the raw arrays and metrics — left the node unmasked)"""
+    app = ClientApp(mods=[SecAggMod(state_dir=tmp_path)])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
+
+    grid = FakeGrid({1000: (app, {"secfed-require-secagg": True}), 1001: (app, {})})
+    replies = grid.send_and_receive([Message(RecordDict({"arrays": initial_arrays()}), dst_node_id=n,
+                                             message_type=MessageType.TRAIN) for n in (1000, 1001)])
+    refused, answered = sorted(replies, key=lambda r: r.metadata.src_node_id)
+    assert refused.has_error() and "requires it (secfed-require-secagg)" in refused.error.reason
+    assert not answered.has_error() and "arrays" in answered.content  # the node's own choice: the app answers

@@ -20,10 +20,10 @@ from secfed.adapters.flower.client_app import BROADCAST, app as client_app
 from secfed.adapters.flower.server_app import FlowerRun, Settings
 from secfed.adapters.flower import site_host
 from secfed.adapters.flower import sites as sites_module
-from secfed.adapters.flower.sites import NodeSites
+from secfed.adapters.flower.sites import NodeSites, own_nodes_policy
 from secfed.adapters.flower.wire import array_bytes, bytes_array
 from secfed.cli.main import cli
-from secfed.config import ConfigError
+from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import build
 from secfed.federation import evaluate as evaluation
@@ -32,16 +32,17 @@ from secfed.federation.runtime import run
 from fakegrid import FakeGrid
 
 
-def flower_nodes(tmp_path: Path, n: int, *, host: bool = False) -> tuple[FakeGrid, Path]:
-    """n SuperNodes of secfed's ClientApp on a FakeGrid; ``host``: each keeps its sites in a site host
-    (stopped at the test's end by the ``site_hosts`` fixture), else every message opens them afresh."""
+def flower_nodes(tmp_path: Path, n: int, cfg: RunConfig, *, host: bool = False) -> tuple[FakeGrid, Path]:
+    """n SuperNodes of secfed's ClientApp on a FakeGrid, with the node policy ``secfed flower local``
+    gives for ``cfg``; ``host``: each keeps its sites in a site host (stopped at the test's end by the
+    ``site_hosts`` fixture), else every message opens them afresh."""
     cohort_file, sites, nodes = tmp_path / "cohort.toml", {}, {}
     for p in range(n):
         folder = tmp_path / f"node-{p}"
         sites[f"node-{p}"] = node_files.public_identity(node_files.identity_key(folder))
         nodes[2000 + p] = (client_app, {"partition-id": p, "num-partitions": n, node_files.STATE_DIR_KEY: str(folder),
                                         node_files.COHORT_KEY: str(cohort_file),
-                                        site_host.IDLE_KEY: 60 if host else 0})
+                                        site_host.IDLE_KEY: 60 if host else 0, **own_nodes_policy(cfg)})
     cohort_file.write_text(Cohort(sites).dumps())
     return FakeGrid(nodes), cohort_file
 
@@ -67,7 +68,7 @@ def test_a_flower_run_trains_like_an_in_process_run_and_writes_the_same_run_dire
     finally:
         torch.set_num_threads(threads)
     # 3 clients: node 0 hosts clients 0 and 2, node 1 client 1; each node keeps them in its site host
-    grid, cohort = flower_nodes(tmp_path, 2, host=True)
+    grid, cohort = flower_nodes(tmp_path, 2, cfg, host=True)
     token = secrets.token_hex(16)
     capsys.readouterr()
     FlowerRun(grid, Settings(cfg, tmp_path / "flower", token, cohort, phase_timeout=60, poll=0.01)).run()
@@ -129,7 +130,7 @@ def test_a_model_swapped_for_one_node_in_a_masked_train_round_is_refused_and_not
     cfg = small_config
     cfg.secagg.enabled = True
     cfg.run.local_baseline = False
-    grid, cohort = flower_nodes(tmp_path, 2)
+    grid, cohort = flower_nodes(tmp_path, 2, cfg)
 
     def swap(message):
         records = message.content.config_records
@@ -150,7 +151,8 @@ def test_a_model_swapped_for_one_node_in_a_masked_train_round_is_refused_and_not
 def test_a_sites_state_survives_the_process(small_config, tmp_path):
     """What one message's process saves, the next one's loads: model (shared and local tensors),
     the method's site state and the local-only baseline."""
-    config = {"partition-id": 1, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path)}
+    config = {"partition-id": 1, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path),
+              **own_nodes_policy(small_config)}
     token = secrets.token_hex(16)
     first = NodeSites.open(small_config, config, token, train=False)
     assert first.sites == [1]
@@ -173,7 +175,8 @@ def test_a_sites_state_survives_the_process(small_config, tmp_path):
 def test_a_node_decodes_its_images_once_and_checks_what_it_kept(small_config, tmp_path, monkeypatch):
     """A node's second message decodes no image: the first left them in its state folder (0600);
     a kept file whose tensor was altered is not trusted but decoded again."""
-    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path)}
+    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path),
+              **own_nodes_policy(small_config)}
     token = secrets.token_hex(16)
     first = NodeSites.open(small_config, config, token, train=True)
     kept = sorted((tmp_path / "images").glob("*.pt"))
@@ -276,7 +279,7 @@ def test_the_server_reads_no_sites_data_and_the_sites_evaluate(small_config, tmp
     cfg.run.local_baseline = False
     cfg.data.leave_out = ["corridor"]  # an unseen domain, scored by a node that holds it
     local = run(cfg, tmp_path / "in-process")
-    grid, _ = flower_nodes(tmp_path, 2)
+    grid, _ = flower_nodes(tmp_path, 2, cfg)
     guard = _ServerMustNotRead(synth_root, monkeypatch)
     for n in grid.apps:
         grid.apps[n] = guard.node(grid.apps[n])
@@ -312,7 +315,7 @@ def test_a_poisson_epsilon_over_nodes_hosting_several_sites_is_refused_by_name(s
     cfg.method.aggregation, cfg.model.bn_stats = "unweighted", "local"
     cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.2
     cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 0.5
-    grid, cohort = flower_nodes(tmp_path, 2)
+    grid, cohort = flower_nodes(tmp_path, 2, cfg)
     with pytest.raises(ConfigError) as caught:
         FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
                                  poll=0.01)).run()
@@ -333,3 +336,48 @@ def test_flowers_colour_codes_and_debug_lines_stay_out_of_secfeds_output():
     assert "Starting logstream" in log.getvalue() and "pulled 3 messages" in log.getvalue() and "\x1b" not in log.getvalue()
     assert "ServerApp finished running" in log.getvalue()  # a timestamped DEBUG line is Flower's too
     assert "Will push ServerApp task output" in log.getvalue()  # ... with the date before the time too
+
+
+def test_a_node_refuses_a_run_that_unmasks_it_or_names_paths_outside_its_data(small_config, tmp_path, synth_root):
+    """(found by review: the server writes the run configuration, and a node obeyed `secagg.enabled =
+    false` — its uploads then left in the clear — and read and wrote paths the server named)"""
+    cfg = small_config
+    cfg.secagg.enabled = False
+    node = {node_files.STATE_DIR_KEY: str(tmp_path / "node"), sites_module.DATA_ROOT_KEY: str(synth_root)}
+    with pytest.raises(node_files.NodeSetupError, match="secfed-allow-plain"):
+        NodeSites.open(cfg, node, secrets.token_hex(16), train=False)
+    node[sites_module.ALLOW_PLAIN_KEY] = True
+    outside = tmp_path / "elsewhere"
+    for key, value in (("data.split_file", str(outside / "splits.json")), ("method.kd_public", str(outside)),
+                       ("data.split_file", "../splits.json")):
+        section, name = key.split(".")
+        changed = cfg.model_copy(update={section: getattr(cfg, section).model_copy(update={name: value})})
+        with pytest.raises(node_files.NodeSetupError, match=f"{key} = .* lies outside this node's secfed-data-root"):
+            sites_module.check_run(changed, node)
+    with pytest.raises(node_files.NodeSetupError, match="names paths on this machine .data.root."):
+        sites_module.check_run(cfg, {node_files.STATE_DIR_KEY: str(tmp_path / "node"), sites_module.ALLOW_PLAIN_KEY: 1})
+    assert sites_module.check_run(cfg, node) == synth_root.resolve()
+    escaping = cfg.model_copy(update={"data": cfg.data.model_copy(update={"datasets": [
+        "../" + synth_root.name + "-copy/plaza", str(tmp_path), "campus"]})})
+    with pytest.raises(ConfigError, match="not outside it"):
+        NodeSites.open(escaping, node, secrets.token_hex(16), train=False)
+
+
+def test_a_node_scores_only_its_sites_planned_jobs(small_config, tmp_path):
+    """(found by review: a node scored any job the server named — under a claimed ε a site's own
+    pre-aggregation model, and other sites' domains)"""
+    from secfed.adapters.flower.client_app import _allowed_jobs
+
+    cfg = small_config
+    cfg.method.aggregation, cfg.model.bn_stats = "unweighted", "local"
+    cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.2  # a client-level ε
+    node = {"partition-id": 0, "num-partitions": 3, node_files.STATE_DIR_KEY: str(tmp_path), **own_nodes_policy(cfg)}
+    sites = NodeSites.open(cfg, node, secrets.token_hex(16), train=False)
+    (k,), domain = sites.sites, sites.fed.clients[0].site.name
+    other = next(d.name for d in sites.fed.domains if d.name != domain)
+    assert _allowed_jobs(sites, [[k, "global", domain], [1, "local", other]]) == [(k, "global", domain)]
+    for crafted in ([k, "local", domain], [k, "global", other]):
+        with pytest.raises(node_files.NodeSetupError, match="not jobs of this node's sites"):
+            _allowed_jobs(sites, [crafted])
+    with pytest.raises(node_files.NodeSetupError, match="list of"):
+        _allowed_jobs(sites, {"jobs": 1})

@@ -23,6 +23,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from secfed.adapters.flower import node as node_files
 from secfed.adapters.flower import site_host
 from secfed.adapters.flower.client_app import STEP
+from secfed.adapters.flower.sites import own_nodes_policy
 
 
 @pytest.fixture
@@ -32,7 +33,8 @@ def folder(tmp_path):
 
 
 def hello(cfg, folder: Path, token: str, **node_config) -> dict:
-    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(folder), **node_config}
+    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(folder),
+              **own_nodes_policy(cfg), **node_config}
     content = RecordDict({STEP: ConfigRecord({"step": "hello", "config": json.dumps(cfg.to_dict()), "token": token})})
     out = site_host.call("hello", content, Context(7, 100, config, RecordDict(), {}))
     return dict(out.config_records[STEP])
@@ -145,7 +147,8 @@ def test_a_node_whose_host_cannot_start_answers_in_its_own_process_and_says_so(t
         raise site_host.HostUnavailable("the site host exited with status 1: no module named secfed")
 
     monkeypatch.setattr(site_host, "_start", cannot_start)
-    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path)}
+    config = {"partition-id": 0, "num-partitions": 2, node_files.STATE_DIR_KEY: str(tmp_path),
+              **own_nodes_policy(tiny_config)}
     content = RecordDict({STEP: ConfigRecord({"step": "hello", "config": json.dumps(tiny_config.to_dict()),
                                               "token": secrets.token_hex(16)})})
     with caplog.at_level("WARNING", logger="secfed.flower"):

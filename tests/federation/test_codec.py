@@ -99,3 +99,24 @@ def test_statistics_runs_travel_with_their_summand_and_malformed_ones_are_refuse
         bad = Upload(2, 1, {MODEL: Summand(torch.ones(30), 0.5, statistics=runs)}, {})
         with pytest.raises(codec.CodecError, match="statistics run"):
             codec.decode_upload(codec.encode_upload(bad))
+
+
+def _with_header(header: bytes) -> bytes:
+    """An Upload whose JSON header is ``header`` (prefix rewritten to its length), no tensor bytes."""
+    magic, version, kind, reserved, _ = codec._PREFIX.unpack_from(codec.encode_upload(Upload(0, 0, {})))
+    return codec._PREFIX.pack(magic, version, kind, reserved, len(header)) + header
+
+
+@pytest.mark.parametrize(("header", "message"), [
+    (b'{"tensors": [{"name": "x", "dtype": ["f4"], "shape": [1]}]}', "malformed tensor entry"),
+    (b'{"tensors": [{"name": "x", "dtype": {"a": 1}, "shape": [1]}]}', "malformed tensor entry"),
+    (b"[" * 100_000 + b"]" * 100_000, "nests too deeply"),
+])
+def test_a_header_of_unhashable_types_or_deep_nesting_is_refused_by_name(header: bytes, message: str) -> None:
+    """(found by review: TypeError 'unhashable type' and RecursionError escaped the codec)"""
+    for decode in (codec.decode_upload, codec.decode_broadcast):
+        data = _with_header(header)
+        if decode is codec.decode_broadcast:
+            data = data[:5] + bytes([codec._BROADCAST]) + data[6:]
+        with pytest.raises(codec.CodecError, match=message):
+            decode(data)

@@ -62,7 +62,10 @@ log = logging.getLogger("secfed.flower")
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    step = str(msg.content.config_records[STEP]["step"])
+    record = msg.content.config_records.get(STEP)
+    if record is None or "step" not in record:
+        raise node.NodeSetupError(f"a train message without secfed's {STEP} record (step): not secfed's ServerApp")
+    step = str(record["step"])
     if step not in ("hello", "train", "fetch"):
         raise node.NodeSetupError(f"unknown step {step!r} in a train message")
     if step == "fetch":  # the node's stored ring vector: no sites needed
@@ -97,11 +100,31 @@ def _evaluate(step: ConfigRecord, content: RecordDict, context: Context) -> Reco
     from secfed.federation.evaluate import run_jobs
 
     sites = _open(step, context, train=False)
-    jobs = [tuple(j) for j in json.loads(str(step["jobs"])) if j[0] in sites.sites]
+    jobs = _allowed_jobs(sites, json.loads(str(step["jobs"])))
     sites.fed.server.weights = codec.decode_broadcast(array_bytes(content[BROADCAST]["common"], BROADCAST)).weights
     scores = run_jobs(sites.fed, jobs)  # the node's own query/gallery: only the scores leave
     return RecordDict({STEP: ConfigRecord({"step": "evaluate", "scores": json.dumps(
         [[*job, value] for job, value in scores.items()])})})
+
+
+def _allowed_jobs(sites: Any, asked: Any) -> list[tuple[int, str, str]]:
+    """The jobs asked of this node's sites, each one evaluate.plan gives them — the node scores nothing
+    else: not another site's domain, and under an ε no site's own pre-aggregation model ("local")."""
+    from secfed.federation.evaluate import plan
+    from secfed.federation.runtime import private_logs
+
+    fed = sites.fed
+    own = () if private_logs(fed) else sites.sites
+    allowed = {job for k, jobs in plan(fed, local_training=True, final=True, cohort=own).items()
+               if k in sites.sites for job in jobs}
+    if not isinstance(asked, list) or not all(isinstance(j, list) and len(j) == 3 for j in asked):
+        raise node.NodeSetupError("evaluate: jobs must be a list of [site, variant, domain]")
+    mine = [tuple(j) for j in asked if j[0] in sites.sites]
+    refused = [j for j in mine if j not in allowed]
+    if refused:
+        raise node.NodeSetupError(f"evaluate: {refused[:3]} are not jobs of this node's sites under this run "
+                                  "(federation/evaluate.py's plan); nothing was scored")
+    return mine  # type: ignore[return-value]
 
 
 def _open(step: ConfigRecord, context: Context, *, train: bool) -> Any:

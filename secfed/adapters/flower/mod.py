@@ -28,13 +28,19 @@ Node policy (node config, or the constructor): ``secfed-cohort`` — in authenti
 identity key of the session must belong to this cohort file, so the server cannot bring in
 identities of its own; unauthenticated sessions are refused unless
 ``secfed-allow-unauthenticated`` is true; sessions smaller than ``secfed-min-clients`` (default 2)
-are refused.
+are refused; so are sessions whose parameters withstand fewer colluders than the node assumes,
+⌊``secfed-corrupt-fraction`` · n⌋ (default 0.2, :func:`~secfed.protocols.choose_params`'s): the
+threshold must exceed them and the consistency check's bound cover them — the server writes the
+session, so a threshold of 1 would hand one colluding neighbour a node's seeds. With
+``secfed-require-secagg`` true (or ``SecAggMod(require_secagg=True)``), a train message that does
+not run the protocol is refused instead of reaching the app, whose reply would leave unmasked.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -79,6 +85,8 @@ log = logging.getLogger("secfed.flower")
 STATE_RECORD = "secfed.secagg.state"  # in context.state: {"sealed": bytes}
 ALLOW_UNAUTHENTICATED_KEY = "secfed-allow-unauthenticated"
 MIN_CLIENTS_KEY = "secfed-min-clients"
+CORRUPT_FRACTION_KEY = "secfed-corrupt-fraction"
+REQUIRE_SECAGG_KEY = "secfed-require-secagg"
 ENROL, ADVERTISE, SHARE_KEYS, MASKED_INPUT, UNMASK = "enrol", "advertise_keys", "share_keys", "masked_input", "unmask"
 _STATE_MAGIC, _STATE_VERSION = b"SFMS", 1
 _NONCE_BYTES = 16
@@ -98,17 +106,25 @@ class SecAggMod:
     """Flower mod running secfed's secure-aggregation client (see the module docstring).
 
     Arguments override the node config; leave them out on a SuperNode and set the node config:
-    ``secfed-state-dir``, ``secfed-cohort``, ``secfed-allow-unauthenticated``, ``secfed-min-clients``.
+    ``secfed-state-dir``, ``secfed-cohort``, ``secfed-allow-unauthenticated``, ``secfed-min-clients``,
+    ``secfed-corrupt-fraction``, ``secfed-require-secagg``.
     """
 
     def __init__(self, *, state_dir: str | Path | None = None, cohort: node.Cohort | str | Path | None = None,
-                 allow_unauthenticated: bool | None = None, min_clients: int | None = None) -> None:
+                 allow_unauthenticated: bool | None = None, min_clients: int | None = None,
+                 corrupt_fraction: float | None = None, require_secagg: bool | None = None) -> None:
         self.state_dir, self.cohort = state_dir, cohort
         self.allow_unauthenticated, self.min_clients = allow_unauthenticated, min_clients
+        self.corrupt_fraction, self.require_secagg = corrupt_fraction, require_secagg
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         ctl = control(msg.content) if msg.metadata.message_type == MessageType.TRAIN else None
         if ctl is None:
+            if msg.metadata.message_type == MessageType.TRAIN and _yes(
+                    self._setting(context, self.require_secagg, REQUIRE_SECAGG_KEY, False)):
+                return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION, "secfed secure aggregation refused: this "
+                                     f"node requires it ({REQUIRE_SECAGG_KEY}) and the train message does not run "
+                                     "it"), reply_to=msg)
             return call_next(msg, context)
         run = _NodeRun(self, context)
         try:
@@ -151,9 +167,10 @@ class SecAggMod:
         minimum = int(self._setting(context, self.min_clients, MIN_CLIENTS_KEY, 2))  # type: ignore[arg-type]
         if config.n_clients < minimum:
             raise SessionRefused(f"session of {config.n_clients} clients; this node needs at least {minimum}")
+        self._check_collusion(context, config)
         if not config.authenticated:
             allowed = self._setting(context, self.allow_unauthenticated, ALLOW_UNAUTHENTICATED_KEY, False)
-            if str(allowed).lower() not in ("true", "1", "yes"):
+            if not _yes(allowed):
                 raise SessionRefused(f"unauthenticated session refused (set {ALLOW_UNAUTHENTICATED_KEY}=true to allow "
                                      "a server trusted to follow the protocol)")
             return
@@ -161,6 +178,22 @@ class SecAggMod:
         strangers = [i for i, key in enumerate(config.identity_keys) if key not in cohort]
         if strangers:
             raise SessionRefused(f"session lists identity keys this node does not trust (clients {strangers})")
+
+    def _check_collusion(self, context: Context, config: SessionConfig) -> None:
+        """The session must withstand the colluders this node assumes (see the module docstring)."""
+        raw = self._setting(context, self.corrupt_fraction, CORRUPT_FRACTION_KEY, 0.2)
+        try:
+            fraction = float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise node.NodeSetupError(f"node config {CORRUPT_FRACTION_KEY}={raw!r} is not a number") from None
+        if not 0.0 <= fraction < 1.0:
+            raise node.NodeSetupError(f"node config {CORRUPT_FRACTION_KEY}={fraction} must lie in [0, 1)")
+        params, assumed = config.params, math.floor(fraction * config.n_clients)
+        if params.threshold <= assumed or params.collusion_bound < assumed:
+            raise SessionRefused(
+                f"session withstands {min(params.threshold - 1, params.collusion_bound)} colluding clients "
+                f"(threshold {params.threshold}, bound {params.collusion_bound}); this node assumes up to {assumed} "
+                f"({CORRUPT_FRACTION_KEY}={fraction} of {config.n_clients})")
 
     def trusted(self, context: Context) -> node.Cohort:
         cohort = self.cohort if self.cohort is not None else context.node_config.get(node.COHORT_KEY)
@@ -173,6 +206,10 @@ class SecAggMod:
         if self.state_dir is not None:
             return node.state_dir({node.STATE_DIR_KEY: str(self.state_dir)})
         return node.state_dir(context.node_config)
+
+
+def _yes(value: object) -> bool:
+    return str(value).lower() in ("true", "1", "yes")
 
 
 class _NodeRun:

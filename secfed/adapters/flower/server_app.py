@@ -60,10 +60,11 @@ from secfed.federation.runtime import (
 from secfed.protocols import ProtocolError
 
 from . import pulls
-from .client_app import BROADCAST, CLIP_WORD, STEP, UPLOADS
+from .client_app import BROADCAST, CLIP_WORD, STEP
 from .encoding import RING, Encoding
 from .node import Cohort
-from .wire import CONTROL, array_bytes, bytes_array
+from .replies import MalformedReply, TrainReply, hello_reply, scores_reply, train_reply
+from .wire import CONTROL, bytes_array
 from .workflow import NextRound, SecAggWorkflow, exchange
 
 log = logging.getLogger("secfed.flower")
@@ -192,9 +193,11 @@ class FlowerRun:
             if challenges:
                 self.flow.accept(replies, challenges)
             for n, reply in replies.items():
-                out = reply.content.config_records[STEP]
-                hosts[n] = [int(k) for k in out["sites"]]
-                census = Census.from_dict(json.loads(str(out["census"])))
+                try:
+                    hosts[n], census = hello_reply(n, reply.content)
+                except MalformedReply as exc:  # that node is left out; the others go on
+                    _refused(exc)
+                    continue
                 censuses[census.info["fingerprint"]] = census
             if len(censuses) > 1:
                 raise RuntimeError("the SuperNodes read different data (content fingerprints differ); point every "
@@ -236,14 +239,14 @@ class FlowerRun:
         targets = {n: RecordDict({STEP: step, BROADCAST: ArrayRecord(arrays)})
                    for n, sites in hosts.items() if set(sites) & set(cohort)}
         if masked:
-            aggregate, replies, t_train = self.train_masked(fed, hosts, targets, wire, t)
+            aggregate, replies, t_train = self.train_masked(fed, hosts, targets, wire, t, cohort)
             trained, client_stats, baseline_stats = self._read(fed, replies)
             _say(f"  trained and summed: {len(aggregate.contributors)} clients on {len(trained)} SuperNodes "
                  f"({time.perf_counter() - t0:.1f} s)")
         else:
             answers = exchange(self.grid, targets, timeout=self.settings.train_timeout, poll=self.settings.poll,
                                group=str(t + 1))
-            replies = {n: reply.content for n, reply in answers.items()}
+            replies = self._checked(hosts, {n: reply.content for n, reply in answers.items()})
             trained, client_stats, baseline_stats = self._read(fed, replies)
             t_train = time.perf_counter()
             self._done(t_train)
@@ -254,24 +257,35 @@ class FlowerRun:
         dropped = {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors}
         return Trained(aggregate, client_stats, baseline_stats, dropped, t_train)
 
-    def _read(self, fed: Federation, replies: Mapping[int, RecordDict]) -> tuple[dict[int, list[int]], dict, dict]:
+    @staticmethod
+    def _checked(hosts: Mapping[int, list[int]], contents: Mapping[int, RecordDict]) -> dict[int, TrainReply]:
+        """The nodes' train replies, read (replies.py); a malformed one drops its node for the round."""
+        out = {}
+        for n, content in contents.items():
+            try:
+                out[n] = train_reply(n, content, hosts.get(n, ()))
+            except MalformedReply as exc:
+                _refused(exc)
+        return out
+
+    @staticmethod
+    def _read(fed: Federation, replies: Mapping[int, TrainReply]) -> tuple[dict[int, list[int]], dict, dict]:
         """The sites each node trained and their statistics, from the nodes' train replies (the DP-SGD
         accountants they keep are loaded); a site that diverged stops the run, as in-process."""
         client_stats: dict[str, Any] = {}
         baseline_stats: dict[str, Any] = {}
         trained: dict[int, list[int]] = {}
-        for n, content in replies.items():
-            out = content.config_records[STEP]
-            if "diverged" in out:
-                raise SiteDiverged(*json.loads(str(out["diverged"])))
-            trained[n] = [int(k) for k in out["sites"]]
-            client_stats.update(json.loads(str(out["stats"])))
-            baseline_stats.update(json.loads(str(out["baseline"])))
-            _load_accountants(fed, json.loads(str(out["accountants"])))
+        for n, reply in replies.items():
+            if reply.diverged is not None:
+                raise SiteDiverged(*reply.diverged)
+            trained[n] = reply.sites
+            client_stats.update(reply.stats)
+            baseline_stats.update(reply.baseline)
+            _load_accountants(fed, reply.accountants)
         return trained, client_stats, baseline_stats
 
     def train_masked(self, fed: Federation, hosts: dict[int, list[int]], targets: Mapping[int, RecordDict],
-                     wire: bytes, t: int) -> tuple[Aggregate, dict[int, RecordDict], float]:
+                     wire: bytes, t: int, cohort: list[int]) -> tuple[Aggregate, dict[int, TrainReply], float]:
         """Train and sum in one secure aggregation: the train messages are the masked-input phase's
         content (bound into every node's keys, so a node sent another model is caught), the replies
         carry the masked vectors and, in the clear, what the train reply carries. A node whose
@@ -291,25 +305,29 @@ class FlowerRun:
         except ProtocolError as exc:
             self._shape = None
             return self._aborted(t, exc, 0, down), {}, self._trained_at or time.perf_counter()
-        replies = {n: c for n, c in result.clear.items() if STEP in c.config_records}
-        shapes = {str(c.config_records[STEP].get("shape")) for c in replies.values()}
-        if shapes != {self._shape}:  # the nodes masked in the layout they were sent; refuse a reply that says otherwise
+        replies = self._checked(hosts, result.clear)
+        shapes = {r.shape for r in replies.values() if r.diverged is None}
+        if shapes - {self._shape}:  # the nodes masked in the layout they were sent; refuse a reply that says otherwise
             raise RuntimeError(f"round {t + 1}: SuperNodes report layouts other than the one they masked in")
-        contributors = [int(k) for n in result.survivors for k in replies[n].config_records[STEP]["sites"]]
-        uploads, bytes_up = _decode_uploads(replies)
+        # A surviving node's vector is in the sum: its sites are the cohort's it hosts, whatever its
+        # clear part says (a malformed one is not read at all).
+        contributors = [k for n in result.survivors for k in hosts.get(n, ()) if k in cohort]
+        uploads = [u for r in replies.values() for u in r.uploads]
+        bytes_up = sum(r.upload_bytes for r in replies.values())
         aggregate = _summed(t, layout, result, contributors, uploads, bytes_up, down)
         return aggregate, replies, self._trained_at or time.perf_counter()
 
     def aggregate(self, fed: Federation, hosts: dict[int, list[int]], broadcast: Any, wire: bytes,
-                  replies: Mapping[int, RecordDict], trained: Mapping[int, list[int]], t: int) -> Aggregate:
+                  replies: Mapping[int, TrainReply], trained: Mapping[int, list[int]], t: int) -> Aggregate:
         """The round's Aggregate from the nodes' train replies and (secagg) the secure sum."""
-        uploads, bytes_up = _decode_uploads(replies)
+        uploads = [u for r in replies.values() for u in r.uploads]
+        bytes_up = sum(r.upload_bytes for r in replies.values())
         down = len(wire) * len(replies)
         if not self.cfg.secagg.enabled:
             summed = fed.channel.aggregate(broadcast, [u for u in uploads if u.summed], {}, broadcast_bytes=len(wire))
             return Aggregate(t, summed.sums, summed.weights, summed.contributors, summed.shared, summed.bytes_up, down)
         nodes = [n for n, sites in trained.items() if sites]
-        shapes = {replies[n].config_records[STEP]["shape"] for n in nodes}
+        shapes = {replies[n].shape for n in nodes}
         if not nodes:
             return _empty(t, bytes_up, down)
         if len(shapes) != 1:
@@ -366,9 +384,11 @@ class FlowerRun:
                            message_type=MessageType.EVALUATE)
         self._done(time.perf_counter())
         scores = {}
-        for reply in replies.values():
-            for k, variant, name, value in json.loads(str(reply.content.config_records[STEP]["scores"])):
-                scores[(int(k), str(variant), str(name))] = value
+        for n, reply in replies.items():
+            try:
+                scores.update(scores_reply(n, reply.content, hosts.get(n, ())))
+            except MalformedReply as exc:  # its jobs go unscored, as a node that did not answer
+                _refused(exc)
         return scores
 
 
@@ -398,21 +418,13 @@ class _Lines(SilentReporter):
              f"{record['seconds']['round']:.1f} s" + (f", loss {record['loss']:.3f}" if "loss" in record else ""))
 
 
-def _load_accountants(fed: Federation, states: Mapping[str, Mapping[str, Any]]) -> None:
+def _load_accountants(fed: Federation, states: Mapping[int, Mapping[str, Any]]) -> None:
     """The DP-SGD accountants the nodes keep (their ε is what the run reports, as in-process)."""
     for k, state in states.items():
-        k = int(k)
         if state.get("fed") and fed.clients[k].dp_sgd is not None:
             fed.clients[k].dp_sgd.accountant.load_state_dict(state["fed"])
         if state.get("local") and k in fed.baseline_dp:
             fed.baseline_dp[k].accountant.load_state_dict(state["local"])
-
-
-def _decode_uploads(replies: Mapping[int, RecordDict]) -> tuple[list[Upload], int]:
-    """The uploads in the nodes' train replies (under secure aggregation only their unsummed parts,
-    e.g. DFH's statistics), and their bytes."""
-    data = [array_bytes(array, UPLOADS) for content in replies.values() for array in content[UPLOADS].values()]
-    return [codec.decode_upload(d) for d in data], sum(len(d) for d in data)
 
 
 def _summed(t: int, layout: Any, result: Any, contributors: list[int], uploads: list[Upload], bytes_up: int,
@@ -428,6 +440,11 @@ def _summed(t: int, layout: Any, result: Any, contributors: list[int], uploads: 
 
 def _empty(t: int, bytes_up: int, bytes_down: int) -> Aggregate:
     return Aggregate(t, {}, {}, (), {}, bytes_up, bytes_down)
+
+
+def _refused(exc: MalformedReply) -> None:
+    log.warning("%s; that node is left out", exc)
+    _say(f"  {exc}; that node is left out")
 
 
 def _say(line: str) -> None:

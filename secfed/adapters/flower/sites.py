@@ -21,6 +21,13 @@ configuration's ``data.root`` (else the synthetic default, generated into this m
         SHA-256, checked on load (a file that fails the check is decoded again and replaced).
 
 TOKEN is the run's random token (a fresh run never reads another run's state).
+
+The server writes the run configuration, so a node checks it against its own policy before it opens
+anything (:func:`check_run`): a run without secure aggregation is refused unless the node config sets
+``secfed-allow-plain`` (the uploads would leave the node in the clear), and every path the
+configuration names is a path on this machine — data is read only from the node's own
+``secfed-data-root``, and the dataset folders, ``data.split_file`` (which the node writes) and
+``method.kd_public`` must lie inside it.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from secfed.federation.runtime import prefixed, split_prefixed
 from . import node
 
 DATA_ROOT_KEY = "secfed-data-root"
+ALLOW_PLAIN_KEY = "secfed-allow-plain"
 STATE_FILE = "state.pt"
 _TOKEN = re.compile(r"^[0-9a-f]{16,64}$")
 
@@ -62,6 +70,37 @@ def hosted(node_config: Mapping[str, object], num_clients: int) -> list[int]:
     if not 0 <= part < parts:
         raise node.NodeSetupError(f"node config partition-id={part} must lie in [0, num-partitions={parts})")
     return [k for k in range(num_clients) if k % parts == part]
+
+
+def check_run(cfg: RunConfig, node_config: Mapping[str, object]) -> Path | None:
+    """The node's data root, once the server's run configuration passes the node's policy (see the
+    module docstring); refused with :class:`node.NodeSetupError` naming the setting otherwise."""
+    if not cfg.secagg.enabled and str(node_config.get(ALLOW_PLAIN_KEY, "")).lower() not in ("true", "1", "yes"):
+        raise node.NodeSetupError(f"the run turns secure aggregation off (secagg.enabled = false): this node's "
+                                  f"updates would leave it unmasked; set {ALLOW_PLAIN_KEY}=true to allow it")
+    data_root = node_config.get(DATA_ROOT_KEY)
+    if not data_root:
+        named = [k for k, v in (("data.root", cfg.data.root), ("data.split_file", cfg.data.split_file),
+                                ("method.kd_public", cfg.method.kd_public)) if v is not None]
+        if named:
+            raise node.NodeSetupError(f"the run names paths on this machine ({', '.join(named)}); a node reads "
+                                      f"data only from its own {DATA_ROOT_KEY} (node config)")
+        return None
+    root = Path(str(data_root)).expanduser().resolve()
+    for key, value in (("data.split_file", cfg.data.split_file), ("method.kd_public", cfg.method.kd_public)):
+        if value is not None and not (root / Path(value).expanduser()).resolve().is_relative_to(root):
+            raise node.NodeSetupError(f"{key} = {value!r} lies outside this node's {DATA_ROOT_KEY} ({root})")
+    return root
+
+
+def own_nodes_policy(cfg: RunConfig) -> dict[str, str]:
+    """The node config of SuperNodes started for the user's own run (``secfed flower local``): they
+    read the run's data root and accept the secure-aggregation setting the user chose — a deployed
+    node decides both in its own node config."""
+    policy = {} if cfg.secagg.enabled else {ALLOW_PLAIN_KEY: "true"}
+    if cfg.data.root is not None:
+        policy[DATA_ROOT_KEY] = str(Path(cfg.data.root).expanduser().resolve())
+    return policy
 
 
 def run_folder(node_config: Mapping[str, object], token: str) -> Path:
@@ -84,8 +123,8 @@ class NodeSites:
     def open(cls, cfg: RunConfig, node_config: Mapping[str, object], token: str, *, train: bool) -> NodeSites:
         """Build the federation and load the state of this node's sites (and, ``train``, their training
         images; otherwise the evaluation domains' query/gallery, which training never reads)."""
-        data_root = node_config.get(DATA_ROOT_KEY)
-        root = Path(str(data_root)) if data_root else None
+        root = check_run(cfg, node_config)
+        cfg = _under(cfg, root)
         cache = ImageCache(node.state_dir(node_config) / "images")
         fed = build(cfg, data_root=root, train_images=False, eval_images=not train, images=cache)
         sites = hosted(node_config, len(fed.clients))
@@ -147,6 +186,17 @@ class NodeSites:
         path = self.site_file(k)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_file.write_bytes(path, buffer.getvalue())
+
+
+def _under(cfg: RunConfig, root: Path | None) -> RunConfig:
+    """``cfg`` with its relative in-root paths resolved against the node's data root (checked by
+    :func:`check_run`), so the node never reads or writes them relative to its working directory."""
+    if root is None:
+        return cfg
+    data = {"split_file": str(root / cfg.data.split_file)} if cfg.data.split_file else {}
+    method = {"kd_public": str(root / cfg.method.kd_public)} if cfg.method.kd_public else {}
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update=data),
+                                  "method": cfg.method.model_copy(update=method)})
 
 
 class ImageCache:
