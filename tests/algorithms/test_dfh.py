@@ -120,11 +120,13 @@ def test_statement_says_the_dfs_channel_is_outside_the_printed_epsilon() -> None
 def test_the_dfs_epsilon_refuses_a_delta_of_one_identity_or_more() -> None:
     """The DFS ε is identity-level, per client: δ ≥ 1/(a client's identities) admits publishing one
     identity in the clear. With clients of 3 identities, --delta 0.9 printed ε = −0.097 before; now
-    it is refused naming privacy.delta, δ below 1/3 stands, and no δ given takes a default below it."""
-    with pytest.raises(ConfigError, match=r"δ = 0.9 ≥ 1/N = 0.333 \(3 identities of the smallest DFH client\)") as caught:
-        resolve(PrivacyConfig(delta=0.9), **RUN, dfs=(0.5, 4.0), dfs_identities=3)
-    assert caught.value.key == "privacy.delta"
-    assert resolve(PrivacyConfig(delta=0.3), **RUN, dfs=(0.5, 4.0), dfs_identities=3).dfs.delta == 0.3
+    it is refused naming privacy.delta — so is δ = 0.3 < 1/3, which may publish an identity with
+    probability 0.9 (found by review) — δ ≤ 0.1/3 stands, and no δ given takes a default below it."""
+    for delta in (0.9, 0.3):
+        with pytest.raises(ConfigError, match=rf"δ = {delta} > 0.1/N = 0.0333 \(3 identities of the smallest DFH") as caught:
+            resolve(PrivacyConfig(delta=delta), **RUN, dfs=(0.5, 4.0), dfs_identities=3)
+        assert caught.value.key == "privacy.delta"
+    assert resolve(PrivacyConfig(delta=0.03), **RUN, dfs=(0.5, 4.0), dfs_identities=3).dfs.delta == 0.03
     assert resolve(PrivacyConfig(), **RUN, dfs=(0.5, 4.0), dfs_identities=3).dfs.delta < 1 / 3
     assert resolve(PrivacyConfig(delta=0.9), **RUN, dfs=(0.0, 4.0), dfs_identities=3).dfs.delta  # no noise: no ε
 
