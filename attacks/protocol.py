@@ -67,12 +67,13 @@ def protocol_checks(config: Mapping[str, Any], history: Sequence[Mapping[str, An
     authenticated = secagg and bool(config["secagg"]["authenticated"])
     privacy = config["privacy"]
     client_level = privacy.get("noise_multiplier") is not None or privacy.get("target_epsilon") is not None
-    # Noise covers a small cohort only when it bounds each contribution: clipped updates (β without a
-    # clip bounds nothing, however large or tiny).
-    noised = privacy.get("clip") is not None and (bool(privacy.get("dp_beta")) or client_level
-                                                  or bool(privacy.get("distributed")))
+    # Noise covers a small cohort only where the run claims a client-level ε for it (its rounds'
+    # privacy entries hold one): β without a clip bounds nothing, and clipped β outside an ε is any
+    # size — 1e-9 against a clip of 1 hides nothing of a 2-client sum.
+    claimed = bool(history) and all(isinstance((r.get("privacy") or {}).get("epsilon"), (int, float))
+                                    for r in history if int(r.get("contributors", 0)) > 0)
     return [_secure_aggregation(secagg, authenticated), _same_model(model_hashes, authenticated),
-            _min_cohort(history, noised), _dropout_differencing(history, secagg, client_level),
+            _min_cohort(history, claimed), _dropout_differencing(history, secagg, client_level),
             _participation_metadata(history)]
 
 
@@ -118,7 +119,8 @@ def _min_cohort(history: Sequence[Mapping[str, Any]], noised: bool) -> Finding:
         return Finding("min-cohort", "risk" if noised else "fail",
                        f"aggregates of fewer than {MIN_SAFE_COHORT} clients ({what}): a client of a 2-client sum "
                        "learns the other's update from the global model's change"
-                       + (" (up to the aggregate's noise)" if noised else " exactly"))
+                       + (" up to the aggregate's noise, which the run's ε bounds" if noised else
+                          " exactly (no client-level ε is claimed: whatever noise there is, nothing bounds it)"))
     return Finding("min-cohort", "pass", f"every released aggregate summed ≥ {min(released.values())} "
                    f"clients (≥ {MIN_SAFE_COHORT} needed)")
 

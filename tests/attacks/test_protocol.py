@@ -45,12 +45,12 @@ def test_two_client_aggregates_expose_each_to_the_other() -> None:
     findings = protocol_checks(_config(), history, {})
     assert _status(findings, "min-cohort") == "fail"
     assert protocol_verdict(findings)[0] is Verdict.LEAK
-    noised = protocol_checks(_config(beta=1e-3, clip=1.0), history, {})
-    assert _status(noised, "min-cohort") == "risk"
-    # β without a clip bounds no contribution, whatever its size: the two-client sum still exposes
-    # each to the other (before, any β > 0 turned this LEAK into NO-LEAK)
-    for beta in (5e-4, 1e-9):
-        unbounded = protocol_checks(_config(beta=beta), history, {})
+    claimed = [{**r, "privacy": {"epsilon": 3.2, "delta": 1e-5}} for r in history]
+    assert _status(protocol_checks(_config(beta=1e-3, clip=1.0), claimed, {}), "min-cohort") == "risk"
+    # Noise that no claimed ε covers softens nothing, whatever its size: β without a clip, and clipped
+    # β 1e-9 outside an ε (found by review: it turned this LEAK into NO-LEAK), still expose each to the other
+    for settings in (dict(beta=5e-4), dict(beta=1e-9), dict(beta=1e-9, clip=1.0), dict(beta=1e-3, clip=1.0)):
+        unbounded = protocol_checks(_config(**settings), history, {})
         assert _status(unbounded, "min-cohort") == "fail" and protocol_verdict(unbounded)[0] is Verdict.LEAK
 
 
