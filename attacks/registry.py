@@ -26,6 +26,7 @@ from secfed.attacks.local_training import LocalSteps
 from secfed.attacks.protocol import Finding
 from secfed.attacks.targets import attack_dfs, attack_update, attack_weights
 from secfed.attacks.verdict import AttackResult, Verdict, target_verdict
+from secfed.federation import recording
 from secfed.federation.messages import MODEL
 from secfed.models.reid import MappedReIDModel
 
@@ -207,18 +208,36 @@ class DfsTarget(Target):
     def attack(self, ctx: AuditContext, watch: Stopwatch) -> list[TargetReport]:
         run, evidence, k = ctx.run, ctx.evidence, ctx.k
         assert evidence is not None
-        upload = evidence.uploads.get(k)
-        dfs = None if upload is None else upload.shared.get(DFS_KEY)
-        if dfs is None:
-            reason = "this run shares no DFS (only --algorithm dfh does)" if not ctx.shares_dfs else \
-                f"client {k}'s upload of round {evidence.round} carries no shared['{DFS_KEY}']"
-            return [TargetReport("dfs", None, reason, False, "not shared")]
+        if not ctx.shares_dfs:
+            return [TargetReport("dfs", None, "this run shares no DFS (only --algorithm dfh does)", False, "not shared")]
+        dfs, source = _latest_dfs(run, evidence, k)
+        exposure = "shared in the clear with the server, which keeps every client's latest and redistributes them"
+        if dfs is None:  # the server holds it all the same: never "not shared"
+            return [TargetReport("dfs", Verdict.INCONCLUSIVE, f"client {k}'s DFS is with the server, but no recorded "
+                                 f"round up to {evidence.round} holds it; audit --round of a round it took part in",
+                                 True, exposure)]
         results, notes = attack_dfs(model=ctx.judge.model, dfs=dfs, judge=ctx.judge, client_images=ctx.where[k],
                                     budget=ctx.budget, watch=watch, seed=ctx.seed)
         verdict, reason = target_verdict(results)
-        return [TargetReport("dfs", verdict, reason, True, "shared in the clear with the server, which redistributes "
-                             "them to every client", results,
-                             notes=[f"{evidence.source} DFS of client {run.fed.clients[k].site.name}"] + notes)]
+        return [TargetReport("dfs", verdict, reason, True, exposure, results,
+                             notes=[f"{source} DFS of client {run.fed.clients[k].site.name}"] + notes)]
+
+
+def _latest_dfs(run: AuditedRun, evidence: RoundEvidence, k: int) -> tuple[torch.Tensor | None, str]:
+    """Client ``k``'s DFS as the server holds it at the audited round: from that round's upload, else
+    from the last recorded round (before it) the client took part in — a client outside the audited
+    round's cohort still has its statistics with the server (found by review: reported "not shared")."""
+    upload = evidence.uploads.get(k)
+    if upload is not None and DFS_KEY in upload.shared:
+        return upload.shared[DFS_KEY], evidence.source
+    for t in sorted((r for r in recording.recorded_rounds(run.run_dir) if r < evidence.round), reverse=True):
+        try:
+            earlier = recording.read_round(run.run_dir, t).uploads.get(k)
+        except recording.RecordingError:
+            continue
+        if earlier is not None and DFS_KEY in earlier.shared:
+            return earlier.shared[DFS_KEY], f"recorded (round {t}, its last before round {evidence.round})"
+    return None, ""
 
 
 # the registry, in the order the audit attacks them

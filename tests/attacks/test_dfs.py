@@ -8,7 +8,7 @@ import torch
 from secfed.algorithms import base_method
 from secfed.attacks.budget import Budget, Stopwatch
 from secfed.attacks.controls import gallery_of, noise_images
-from secfed.attacks.dfs import DomainStatistics, identity_statistics, pool5_features
+from secfed.attacks.dfs import DFS_KEY, DomainStatistics, identity_statistics, pool5_features
 from secfed.attacks.judge import Judge
 from secfed.attacks.targets import attack_dfs
 from secfed.attacks.verdict import Verdict
@@ -98,3 +98,27 @@ def test_one_identity_makes_the_domain_mean_that_persons_mean() -> None:
     stats = DomainStatistics.from_identities(means, variances)
     torch.testing.assert_close(stats.mean_of_means, means[0].double())
     assert float(stats.var_of_means.abs().max()) == 0.0
+
+
+def test_a_client_outside_the_audited_round_is_audited_on_the_dfs_the_server_still_holds(tmp_path) -> None:
+    """(found by review: a DFH client that sat out the audited round got "n/a — not shared", and
+    --fail-on ignored it, though the server keeps and redistributes every client's latest DFS)"""
+    from types import SimpleNamespace
+
+    from secfed.attacks.evidence import RoundEvidence
+    from secfed.attacks.registry import _latest_dfs
+    from secfed.federation import recording
+    from secfed.federation.messages import Broadcast, Upload
+
+    def upload(k: int, t: int) -> Upload:
+        return Upload(k, t, {}, {DFS_KEY: torch.full((4, 3), float(10 * t + k))})
+
+    broadcast = Broadcast(0, torch.zeros(3), "layout")
+    recording.write_round(tmp_path, 1, [upload(0, 1), upload(1, 1)], broadcast)
+    recording.write_round(tmp_path, 2, [upload(1, 2)], broadcast)
+    run = SimpleNamespace(run_dir=tmp_path)
+    audited = RoundEvidence(2, "recorded", broadcast, {1: upload(1, 2)}, schedule=None)
+    dfs, source = _latest_dfs(run, audited, 0)
+    assert torch.equal(dfs, upload(0, 1).shared[DFS_KEY]) and "round 1" in source
+    assert _latest_dfs(run, audited, 1)[1] == "recorded"  # its own round's, when it took part
+    assert _latest_dfs(run, RoundEvidence(1, "recorded", broadcast, {}, schedule=None), 0)[0] is None
