@@ -43,7 +43,7 @@ def evaluate_command(run: Path, data_root: Path | None, threads: int | None, jso
             seen.append(row)
     summary = {"run_dir": str(checkpoint.parent.parent), "checkpoint": str(checkpoint), "rounds": int(state["rounds_done"]),
                "algorithm": fed.method.describe(), "domains": seen, "unseen": unseen,
-               "privacy": privacy_summary(fed)}
+               "privacy": privacy_summary(fed, int(state["rounds_done"]))}
     print_domains(console, seen, unseen)
     console.print(f"checkpoint: {checkpoint} (after round {state['rounds_done']})")
     if json_output:

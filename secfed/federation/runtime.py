@@ -65,7 +65,7 @@ from secfed.seeding import derive_seed, numpy_rng
 
 # What a metrics line may hold under a client-level ε, and what it holds that no ε covers.
 OUTSIDE_EPSILON = ("contributors", "bytes_up", "bytes_down", "seconds", "eval", "eval_local", "final",
-                   "secagg_clipped", "secagg_clipped_by_vector", "local_baseline")
+                   "secagg_clipped", "secagg_clipped_by_vector")
 BASELINES = "training the local-only baselines"
 
 
@@ -156,7 +156,7 @@ def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort:
     if privacy is not None:
         record["privacy"] = privacy
     if fed.clients and fed.clients[0].dp_sgd is not None:
-        record["dp_sgd_epsilon"] = {c.site.name: c.dp_sgd.epsilon() for c in fed.clients if c.dp_sgd is not None}
+        record["dp_sgd_epsilon"] = {c.site.name: dp["epsilon"] for c, dp in dp_sgd_published(fed, round_number)}
     if fed.plan.reproducible_noise and ("privacy" in record or "dp_sgd_epsilon" in record):
         record["noise"] = adversary.NOT_PRIVATE  # every output stating an ε says so
     return record
@@ -470,8 +470,9 @@ def drive(fed: Federation, transport: Transport, run_dir: Path, reporter: Report
 
 def dp_record(record: dict[str, Any]) -> dict[str, Any]:
     """A metrics line for a run that claims an ε: per-client figures (losses, who was in the cohort,
-    who dropped) are not logged at all; the aggregate figures no ε covers are listed as such."""
-    kept = {k: v for k, v in record.items() if k not in ("cohort", "dropped", "clients", "loss")}
+    who dropped, the local-only baselines' training losses) are not logged at all; the aggregate
+    figures no ε covers are listed as such."""
+    kept = {k: v for k, v in record.items() if k not in ("cohort", "dropped", "clients", "loss", "local_baseline")}
     kept["outside_epsilon"] = [k for k in OUTSIDE_EPSILON if k in kept]
     return kept
 
@@ -595,7 +596,7 @@ def summarize(fed: Federation, history: list[dict[str, Any]], run_dir: Path, wal
             "measured_up_bytes": sum(r["bytes_up"] for r in history),
             "measured_down_bytes": sum(r["bytes_down"] for r in history),
         },
-        "privacy": privacy_summary(fed),
+        "privacy": privacy_summary(fed, rounds),
         "secagg_clipped": clipped_summary(history) if fed.channel.name == "secagg" else None,
         "storage": ckpt.disk_usage(run_dir),  # what the run directory weighs: checkpoints, recorded uploads
     }
@@ -621,7 +622,7 @@ def domain_row(name: str, parts: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def privacy_summary(fed: Federation) -> dict[str, Any]:
+def privacy_summary(fed: Federation, rounds: int) -> dict[str, Any]:
     """What the run can honestly say about privacy: the plan's statements, and ε where one is claimed."""
     plan = fed.plan
     out: dict[str, Any] = {"mechanism": plan.mechanism, "statements": list(plan.statements),
@@ -633,9 +634,9 @@ def privacy_summary(fed: Federation) -> dict[str, Any]:
         out["epsilon_server"] = adversary.client_level(plan, out["epsilon"]).server
         out["noise_multiplier"] = plan.noise_multiplier
         out["adjacency"] = plan.adjacency
-    dp_clients = [c for c in fed.clients if c.dp_sgd is not None]
-    if dp_clients:
-        out["dp_sgd"] = {f"{c.site.name} (federated)": _dp(c.dp_sgd) for c in dp_clients}
+    published = dp_sgd_published(fed, rounds)
+    if published:
+        out["dp_sgd"] = {f"{c.site.name} (federated)": dp for c, dp in published}
         out["dp_sgd"] |= {f"{fed.baselines[k].name} (local-only)": _dp(dp) for k, dp in fed.baseline_dp.items()}
     out["epsilon_against"] = [g.to_dict() for g in guarantees(plan, out)]
     return out
@@ -647,14 +648,29 @@ def guarantees(plan: PrivacyPlan, summary: dict[str, Any]) -> list[adversary.Gua
     if "epsilon" in summary:
         out.append(adversary.client_level(plan, summary["epsilon"]))
     for who, dp in summary.get("dp_sgd", {}).items():
-        out.append(adversary.dp_sgd(f"client {who}, z = {dp['noise_multiplier']:.3g}", dp["epsilon"], dp["delta"],
-                                    reproducible=plan.reproducible_noise))
+        assumes = f", {dp['assumes']}" if "assumes" in dp else ""
+        out.append(adversary.dp_sgd(f"client {who}, z = {dp['noise_multiplier']:.3g}{assumes}", dp["epsilon"],
+                                    dp["delta"], reproducible=plan.reproducible_noise))
     dfs = adversary.dfs(plan.dfs, reproducible=plan.reproducible_noise)
     return out + ([dfs] if dfs is not None else [])
 
 
-def _dp(dp: Any) -> dict[str, float]:
+def _dp(dp: Any) -> dict[str, Any]:
     return {"epsilon": dp.epsilon(), "delta": dp.delta, "noise_multiplier": dp.noise_multiplier}
+
+
+def dp_sgd_published(fed: Federation, rounds: int) -> list[tuple[Any, dict[str, Any]]]:
+    """(client, its DP-SGD ε entry) as the run publishes them after ``rounds`` rounds. Under Poisson
+    client sampling the cohorts are secret and each client's own accountant counts the rounds it was
+    selected for — logging that would give them away (found by review): every client's ε is then the
+    ε of a client selected in every round, an upper bound on its own."""
+    cfg = fed.config
+    clients = [c for c in fed.clients if c.dp_sgd is not None]
+    if fed.plan.sampling != "poisson":
+        return [(c, _dp(c.dp_sgd)) for c in clients]
+    return [(c, {**_dp(c.dp_sgd), "epsilon": c.dp_sgd.epsilon_every_round(
+        len(c.site.labels), cfg.schedule.batch_size, cfg.schedule.local_epochs, rounds),
+        "assumes": "selected in every round (the cohorts are secret)"}) for c in clients]
 
 
 def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | None = None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -124,10 +125,6 @@ class SecureChannel:
             shared[u.client_id] = dict(codec.decode_upload(data).shared)
         layout = self.layout(ring_shape(uploads[0]) if uploads else [])
         inputs = {u.client_id: layout.ring_vector_by_name(u, self.rounding(t, u.client_id)) for u in uploads}
-        clipped: dict[str, int] = {}
-        for _, counts in inputs.values():
-            for key, count in counts.items():
-                clipped[key] = clipped.get(key, 0) + count
         up = received = 0
         online = [u.client_id for u in uploads]
         pending = dict(dropouts)
@@ -155,10 +152,11 @@ class SecureChannel:
             received += sum(result.bytes_received)
             contributors = tuple(online[i] for i in result.survivors)
             sums, weights = layout.decode(result.ring_total, len(contributors))
+            clipped = _clipped(inputs, contributors)
             return Aggregate(t, sums, weights, contributors, {k: v for k, v in shared.items() if k in contributors},
                              up + shared_bytes, down + received, sum(clipped.values()), clipped)
         sums, weights = zero_sums(uploads)
-        return Aggregate(t, sums, weights, (), {}, up + shared_bytes, down + received, sum(clipped.values()), clipped)
+        return Aggregate(t, sums, weights, (), {}, up + shared_bytes, down + received, 0, {})
 
     def rounding(self, round_index: int, client_id: int) -> np.random.Generator:
         """The stochastic rounding draws of one client's ring vector, from the run seed: every
@@ -195,6 +193,16 @@ class SecureChannel:
         if at < numel or not pieces:
             pieces.append(_Piece(at, numel - at, values))
         return tuple(pieces)
+
+
+def _clipped(inputs: Mapping[int, tuple[Any, Mapping[str, int]]], contributors: Sequence[int]) -> dict[str, int]:
+    """Per summand, the coordinates the ring's range clipped in the released sum: the contributors'
+    only (found by review: a client that dropped before masking was counted, its count un-noised)."""
+    out: dict[str, int] = {}
+    for k in contributors:
+        for key, count in inputs[k][1].items():
+            out[key] = out.get(key, 0) + count
+    return out
 
 
 def ring_shape(upload: Upload) -> list[tuple[str, int, str, float | None, list[list[int]]]]:

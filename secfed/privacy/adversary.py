@@ -71,7 +71,8 @@ def client_level(plan: PrivacyPlan, epsilon: float) -> Guarantee:
         name = f"client-level central DP ({'DP-FedAvg' if plan.mechanism == 'gaussian' else 'β noise, clipped'})"
     amplified = plan.accounting_sample_rate is not None and plan.accounting_sample_rate < 1
     released = (f"amplified by Poisson client sampling, q = {plan.accounting_sample_rate:.3g}; holds while the "
-                "cohorts stay secret" if amplified else "no amplification by client sampling")
+                "cohorts stay secret (an in-process run directory holds every site's state, from which they can be "
+                "read: keep it with the sites' data)" if amplified else "no amplification by client sampling")
     return Guarantee(name, plan.delta, epsilon, server, note, released, plan.reproducible_noise)
 
 

@@ -211,6 +211,17 @@ class ClientDpSgd:
     def epsilon(self) -> float:
         return self.accountant.epsilon(self.delta)
 
+    def epsilon_every_round(self, num_examples: int, batch_size: int, local_epochs: int, rounds: int) -> float:
+        """ε of a client that trained in every one of ``rounds`` rounds (one loop of ``local_epochs``
+        Poisson epochs each): what a run with secret client cohorts publishes, since the ε a client's
+        own accountant holds counts the rounds it was selected for and so gives the cohorts away."""
+        rate, steps_per_epoch = poisson_schedule(num_examples, batch_size)
+        every = SampledGaussianAccountant()
+        if rounds > 0:
+            every.load_state_dict({**every.state_dict(), "history": [
+                [self.noise_multiplier, rate, steps_per_epoch * local_epochs * rounds]]})
+        return every.epsilon(self.delta)
+
 
 class DpSgdUnsupported(ValueError):
     """A method's local training cannot run under example-level DP-SGD as written (names the method)."""

@@ -93,8 +93,9 @@ SECURE_NOISE = ("Privacy noise and the samples an ε relies on (Poisson cohorts 
 REPRODUCIBLE_NOISE = ("NOT PRIVATE: privacy noise and the samples an ε relies on are drawn from the run seed "
                       "(`privacy.reproducible_noise`); anyone who knows the seed can remove the noise and knows the "
                       "samples. Use only for experiments.")
-NOT_COVERED = ("Not covered by any ε: the training logs' per-round timings, byte counts and evaluation scores, "
-               "and the local-only baselines (metrics.jsonl labels them `outside_epsilon`).")
+NOT_COVERED = ("Not covered by any ε: the training logs' per-round contributor counts, timings, byte counts, "
+               "secure-aggregation clip counts (`secagg_clipped`) and evaluation scores, the local-only baselines' "
+               "among them (metrics.jsonl labels them `outside_epsilon`).")
 
 # the configuration keys the plan's refusals name
 KEY = {name: f"privacy.{name}" for name in PrivacyConfig.model_fields}
@@ -272,6 +273,10 @@ def static_issues(cfg: RunConfig, method: type[Method]) -> list[ConfigIssue]:
     if p.dp_beta_mode == "double" and m.cdw:
         issues.append(ConfigIssue(KEY["dp_beta_mode"], "Eq. 15's correction needs the aggregation weights, which "
                                   "cosine distance weights keep secret inside the masked sum"))
+    if p.sampling == "poisson" and cfg.run.record_uploads and (client_level_dp(p) or p.dp_sgd):
+        issues.append(ConfigIssue("run.record_uploads", "keeps every round's uploads, named by client, in the run "
+                                  "directory: that is the Poisson cohorts the ε's amplification needs secret (and "
+                                  "each upload before the noise) — leave it off, or sample clients fixed"))
     return issues
 
 

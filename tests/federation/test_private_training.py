@@ -241,8 +241,8 @@ def test_dp_logs_carry_no_per_client_figures(small_config: RunConfig, tmp_path: 
     cfg.schedule.rounds = 1
     run(cfg, tmp_path / "dp")
     line = json.loads((tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()[0])
-    for key in ("clients", "cohort", "dropped", "loss"):
-        assert key not in line, key
+    for key in ("clients", "cohort", "dropped", "loss", "local_baseline"):  # (found by review: the baselines'
+        assert key not in line, key                                          # training losses were logged)
     assert {"eval", "seconds", "bytes_up"} <= set(line["outside_epsilon"])
     assert "privacy" in line and "privacy" not in line["outside_epsilon"]
     # the last cohort's own un-noised models are not scored: which domains had a score revealed
@@ -294,3 +294,35 @@ def test_summary_says_whom_each_epsilon_protects_against_and_not_private(two_sit
     line = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
     assert line["privacy"]["epsilon_server"] is None and "NOT PRIVATE" in line["noise"]
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in result.federation.clients[0].site.model.modules())
+
+
+def test_dp_sgd_epsilons_under_secret_cohorts_do_not_give_the_cohorts_away() -> None:
+    """(found by review: under Poisson client sampling, metrics.jsonl's per-client DP-SGD ε rose for
+    exactly the clients that trained that round, so the log named the secret cohorts.) Published, each
+    client's ε is that of a client selected in every round: the same whoever was selected, and an
+    upper bound on its own; under fixed selection (a public cohort) each client's own ε stands."""
+    from types import SimpleNamespace
+
+    from secfed.federation.runtime import dp_sgd_published
+    from secfed.privacy.accountant import SampledGaussianAccountant
+    from secfed.privacy.dpsgd import ClientDpSgd, poisson_schedule
+
+    n, batch, epochs, rounds = 60, 16, 2, 3
+    rate, steps = poisson_schedule(n, batch)
+
+    def client(selected: int) -> SimpleNamespace:
+        accountant = SampledGaussianAccountant()
+        for _ in range(selected * epochs * steps):
+            accountant.step(1.1, rate)
+        dp = ClientDpSgd(1.1, 1.0, 1e-5, accountant, NoiseSource(0))
+        return SimpleNamespace(dp_sgd=dp, site=SimpleNamespace(name=f"site-{selected}", labels=torch.zeros(n)))
+
+    clients = [client(0), client(1), client(rounds)]
+    schedule = SimpleNamespace(batch_size=batch, local_epochs=epochs)
+    fed = SimpleNamespace(config=SimpleNamespace(schedule=schedule), clients=clients,
+                          plan=SimpleNamespace(sampling="poisson"))
+    published = [dp["epsilon"] for _, dp in dp_sgd_published(fed, rounds)]
+    assert published == [pytest.approx(clients[2].dp_sgd.epsilon())] * 3  # one figure: no cohort in it
+    assert clients[0].dp_sgd.epsilon() == 0.0 < clients[1].dp_sgd.epsilon() < published[0]
+    fed.plan.sampling = "fixed"
+    assert [dp["epsilon"] for _, dp in dp_sgd_published(fed, rounds)] == [c.dp_sgd.epsilon() for c in clients]

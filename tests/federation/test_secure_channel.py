@@ -132,6 +132,11 @@ def test_values_beyond_the_range_are_counted() -> None:
     uploads[1] = Upload(1, 5, {**uploads[1].summed, MODEL: Summand(big, 0.2)}, {}, b"h" * 32)
     assert _aggregate(_channel(3), uploads, {}).clipped == 7
     assert _aggregate(_channel(3), _uploads(3), {}).clipped == 0
+    # only what the released sum holds is counted (found by review: a client that dropped before
+    # masking was counted, an un-noised figure of an upload no sum contains); one that vanished after
+    # masking is in the sum, and counted
+    assert _aggregate(_channel(3), uploads, {1: "advertise_keys"}).clipped == 0
+    assert _aggregate(_channel(3), uploads, {1: "unmask"}).clipped == 7
 
 
 def test_batchnorm_statistics_are_summed_in_their_own_range_and_counted_apart() -> None:

@@ -400,3 +400,21 @@ def test_kd_under_client_level_dp_is_refused_naming_method_kd() -> None:
     with pytest.raises(ConfigError, match="KD soft labels") as caught:
         _plan(dict(extra_uploads=(KD_UPLOAD,)), clip=1.0, noise_multiplier=1.0)
     assert [issue.key for issue in caught.value.issues] == ["method.kd"]
+
+
+def test_recorded_uploads_under_a_poisson_epsilon_are_refused() -> None:
+    """(found by review: `--record-uploads` kept each round's uploads named by client — the secret
+    cohorts the amplified ε rests on — while the statement said nothing in the run directory did)"""
+    from secfed.config import RunConfig
+    from secfed.validation import check
+
+    cfg = RunConfig()
+    cfg.method.aggregation, cfg.model.bn_stats = "unweighted", "local"
+    cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.0
+    cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 0.5
+    cfg.run.record_uploads = True
+    with pytest.raises(ConfigError, match="Poisson cohorts") as caught:
+        check(cfg)
+    assert [issue.key for issue in caught.value.issues] == ["run.record_uploads"]
+    cfg.privacy.sampling, cfg.privacy.sample_rate = "fixed", None
+    check(cfg)  # a public cohort: recording it gives nothing away that the ε needs secret

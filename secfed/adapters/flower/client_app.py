@@ -202,7 +202,7 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     for k in sites.sites:
         sites.save(k)
     if private_logs(fed):  # a run that claims an ε logs no per-client figures: they do not leave the node
-        stats = {}
+        stats, baseline = {}, {}
     accountants = {k: {"fed": fed.clients[k].dp_sgd.accountant.state_dict() if fed.clients[k].dp_sgd else None,
                        "local": fed.baseline_dp[k].accountant.state_dict() if k in fed.baseline_dp else None}
                    for k in sites.sites}
