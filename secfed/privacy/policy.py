@@ -93,6 +93,11 @@ SECURE_NOISE = ("Privacy noise and the samples an ε relies on (Poisson cohorts 
 REPRODUCIBLE_NOISE = ("NOT PRIVATE: privacy noise and the samples an ε relies on are drawn from the run seed "
                       "(`privacy.reproducible_noise`); anyone who knows the seed can remove the noise and knows the "
                       "samples. Use only for experiments.")
+# What add/remove adjacency leaves out when the count itself is published (found by review): data.json
+# and the sampling rate show N and each n_k, so a neighbour with one unit more or less is told apart by the
+# count alone; what holds for the data is replace-one adjacency, group privacy of two add/remove steps.
+PUBLIC_COUNT = ("The {unit} count {n} is treated as public (data.json and the sampling rate show it): for replacing "
+                "one {unit} — the same count — the guarantee is (2ε, (1 + e^ε)·δ).")
 NOT_COVERED = ("Not covered by any ε: the training logs' per-round contributor counts, timings, byte counts, "
                "secure-aggregation clip counts (`secagg_clipped`) and evaluation scores, the local-only baselines' "
                "among them (metrics.jsonl labels them `outside_epsilon`).")
@@ -483,7 +488,8 @@ def _facts(cfg: PrivacyConfig, *, num_clients: int, clients_per_round: int, roun
     """The run's shape as the mechanisms see it: selection, δ, rounding inflation, the Poisson skip rule."""
     sampling, sample_rate, fixed_k = _selection(cfg, num_clients, clients_per_round)
     adjacency = (
-        f"add/remove one client, Poisson client sampling with rate q = {sample_rate:.4g} (amplified)"
+        f"add/remove one client, Poisson client sampling with rate q = {sample_rate:.4g} (amplified); "
+        + PUBLIC_COUNT.format(unit="client", n="N")
         if sampling == "poisson"
         else "zero-out (one client's clipped update replaced by zero), fixed K-of-N selection, "
         "no amplification by sampling claimed (q = 1)"
@@ -653,7 +659,8 @@ def _closing_statements(cfg: PrivacyConfig, noise: _NoisePlan, dp_sgd: DpSgdPlan
              else f"z calibrated per client to ε = {dp_sgd.target_epsilon:g}")
         out.append(f"Example-level DP-SGD in every client (Opacus): per-example gradients clipped to "
                    f"{dp_sgd.max_grad_norm:g}, {z}, Poisson batches; each client's (ε, δ) over its own examples "
-                   "(add/remove one example) is accounted separately. BatchNorm is replaced by GroupNorm in every model.")
+                   f"(add/remove one example) is accounted separately. {PUBLIC_COUNT.format(unit='example', n='n_k')} "
+                   "BatchNorm is replaced by GroupNorm in every model.")
     dfs_noised = dfs is not None and dfs[0] > 0
     if noise.claims or dp_sgd is not None or noise.mechanism == "beta" or dfs_noised:
         out.append(REPRODUCIBLE_NOISE if cfg.reproducible_noise else SECURE_NOISE)

@@ -418,3 +418,14 @@ def test_recorded_uploads_under_a_poisson_epsilon_are_refused() -> None:
     assert [issue.key for issue in caught.value.issues] == ["run.record_uploads"]
     cfg.privacy.sampling, cfg.privacy.sample_rate = "fixed", None
     check(cfg)  # a public cohort: recording it gives nothing away that the ε needs secret
+
+
+def test_a_published_count_is_said_beside_the_add_remove_epsilon() -> None:
+    """(found by review: DP-SGD's ε was stated for add/remove one example while n_k — which fixes q, the
+    steps and the calibrated z — is in data.json, so add/remove neighbours differ in what is published;
+    the same for N under Poisson client sampling.) The statement names the count as public and what
+    holds for replace-one adjacency."""
+    dp_sgd = resolve(PrivacyConfig(dp_sgd=True, dp_sgd_noise_multiplier=1.0), **RUN)
+    assert any("count n_k is treated as public" in s and "(2ε, (1 + e^ε)·δ)" in s for s in dp_sgd.statements)
+    poisson = _plan(dict(clients_per_round=0), clip=1.0, noise_multiplier=1.0, sampling="poisson", sample_rate=0.5)
+    assert "count N is treated as public" in poisson.adjacency
