@@ -98,6 +98,8 @@ def synth_command(out: Path, domains: int, unseen: int, public: int, seed: int, 
                                 unseen=unseen, public=public, progress=progress)
         except FileExistsError as err:
             raise click.BadParameter(str(err), param_hint="'OUT'") from None
+        except SynthOptionError as err:  # OUT cannot be made (a read-only or missing mount)
+            raise click.BadParameter(str(err).split(": ", 1)[1], param_hint=f"'{err.option}'") from None
     seconds = time.perf_counter() - started
     rows = recorded(manifest)
     if as_json:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import TaskID
 
 from secfed.cli.common import cli_errors, emit_json, eta_bars, human_console, set_threads
+from secfed.config import MAX_THREADS
 from secfed.models.recipe import BACKBONES, Recipe
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def _report(built: Built, console: Console) -> None:
               help="Training epochs over the set.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=_DEFAULT.seed, show_default=True,
               help="Seed of the set and of training.")
-@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+@click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
               help="torch CPU threads (the same machine and threads write the same bytes).")
 @click.option("--force", is_flag=True, help="Train again even when a verified file exists.")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON object on stdout; the rest on stderr.")

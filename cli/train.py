@@ -80,7 +80,7 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
     try:
         raw = json.loads(config_file.read_text())
         raw = raw["config"] if sweep else raw
-    except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+    except (OSError, KeyError, TypeError, ValueError) as exc:  # ValueError: bad JSON, bytes that are not UTF-8
         raise click.BadParameter(f"{config_file} cannot be read ({exc})", param_hint="--resume") from None
     if not isinstance(raw, dict):
         raise click.BadParameter(f"{config_file} is not a secfed configuration (a JSON object of sections); it "
@@ -88,7 +88,9 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
     try:
         cfg = with_overrides(from_dict(raw), overrides)
     except ConfigError as exc:
-        raise click.UsageError(render(exc, typed=set(overrides), from_file=set(), toml=str(config_file))) from None
+        saved = {f"{section}.{key}" for section, table in raw.items() if isinstance(table, dict) for key in table}
+        raise click.UsageError(render(exc, typed=set(overrides), from_file=saved - set(overrides),
+                                      toml=str(config_file))) from None
     return cfg, run_dir, True
 
 

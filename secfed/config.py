@@ -36,7 +36,7 @@ from pydantic.fields import FieldInfo
 
 # The synthetic generator's ranges, so that `secfed data synth` and `secfed train` accept the same.
 from secfed.errors import ConfigError, ConfigIssue
-from secfed.data.synth import SCALE_HELP, SCALE_RANGE, SYNTH_DOMAINS_RANGE, UNSEEN_RANGE
+from secfed.data.synth import SCALE_HELP, SCALE_RANGE, SEED_RANGE, SYNTH_DOMAINS_RANGE, UNSEEN_RANGE
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,6 +47,9 @@ CONFIG_VERSION = 2
 
 
 # ---- the schema ----------------------------------------------------------------------------------
+
+
+MAX_THREADS = 1024  # more torch threads than any machine has cores (and below what torch's int can hold)
 
 
 def setting(default: Any, flag: str, help: str, *, flag_value: str | None = None, **constraints: Any) -> Any:
@@ -74,7 +77,8 @@ class DataConfig(Section):
     scenario: Literal["by-dataset", "by-camera", "by-identity"] = setting(
         "by-dataset", "--scenario", "One client per dataset, per camera of one dataset, or per slice of its ids.")
     num_clients: int = setting(0, "--num-clients", "Clients for --scenario by-identity.", ge=0)
-    seed: int = setting(0, "--data-seed", "Seed of the synthetic data and of drawn dataset splits.", ge=0)
+    seed: int = setting(0, "--data-seed", "Seed of the synthetic data and of drawn dataset splits.", ge=SEED_RANGE[0],
+                        le=SEED_RANGE[1])
     split_file: str | None = setting(None, "--split-file", "Where drawn splits of the small sets are kept "
                                      "(default: in the run directory; never in the dataset folder).")
     synth_domains: int = setting(4, "--synth-domains", "Synthetic default: number of training domains.",
@@ -234,7 +238,7 @@ class RunSection(Section):
     out: str = setting("runs", "--out", "Parent folder of run directories.")
     name: str | None = setting(None, "--name", "Run directory name (default: algorithm-scenario-time).")
     device: str = setting("auto", "--device", "Where models train: auto (a CUDA GPU if any), cpu, cuda, cuda:1.")
-    threads: int | None = setting(None, "--threads", "torch CPU threads.", ge=1)
+    threads: int | None = setting(None, "--threads", "torch CPU threads.", ge=1, le=MAX_THREADS)
     eval_every: int = setting(4, "--eval-every", "Evaluate every N rounds and after the last (0: last only).", ge=0)
     local_baseline: bool = setting(True, "--local-baseline", "Also train every client alone with the same budget.")
     record_uploads: bool = setting(False, "--record-uploads", "Keep what every client uploaded in the run "
@@ -242,6 +246,15 @@ class RunSection(Section):
     log_to: list[Literal["tensorboard", "mlflow"]] = setting(
         [], "--log-to", "Also log every round's figures, the configuration and history.png to TensorBoard "
         "(RUN/tensorboard) and/or MLflow (MLFLOW_TRACKING_URI, else RUN/mlflow.db).")
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder_name(cls, value: str | None) -> str | None:
+        """A run directory's own name: one folder under `run.out`, nothing a file system refuses."""
+        if value is not None and (value in ("", ".", "..") or any(c in value for c in "/\\")
+                                  or any(ord(c) < 32 or ord(c) == 127 for c in value)):
+            raise ValueError("must be one folder name: no '/', '\\', control characters, '.' or '..'")
+        return value
 
 
 SYNTH_DEFAULT_DOMAINS = DataConfig.model_fields["synth_domains"].default
@@ -384,6 +397,8 @@ def _plain(error: Mapping[str, Any]) -> str:
         message = f"must be {bounds[kind]} {limit}"
     elif kind == "literal_error":
         message = f"must be one of {ctx.get('expected', '')}".replace("'", "")
+    elif kind == "value_error":  # a field validator's own sentence, without pydantic's "Value error, "
+        message = str(ctx.get("error", error["msg"]))
     else:
         message = _PLAIN.get(kind, error["msg"])
     return f"{message} (got {error['input']!r})" if "input" in error else message

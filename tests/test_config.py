@@ -43,6 +43,12 @@ def test_the_readme_documents_every_setting_in_one_table() -> None:
     ({"schedule": {"roundz": 3}}, "schedule.roundz: unknown key; known: rounds"),
     ({"train": {"rounds": 3}}, "train: unknown table"),
     ({"run": {"local_baseline": 1}}, "run.local_baseline: must be true or false"),
+    # found by review: each ended in a traceback (the synthetic generator's seed check, torch's int, mkdir)
+    ({"data": {"seed": 2**63}}, "data.seed: must be ≤ 9223372036854775807"),
+    ({"run": {"threads": 10**11}}, "run.threads: must be ≤ 1024"),
+    ({"run": {"name": "a/b"}}, "run.name: must be one folder name"),
+    ({"run": {"name": "a\x00c"}}, "run.name: must be one folder name"),
+    ({"run": {"name": ".."}}, "run.name: must be one folder name"),
 ])
 def test_wrong_types_and_ranges_are_refused_naming_the_key(table: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):

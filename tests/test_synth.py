@@ -534,6 +534,13 @@ def test_cli_bad_flags_name_the_flag(tmp_path: Path, args: list[str], flag: str)
     assert not (tmp_path / "out").exists()
 
 
+def test_cli_names_an_out_that_cannot_be_made(tmp_path: Path) -> None:
+    """(found by review: OUT under a file was a FileNotFoundError/NotADirectoryError traceback)"""
+    (tmp_path / "afile").write_text("")
+    result = CliRunner().invoke(cli, ["data", "synth", str(tmp_path / "afile" / "out"), "--scale", "0.05"])
+    assert result.exit_code == 2 and "'OUT'" in result.output and "cannot make" in result.output, result.output
+
+
 def test_cli_refuses_non_empty_out(tmp_path: Path) -> None:
     (tmp_path / "x").write_text("")
     result = CliRunner().invoke(cli, ["data", "synth", str(tmp_path), "--scale", "0.05"])

@@ -147,3 +147,22 @@ def test_compare_names_a_run_that_is_missing_or_unfinished(tracked: Path, tmp_pa
     (broken / "summary.json").write_text("{not json")
     result = invoke(["compare", str(broken)])
     assert result.exit_code == 2 and "summary.json" in result.output
+
+
+def test_compare_names_summaries_and_logs_of_the_wrong_shape(tracked: Path, tmp_path: Path) -> None:
+    """(found by review: a summary.json holding a list and a metrics.jsonl line whose eval is not an
+    object were AttributeError tracebacks; a rank-1 given as text was dropped, and the seen-domain mean
+    taken over the other domains without a word)"""
+    summary = json.loads((tracked / "summary.json").read_text())
+    cases = {"list": ("[]", None), "text-rank1": (json.dumps({**summary, "domains": [
+        {**summary["domains"][0], "rank1": "0.5"}, *summary["domains"][1:]]}), None),
+             "eval-list": (None, json.dumps({"round": 1, "eval": [1, 2]}))}
+    for name, (summary_text, metrics_line) in cases.items():
+        damaged = tmp_path / name
+        shutil.copytree(tracked, damaged)
+        if summary_text is not None:
+            (damaged / "summary.json").write_text(summary_text)
+        if metrics_line is not None:
+            (damaged / "metrics.jsonl").write_text(metrics_line + "\n")
+        result = invoke(["compare", str(damaged)])
+        assert result.exit_code == 2 and "cannot be read as a secfed summary" in result.output, (name, result.output)

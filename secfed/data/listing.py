@@ -76,7 +76,11 @@ def list_images(folder: Path, skipped: Counter[str]) -> list[Path]:
     with os.scandir(folder) as entries:
         for entry in entries:
             is_image = os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES
-            if is_image and entry.is_file():
+            try:
+                is_file = is_image and entry.is_file()
+            except OSError as exc:  # a link to itself, a mount that is gone
+                raise DataError(Path(entry.path), f"cannot be read ({exc.strerror or exc})") from None
+            if is_file:
                 images.append(Path(entry.path))
             elif is_image and entry.is_symlink() and not os.path.exists(entry.path):
                 raise DataError(Path(entry.path), f"broken symbolic link (to {os.readlink(entry.path)})")

@@ -223,14 +223,17 @@ def _prepare_out(out: Path) -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         what = "a file" if not out.is_dir() else "a non-empty directory"
         raise FileExistsError(f"{out} is {what}; give a new or empty directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    while True:  # not tempfile.mkdtemp: its 0700 mode would stick to the dataset; mkdir honours the umask
-        tmp = out.parent / f"{out.name}.tmp-{secrets.token_hex(4)}"
-        try:
-            tmp.mkdir()
-            return tmp
-        except FileExistsError:
-            continue
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        while True:  # not tempfile.mkdtemp: its 0700 mode would stick to the dataset; mkdir honours the umask
+            tmp = out.parent / f"{out.name}.tmp-{secrets.token_hex(4)}"
+            try:
+                tmp.mkdir()
+                return tmp
+            except FileExistsError:
+                continue
+    except OSError as exc:  # a read-only or missing mount, a file in the way
+        raise SynthOptionError("OUT", f"cannot make {out}: {exc.strerror or exc}") from None
 
 
 def _write_shots(root: Path, name: str, shots: tuple[Shot, ...], folders: dict[str, str],

@@ -57,8 +57,8 @@ def load_run(path: Path) -> ComparedRun:
                             f"secfed train --resume {path})")
     try:
         summary = json.loads(summary_file.read_text())
-        history = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()] \
-            if (path / "metrics.jsonl").exists() else []
+        history = _history([json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()
+                            if line.strip()] if (path / "metrics.jsonl").exists() else [])
         comm = summary.get("communication", {})
         return ComparedRun(
             label=path.name, path=path, algorithm=str(summary["algorithm"]), rounds=int(summary["rounds"]),
@@ -69,13 +69,32 @@ def load_run(path: Path) -> ComparedRun:
             unseen={d["name"]: _scores(d) for d in summary.get("unseen", [])},
             history=history,
         )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RunUnreadable(f"{summary_file}: cannot be read as a secfed summary ({type(exc).__name__}: {exc})") from None
 
 
 def _scores(domain: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in domain.items()
-            if k in ("rank1", "mAP", "local_rank1", "local_mAP") and isinstance(v, (int, float))}
+    """A domain row's scores; a score that is neither a number nor absent (None) is refused, never
+    dropped — a mean over the rest would be silently over fewer domains (found by review)."""
+    out = {}
+    for k in ("rank1", "mAP", "local_rank1", "local_mAP"):
+        value = domain.get(k)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"domain {domain.get('name')!r}: {k} is {value!r}, not a number")
+        out[k] = float(value)
+    return out
+
+
+def _history(records: list[Any]) -> list[dict[str, Any]]:
+    """metrics.jsonl's records, each an object whose evaluation (if any) maps domains to score objects."""
+    for i, record in enumerate(records, 1):
+        evaluated = record.get("eval") if isinstance(record, dict) else None
+        if not isinstance(record, dict) or not isinstance(evaluated, (dict, type(None))) or not all(
+                isinstance(v, dict) and isinstance(v.get("rank1"), (int, float, type(None))) for v in (evaluated or {}).values()):
+            raise ValueError(f"metrics.jsonl line {i} is not a secfed round record")
+    return records
 
 
 def labels_for(paths: list[Path]) -> list[str]:
@@ -109,7 +128,7 @@ def comparison_figure(runs: list[ComparedRun]) -> Figure:
     for run in runs:
         rounds, means = [], []
         for record in run.history:
-            seen = [v["rank1"] for name, v in (record.get("eval") or {}).items() if name in run.domains]
+            seen = [v["rank1"] for name, v in (record.get("eval") or {}).items() if name in run.domains and v.get("rank1") is not None]
             if seen:
                 rounds.append(record["round"])
                 means.append(100 * sum(seen) / len(seen))

@@ -341,9 +341,13 @@ def new_run_dir(run_dir: Path) -> Iterator[None]:
     config.json), remove what this made — the topmost folder it created, or the contents of a
     ``run_dir`` that was empty — so a refused run leaves no directory behind. A folder that already
     held something, or where a run started (it can be resumed), is never touched."""
-    made = next((p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()), None)
-    was_empty = made is None and run_dir.is_dir() and not any(run_dir.iterdir())
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        made = next((p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()), None)
+        was_empty = made is None and run_dir.is_dir() and not any(run_dir.iterdir())
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:  # a file in the way, a read-only or missing mount, a NUL in the path
+        raise ConfigError("run.out", f"cannot make the run directory {str(run_dir)!r}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
     try:
         yield
     except Exception:

@@ -347,6 +347,23 @@ def test_a_refused_run_leaves_no_directory_behind(synth_root: Path, tmp_path: Pa
     assert list((out / "refused").iterdir()) == []
 
 
+def test_an_out_folder_that_cannot_be_made_or_a_damaged_saved_config_is_named(synth_root: Path, tmp_path: Path) -> None:
+    """(found by review: --out under a file was a NotADirectoryError traceback; a config.json of bytes
+    that are not UTF-8 a UnicodeDecodeError; a bad value in a saved config.json was blamed on a flag)"""
+    (tmp_path / "afile").write_text("")
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--out", str(tmp_path / "afile" / "x")])
+    assert result.exit_code == 2 and "--out" in result.output and "Not a directory" in result.output, result.output
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "config.json").write_bytes(b"\xff\xfe{")
+    result = invoke(["train", "--resume", str(tmp_path / "garbage")])
+    assert result.exit_code == 2 and "cannot be read" in result.output, result.output
+    (tmp_path / "edited").mkdir()
+    (tmp_path / "edited" / "config.json").write_text(json.dumps({"schedule": {"rounds": "x"}}))
+    result = invoke(["train", "--resume", str(tmp_path / "edited")])
+    assert result.exit_code == 2 and "schedule.rounds" in result.output and "--rounds:" not in result.output, \
+        result.output
+
+
 def test_each_epsilon_is_printed_with_whom_it_protects_against(synth_root: Path, tmp_path: Path) -> None:
     """The round lines and the closing statement give ε against the released models beside ε against
     the server (none under central noise), and say NOT PRIVATE under reproducible noise."""

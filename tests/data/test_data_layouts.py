@@ -85,6 +85,11 @@ def test_broken_link_is_an_error_and_stray_entries_are_counted(tmp_path, layouts
     with pytest.raises(DataError, match="broken symbolic link") as err:
         load_dataset(root, "market1501")
     assert err.value.path == link
+    link.unlink()
+    link.symlink_to(link.name)  # a link to itself (found by review: an OSError traceback)
+    with pytest.raises(DataError, match="cannot be read .Too many levels of symbolic links") as err:
+        load_dataset(root, "market1501")
+    assert err.value.path == link
 
 
 def test_missing_root_is_an_error(tmp_path):
