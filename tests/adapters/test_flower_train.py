@@ -381,3 +381,23 @@ def test_a_node_scores_only_its_sites_planned_jobs(small_config, tmp_path):
             _allowed_jobs(sites, [crafted])
     with pytest.raises(node_files.NodeSetupError, match="list of"):
         _allowed_jobs(sites, {"jobs": 1})
+
+
+def test_every_sites_local_only_baseline_trains_every_round_as_in_process(small_config, tmp_path):
+    """(found by review: only the nodes hosting a cohort site got a train message, so the other sites'
+    local-only baselines skipped those rounds and their column scored a less trained model)"""
+    cfg = small_config
+    cfg.data.datasets = ["corridor", "plaza"]
+    cfg.schedule.clients_per_round = 1  # of 2 sites, one per node: a node sits out each round
+    local = run(cfg, tmp_path / "in-process")
+    grid, _ = flower_nodes(tmp_path, 2, cfg)
+    FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), None, phase_timeout=60,
+                             poll=0.01)).run()
+    ours, theirs = (
+        [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (tmp_path / "flower",
+                                                                                           local.run_dir))
+    for mine, reference in zip(ours, theirs):
+        assert len(mine["cohort"]) == 1 and len(reference["local_baseline"]) == 2
+        assert mine["local_baseline"].keys() == reference["local_baseline"].keys()
+        for name, stats in reference["local_baseline"].items():
+            assert mine["local_baseline"][name]["loss"] == pytest.approx(stats["loss"], rel=1e-6)

@@ -180,8 +180,8 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     fed, cfg = sites.fed, sites.fed.config
     t = int(step["round"])
     cohort = [k for k in sites.sites if k in set(step["cohort"])]
-    broadcasts = content[BROADCAST]
-    common = array_bytes(broadcasts["common"], BROADCAST)
+    broadcasts = content[BROADCAST] if cohort else None  # a node without a cohort site trains its baselines only
+    common = array_bytes(broadcasts["common"], BROADCAST) if broadcasts is not None else b""
 
     def receive(k: int) -> Any:
         personal = broadcasts.get(f"site-{k}")

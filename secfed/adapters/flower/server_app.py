@@ -65,7 +65,7 @@ from .encoding import RING, Encoding
 from .node import Cohort
 from .replies import MalformedReply, TrainReply, hello_reply, scores_reply, train_reply
 from .wire import CONTROL, bytes_array
-from .workflow import NextRound, SecAggWorkflow, exchange
+from .workflow import NextRound, SecAggWorkflow, collect, exchange, send
 
 log = logging.getLogger("secfed.flower")
 app = ServerApp()
@@ -238,6 +238,12 @@ class FlowerRun:
         step = self._step("train", round=t, cohort=cohort, **({"shape": self._shape} if masked else {}))
         targets = {n: RecordDict({STEP: step, BROADCAST: ArrayRecord(arrays)})
                    for n, sites in hosts.items() if set(sites) & set(cohort)}
+        # The local-only baselines train every round, as in-process: the nodes without a cohort site
+        # get a train message of their own (no broadcast: they train no federated site), answered
+        # beside the cohort's (found by review: their baselines trained only in rounds they were in)
+        idle = send(self.grid, {n: RecordDict({STEP: self._step("train", round=t, cohort=cohort)})
+                                for n in hosts if n not in targets} if fed.baselines else {},
+                    timeout=self.settings.train_timeout, group=str(t + 1))
         if masked:
             aggregate, replies, t_train = self.train_masked(fed, hosts, targets, wire, t, cohort)
             trained, client_stats, baseline_stats = self._read(fed, replies)
@@ -254,6 +260,8 @@ class FlowerRun:
             _say(f"  trained: {sum(len(v) for v in trained.values())} clients on {len(trained)} SuperNodes "
                  f"({t_train - t0:.1f} s)")
             aggregate = self.aggregate(fed, hosts, broadcast, wire, replies, trained, t)
+        idle_replies = self._checked(hosts, {n: r.content for n, r in collect(self.grid, idle, poll=self.settings.poll).items()})
+        baseline_stats.update(self._read(fed, idle_replies)[2])
         dropped = {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors}
         return Trained(aggregate, client_stats, baseline_stats, dropped, t_train)
 

@@ -284,12 +284,31 @@ def exchange(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, 
              message_type: str = MessageType.TRAIN) -> dict[int, Message]:
     """Send one message per node (``contents``: node id → content); the replies that arrive before
     the deadline, by node. Error replies and silence are logged and left out."""
+    return collect(grid, send(grid, contents, timeout=timeout, group=group, message_type=message_type), poll=poll)
+
+
+@dataclass
+class Sent:
+    """Messages pushed and not yet answered: message id → node, and when to stop waiting."""
+
+    pending: dict[str, int]
+    deadline: float
+    timeout: float
+
+
+def send(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, group: str = "",
+         message_type: str = MessageType.TRAIN) -> Sent:
+    """Push one message per node without waiting (:func:`collect` the replies later)."""
     out = [Message(c, dst_node_id=n, message_type=message_type, group_id=group, ttl=timeout + 60)
            for n, c in contents.items()]
-    ids = list(grid.push_messages(out))
-    pending = {mid: n for mid, n in zip(ids, contents) if mid}
+    ids = list(grid.push_messages(out)) if out else []
+    return Sent({mid: n for mid, n in zip(ids, contents) if mid}, time.monotonic() + timeout, timeout)
+
+
+def collect(grid: Grid, sent: Sent, *, poll: float = 0.2) -> dict[int, Message]:
+    """The replies to ``sent`` that arrive before its deadline, by node; errors and silence logged."""
+    pending, timeout, deadline = dict(sent.pending), sent.timeout, sent.deadline
     replies: dict[int, Message] = {}
-    deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         for reply in grid.pull_messages(list(pending)):
             node = pending.pop(reply.metadata.reply_to_message_id, None)
