@@ -72,6 +72,8 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
                                "may change)")
     sweep = is_sweep(run_dir)
     config_file = run_dir / (SWEEP_FILE if sweep else "config.json")
+    if not sweep and not config_file.is_file():
+        _restore_config(run_dir, config_file)
     if not config_file.is_file():
         raise click.BadParameter(
             f"{run_dir} has no config.json: it is not a secfed run directory, or it was interrupted before its "
@@ -92,6 +94,25 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
         raise click.UsageError(render(exc, typed=set(overrides), from_file=saved - set(overrides),
                                       toml=str(config_file))) from None
     return cfg, run_dir, True
+
+
+def _restore_config(run_dir: Path, config_file: Path) -> None:
+    """A run directory that lost its config.json but kept checkpoints: each checkpoint holds the run's
+    configuration, so config.json is written back from the newest intact one (nothing finished is
+    lost; before, the advice was to delete the directory)."""
+    from secfed import atomic_file
+    from secfed.federation import checkpoint as ckpt
+
+    if not ckpt.list_checkpoints(run_dir):
+        return
+    try:
+        path, state = ckpt.load_newest(run_dir)
+        restored = from_dict(state["config"]).to_json()
+    except (ckpt.CheckpointError, ConfigError, KeyError, TypeError) as exc:
+        raise click.BadParameter(f"{run_dir} has no config.json and its checkpoints cannot restore it ({exc})",
+                                 param_hint="--resume") from None
+    atomic_file.write_text(config_file, restored)
+    human_console(True).print(f"[yellow]{config_file} was missing: restored from {path}[/yellow]")
 
 
 @click.command("train")

@@ -234,6 +234,20 @@ def test_resume_of_a_finished_run_reads_its_saved_config_and_reports_the_same(tr
     assert f"run directory: {run_dir} ({weighs} on disk)\n" in result.output
 
 
+def test_a_run_that_lost_its_config_json_resumes_from_the_configuration_its_checkpoints_hold(
+        trained: tuple[dict, Path], tmp_path: Path) -> None:
+    """(found by review: the advice was to delete the run directory and start again, losing every
+    finished round, though each checkpoint holds the configuration)"""
+    summary, run_dir = trained
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    (copy / "config.json").unlink()
+    result = invoke(["train", "--resume", str(copy), "--json", "--threads", "2"])
+    assert result.exit_code == 0 and "was missing: restored from" in result.output, result.output
+    assert json.loads(result.stdout)["domains"] == summary["domains"]
+    assert json.loads((copy / "config.json").read_text()) == json.loads((run_dir / "config.json").read_text())
+
+
 def test_a_moved_run_and_its_moved_data_evaluate_with_data_root(trained: tuple[dict, Path], synth_root: Path,
                                                                   tmp_path: Path) -> None:
     summary, run_dir = trained
