@@ -401,3 +401,24 @@ def test_every_sites_local_only_baseline_trains_every_round_as_in_process(small_
         assert mine["local_baseline"].keys() == reference["local_baseline"].keys()
         for name, stats in reference["local_baseline"].items():
             assert mine["local_baseline"][name]["loss"] == pytest.approx(stats["loss"], rel=1e-6)
+
+
+def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_config, tmp_path):
+    """(found by review: the server writes the run configuration, so it could turn the noise down or
+    off and the nodes trained on; a node that sets secfed-max-epsilon now refuses such a run)"""
+    cfg = small_config
+    cfg.method.aggregation, cfg.model.bn_stats = "unweighted", "local"
+    node = {"partition-id": 0, "num-partitions": 3, node_files.STATE_DIR_KEY: str(tmp_path), **own_nodes_policy(cfg)}
+    cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.2
+    sites = NodeSites.open(cfg, node, secrets.token_hex(16), train=False)
+    reached = sites_module.planned_epsilons(sites.fed, sites.sites)["client-level"]
+    ledger = sites.fed.server.privacy.plan.ledger()
+    for _ in range(cfg.schedule.rounds):
+        ledger.record_round(3)
+    assert reached == pytest.approx(ledger.epsilon())  # Gaussian noise: every round costs the same
+    NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached * 1.01}, secrets.token_hex(16), train=False)
+    with pytest.raises(node_files.NodeSetupError, match=r"would reach client-level ε = .* requires ε ≤"):
+        NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached / 2}, secrets.token_hex(16), train=False)
+    cfg.privacy.clip, cfg.privacy.noise_multiplier = None, None  # the server turned the noise off
+    with pytest.raises(node_files.NodeSetupError, match="claims no ε for this node's sites"):
+        NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: 100}, secrets.token_hex(16), train=False)

@@ -27,7 +27,9 @@ anything (:func:`check_run`): a run without secure aggregation is refused unless
 ``secfed-allow-plain`` (the uploads would leave the node in the clear), and every path the
 configuration names is a path on this machine — data is read only from the node's own
 ``secfed-data-root``, and the dataset folders, ``data.split_file`` (which the node writes) and
-``method.kd_public`` must lie inside it.
+``method.kd_public`` must lie inside it. With ``secfed-max-epsilon`` set, the run must also claim an
+ε for the node's sites no larger, over all its rounds at the worst case (:func:`check_privacy`): the
+server cannot turn the noise down or off.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from . import node
 
 DATA_ROOT_KEY = "secfed-data-root"
 ALLOW_PLAIN_KEY = "secfed-allow-plain"
+MAX_EPSILON_KEY = "secfed-max-epsilon"
 STATE_FILE = "state.pt"
 _TOKEN = re.compile(r"^[0-9a-f]{16,64}$")
 
@@ -91,6 +94,24 @@ def check_run(cfg: RunConfig, node_config: Mapping[str, object]) -> Path | None:
         if value is not None and not (root / Path(value).expanduser()).resolve().is_relative_to(root):
             raise node.NodeSetupError(f"{key} = {value!r} lies outside this node's {DATA_ROOT_KEY} ({root})")
     return root
+
+
+def planned_epsilons(fed: Federation, sites: Sequence[int]) -> dict[str, float]:
+    """The ε the run claims for ``sites`` after all its rounds, at the worst case (every round
+    released, each of the sites selected in every one): the client-level ε and each site's DP-SGD ε."""
+    rounds, schedule = fed.config.schedule.rounds, fed.config.schedule
+    out = {}
+    ledger = fed.server.privacy.plan.ledger()
+    if ledger is not None:
+        for _ in range(rounds):
+            ledger.record_lost_release()  # the worst case of a round: the fewest honest noise shares
+        out["client-level"] = ledger.epsilon()
+    for k in sites:
+        dp = fed.clients[k].dp_sgd
+        if dp is not None:
+            out[f"{fed.clients[k].site.name} DP-SGD"] = dp.epsilon_every_round(
+                fed.data_info["clients"][k]["images"], schedule.batch_size, schedule.local_epochs, rounds)
+    return out
 
 
 def own_nodes_policy(cfg: RunConfig) -> dict[str, str]:
@@ -129,10 +150,31 @@ class NodeSites:
         fed = build(cfg, data_root=root, train_images=False, eval_images=not train, images=cache)
         sites = hosted(node_config, len(fed.clients))
         nodes = cls(fed, sites, run_folder(node_config, token))
+        nodes.check_privacy(node_config)
         if train and sites:
             nodes._load_images(root, cache)
         nodes.reload()
         return nodes
+
+    def check_privacy(self, node_config: Mapping[str, object]) -> None:
+        """The node's privacy floor (see the module docstring): refused naming the ε the run would
+        reach for this node's sites, or that it claims none."""
+        raw = node_config.get(MAX_EPSILON_KEY)
+        if raw is None:
+            return
+        try:
+            most = float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise node.NodeSetupError(f"node config {MAX_EPSILON_KEY}={raw!r} is not a number") from None
+        reached = planned_epsilons(self.fed, self.sites)
+        if not reached:
+            raise node.NodeSetupError(f"the run claims no ε for this node's sites; this node requires ε ≤ {most:g} "
+                                      f"({MAX_EPSILON_KEY})")
+        over = {what: eps for what, eps in reached.items() if not eps <= most}
+        if over:
+            shown = ", ".join(f"{what} ε = {eps:.3g}" for what, eps in over.items())
+            raise node.NodeSetupError(f"the run would reach {shown} over its {self.fed.config.schedule.rounds} "
+                                      f"rounds; this node requires ε ≤ {most:g} ({MAX_EPSILON_KEY})")
 
     def reload(self) -> None:
         """Load the state each of the node's sites saved (a site that never trained keeps its start)."""
