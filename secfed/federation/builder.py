@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -322,7 +322,7 @@ def build(
     run_dir: Path | None = None,
     data_root: Path | None = None,
     train_images: bool = True,
-    eval_images: bool = True,
+    eval_images: bool | Callable[[Federation], Collection[str]] = True,
     images: ImageLoader = load_images,
 ) -> Federation:
     """Read data, split it, and create the sites (with their initial models), server and channel.
@@ -331,8 +331,10 @@ def build(
     overrides `data.root` for moved data. ``train_images=False`` skips decoding the clients'
     training images (evaluation only needs the models and the query/gallery sets);
     ``eval_images=False`` skips the query/gallery sets (the domains are then names and owners, as
-    the server holds them: a Flower node's train message scores nothing). ``images`` decodes a list
-    of samples (a Flower node passes one that keeps what it decoded)."""
+    the server holds them: a Flower node's train message scores nothing); a function of the federation
+    (its domains still names and owners) decodes only the domains it names — a Flower node's, those
+    its sites score. ``images`` decodes a list of samples (a Flower node passes one that keeps what it
+    decoded)."""
     check(cfg)
     pretrain.require(cfg.model.pretrained, cfg.model.backbone, cfg.data.height, cfg.data.width)  # before any data
     split_path = Path(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
@@ -350,8 +352,9 @@ def build(
     fed = assemble(cfg, census, data.public, shards=shards, train_images=train_images,
                    images=images)
     if eval_images:
-        fed.domains = [_eval_domain(d, ids, h, w, images) for d, ids in evaluated]
-        fed.domains += [_eval_domain(d, (), h, w, images) for d in data.unseen]
+        wanted = None if eval_images is True else set(eval_images(fed))  # type: ignore[operator]
+        fed.domains = [_eval_domain(d, ids, h, w, images) if wanted is None or d.name in wanted else DomainInfo(d.name, ids)
+                       for d, ids in [*evaluated, *((d, ()) for d in data.unseen)]]
     return fed
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from secfed.adapters.flower import node as node_files
-from secfed.adapters.flower.sites import NodeSites, own_nodes_policy
+from secfed.adapters.flower.sites import NodeSites, own_nodes_policy, scored_domains
 from secfed.federation.builder import EvalDomain
 
 HEAVY = ("torch", "torchvision", "opacus", "scipy", "matplotlib")
@@ -77,7 +77,12 @@ def test_a_train_message_loads_no_query_or_gallery_and_an_evaluate_message_does(
     assert all(len(trained.fed.clients[k].site.images) for k in trained.sites)  # what training reads is there
     scored = NodeSites.open(tiny_config, config, token, train=False)
     assert [d.name for d in scored.fed.domains] == [d.name for d in trained.fed.domains]
-    assert all(isinstance(d, EvalDomain) and len(d.query) and len(d.gallery) for d in scored.fed.domains)
+    # only the domains its own sites score are decoded (found by review: a node decoded every
+    # domain's query/gallery, other sites' included)
+    decoded = {d.name for d in scored.fed.domains if isinstance(d, EvalDomain) and len(d.query) and len(d.gallery)}
+    assert decoded == scored_domains(scored.fed, scored.sites) == {scored.fed.clients[k].site.name for k in scored.sites}
+    other = NodeSites.open(tiny_config, {**config, "partition-id": 1}, token, train=False)
+    assert not decoded & {d.name for d in other.fed.domains if isinstance(d, EvalDomain)}
 
 
 def test_the_clientapp_command_a_supernode_starts_skips_the_supernodes_own_cli(tmp_path):

@@ -96,6 +96,15 @@ def check_run(cfg: RunConfig, node_config: Mapping[str, object]) -> Path | None:
     return root
 
 
+def scored_domains(fed: Federation, sites: Sequence[int]) -> set[str]:
+    """The domains whose query/gallery ``sites`` score (evaluate.py's plan at its widest): the only ones a
+    node decodes — not every domain of the run (found by review: each node decoded all of them)."""
+    from secfed.federation.evaluate import plan
+
+    jobs = plan(fed, local_training=True, final=True, cohort=sites)
+    return {name for k in sites for _, _, name in jobs.get(k, [])}
+
+
 def planned_epsilons(fed: Federation, sites: Sequence[int]) -> dict[str, float]:
     """The ε the run claims for ``sites`` after all its rounds, at the worst case (every round
     released, each of the sites selected in every one): the client-level ε and each site's DP-SGD ε."""
@@ -147,7 +156,8 @@ class NodeSites:
         root = check_run(cfg, node_config)
         cfg = _under(cfg, root)
         cache = ImageCache(node.state_dir(node_config) / "images")
-        fed = build(cfg, data_root=root, train_images=False, eval_images=not train, images=cache)
+        fed = build(cfg, data_root=root, train_images=False, images=cache,
+                    eval_images=False if train else lambda fed: scored_domains(fed, hosted(node_config, len(fed.clients))))
         sites = hosted(node_config, len(fed.clients))
         nodes = cls(fed, sites, run_folder(node_config, token))
         nodes.check_privacy(node_config)
