@@ -43,7 +43,7 @@ from .errors import (
 from .quantize import Quantizer, largest_cohort, ring_bits
 from .driver import Phases, Session, StepTime, Transport, WireTransport, drive
 from .secagg.client import ClientPrimitives, ClientState, SecAggClient
-from .secagg.graph import GraphParams, NeighbourGraph, choose_params
+from .secagg.graph import GraphParams, NeighbourGraph, choose_params, withstands
 from .secagg.keys import model_digest
 from .secagg.messages import decode, encode, encoded_size, validate
 from .secagg.server import AggregateResult, SecAggServer
@@ -89,6 +89,7 @@ __all__ = [
     "WrongRound",
     "WrongSender",
     "choose_params",
+    "withstands",
     "decode",
     "drive",
     "encode",

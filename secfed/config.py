@@ -215,7 +215,7 @@ class PrivacyConfig(Section):
     noise_multiplier: float | None = setting(None, "--noise-multiplier", "Client-level DP-FedAvg noise "
                                              "multiplier z.", gt=0)
     target_epsilon: float | None = setting(None, "--target-epsilon", "Derive z for this ε at --delta.", gt=0)
-    delta: float | None = setting(None, "--delta", "δ of client-level DP: min(1e-5, N^-1.1) unless given; --target-epsilon needs it given.", gt=0, lt=1)
+    delta: float | None = setting(None, "--delta", "δ of client-level DP: min(1e-5, 0.1/N) unless given; --target-epsilon needs it given.", gt=0, lt=1)
     sampling: Literal["fixed", "poisson"] = setting("fixed", "--sampling", "Client selection: K of N, or Poisson "
                                                     "with --sample-rate (amplifies ε).")
     sample_rate: float | None = setting(None, "--sample-rate", "Poisson client-sampling rate q.", gt=0, le=1)
@@ -227,7 +227,7 @@ class PrivacyConfig(Section):
     dp_sgd_clip: float = setting(1.0, "--dp-sgd-clip", "DP-SGD per-example gradient norm bound.", gt=0)
     dp_sgd_target_epsilon: float | None = setting(None, "--dp-sgd-target-epsilon", "Calibrate each client's "
                                                   "DP-SGD noise to this ε.", gt=0)
-    dp_sgd_delta: float | None = setting(None, "--dp-sgd-delta", "δ of DP-SGD: min(1e-5, n_k^-1.1) unless given; --dp-sgd-target-epsilon needs it given.",
+    dp_sgd_delta: float | None = setting(None, "--dp-sgd-delta", "δ of DP-SGD: min(1e-5, 0.1/n_k) unless given; --dp-sgd-target-epsilon needs it given.",
                                          gt=0, lt=1)
     reproducible_noise: bool = setting(False, "--reproducible-noise", "Experiments only: draw privacy noise and "
                                        "the samples an ε relies on from the run seed. The run is then NOT PRIVATE.")

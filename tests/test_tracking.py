@@ -166,3 +166,7 @@ def test_compare_names_summaries_and_logs_of_the_wrong_shape(tracked: Path, tmp_
             (damaged / "metrics.jsonl").write_text(metrics_line + "\n")
         result = invoke(["compare", str(damaged)])
         assert result.exit_code == 2 and "cannot be read as a secfed summary" in result.output, (name, result.output)
+    unscored = tmp_path / "unscored"  # a domain whose scoring node did not answer: None, a legitimate record
+    shutil.copytree(tracked, unscored)
+    (unscored / "metrics.jsonl").write_text(json.dumps({"round": 1, "eval": {"campus": None}}) + "\n")
+    assert invoke(["compare", str(unscored)]).exit_code == 0

@@ -92,7 +92,8 @@ def _history(records: list[Any]) -> list[dict[str, Any]]:
     for i, record in enumerate(records, 1):
         evaluated = record.get("eval") if isinstance(record, dict) else None
         if not isinstance(record, dict) or not isinstance(evaluated, (dict, type(None))) or not all(
-                isinstance(v, dict) and isinstance(v.get("rank1"), (int, float, type(None))) for v in (evaluated or {}).values()):
+                v is None or (isinstance(v, dict) and isinstance(v.get("rank1"), (int, float, type(None))))
+                for v in (evaluated or {}).values()):
             raise ValueError(f"metrics.jsonl line {i} is not a secfed round record")
     return records
 
@@ -128,7 +129,8 @@ def comparison_figure(runs: list[ComparedRun]) -> Figure:
     for run in runs:
         rounds, means = [], []
         for record in run.history:
-            seen = [v["rank1"] for name, v in (record.get("eval") or {}).items() if name in run.domains and v.get("rank1") is not None]
+            seen = [v["rank1"] for name, v in (record.get("eval") or {}).items()
+                    if name in run.domains and v is not None and v.get("rank1") is not None]
             if seen:
                 rounds.append(record["round"])
                 means.append(100 * sum(seen) / len(seen))

@@ -152,6 +152,8 @@ def _curves(records: list[Mapping[str, Any]], source: str) -> dict[str, dict[str
             if not isinstance(evaluations, Mapping):
                 raise ValueError(f"{where} (round {rnd}): '{kind}' must map domain → metrics")
             for domain, metrics in evaluations.items():
+                if metrics is None:  # not scored this round (its scoring node did not answer): no point
+                    continue
                 points = curves.setdefault(kind, {}).setdefault(str(domain), {key: [] for key, _ in _METRICS})
                 for key, _ in _METRICS:
                     value = metrics.get(key) if isinstance(metrics, Mapping) else None

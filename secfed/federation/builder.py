@@ -212,6 +212,13 @@ def _list_images(folder: Path) -> list[Path]:
     return images
 
 
+def within(root: Path, name: str | Path) -> bool:
+    """Whether ``name`` names a place under ``root`` as written — neither absolute elsewhere nor
+    climbing out with ``..``. Lexical on purpose: a link inside ``root`` to data kept on another disk
+    is the operator's own layout (whoever names ``name`` cannot make links there)."""
+    return Path(os.path.normpath(root / Path(name).expanduser())).is_relative_to(os.path.normpath(root))
+
+
 def _entries_under(root: Path, requested: Sequence[str], key: str) -> list[tuple[str, str]]:
     """(folder, format) pairs: the requested NAME[:FORMAT] folders, a synthetic manifest's domains,
     the root itself when it is one dataset, or every sub-folder whose name implies a format."""
@@ -223,7 +230,7 @@ def _entries_under(root: Path, requested: Sequence[str], key: str) -> list[tuple
             if fmt not in FORMATS:
                 raise ConfigError(key, f"{entry}: cannot tell the format; write {name}:FORMAT with FORMAT one of "
                                   f"{', '.join(FORMATS)}")
-            if not (root / name).resolve().is_relative_to(root.resolve()):
+            if not within(root, name):
                 raise ConfigError(key, f"{entry}: a dataset is a folder under `data.root` ({root}), not outside it")
             if not (root / name).is_dir():
                 raise ConfigError(key, f"{root / name} is not a directory")

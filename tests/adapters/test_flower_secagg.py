@@ -4,6 +4,8 @@ leaves a node, the node's policy and the sealed state."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MessageType, RecordDict
@@ -14,7 +16,8 @@ from secfed.adapters.flower import SecAggStrategy, SecAggWorkflow, is_weighted_m
 from secfed.adapters.flower import node as node_files
 from secfed.adapters.flower.mod import STATE_RECORD, SecAggMod, SessionRefused, _unframe
 from secfed.adapters.flower.wire import CONTROL, NEXT, PAYLOAD, decode_session, encode_session
-from secfed.protocols import ClientState, DecryptionFailed, GraphParams, MalformedMessage, SecAggClient, SessionConfig
+from secfed.protocols import (ClientState, DecryptionFailed, GraphParams, MalformedMessage, SecAggClient, SessionConfig,
+                              choose_params)
 
 from fakegrid import FakeGrid
 
@@ -250,11 +253,17 @@ def test_a_session_weaker_than_the_colluders_a_node_assumes_is_refused(tmp_path)
                       RecordDict(), {})
     mod = SecAggMod()
     for weak in (GraphParams(5, 4, 1), GraphParams(10, 9, 2, corrupt_bound=1)):  # ⌊0.2·n⌋ = 1, 2 colluders
-        with pytest.raises(SessionRefused, match="colluding clients"):
+        with pytest.raises(SessionRefused, match="does not withstand"):
             mod.check_session(context, _session(weak))
     mod.check_session(context, _session(GraphParams(5, 4, 2, corrupt_bound=1)))  # choose_params(5)'s strength
     mod.check_session(context, _session(GraphParams(10, 9, 3)))  # the threshold's own bound: t − 1 = 2
     SecAggMod(corrupt_fraction=0.0).check_session(context, _session(GraphParams(5, 4, 1)))  # a node assuming none
+    # the server's own sparse sessions pass (found by review of the first fix: t > ⌊0.2·n⌋ is the complete
+    # graph's condition, and refused SecAgg+ from n = 127 up); one with its threshold lowered does not
+    for n in (127, 200, 1000):
+        mod.check_session(context, _session(choose_params(n, authenticated=False)))
+        with pytest.raises(SessionRefused, match="does not withstand"):
+            mod.check_session(context, _session(replace(choose_params(n, authenticated=False), threshold=2)))
     with pytest.raises(SessionRefused):
         SecAggMod(corrupt_fraction=0.5).check_session(context, _session(GraphParams(10, 9, 3)))
 
@@ -262,15 +271,18 @@ def test_a_session_weaker_than_the_colluders_a_node_assumes_is_refused(tmp_path)
 def test_a_node_requiring_secure_aggregation_refuses_a_plain_train_message(tmp_path):
     """(found by review: a train message without secfed's control record went to the app, whose reply
     — the raw arrays and metrics — left the node unmasked)"""
-    app = ClientApp(mods=[SecAggMod(state_dir=tmp_path)])
+    def app(require_secagg: bool) -> ClientApp:
+        client = ClientApp(mods=[SecAggMod(state_dir=tmp_path, require_secagg=require_secagg)])
 
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
+        @client.train()
+        def train(msg: Message, context: Context) -> Message:
+            return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
 
-    grid = FakeGrid({1000: (app, {"secfed-require-secagg": True}), 1001: (app, {})})
+        return client
+
+    grid = FakeGrid({1000: (app(True), {}), 1001: (app(False), {})})
     replies = grid.send_and_receive([Message(RecordDict({"arrays": initial_arrays()}), dst_node_id=n,
                                              message_type=MessageType.TRAIN) for n in (1000, 1001)])
     refused, answered = sorted(replies, key=lambda r: r.metadata.src_node_id)
-    assert refused.has_error() and "requires it (secfed-require-secagg)" in refused.error.reason
+    assert refused.has_error() and "requires it (require_secagg)" in refused.error.reason
     assert not answered.has_error() and "arrays" in answered.content  # the node's own choice: the app answers

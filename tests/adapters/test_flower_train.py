@@ -21,7 +21,7 @@ from secfed.adapters.flower.server_app import FlowerRun, Settings
 from secfed.adapters.flower import site_host
 from secfed.adapters.flower import sites as sites_module
 from secfed.adapters.flower.sites import NodeSites, own_nodes_policy
-from secfed.adapters.flower.wire import array_bytes, bytes_array
+from secfed.adapters.flower.wire import SITES, array_bytes, bytes_array
 from secfed.cli.main import cli
 from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
@@ -356,7 +356,13 @@ def test_a_node_refuses_a_run_that_unmasks_it_or_names_paths_outside_its_data(sm
             sites_module.check_run(changed, node)
     with pytest.raises(node_files.NodeSetupError, match="names paths on this machine .data.root."):
         sites_module.check_run(cfg, {node_files.STATE_DIR_KEY: str(tmp_path / "node"), sites_module.ALLOW_PLAIN_KEY: 1})
-    assert sites_module.check_run(cfg, node) == synth_root.resolve()
+    assert sites_module.check_run(cfg, node) == synth_root.absolute()
+    # a folder linked into the data root from another disk is the operator's layout, not an escape
+    # (found by review of the first fix, which resolved links and refused it, in-process too)
+    linked = tmp_path / "linked-root"
+    linked.mkdir()
+    (linked / "plaza").symlink_to(synth_root / "plaza", target_is_directory=True)
+    assert sites_module.within(linked, "plaza") and not sites_module.within(linked, "plaza/../../x")
     escaping = cfg.model_copy(update={"data": cfg.data.model_copy(update={"datasets": [
         "../" + synth_root.name + "-copy/plaza", str(tmp_path), "campus"]})})
     with pytest.raises(ConfigError, match="not outside it"):
@@ -391,8 +397,13 @@ def test_every_sites_local_only_baseline_trains_every_round_as_in_process(small_
     cfg.schedule.clients_per_round = 1  # of 2 sites, one per node: a node sits out each round
     local = run(cfg, tmp_path / "in-process")
     grid, _ = flower_nodes(tmp_path, 2, cfg)
+    told: list[tuple[int, list[int]]] = []  # which sites each train message names (found by review: every
+    grid.tamper = lambda m: told.append((m.metadata.dst_node_id, list(m.content.config_records[SITES]["train"]))) \
+        if SITES in m.content.config_records else None  # node was sent the whole, secret, cohort)
     FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), None, phase_timeout=60,
                              poll=0.01)).run()
+    assert told and all(set(sites) <= {(node - 2000)} for node, sites in told)  # a node hears of its own only
+    assert [sites for _, sites in told].count([]) == cfg.schedule.rounds  # the idle node, once a round
     ours, theirs = (
         [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (tmp_path / "flower",
                                                                                            local.run_dir))

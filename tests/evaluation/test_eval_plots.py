@@ -103,3 +103,12 @@ def test_bad_jsonl_line_names_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"metrics.jsonl:3: not a JSON line"):
         plot_history(metrics, tmp_path / "out.png")
     assert not (tmp_path / "out.png").exists()
+
+
+def test_a_domain_not_scored_in_a_round_is_a_gap_not_an_error() -> None:
+    """(found by review: a Flower node that did not answer the evaluation left its domain's entry None,
+    and drawing history.png at the end of the run raised)"""
+    figure = history_figure([*HISTORY, {"round": 5, "eval": {"a": None, "b": {"rank1": 1.0, "mAP": 1.0}}}])
+    a, b, _ = [ax for ax in figure.axes if ax.get_visible()]
+    assert list({line.get_label(): line for line in a.get_lines()}["federated rank-1"].get_xdata()) == [2, 4]
+    assert list({line.get_label(): line for line in b.get_lines()}["federated rank-1"].get_xdata()) == [2, 5]

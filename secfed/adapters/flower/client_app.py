@@ -46,7 +46,7 @@ from flwr.clientapp import ClientApp
 from . import node, site_host
 from .encoding import RING_RECORD
 from .mod import SecAggMod
-from .wire import array_bytes, bytes_array
+from .wire import SITES, array_bytes, bytes_array
 
 # Only the hello/train/evaluate handlers import torch and the federation (sites.py), in the site
 # host: the protocol's phases, answered by SecAggMod in a fresh process each, start without them.
@@ -179,7 +179,8 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     sites = _open(step, context, train=True)
     fed, cfg = sites.fed, sites.fed.config
     t = int(step["round"])
-    cohort = [k for k in sites.sites if k in set(step["cohort"])]
+    drawn = content.config_records[SITES]["train"]  # this node's sites in the cohort, and no other's
+    cohort = [k for k in sites.sites if k in set(drawn)]
     broadcasts = content[BROADCAST] if cohort else None  # a node without a cohort site trains its baselines only
     common = array_bytes(broadcasts["common"], BROADCAST) if broadcasts is not None else b""
 

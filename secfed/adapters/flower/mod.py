@@ -31,9 +31,10 @@ identities of its own; unauthenticated sessions are refused unless
 are refused; so are sessions whose parameters withstand fewer colluders than the node assumes,
 ⌊``secfed-corrupt-fraction`` · n⌋ (default 0.2, :func:`~secfed.protocols.choose_params`'s): the
 threshold must exceed them and the consistency check's bound cover them — the server writes the
-session, so a threshold of 1 would hand one colluding neighbour a node's seeds. With
-``secfed-require-secagg`` true (or ``SecAggMod(require_secagg=True)``), a train message that does
-not run the protocol is refused instead of reaching the app, whose reply would leave unmasked.
+session, so a threshold of 1 would hand one colluding neighbour a node's seeds. ``SecAggMod(
+require_secagg=True)`` refuses a train message that does not run the protocol instead of passing it
+to the app, whose reply would leave unmasked — for your own ClientApp, all of whose train messages
+run it (secfed's own sends some that do not, and holds its own policy: adapters/flower/sites.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from secfed.protocols import (
     UnknownClient,
     decode,
     encode,
+    withstands,
 )
 from secfed.protocols.crypto import sign, transcript
 from secfed.protocols.secagg.client import NO_MODEL_HASH
@@ -86,7 +88,6 @@ STATE_RECORD = "secfed.secagg.state"  # in context.state: {"sealed": bytes}
 ALLOW_UNAUTHENTICATED_KEY = "secfed-allow-unauthenticated"
 MIN_CLIENTS_KEY = "secfed-min-clients"
 CORRUPT_FRACTION_KEY = "secfed-corrupt-fraction"
-REQUIRE_SECAGG_KEY = "secfed-require-secagg"
 ENROL, ADVERTISE, SHARE_KEYS, MASKED_INPUT, UNMASK = "enrol", "advertise_keys", "share_keys", "masked_input", "unmask"
 _STATE_MAGIC, _STATE_VERSION = b"SFMS", 1
 _NONCE_BYTES = 16
@@ -107,7 +108,7 @@ class SecAggMod:
 
     Arguments override the node config; leave them out on a SuperNode and set the node config:
     ``secfed-state-dir``, ``secfed-cohort``, ``secfed-allow-unauthenticated``, ``secfed-min-clients``,
-    ``secfed-corrupt-fraction``, ``secfed-require-secagg``.
+    ``secfed-corrupt-fraction``; ``require_secagg`` (constructor only, see the module docstring).
     """
 
     def __init__(self, *, state_dir: str | Path | None = None, cohort: node.Cohort | str | Path | None = None,
@@ -120,11 +121,10 @@ class SecAggMod:
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         ctl = control(msg.content) if msg.metadata.message_type == MessageType.TRAIN else None
         if ctl is None:
-            if msg.metadata.message_type == MessageType.TRAIN and _yes(
-                    self._setting(context, self.require_secagg, REQUIRE_SECAGG_KEY, False)):
+            if msg.metadata.message_type == MessageType.TRAIN and self.require_secagg:
                 return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION, "secfed secure aggregation refused: this "
-                                     f"node requires it ({REQUIRE_SECAGG_KEY}) and the train message does not run "
-                                     "it"), reply_to=msg)
+                                     "node requires it (require_secagg) and the train message does not run it"),
+                               reply_to=msg)
             return call_next(msg, context)
         run = _NodeRun(self, context)
         try:
@@ -189,11 +189,11 @@ class SecAggMod:
         if not 0.0 <= fraction < 1.0:
             raise node.NodeSetupError(f"node config {CORRUPT_FRACTION_KEY}={fraction} must lie in [0, 1)")
         params, assumed = config.params, math.floor(fraction * config.n_clients)
-        if params.threshold <= assumed or params.collusion_bound < assumed:
+        if not withstands(params, assumed):
             raise SessionRefused(
-                f"session withstands {min(params.threshold - 1, params.collusion_bound)} colluding clients "
-                f"(threshold {params.threshold}, bound {params.collusion_bound}); this node assumes up to {assumed} "
-                f"({CORRUPT_FRACTION_KEY}={fraction} of {config.n_clients})")
+                f"session (k = {params.degree}, threshold {params.threshold}, bound {params.collusion_bound}) does not "
+                f"withstand {assumed} colluding clients, as this node assumes ({CORRUPT_FRACTION_KEY}={fraction} of "
+                f"{config.n_clients})")
 
     def trusted(self, context: Context) -> node.Cohort:
         cohort = self.cohort if self.cohort is not None else context.node_config.get(node.COHORT_KEY)

@@ -20,6 +20,7 @@ from flwr.app import RecordDict
 
 from secfed.federation import codec
 from secfed.federation.builder import Census
+from secfed.federation.evaluate import SCORE_KEYS
 from secfed.federation.messages import Upload
 
 from .client_app import STEP, UPLOADS
@@ -70,27 +71,70 @@ def _only_hosted(node: int, hosted: Iterable[int], sites: Iterable[int], what: s
         raise MalformedReply(f"SuperNode {node}: its reply speaks for clients {foreign} it does not host ({what})")
 
 
-def train_reply(node: int, content: RecordDict, hosted: Iterable[int]) -> TrainReply:
-    """The train reply of ``node``, which hosts the clients ``hosted``."""
-    hosted = list(hosted)
+@dataclass(frozen=True)
+class Expected:
+    """What a node's train reply may speak for: the clients it hosts, those of them in the round's
+    cohort (exactly the sites it trains), and the names their statistics are logged under."""
+
+    hosted: tuple[int, ...]
+    trains: tuple[int, ...]
+    names: frozenset[str] = frozenset()  # the trained sites' names (training statistics)
+    baselines: frozenset[str] = frozenset()  # the hosted sites' local-only baselines' names
+
+
+def train_reply(node: int, content: RecordDict, expected: Expected) -> TrainReply:
+    """The train reply of ``node``, checked against what it may speak for (:class:`Expected`)."""
     with _reading(node, "train"):
         out = content.config_records[STEP]
         if "diverged" in out:
             where, cause = _json(out, "diverged", list)
             return TrainReply(diverged=(str(where), str(cause)))
-        reply = TrainReply(sites=[int(k) for k in out["sites"]], stats=_json(out, "stats", dict),
-                           baseline=_json(out, "baseline", dict),
-                           accountants={int(k): v for k, v in _json(out, "accountants", dict).items()},
-                           shape=str(out["shape"]) if "shape" in out else None)
-        if not all(isinstance(v, dict) for v in reply.accountants.values()):
-            raise TypeError("each accountant state must be a JSON object")
+        reply = TrainReply(sites=[int(k) for k in out["sites"]], stats=_figures(_json(out, "stats", dict)),
+                           baseline=_figures(_json(out, "baseline", dict)),
+                           accountants={int(k): _accountants(v) for k, v in _json(out, "accountants", dict).items()},
+                           shape=_shape(out["shape"]) if "shape" in out else None)
         data = [array_bytes(array, UPLOADS) for array in content[UPLOADS].values()] if UPLOADS in content else []
         reply.uploads = [codec.decode_upload(d) for d in data]
         reply.upload_bytes = sum(len(d) for d in data)
-    _only_hosted(node, hosted, reply.sites, "trained sites")
-    _only_hosted(node, hosted, reply.accountants, "accountants")
-    _only_hosted(node, hosted, [u.client_id for u in reply.uploads], "uploads")
+    if sorted(reply.sites) != sorted(expected.trains):
+        raise MalformedReply(f"SuperNode {node}: says it trained clients {sorted(reply.sites)}, the round's cohort "
+                             f"holds {sorted(expected.trains)} of its clients")
+    _only_hosted(node, expected.hosted, reply.accountants, "accountants")
+    _only_hosted(node, expected.trains, [u.client_id for u in reply.uploads], "uploads")
+    for what, names, allowed in (("training statistics", reply.stats, expected.names),
+                                 ("baseline statistics", reply.baseline, expected.baselines)):
+        foreign = sorted(set(names) - allowed)
+        if foreign:
+            raise MalformedReply(f"SuperNode {node}: its reply speaks for sites {foreign} it does not train ({what})")
     return reply
+
+
+def _figures(stats: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per site, its training figures: numbers, a loss at least."""
+    for name, figures in stats.items():
+        if not isinstance(figures, dict) or "loss" not in figures or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in figures.values()):
+            raise TypeError(f"statistics of {name!r} must be an object of numbers with a loss")
+    return stats
+
+
+def _accountants(states: Any) -> dict[str, Any]:
+    """A site's DP-SGD accountant states (federated and local-only), each loadable or absent."""
+    from secfed.privacy.accountant import SampledGaussianAccountant
+
+    if not isinstance(states, dict) or set(states) - {"fed", "local"}:
+        raise TypeError("an accountant entry must be an object of 'fed' and 'local'")
+    for state in states.values():
+        if state is not None:
+            SampledGaussianAccountant().load_state_dict(state)  # ValueError naming what is wrong
+    return states
+
+
+def _shape(raw: Any) -> str:
+    """The ring layout a node reports (JSON text of a list), as sent."""
+    if not isinstance(json.loads(str(raw)), list):
+        raise TypeError("shape must be a JSON list")
+    return str(raw)
 
 
 def hello_reply(node: int, content: RecordDict) -> tuple[list[int], Census]:
@@ -108,7 +152,9 @@ def scores_reply(node: int, content: RecordDict, hosted: Iterable[int]) -> dict[
     with _reading(node, "evaluate"):
         rows = _json(content.config_records[STEP], "scores", list)
         scores = {(int(k), str(variant), str(name)): value for k, variant, name, value in rows}
-        if not all(value is None or isinstance(value, dict) for value in scores.values()):
-            raise TypeError("each score must be a JSON object")
+        if not all(value is None or (isinstance(value, dict) and all(
+                isinstance(value.get(k), (int, float)) and not isinstance(value.get(k), bool) for k in SCORE_KEYS))
+                for value in scores.values()):
+            raise TypeError(f"each score must be a JSON object of numbers ({', '.join(SCORE_KEYS)})")
     _only_hosted(node, hosted, [k for k, _, _ in scores], "scores")
     return scores

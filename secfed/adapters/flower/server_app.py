@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +64,8 @@ from . import pulls
 from .client_app import BROADCAST, CLIP_WORD, STEP
 from .encoding import RING, Encoding
 from .node import Cohort
-from .replies import MalformedReply, TrainReply, hello_reply, scores_reply, train_reply
-from .wire import CONTROL, bytes_array
+from .replies import Expected, MalformedReply, TrainReply, hello_reply, scores_reply, train_reply
+from .wire import CONTROL, SITES, bytes_array
 from .workflow import NextRound, SecAggWorkflow, collect, exchange, send
 
 log = logging.getLogger("secfed.flower")
@@ -235,24 +236,25 @@ class FlowerRun:
                 arrays[f"site-{k}"] = bytes_array(codec.encode_broadcast(personal))
         masked = self.flow is not None and self._shape is not None
         _say(f"  training: {len(cohort)} clients" + (" in the masked-input phase" if masked else self._begin("train", t0)))
-        step = self._step("train", round=t, cohort=cohort, **({"shape": self._shape} if masked else {}))
-        targets = {n: RecordDict({STEP: step, BROADCAST: ArrayRecord(arrays)})
-                   for n, sites in hosts.items() if set(sites) & set(cohort)}
+        step = self._step("train", round=t, **({"shape": self._shape} if masked else {}))
+        drawn = {n: [k for k in sites if k in cohort] for n, sites in hosts.items()}  # each node its own only
+        targets = {n: RecordDict({STEP: step, SITES: ConfigRecord({"train": drawn[n]}), BROADCAST: ArrayRecord(arrays)})
+                   for n in hosts if drawn[n]}
         # The local-only baselines train every round, as in-process: the nodes without a cohort site
         # get a train message of their own (no broadcast: they train no federated site), answered
         # beside the cohort's (found by review: their baselines trained only in rounds they were in)
-        idle = send(self.grid, {n: RecordDict({STEP: self._step("train", round=t, cohort=cohort)})
+        idle = send(self.grid, {n: RecordDict({STEP: step, SITES: ConfigRecord({"train": []})})
                                 for n in hosts if n not in targets} if fed.baselines else {},
                     timeout=self.settings.train_timeout, group=str(t + 1))
         if masked:
-            aggregate, replies, t_train = self.train_masked(fed, hosts, targets, wire, t, cohort)
+            aggregate, replies, t_train = self.train_masked(fed, hosts, targets, wire, t, drawn)
             trained, client_stats, baseline_stats = self._read(fed, replies)
             _say(f"  trained and summed: {len(aggregate.contributors)} clients on {len(trained)} SuperNodes "
                  f"({time.perf_counter() - t0:.1f} s)")
         else:
             answers = exchange(self.grid, targets, timeout=self.settings.train_timeout, poll=self.settings.poll,
                                group=str(t + 1))
-            replies = self._checked(hosts, {n: reply.content for n, reply in answers.items()})
+            replies = self._checked(fed, hosts, drawn, {n: reply.content for n, reply in answers.items()})
             trained, client_stats, baseline_stats = self._read(fed, replies)
             t_train = time.perf_counter()
             self._done(t_train)
@@ -260,18 +262,28 @@ class FlowerRun:
             _say(f"  trained: {sum(len(v) for v in trained.values())} clients on {len(trained)} SuperNodes "
                  f"({t_train - t0:.1f} s)")
             aggregate = self.aggregate(fed, hosts, broadcast, wire, replies, trained, t)
-        idle_replies = self._checked(hosts, {n: r.content for n, r in collect(self.grid, idle, poll=self.settings.poll).items()})
-        baseline_stats.update(self._read(fed, idle_replies)[2])
+        # A node that only trains its baselines holds up no round: it answers by the time the cohort's
+        # work is done, with a grace of half that time, or sits the round out (said in the log)
+        grace = max(10.0, 0.5 * (time.perf_counter() - t0))
+        idle.deadline = min(idle.deadline, time.monotonic() + grace)
+        answered = collect(self.grid, idle, poll=self.settings.poll)
+        baseline_stats.update(self._read(fed, self._checked(fed, hosts, drawn, {n: r.content for n, r in answered.items()}))[2])
         dropped = {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors}
         return Trained(aggregate, client_stats, baseline_stats, dropped, t_train)
 
     @staticmethod
-    def _checked(hosts: Mapping[int, list[int]], contents: Mapping[int, RecordDict]) -> dict[int, TrainReply]:
-        """The nodes' train replies, read (replies.py); a malformed one drops its node for the round."""
+    def _checked(fed: Federation, hosts: Mapping[int, list[int]], drawn: Mapping[int, list[int]],
+                 contents: Mapping[int, RecordDict]) -> dict[int, TrainReply]:
+        """The nodes' train replies, read (replies.py) against what each may speak for (``drawn``: its
+        sites in the cohort); a malformed one drops its node for the round."""
         out = {}
         for n, content in contents.items():
+            hosted = hosts.get(n, [])
+            expected = Expected(tuple(hosted), tuple(drawn.get(n, ())),
+                                frozenset(fed.clients[k].site.name for k in drawn.get(n, ())),
+                                frozenset(fed.baselines[k].name for k in hosted if k in fed.baselines))
             try:
-                out[n] = train_reply(n, content, hosts.get(n, ()))
+                out[n] = train_reply(n, content, expected)
             except MalformedReply as exc:
                 _refused(exc)
         return out
@@ -293,7 +305,8 @@ class FlowerRun:
         return trained, client_stats, baseline_stats
 
     def train_masked(self, fed: Federation, hosts: dict[int, list[int]], targets: Mapping[int, RecordDict],
-                     wire: bytes, t: int, cohort: list[int]) -> tuple[Aggregate, dict[int, TrainReply], float]:
+                     wire: bytes, t: int, drawn: Mapping[int, list[int]]
+                     ) -> tuple[Aggregate, dict[int, TrainReply], float]:
         """Train and sum in one secure aggregation: the train messages are the masked-input phase's
         content (bound into every node's keys, so a node sent another model is caught), the replies
         carry the masked vectors and, in the clear, what the train reply carries. A node whose
@@ -313,13 +326,13 @@ class FlowerRun:
         except ProtocolError as exc:
             self._shape = None
             return self._aborted(t, exc, 0, down), {}, self._trained_at or time.perf_counter()
-        replies = self._checked(hosts, result.clear)
-        shapes = {r.shape for r in replies.values() if r.diverged is None}
-        if shapes - {self._shape}:  # the nodes masked in the layout they were sent; refuse a reply that says otherwise
-            raise RuntimeError(f"round {t + 1}: SuperNodes report layouts other than the one they masked in")
+        replies = self._checked(fed, hosts, drawn, result.clear)
+        for n, r in replies.items():  # every vector was masked at the length the layout sent gives: a node
+            if r.diverged is None and r.shape != self._shape:  # saying otherwise is wrong about itself only
+                log.warning("round %d: SuperNode %d reports another layout than the one it masked in", t + 1, n)
         # A surviving node's vector is in the sum: its sites are the cohort's it hosts, whatever its
         # clear part says (a malformed one is not read at all).
-        contributors = [k for n in result.survivors for k in hosts.get(n, ()) if k in cohort]
+        contributors = [k for n in result.survivors for k in drawn.get(n, ())]
         uploads = [u for r in replies.values() for u in r.uploads]
         bytes_up = sum(r.upload_bytes for r in replies.values())
         aggregate = _summed(t, layout, result, contributors, uploads, bytes_up, down)
@@ -334,13 +347,16 @@ class FlowerRun:
         if not self.cfg.secagg.enabled:
             summed = fed.channel.aggregate(broadcast, [u for u in uploads if u.summed], {}, broadcast_bytes=len(wire))
             return Aggregate(t, summed.sums, summed.weights, summed.contributors, summed.shared, summed.bytes_up, down)
-        nodes = [n for n, sites in trained.items() if sites]
-        shapes = {replies[n].shape for n in nodes}
+        nodes = [n for n, sites in trained.items() if sites and replies[n].shape is not None]
         if not nodes:
             return _empty(t, bytes_up, down)
-        if len(shapes) != 1:
-            raise RuntimeError(f"round {t + 1}: SuperNodes sum differently shaped contributions ({len(shapes)} layouts)")
-        self._shape = str(shapes.pop())  # the layout every node used: the next round masks in it directly
+        # The layout most nodes report (every honest node computes the same one); a node reporting
+        # another is left out of the sum rather than stopping the run
+        shape = Counter(replies[n].shape for n in nodes).most_common(1)[0][0]
+        for n in [n for n in nodes if replies[n].shape != shape]:
+            _refused(MalformedReply(f"SuperNode {n}: reports a layout other than the other nodes'"))
+        nodes = [n for n in nodes if replies[n].shape == shape]
+        self._shape = str(shape)  # the layout every node used: the next round masks in it directly
         layout = fed.channel.layout([tuple(x) for x in json.loads(self._shape)])
         length = layout.length + CLIP_WORD
         # Every node is asked for the input it computed from THIS broadcast; the request is the

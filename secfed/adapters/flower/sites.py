@@ -51,7 +51,7 @@ from secfed.config import RunConfig
 from secfed.data.images import load_images
 from secfed.data.listing import Resolver
 from secfed.data.types import Sample
-from secfed.federation.builder import Federation, build, make_shards, resolve_data
+from secfed.federation.builder import Federation, build, make_shards, resolve_data, within
 from secfed.federation.runtime import prefixed, split_prefixed
 
 from . import node
@@ -89,9 +89,9 @@ def check_run(cfg: RunConfig, node_config: Mapping[str, object]) -> Path | None:
             raise node.NodeSetupError(f"the run names paths on this machine ({', '.join(named)}); a node reads "
                                       f"data only from its own {DATA_ROOT_KEY} (node config)")
         return None
-    root = Path(str(data_root)).expanduser().resolve()
+    root = Path(str(data_root)).expanduser().absolute()
     for key, value in (("data.split_file", cfg.data.split_file), ("method.kd_public", cfg.method.kd_public)):
-        if value is not None and not (root / Path(value).expanduser()).resolve().is_relative_to(root):
+        if value is not None and not within(root, value):
             raise node.NodeSetupError(f"{key} = {value!r} lies outside this node's {DATA_ROOT_KEY} ({root})")
     return root
 

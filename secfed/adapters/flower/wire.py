@@ -36,6 +36,11 @@ PAYLOAD = "secfed.secagg.message"  # ArrayRecord: one protocol message, "message
 NEXT = "secfed.secagg.next"
 NEXT_PAYLOAD = "secfed.secagg.next.message"
 OURS = (CONTROL, PAYLOAD, NEXT, NEXT_PAYLOAD)
+# Per-node records the content digest leaves out: which of a node's own sites train this round
+# (secfed train --flower). They differ per node by design — no node learns who else was drawn, the
+# secret Poisson cohorts included — while the model they train on stays bound.
+SITES = "secfed.sites"
+UNBOUND = (SITES,)
 
 _SESSION = struct.Struct("<4sBBBB16sQIIIIIdddQI")
 _SESSION_MAGIC = b"SFSC"
@@ -159,7 +164,7 @@ def content_digest(content: RecordDict) -> bytes:
     def part(data: bytes) -> None:
         h.update(len(data).to_bytes(8, "little") + data)
 
-    for name in sorted(k for k in content.keys() if k not in OURS):
+    for name in sorted(k for k in content.keys() if k not in OURS and k not in UNBOUND):
         record = content[name]
         part(name.encode())
         if isinstance(record, ArrayRecord):
