@@ -327,3 +327,17 @@ def test_dp_sgd_epsilons_under_secret_cohorts_do_not_give_the_cohorts_away() -> 
     assert clients[0].dp_sgd.epsilon() == 0.0 < clients[1].dp_sgd.epsilon() < published[0]
     fed.plan.sampling = "fixed"
     assert [dp["epsilon"] for _, dp in dp_sgd_published(fed, rounds)] == [c.dp_sgd.epsilon() for c in clients]
+
+
+def test_a_flower_servers_federation_publishes_the_dp_sgd_epsilon_of_secret_cohorts(two_site_config: RunConfig) -> None:
+    """(found by review: on the ServerApp's federation, built from the census, the clients hold no
+    labels and publishing the ε crashed round 1 of every Flower DP-SGD run under Poisson sampling)"""
+    from secfed.federation.builder import build, build_from_census
+    from secfed.federation.runtime import dp_sgd_published
+
+    cfg = _dp_fedavg(two_site_config)
+    cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 2 / 3
+    cfg.privacy.dp_sgd, cfg.privacy.dp_sgd_noise_multiplier = True, 1.0
+    server = build_from_census(cfg, build(cfg, train_images=False, eval_images=False).census)
+    published = dp_sgd_published(server, 2)
+    assert len(published) == 2 and all(dp["epsilon"] > 0 and "every round" in dp["assumes"] for _, dp in published)
