@@ -178,19 +178,20 @@ def choose_params(
     return GraphParams.explicit(n, k, (c + 1 + correct[-1]) // 2 if correct else c + 1, **base)
 
 
-def withstands(params: GraphParams, colluders: int, *, security_bits: int = 40) -> bool:
+def withstands(params: GraphParams, colluders: int, *, security_bits: int = 40, dropout_floor: float = 0.0) -> bool:
     """Whether ``params`` keep an honest client's input secret against ``colluders`` clients
     colluding with the server, by the bounds :func:`choose_params` chooses with: the consistency
     check sized for them, and — complete graph — a threshold above them, or — sparse graph — the
     chance that some honest client has ≥ t colluding neighbours, or that the survivors split at
-    the declared dropout rate, below 2^-security_bits. A client checks the session a server wrote."""
+    the declared dropout rate (at least ``dropout_floor``: a server declaring 0 would have much sparser
+    graphs pass), below 2^-security_bits. A client checks the session a server wrote."""
     n, k, t = params.n_clients, params.degree, params.threshold
     if not 0 <= colluders < n - 1 or params.collusion_bound < colluders:
         return False
     if params.complete:
         return t > colluders
-    return _split_bound(n, k, colluders, params.dropout_rate) + _exposure_tails(n, k, colluders)[t] \
-        <= 2.0**-security_bits
+    dropout = max(params.dropout_rate, dropout_floor)
+    return _split_bound(n, k, colluders, dropout) + _exposure_tails(n, k, colluders)[t] <= 2.0**-security_bits
 
 
 def _abort_budgets(n: int, base: dict, target: float):

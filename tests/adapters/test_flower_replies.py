@@ -19,6 +19,7 @@ from secfed.federation import codec
 from secfed.federation.messages import Upload
 
 NODE = Expected(hosted=(1, 3), trains=(1,), names=frozenset({"plaza"}), baselines=frozenset({"plaza", "gate"}))
+SHAPE = json.dumps([["model", 1000, "float", 8.0, [[990, 10]]], ["ring", 10, "ring", None]])
 SCORE = {"rank1": 0.5, "rank5": 0.7, "rank10": 0.8, "mAP": 0.4}
 CENSUS = {"info": {"fingerprint": "f" * 64, "clients": [{"id": 0}, {"id": 1}]}, "global_classes": 4,
           "domains": [["campus", [0]]]}
@@ -30,12 +31,12 @@ def _train(**fields) -> RecordDict:
 
 
 def test_a_well_formed_train_reply_is_read() -> None:
-    content = _train(accountants=json.dumps({"1": {"fed": None, "local": None}}), shape="[[3, 1]]")
+    content = _train(accountants=json.dumps({"1": {"fed": None, "local": None}}), shape=SHAPE)
     content[UPLOADS]["site-1"] = bytes_array(codec.encode_upload(Upload(1, 0, {}, {"dfs": torch.ones(2)})))
     content.config_records[STEP]["stats"] = json.dumps({"plaza": {"loss": 1.5, "accuracy": 0.2, "examples": 40}})
     reply = train_reply(7, content, NODE)
     assert (reply.sites, reply.shape, list(reply.accountants), [u.client_id for u in reply.uploads]) == (
-        [1], "[[3, 1]]", [1], [1])
+        [1], SHAPE, [1], [1])
     assert train_reply(7, _train(diverged=json.dumps(["campus", "loss is NaN"])), NODE).diverged == ("campus",
                                                                                                    "loss is NaN")
 
@@ -57,6 +58,8 @@ def test_a_well_formed_train_reply_is_read() -> None:
     (_train(stats=json.dumps({"campus": {"loss": 1e9}})), r"speaks for sites \['campus'\] it does not train"),
     (_train(baseline=json.dumps({"campus": {"loss": 1e9}})), r"\['campus'\] it does not train \(baseline"),
     (_train(shape="not json"), "malformed train reply .JSONDecodeError"),
+    (_train(shape="[1]"), r"list of \[name, length, encoding, bound, runs\]"),  # stopped the run (review)
+    (_train(shape='[["model", -1, "float", 8.0, []]]'), "list of"),
 ])
 def test_a_malformed_train_reply_names_its_node_and_what_is_wrong(content: RecordDict, message: str) -> None:
     with pytest.raises(MalformedReply, match=f"SuperNode 7: .*{message}"):

@@ -264,6 +264,10 @@ def test_a_session_weaker_than_the_colluders_a_node_assumes_is_refused(tmp_path)
         mod.check_session(context, _session(choose_params(n, authenticated=False)))
         with pytest.raises(SessionRefused, match="does not withstand"):
             mod.check_session(context, _session(replace(choose_params(n, authenticated=False), threshold=2)))
+        # a server declaring no dropouts gets much sparser graphs: judged at the node's floor of 0.1 they
+        # miss the target ~1000× (found by review of the second fix, which trusted the declared rate)
+        with pytest.raises(SessionRefused, match="does not withstand"):
+            mod.check_session(context, _session(choose_params(n, authenticated=False, dropout_rate=0.0)))
     with pytest.raises(SessionRefused):
         SecAggMod(corrupt_fraction=0.5).check_session(context, _session(GraphParams(10, 9, 3)))
 

@@ -12,16 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from click.testing import CliRunner
 
 from secfed.adapters.flower import Cohort
 from secfed.adapters.flower import node as node_files
-from secfed.adapters.flower.client_app import BROADCAST, app as client_app
+from secfed.adapters.flower.client_app import BROADCAST, STEP, app as client_app
 from secfed.adapters.flower.server_app import FlowerRun, Settings
 from secfed.adapters.flower import site_host
 from secfed.adapters.flower import sites as sites_module
 from secfed.adapters.flower.sites import NodeSites, own_nodes_policy
-from secfed.adapters.flower.wire import SITES, array_bytes, bytes_array
+from secfed.adapters.flower.encoding import RING_RECORD
+from secfed.adapters.flower.wire import INSIDE, PERSONAL, SITES, array_bytes, bytes_array
 from secfed.cli.main import cli
 from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
@@ -132,8 +134,12 @@ def test_a_model_swapped_for_one_node_in_a_masked_train_round_is_refused_and_not
     cfg.run.local_baseline = False
     grid, cohort = flower_nodes(tmp_path, 2, cfg)
 
+    sent_to_0 = []
+
     def swap(message):
         records = message.content.config_records
+        if message.metadata.dst_node_id == 2000 and BROADCAST in message.content and "shape" in records[STEP]:
+            sent_to_0.append((message.content[BROADCAST], str(records[STEP]["shape"])))
         if (message.metadata.dst_node_id == 2001 and "secfed.secagg" in records and BROADCAST in message.content
                 and records["secfed.secagg"]["stage"] == "masked_input"):
             common = bytearray(array_bytes(message.content[BROADCAST]["common"], BROADCAST))
@@ -141,11 +147,24 @@ def test_a_model_swapped_for_one_node_in_a_masked_train_round_is_refused_and_not
             message.content[BROADCAST]["common"] = bytes_array(bytes(common))
 
     grid.tamper = swap
-    FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
-                             poll=0.01)).run()
+    flower = FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
+                                      poll=0.01))
+    flower.run()
     assert any("ModelMismatch" in reason for reason in grid.errors[2001])
     rows = [json.loads(x) for x in (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()]
     assert [r["contributors"] for r in rows] == [3, 0]
+    # A train message sent outside the protocol that names a layout — with a forged "inside the
+    # masked-input phase" record or without — gets no vector back: it stays sealed on the node (found
+    # by review: the node answered with its ring vector, unmasked, for one site the server chose)
+    grid.tamper = None
+    for forged in ({}, {INSIDE: ConfigRecord({"stage": "masked_input"})}):
+        broadcast, shape = sent_to_0[-1]  # round 2's, in the layout the nodes masked in
+        content = RecordDict({STEP: flower._step("train", round=1, shape=shape),
+                              SITES: ConfigRecord({"train": [0]}), **forged, BROADCAST: broadcast})
+        [reply] = grid.pull_messages(grid.push_messages([Message(content, dst_node_id=2000,
+                                                                 message_type=MessageType.TRAIN)]))
+        assert not reply.has_error() and "shape" in reply.content.config_records[STEP]  # it trained site 0
+        assert RING_RECORD not in reply.content, list(reply.content.keys())
 
 
 def test_a_sites_state_survives_the_process(small_config, tmp_path):
@@ -395,15 +414,26 @@ def test_every_sites_local_only_baseline_trains_every_round_as_in_process(small_
     cfg = small_config
     cfg.data.datasets = ["corridor", "plaza"]
     cfg.schedule.clients_per_round = 1  # of 2 sites, one per node: a node sits out each round
+    cfg.privacy.dp_beta, cfg.privacy.dp_beta_mode = 1e-3, "double"  # Eq. 15: a personal broadcast per site
     local = run(cfg, tmp_path / "in-process")
     grid, _ = flower_nodes(tmp_path, 2, cfg)
-    told: list[tuple[int, list[int]]] = []  # which sites each train message names (found by review: every
-    grid.tamper = lambda m: told.append((m.metadata.dst_node_id, list(m.content.config_records[SITES]["train"]))) \
-        if SITES in m.content.config_records else None  # node was sent the whole, secret, cohort)
+    told: list[tuple[int, list[int], list[str], list[str]]] = []
+
+    def tell(m: Message) -> None:  # which sites, and whose personal broadcasts, each train message names
+        if SITES in m.content.config_records:
+            told.append((m.metadata.dst_node_id, list(m.content.config_records[SITES]["train"]),
+                         sorted(m.content[BROADCAST].keys()) if BROADCAST in m.content else [],
+                         sorted(m.content[PERSONAL].keys()) if PERSONAL in m.content else []))
+
+    grid.tamper = tell
     FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), None, phase_timeout=60,
                              poll=0.01)).run()
-    assert told and all(set(sites) <= {(node - 2000)} for node, sites in told)  # a node hears of its own only
-    assert [sites for _, sites in told].count([]) == cfg.schedule.rounds  # the idle node, once a round
+    # a node hears of its own sites only (found by review: every node was sent the whole, secret,
+    # cohort — and under Eq. 15 every cohort site's personal noised model)
+    assert told and all(set(sites) <= {node - 2000} for node, sites, _, _ in told)
+    assert all(common in ([], ["common"]) and personal == [f"site-{k}" for k in sites]
+               for _, sites, common, personal in told)
+    assert [sites for _, sites, _, _ in told].count([]) == cfg.schedule.rounds  # the idle node, once a round
     ours, theirs = (
         [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (tmp_path / "flower",
                                                                                            local.run_dir))

@@ -46,7 +46,7 @@ from flwr.clientapp import ClientApp
 from . import node, site_host
 from .encoding import RING_RECORD
 from .mod import SecAggMod
-from .wire import SITES, array_bytes, bytes_array
+from .wire import INSIDE, PERSONAL, SITES, array_bytes, bytes_array
 
 # Only the hello/train/evaluate handlers import torch and the federation (sites.py), in the site
 # host: the protocol's phases, answered by SecAggMod in a fresh process each, start without them.
@@ -183,12 +183,16 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     cohort = [k for k in sites.sites if k in set(drawn)]
     broadcasts = content[BROADCAST] if cohort else None  # a node without a cohort site trains its baselines only
     common = array_bytes(broadcasts["common"], BROADCAST) if broadcasts is not None else b""
+    own = content[PERSONAL] if PERSONAL in content else {}  # Eq. 15: this node's sites' personal broadcasts only
 
     def receive(k: int) -> Any:
-        personal = broadcasts.get(f"site-{k}")
-        return codec.decode_broadcast(array_bytes(personal, BROADCAST) if personal is not None else common)
+        personal = own.get(f"site-{k}")
+        return codec.decode_broadcast(array_bytes(personal, PERSONAL) if personal is not None else common)
 
-    masked = "shape" in step  # the train message rides in the masked-input phase: the vector goes in the reply
+    # Inside the masked-input phase (SecAggMod says so, and only it can) the vector goes in the reply
+    # to be masked; any other train message keeps it sealed here (found by review: a server that sent
+    # a `shape` outside the protocol got a node's vector back unmasked)
+    masked = INSIDE in content and "shape" in step
     try:  # the local-only baselines train every round, like in-process
         work = site_round(fed, t, cohort, [k for k in sites.sites if k in fed.baselines], receive)
     except SiteDiverged as exc:  # the server stops the run, as in-process

@@ -72,6 +72,7 @@ from . import node
 from .encoding import Encoding, ReplyRefused
 from .wire import (
     CONTROL,
+    INSIDE,
     NEXT,
     NEXT_PAYLOAD,
     content_digest,
@@ -88,6 +89,7 @@ STATE_RECORD = "secfed.secagg.state"  # in context.state: {"sealed": bytes}
 ALLOW_UNAUTHENTICATED_KEY = "secfed-allow-unauthenticated"
 MIN_CLIENTS_KEY = "secfed-min-clients"
 CORRUPT_FRACTION_KEY = "secfed-corrupt-fraction"
+DROPOUT_FLOOR = 0.1  # the dropout rate a session is judged at, whatever lower rate it declares (the workflow's)
 ENROL, ADVERTISE, SHARE_KEYS, MASKED_INPUT, UNMASK = "enrol", "advertise_keys", "share_keys", "masked_input", "unmask"
 _STATE_MAGIC, _STATE_VERSION = b"SFMS", 1
 _NONCE_BYTES = 16
@@ -125,6 +127,7 @@ class SecAggMod:
                 return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION, "secfed secure aggregation refused: this "
                                      "node requires it (require_secagg) and the train message does not run it"),
                                reply_to=msg)
+            msg.content = without_ours(msg.content)  # a forged "inside the masked-input phase" marker goes
             return call_next(msg, context)
         run = _NodeRun(self, context)
         try:
@@ -189,7 +192,7 @@ class SecAggMod:
         if not 0.0 <= fraction < 1.0:
             raise node.NodeSetupError(f"node config {CORRUPT_FRACTION_KEY}={fraction} must lie in [0, 1)")
         params, assumed = config.params, math.floor(fraction * config.n_clients)
-        if not withstands(params, assumed):
+        if not withstands(params, assumed, dropout_floor=DROPOUT_FLOOR):
             raise SessionRefused(
                 f"session (k = {params.degree}, threshold {params.threshold}, bound {params.collusion_bound}) does not "
                 f"withstand {assumed} colluding clients, as this node assumes ({CORRUPT_FRACTION_KEY}={fraction} of "
@@ -283,6 +286,7 @@ class _NodeRun:
         if client.model_hash != NO_MODEL_HASH and content_digest(msg.content) != client.model_hash:
             raise ModelMismatch("the model to train on is not the one announced when keys were shared")
         msg.content = without_ours(msg.content)
+        msg.content[INSIDE] = ConfigRecord({"stage": MASKED_INPUT})  # the app may answer with its vector
         reply = call_next(msg, self.context)
         if reply.has_error():
             raise ReplyRefused(f"the app failed: {reply.error.reason}")

@@ -131,9 +131,19 @@ def _accountants(states: Any) -> dict[str, Any]:
 
 
 def _shape(raw: Any) -> str:
-    """The ring layout a node reports (JSON text of a list), as sent."""
-    if not isinstance(json.loads(str(raw)), list):
-        raise TypeError("shape must be a JSON list")
+    """The ring layout a node reports (secure_channel.ring_shape as JSON: per summand its name, length,
+    encoding, bound and statistics runs), checked entry by entry, as sent."""
+    def count(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    entries = json.loads(str(raw))
+    if not isinstance(entries, list) or not all(
+            isinstance(e, list) and len(e) in (4, 5) and isinstance(e[0], str) and count(e[1])
+            and isinstance(e[2], str) and (e[3] is None or (isinstance(e[3], (int, float)) and not isinstance(e[3], bool)))
+            and (len(e) == 4 or (isinstance(e[4], list) and all(
+                isinstance(r, list) and len(r) == 2 and all(count(x) for x in r) for r in e[4])))
+            for e in entries):
+        raise TypeError("shape must be a list of [name, length, encoding, bound, runs] entries")
     return str(raw)
 
 

@@ -65,7 +65,7 @@ from .client_app import BROADCAST, CLIP_WORD, STEP
 from .encoding import RING, Encoding
 from .node import Cohort
 from .replies import Expected, MalformedReply, TrainReply, hello_reply, scores_reply, train_reply
-from .wire import CONTROL, SITES, bytes_array
+from .wire import CONTROL, PERSONAL, SITES, bytes_array
 from .workflow import NextRound, SecAggWorkflow, collect, exchange, send
 
 log = logging.getLogger("secfed.flower")
@@ -230,15 +230,18 @@ class FlowerRun:
         t0 = time.perf_counter()
         wire = codec.encode_broadcast(broadcast)
         arrays = {"common": bytes_array(wire)}
-        for k in cohort:  # Eq. 15: a personal, noised broadcast per client ("double" β)
-            personal = fed.server.received(broadcast, k)
-            if personal is not broadcast:
-                arrays[f"site-{k}"] = bytes_array(codec.encode_broadcast(personal))
+        personal = {}  # Eq. 15: a personal, noised broadcast per client ("double" β), sent to its own node only
+        for k in cohort:
+            received = fed.server.received(broadcast, k)
+            if received is not broadcast:
+                personal[f"site-{k}"] = bytes_array(codec.encode_broadcast(received))
         masked = self.flow is not None and self._shape is not None
         _say(f"  training: {len(cohort)} clients" + (" in the masked-input phase" if masked else self._begin("train", t0)))
         step = self._step("train", round=t, **({"shape": self._shape} if masked else {}))
         drawn = {n: [k for k in sites if k in cohort] for n, sites in hosts.items()}  # each node its own only
-        targets = {n: RecordDict({STEP: step, SITES: ConfigRecord({"train": drawn[n]}), BROADCAST: ArrayRecord(arrays)})
+        targets = {n: RecordDict({STEP: step, SITES: ConfigRecord({"train": drawn[n]}), BROADCAST: ArrayRecord(arrays),
+                                  **({PERSONAL: ArrayRecord({f"site-{k}": personal[f"site-{k}"] for k in drawn[n]})}
+                                     if personal else {})})
                    for n in hosts if drawn[n]}
         # The local-only baselines train every round, as in-process: the nodes without a cohort site
         # get a train message of their own (no broadcast: they train no federated site), answered
@@ -350,9 +353,13 @@ class FlowerRun:
         nodes = [n for n, sites in trained.items() if sites and replies[n].shape is not None]
         if not nodes:
             return _empty(t, bytes_up, down)
-        # The layout most nodes report (every honest node computes the same one); a node reporting
-        # another is left out of the sum rather than stopping the run
-        shape = Counter(replies[n].shape for n in nodes).most_common(1)[0][0]
+        # The layout more than half the nodes report (every honest node computes the same one); a node
+        # reporting another is left out of the sum rather than stopping the run, and without such a
+        # majority the round releases nothing (found by review: a tie went to the first reply)
+        shape, votes = Counter(replies[n].shape for n in nodes).most_common(1)[0]
+        if 2 * votes <= len(nodes):
+            return self._aborted(t, ProtocolError(f"no layout is reported by more than half of {len(nodes)} "
+                                                  "SuperNodes"), bytes_up, down)
         for n in [n for n in nodes if replies[n].shape != shape]:
             _refused(MalformedReply(f"SuperNode {n}: reports a layout other than the other nodes'"))
         nodes = [n for n in nodes if replies[n].shape == shape]

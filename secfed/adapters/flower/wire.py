@@ -35,12 +35,16 @@ PAYLOAD = "secfed.secagg.message"  # ArrayRecord: one protocol message, "message
 # control record (as an advertise_keys message's) and, in the reply, the advertisement itself.
 NEXT = "secfed.secagg.next"
 NEXT_PAYLOAD = "secfed.secagg.next.message"
-OURS = (CONTROL, PAYLOAD, NEXT, NEXT_PAYLOAD)
+# Added by SecAggMod, and only by it, to what it hands the app inside the masked-input phase: the app
+# may answer with a vector to be masked there (any copy arriving from the network is removed first).
+INSIDE = "secfed.secagg.inside"
+OURS = (CONTROL, PAYLOAD, NEXT, NEXT_PAYLOAD, INSIDE)
 # Per-node records the content digest leaves out: which of a node's own sites train this round
 # (secfed train --flower). They differ per node by design — no node learns who else was drawn, the
 # secret Poisson cohorts included — while the model they train on stays bound.
 SITES = "secfed.sites"
-UNBOUND = (SITES,)
+PERSONAL = "secfed.personal"  # ArrayRecord "site-K": the node's own sites' personal broadcasts (Eq. 15)
+UNBOUND = (SITES, PERSONAL)
 
 _SESSION = struct.Struct("<4sBBBB16sQIIIIIdddQI")
 _SESSION_MAGIC = b"SFSC"

@@ -292,8 +292,8 @@ class Sent:
     """Messages pushed and not yet answered: message id → node, and when to stop waiting."""
 
     pending: dict[str, int]
-    deadline: float
-    timeout: float
+    deadline: float  # time.monotonic(); a caller may move it earlier
+    sent_at: float
 
 
 def send(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, group: str = "",
@@ -302,12 +302,13 @@ def send(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, grou
     out = [Message(c, dst_node_id=n, message_type=message_type, group_id=group, ttl=timeout + 60)
            for n, c in contents.items()]
     ids = list(grid.push_messages(out)) if out else []
-    return Sent({mid: n for mid, n in zip(ids, contents) if mid}, time.monotonic() + timeout, timeout)
+    now = time.monotonic()
+    return Sent({mid: n for mid, n in zip(ids, contents) if mid}, now + timeout, now)
 
 
 def collect(grid: Grid, sent: Sent, *, poll: float = 0.2) -> dict[int, Message]:
     """The replies to ``sent`` that arrive before its deadline, by node; errors and silence logged."""
-    pending, timeout, deadline = dict(sent.pending), sent.timeout, sent.deadline
+    pending, deadline = dict(sent.pending), sent.deadline
     replies: dict[int, Message] = {}
     while pending and time.monotonic() < deadline:
         for reply in grid.pull_messages(list(pending)):
@@ -321,7 +322,7 @@ def collect(grid: Grid, sent: Sent, *, poll: float = 0.2) -> dict[int, Message]:
         if pending:
             time.sleep(poll)
     for node in pending.values():
-        log.warning("node %s did not answer within %.0f s", node, timeout)
+        log.warning("node %s did not answer within %.0f s", node, max(0.0, deadline - sent.sent_at))
     return replies
 
 
