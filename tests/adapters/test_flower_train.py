@@ -5,6 +5,7 @@ cannot honour are refused by name."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -165,6 +166,18 @@ def test_a_model_swapped_for_one_node_in_a_masked_train_round_is_refused_and_not
                                                                  message_type=MessageType.TRAIN)]))
         assert not reply.has_error() and "shape" in reply.content.config_records[STEP]  # it trained site 0
         assert RING_RECORD not in reply.content, list(reply.content.keys())
+    # A personal broadcast (outside the model digest: Eq. 15's per-site models) in a run without Eq. 15
+    # noise is refused — the server slipped one node another model that way, undetected (review)
+    slipped = RecordDict({STEP: flower._step("train", round=1), SITES: ConfigRecord({"train": [0]}),
+                          BROADCAST: broadcast, PERSONAL: ArrayRecord({"site-0": broadcast["common"]})})
+    [reply] = grid.pull_messages(grid.push_messages([Message(slipped, dst_node_id=2000,
+                                                             message_type=MessageType.TRAIN)]))
+    assert reply.has_error() and "personal broadcasts in a run without Eq. 15 noise" in reply.error.reason
+    # ... nor does asking for the sealed vector (fetch) outside the protocol get it unmasked
+    digest = hashlib.sha256(array_bytes(broadcast["common"], BROADCAST)).hexdigest()
+    fetch = RecordDict({STEP: flower._step("fetch", round=1, broadcast=digest)})
+    [reply] = grid.pull_messages(grid.push_messages([Message(fetch, dst_node_id=2000, message_type=MessageType.TRAIN)]))
+    assert reply.has_error() and "outside the secure aggregation" in reply.error.reason
 
 
 def test_a_sites_state_survives_the_process(small_config, tmp_path):

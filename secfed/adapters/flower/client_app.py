@@ -184,6 +184,11 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     broadcasts = content[BROADCAST] if cohort else None  # a node without a cohort site trains its baselines only
     common = array_bytes(broadcasts["common"], BROADCAST) if broadcasts is not None else b""
     own = content[PERSONAL] if PERSONAL in content else {}  # Eq. 15: this node's sites' personal broadcasts only
+    if own and not (cfg.privacy.dp_beta > 0 and cfg.privacy.dp_beta_mode == "double"):
+        # outside the model digest, so honoured only where the run sends them (found by review: a
+        # server slipped one node another model, undetected, in an authenticated single-β run)
+        raise node.NodeSetupError("personal broadcasts in a run without Eq. 15 noise (privacy.dp_beta_mode double): "
+                                  "refused — this node trains on the model every node was sent")
 
     def receive(k: int) -> Any:
         personal = own.get(f"site-{k}")
@@ -265,6 +270,9 @@ def _store(context: Context, round_index: int, data: bytes) -> None:
 
 
 def _fetch(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
+    if INSIDE not in content:  # only SecAggMod's masked-input phase may take the vector: it masks it
+        raise node.NodeSetupError("fetch outside the secure aggregation's masked-input phase: the stored vector "
+                                  "leaves this node only masked")
     key, path, ids = _pending(context, int(step["round"]))
     try:
         data = node.open_state(key, path.read_bytes(), **ids)
