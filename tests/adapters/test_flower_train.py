@@ -476,3 +476,33 @@ def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_co
     cfg.privacy.clip, cfg.privacy.noise_multiplier = None, None  # the server turned the noise off
     with pytest.raises(node_files.NodeSetupError, match="claims no ε for this node's sites"):
         NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: 100}, secrets.token_hex(16), train=False)
+
+
+def test_a_site_diverging_in_a_masked_round_takes_its_node_out_and_stops_the_run(small_config, tmp_path, monkeypatch):
+    """(found by review: the node masked a zero vector instead, so the round's sum was the other node's
+    vector alone — which the server saw before it stopped the run)"""
+    from secfed.federation import runtime
+    from secfed.federation.runtime import RunDiverged, SiteDiverged
+
+    cfg = small_config
+    cfg.secagg.enabled = True
+    cfg.run.local_baseline = False
+    cfg.data.datasets = ["corridor", "plaza"]  # one site per node
+    grid, cohort = flower_nodes(tmp_path, 2, cfg)
+    real = runtime.site_round
+
+    def diverge_in_round_2(fed, t, cohort_sites, *args, **kwargs):
+        if t == 1 and 1 in cohort_sites:
+            raise SiteDiverged("plaza", "loss is NaN")
+        return real(fed, t, cohort_sites, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "site_round", diverge_in_round_2)
+    sums = []
+    flower = FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
+                                      poll=0.01))
+    real_aggregate = flower.flow.aggregate
+    monkeypatch.setattr(flower.flow, "aggregate", lambda *a, **k: sums.append(real_aggregate(*a, **k)) or sums[-1])
+    with pytest.raises(RunDiverged, match="plaza"):
+        flower.run()
+    assert len(sums) == 1  # round 1's sum only: round 2 aborted (one node left), nothing was released
+    assert any("a site diverged" in reason for reason in grid.errors[2001])

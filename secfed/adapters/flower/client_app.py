@@ -55,6 +55,7 @@ STEP = "secfed.train"  # ConfigRecord: step, config (JSON), token and the step's
 BROADCAST = "secfed.broadcast"  # ArrayRecord: "common" (codec bytes of the Broadcast), "site-K" (personal)
 UPLOADS = "secfed.uploads"  # ArrayRecord: "site-K" → codec bytes of an Upload (its unsummed part under secagg)
 CLIP_WORD = 1  # the ring vector ends with one word: how many coordinates the node's sites clipped
+DIVERGED = "secfed: a site diverged: "  # then JSON [where, cause]: a node leaving a masked round says why
 
 app = ClientApp(mods=[SecAggMod()])
 log = logging.getLogger("secfed.flower")
@@ -202,12 +203,9 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
         work = site_round(fed, t, cohort, [k for k in sites.sites if k in fed.baselines], receive)
     except SiteDiverged as exc:  # the server stops the run, as in-process
         site_host.forget()  # a diverged site's state is not what its folder holds
-        diverged = {"step": "train", "diverged": json.dumps([exc.where, exc.cause])}
-        if not masked:
-            return RecordDict({STEP: ConfigRecord(diverged)})
-        # a zero contribution keeps the protocol whole; the server stops the run when the sum is in
-        zeros = np.zeros(fed.channel.layout(json.loads(str(step["shape"]))).length + CLIP_WORD, dtype=np.uint32)
-        return RecordDict({STEP: ConfigRecord(diverged), RING_RECORD: ArrayRecord({"vector": Array(zeros)})})
+        if masked:  # leave the round: a zero vector would make the sum the other nodes' alone (found by review)
+            raise node.NodeSetupError(f"{DIVERGED}{json.dumps([exc.where, exc.cause])}") from None
+        return RecordDict({STEP: ConfigRecord({"step": "train", "diverged": json.dumps([exc.where, exc.cause])})})
     uploads, stats, baseline = work.uploads, work.stats, work.baseline
     for k in sites.sites:
         sites.save(k)

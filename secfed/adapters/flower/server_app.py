@@ -61,7 +61,7 @@ from secfed.federation.runtime import (
 from secfed.protocols import ProtocolError
 
 from . import pulls
-from .client_app import BROADCAST, CLIP_WORD, STEP
+from .client_app import BROADCAST, CLIP_WORD, DIVERGED, STEP
 from .encoding import RING, Encoding
 from .node import Cohort
 from .replies import Expected, MalformedReply, TrainReply, hello_reply, scores_reply, train_reply
@@ -328,7 +328,9 @@ class FlowerRun:
             self._done(time.perf_counter())  # the last phase (unmask) ends here
         except ProtocolError as exc:
             self._shape = None
+            self._stop_if_diverged()
             return self._aborted(t, exc, 0, down), {}, self._trained_at or time.perf_counter()
+        self._stop_if_diverged()
         replies = self._checked(fed, hosts, drawn, result.clear)
         for n, r in replies.items():  # every vector was masked at the length the layout sent gives: a node
             if r.diverged is None and r.shape != self._shape:  # saying otherwise is wrong about itself only
@@ -340,6 +342,17 @@ class FlowerRun:
         bytes_up = sum(r.upload_bytes for r in replies.values())
         aggregate = _summed(t, layout, result, contributors, uploads, bytes_up, down)
         return aggregate, replies, self._trained_at or time.perf_counter()
+
+    def _stop_if_diverged(self) -> None:
+        """A node whose site diverged inside the masked-input phase left the round (its zero vector
+        would have made the sum the others' alone) and said why: the run stops, as in-process."""
+        for reason in self.flow.errors.values():
+            if DIVERGED in reason:
+                try:
+                    where, cause = json.loads(reason.split(DIVERGED, 1)[1].split("]", 1)[0] + "]")
+                except (ValueError, TypeError):
+                    where, cause = "a site", reason
+                raise SiteDiverged(str(where), str(cause))
 
     def aggregate(self, fed: Federation, hosts: dict[int, list[int]], broadcast: Any, wire: bytes,
                   replies: Mapping[int, TrainReply], trained: Mapping[int, list[int]], t: int) -> Aggregate:

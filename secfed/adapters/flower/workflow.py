@@ -172,6 +172,7 @@ class SecAggWorkflow:
         self.poll_interval = poll_interval
         self.on_phase = on_phase
         self.identities: dict[int, bytes] = {}  # node id → enrolled identity key
+        self.errors: dict[int, str] = {}  # node id → why it refused a message, since the last aggregate began
         self._next: _Prepared | None = None  # advertised with the last unmask, for the next aggregate
 
     # ---- enrolment --------------------------------------------------------------------------------
@@ -229,6 +230,7 @@ class SecAggWorkflow:
         content = {m.metadata.dst_node_id: m.content for m in messages}
         if len(content) != len(messages):
             raise ValueError("aggregate takes one message per node")
+        self.errors = {}
         nodes = sorted(content)
         identities = self.enrol(grid, nodes) if self.authenticated else {}
         if self.authenticated:
@@ -277,7 +279,8 @@ class SecAggWorkflow:
 
     def _exchange(self, grid: Grid, contents: Mapping[int, RecordDict], timeout: float,
                   group: str) -> dict[int, Message]:
-        return exchange(grid, contents, timeout=timeout, poll=self.poll_interval, group=group)
+        return collect(grid, send(grid, contents, timeout=timeout, group=group), poll=self.poll_interval,
+                       errors=self.errors)
 
 
 def exchange(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, poll: float = 0.2, group: str = "",
@@ -306,8 +309,9 @@ def send(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, grou
     return Sent({mid: n for mid, n in zip(ids, contents) if mid}, now + timeout, now)
 
 
-def collect(grid: Grid, sent: Sent, *, poll: float = 0.2) -> dict[int, Message]:
-    """The replies to ``sent`` that arrive before its deadline, by node; errors and silence logged."""
+def collect(grid: Grid, sent: Sent, *, poll: float = 0.2, errors: dict[int, str] | None = None) -> dict[int, Message]:
+    """The replies to ``sent`` that arrive before its deadline, by node; errors and silence logged
+    (and each error's reason kept in ``errors``, by node)."""
     pending, deadline = dict(sent.pending), sent.deadline
     replies: dict[int, Message] = {}
     while pending and time.monotonic() < deadline:
@@ -317,6 +321,8 @@ def collect(grid: Grid, sent: Sent, *, poll: float = 0.2) -> dict[int, Message]:
                 continue
             if reply.has_error():
                 log.warning("node %s: %s", node, reply.error.reason)
+                if errors is not None:
+                    errors[node] = reply.error.reason
             else:
                 replies[node] = reply
         if pending:
