@@ -498,4 +498,5 @@ def client_dp_sgd(dp: DpSgdPlan, cfg: RunConfig, num_examples: int, noise: Noise
     s = cfg.schedule
     z = dp.noise_multiplier_for(num_examples=num_examples, batch_size=s.batch_size, local_epochs=s.local_epochs,
                                 rounds=s.rounds)
-    return ClientDpSgd(z, dp.max_grad_norm, dp.delta_for(num_examples), SampledGaussianAccountant(), noise)
+    return ClientDpSgd(z, dp.max_grad_norm, dp.delta_for(num_examples), SampledGaussianAccountant(), noise,
+                       num_examples)

@@ -668,14 +668,13 @@ def dp_sgd_published(fed: Federation, rounds: int) -> list[tuple[Any, dict[str, 
     client sampling the cohorts are secret and each client's own accountant counts the rounds it was
     selected for — logging that would give them away (found by review): every client's ε is then the
     ε of a client selected in every round, an upper bound on its own."""
-    cfg = fed.config
-    clients = [(k, c) for k, c in enumerate(fed.clients) if c.dp_sgd is not None]
+    schedule = fed.config.schedule
+    clients = [c for c in fed.clients if c.dp_sgd is not None]
     if fed.plan.sampling != "poisson":
-        return [(c, _dp(c.dp_sgd)) for _, c in clients]
-    # n_k from the census, as the calibration took it: a Flower server's clients hold no labels
-    return [(c, {**_dp(c.dp_sgd), "epsilon": c.dp_sgd.epsilon_every_round(
-        int(fed.data_info["clients"][k]["images"]), cfg.schedule.batch_size, cfg.schedule.local_epochs, rounds),
-        "assumes": "selected in every round (the cohorts are secret)"}) for k, c in clients]
+        return [(c, _dp(c.dp_sgd)) for c in clients]
+    return [(c, {**_dp(c.dp_sgd), "epsilon": c.dp_sgd.epsilon_every_round(schedule.batch_size, schedule.local_epochs,
+                                                                           rounds),
+                 "assumes": "selected in every round (the cohorts are secret)"}) for c in clients]
 
 
 def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | None = None

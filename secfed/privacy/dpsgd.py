@@ -199,23 +199,24 @@ def make_private(
 
 @dataclass
 class ClientDpSgd:
-    """One client's example-level DP-SGD settings, its accountant (kept across rounds) and where its
-    noise comes from."""
+    """One client's example-level DP-SGD settings, its accountant (kept across rounds), where its
+    noise comes from, and the example count n_k its noise and δ were set for."""
 
     noise_multiplier: float
     max_grad_norm: float
     delta: float
     accountant: SampledGaussianAccountant
     noise: NoiseSource
+    num_examples: int
 
     def epsilon(self) -> float:
         return self.accountant.epsilon(self.delta)
 
-    def epsilon_every_round(self, num_examples: int, batch_size: int, local_epochs: int, rounds: int) -> float:
+    def epsilon_every_round(self, batch_size: int, local_epochs: int, rounds: int) -> float:
         """ε of a client that trained in every one of ``rounds`` rounds (one loop of ``local_epochs``
         Poisson epochs each): what a run with secret client cohorts publishes, since the ε a client's
         own accountant holds counts the rounds it was selected for and so gives the cohorts away."""
-        rate, steps_per_epoch = poisson_schedule(num_examples, batch_size)
+        rate, steps_per_epoch = poisson_schedule(self.num_examples, batch_size)
         every = SampledGaussianAccountant()
         if rounds > 0:
             every.load_state_dict({**every.state_dict(), "history": [

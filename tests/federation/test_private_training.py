@@ -314,14 +314,14 @@ def test_dp_sgd_epsilons_under_secret_cohorts_do_not_give_the_cohorts_away() -> 
         accountant = SampledGaussianAccountant()
         for _ in range(selected * epochs * steps):
             accountant.step(1.1, rate)
-        dp = ClientDpSgd(1.1, 1.0, 1e-5, accountant, NoiseSource(0))
+        dp = ClientDpSgd(1.1, 1.0, 1e-5, accountant, NoiseSource(0), n)
         return SimpleNamespace(dp_sgd=dp, site=SimpleNamespace(name=f"site-{selected}"))  # no labels: as on a
         # Flower server, whose clients hold none (found by review: len(site.labels) crashed round 1 there)
 
     clients = [client(0), client(1), client(rounds)]
     schedule = SimpleNamespace(batch_size=batch, local_epochs=epochs)
     fed = SimpleNamespace(config=SimpleNamespace(schedule=schedule), clients=clients,
-                          plan=SimpleNamespace(sampling="poisson"), data_info={"clients": [{"images": n}] * 3})
+                          plan=SimpleNamespace(sampling="poisson"))
     published = [dp["epsilon"] for _, dp in dp_sgd_published(fed, rounds)]
     assert published == [pytest.approx(clients[2].dp_sgd.epsilon())] * 3  # one figure: no cohort in it
     assert clients[0].dp_sgd.epsilon() == 0.0 < clients[1].dp_sgd.epsilon() < published[0]

@@ -63,7 +63,7 @@ class _Linear(nn.Module):
 def _batches(training_seed: int, noise: NoiseSource, examples: int, schedule: Schedule) -> list[list[int]]:
     """The Poisson batches one client's DP-SGD round draws, as the framework hands them to the loop."""
     model = _Linear()
-    dp = ClientDpSgd(1.0, 1.0, 1e-5, SampledGaussianAccountant(), noise)
+    dp = ClientDpSgd(1.0, 1.0, 1e-5, SampledGaussianAccountant(), noise, examples)
     loop = LocalDpSgd(dp, examples, schedule, "fedpav").privatise(
         model, torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator().manual_seed(training_seed))
     return [b.tolist() for b in loop.batches]

@@ -111,13 +111,9 @@ def _evaluate(step: ConfigRecord, content: RecordDict, context: Context) -> Reco
 def _allowed_jobs(sites: Any, asked: Any) -> list[tuple[int, str, str]]:
     """The jobs asked of this node's sites, each one evaluate.plan gives them — the node scores nothing
     else: not another site's domain, and under an ε no site's own pre-aggregation model ("local")."""
-    from secfed.federation.evaluate import plan
-    from secfed.federation.runtime import private_logs
+    from .sites import node_jobs
 
-    fed = sites.fed
-    own = () if private_logs(fed) else sites.sites
-    allowed = {job for k, jobs in plan(fed, local_training=True, final=True, cohort=own).items()
-               if k in sites.sites for job in jobs}
+    allowed = node_jobs(sites.fed, sites.sites)
     if not isinstance(asked, list) or not all(isinstance(j, list) and len(j) == 3 for j in asked):
         raise node.NodeSetupError("evaluate: jobs must be a list of [site, variant, domain]")
     mine = [tuple(j) for j in asked if j[0] in sites.sites]

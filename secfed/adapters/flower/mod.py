@@ -29,8 +29,8 @@ identity key of the session must belong to this cohort file, so the server canno
 identities of its own; unauthenticated sessions are refused unless
 ``secfed-allow-unauthenticated`` is true; sessions smaller than ``secfed-min-clients`` (default 2)
 are refused; so are sessions whose parameters withstand fewer colluders than the node assumes,
-⌊``secfed-corrupt-fraction`` · n⌋ (default 0.2, :func:`~secfed.protocols.choose_params`'s): the
-threshold must exceed them and the consistency check's bound cover them — the server writes the
+⌊``secfed-corrupt-fraction`` · n⌋ (default 0.2, :func:`~secfed.protocols.choose_params`'s), judged by
+:func:`~secfed.protocols.withstands` at a dropout rate of at least 0.1 — the server writes the
 session, so a threshold of 1 would hand one colluding neighbour a node's seeds. ``SecAggMod(
 require_secagg=True)`` refuses a train message that does not run the protocol instead of passing it
 to the app, whose reply would leave unmasked — for your own ClientApp, all of whose train messages
@@ -173,7 +173,7 @@ class SecAggMod:
         self._check_collusion(context, config)
         if not config.authenticated:
             allowed = self._setting(context, self.allow_unauthenticated, ALLOW_UNAUTHENTICATED_KEY, False)
-            if not _yes(allowed):
+            if not node.yes(allowed):
                 raise SessionRefused(f"unauthenticated session refused (set {ALLOW_UNAUTHENTICATED_KEY}=true to allow "
                                      "a server trusted to follow the protocol)")
             return
@@ -209,10 +209,6 @@ class SecAggMod:
         if self.state_dir is not None:
             return node.state_dir({node.STATE_DIR_KEY: str(self.state_dir)})
         return node.state_dir(context.node_config)
-
-
-def _yes(value: object) -> bool:
-    return str(value).lower() in ("true", "1", "yes")
 
 
 class _NodeRun:

@@ -42,6 +42,11 @@ class NodeSetupError(ValueError):
     """A node's state folder, key or cohort file is missing or unusable; names the path."""
 
 
+def yes(value: object) -> bool:
+    """A node-config switch (``true``/``1``/``yes``, as text or a TOML boolean) set on."""
+    return str(value).lower() in ("true", "1", "yes")
+
+
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(base) / "secfed" / "flower"

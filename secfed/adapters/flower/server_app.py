@@ -338,8 +338,7 @@ class FlowerRun:
         # A surviving node's vector is in the sum: its sites are the cohort's it hosts, whatever its
         # clear part says (a malformed one is not read at all).
         contributors = [k for n in result.survivors for k in drawn.get(n, ())]
-        uploads = [u for r in replies.values() for u in r.uploads]
-        bytes_up = sum(r.upload_bytes for r in replies.values())
+        uploads, bytes_up = _uploads(replies)
         aggregate = _summed(t, layout, result, contributors, uploads, bytes_up, down)
         return aggregate, replies, self._trained_at or time.perf_counter()
 
@@ -348,8 +347,8 @@ class FlowerRun:
         would have made the sum the others' alone) and said why: the run stops, as in-process."""
         for reason in self.flow.errors.values():
             if DIVERGED in reason:
-                try:
-                    where, cause = json.loads(reason.split(DIVERGED, 1)[1].split("]", 1)[0] + "]")
+                try:  # the JSON [where, cause] after the marker, whatever Flower wrapped around it
+                    where, cause = json.JSONDecoder().raw_decode(reason, reason.index(DIVERGED) + len(DIVERGED))[0]
                 except (ValueError, TypeError):
                     where, cause = "a site", reason
                 raise SiteDiverged(str(where), str(cause))
@@ -357,8 +356,7 @@ class FlowerRun:
     def aggregate(self, fed: Federation, hosts: dict[int, list[int]], broadcast: Any, wire: bytes,
                   replies: Mapping[int, TrainReply], trained: Mapping[int, list[int]], t: int) -> Aggregate:
         """The round's Aggregate from the nodes' train replies and (secagg) the secure sum."""
-        uploads = [u for r in replies.values() for u in r.uploads]
-        bytes_up = sum(r.upload_bytes for r in replies.values())
+        uploads, bytes_up = _uploads(replies)
         down = len(wire) * len(replies)
         if not self.cfg.secagg.enabled:
             summed = fed.channel.aggregate(broadcast, [u for u in uploads if u.summed], {}, broadcast_bytes=len(wire))
@@ -469,6 +467,12 @@ def _load_accountants(fed: Federation, states: Mapping[int, Mapping[str, Any]]) 
             fed.clients[k].dp_sgd.accountant.load_state_dict(state["fed"])
         if state.get("local") and k in fed.baseline_dp:
             fed.baseline_dp[k].accountant.load_state_dict(state["local"])
+
+
+def _uploads(replies: Mapping[int, TrainReply]) -> tuple[list[Upload], int]:
+    """The uploads in the nodes' train replies (under secure aggregation only their unsummed parts,
+    e.g. DFH's statistics), and their bytes."""
+    return [u for r in replies.values() for u in r.uploads], sum(r.upload_bytes for r in replies.values())
 
 
 def _summed(t: int, layout: Any, result: Any, contributors: list[int], uploads: list[Upload], bytes_up: int,

@@ -78,7 +78,7 @@ def hosted(node_config: Mapping[str, object], num_clients: int) -> list[int]:
 def check_run(cfg: RunConfig, node_config: Mapping[str, object]) -> Path | None:
     """The node's data root, once the server's run configuration passes the node's policy (see the
     module docstring); refused with :class:`node.NodeSetupError` naming the setting otherwise."""
-    if not cfg.secagg.enabled and str(node_config.get(ALLOW_PLAIN_KEY, "")).lower() not in ("true", "1", "yes"):
+    if not cfg.secagg.enabled and not node.yes(node_config.get(ALLOW_PLAIN_KEY, False)):
         raise node.NodeSetupError(f"the run turns secure aggregation off (secagg.enabled = false): this node's "
                                   f"updates would leave it unmasked; set {ALLOW_PLAIN_KEY}=true to allow it")
     data_root = node_config.get(DATA_ROOT_KEY)
@@ -96,13 +96,22 @@ def check_run(cfg: RunConfig, node_config: Mapping[str, object]) -> Path | None:
     return root
 
 
-def scored_domains(fed: Federation, sites: Sequence[int]) -> set[str]:
-    """The domains whose query/gallery ``sites`` score (evaluate.py's plan at its widest): the only ones a
-    node decodes — not every domain of the run (found by review: each node decoded all of them)."""
+def node_jobs(fed: Federation, sites: Sequence[int]) -> set[tuple[int, str, str]]:
+    """Every evaluation job evaluate.py's plan may give ``sites`` in this run (its final tables, every
+    site in the last cohort) — under an ε, no site's own pre-aggregation model ("local"): a node
+    scores these and nothing else."""
     from secfed.federation.evaluate import plan
+    from secfed.federation.runtime import private_logs
 
-    jobs = plan(fed, local_training=True, final=True, cohort=sites)
-    return {name for k in sites for _, _, name in jobs.get(k, [])}
+    cohort = () if private_logs(fed) else sites
+    return {job for k, jobs in plan(fed, local_training=True, final=True, cohort=cohort).items() if k in sites
+            for job in jobs}
+
+
+def scored_domains(fed: Federation, sites: Sequence[int]) -> set[str]:
+    """The domains whose query/gallery ``sites`` score: the only ones a node decodes — not every
+    domain of the run (found by review: each node decoded all of them)."""
+    return {name for _, _, name in node_jobs(fed, sites)}
 
 
 def planned_epsilons(fed: Federation, sites: Sequence[int]) -> dict[str, float]:
@@ -118,8 +127,8 @@ def planned_epsilons(fed: Federation, sites: Sequence[int]) -> dict[str, float]:
     for k in sites:
         dp = fed.clients[k].dp_sgd
         if dp is not None:
-            out[f"{fed.clients[k].site.name} DP-SGD"] = dp.epsilon_every_round(
-                fed.data_info["clients"][k]["images"], schedule.batch_size, schedule.local_epochs, rounds)
+            out[f"{fed.clients[k].site.name} DP-SGD"] = dp.epsilon_every_round(schedule.batch_size,
+                                                                                 schedule.local_epochs, rounds)
     return out
 
 
