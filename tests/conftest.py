@@ -28,9 +28,10 @@ os.environ.setdefault("COLUMNS", "250")
 
 @pytest.fixture(scope="session")
 def synth_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three small synthetic domains in Market-1501 format (a few hundred images in all)."""
+    """Three small synthetic domains in Market-1501 format (a few hundred images in all), and a public
+    set of other people for distillation (``public``)."""
     root = tmp_path_factory.mktemp("synth") / "domains"
-    generate(root, domains=3, seed=7, scale=0.15, height=64, width=32)
+    generate(root, domains=3, seed=7, scale=0.15, height=64, width=32, public=48)
     return root
 
 

@@ -80,7 +80,7 @@ def _kd_run(cfg: RunConfig, synth_root: Path, name: str) -> RunConfig:
     cfg.run.name = name
     cfg.schedule.rounds = 1
     cfg.method.kd = True
-    cfg.method.kd_public = str(synth_root / "plaza" / "bounding_box_test")  # unlabelled images no client trains on
+    cfg.method.kd_public = str(synth_root / "public")  # unlabelled images of other people
     cfg.method.kd_images = 20  # fewer than a batch: one batch an epoch, so a step per epoch
     cfg.method.kd_epochs = 3
     return cfg

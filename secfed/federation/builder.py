@@ -135,7 +135,7 @@ def resolve_data(cfg: RunConfig, *, split_path: Path | None = None, root: Path |
     trained, left_out = _leave_out(cfg, trained)
     public = _public_from(cfg, base)
     info = {"source": "disk", "root": str(base)}
-    return _validation(cfg, RunData(trained, left_out + unseen, public, info))
+    return _validation(cfg, _public_apart(RunData(trained, left_out + unseen, public, info)))
 
 
 def _synthetic(cfg: RunConfig, progress: Callable[[str, int, int], None] | None) -> RunData:
@@ -154,7 +154,23 @@ def _synthetic(cfg: RunConfig, progress: Callable[[str, int, int], None] | None)
     public = _public_from(cfg, root) if cfg.method.kd_public else (
         _list_images(root / manifest.public.folder) if cfg.method.kd else [])
     info = {"source": "synthetic", "root": str(root), "generator_version": manifest.version, "seed": data.seed}
-    return _validation(cfg, RunData(trained, left_out + unseen, public, info))
+    return _validation(cfg, _public_apart(RunData(trained, left_out + unseen, public, info)))
+
+
+def _public_apart(data: RunData) -> RunData:
+    """``data`` once no public image is one of the images a site trains or scores on: the server
+    distils on the public set, and its soft labels of a private image would be that image's features
+    (found by review: a Flower server pointed `method.kd_public` at a site's training folder)."""
+    if not data.public:
+        return data
+    private = {os.path.realpath(s.path) for d in (*data.trained, *data.unseen)
+               for s in (*d.train, *d.query, *d.gallery)}
+    shared = [p for p in data.public if os.path.realpath(p) in private]
+    if shared:
+        raise ConfigError("method.kd_public", f"{len(shared)} of its {len(data.public)} images are images of the "
+                          f"datasets the run trains or scores on (e.g. {shared[0]}); the public set must be "
+                          "apart from them")
+    return data
 
 
 def _validation(cfg: RunConfig, data: RunData) -> RunData:

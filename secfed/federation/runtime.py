@@ -162,10 +162,11 @@ def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort:
     return record
 
 
-def train_seed(cfg: RunConfig, round_index: int, client_id: int) -> int:
+def train_seed(cfg: RunConfig, round_index: int, client_id: int, secret: int | None = None) -> int:
     """The seed of a site's local training in a round (its federated step and its local-only
-    baseline alike): the one rule wherever the site runs."""
-    return derive_seed(cfg.seed, "train", round_index, client_id)
+    baseline alike): the one rule wherever the site runs — from the run seed, or from a Flower node's
+    ``secret`` randomness in place of it."""
+    return derive_seed(cfg.seed if secret is None else secret, "train", round_index, client_id)
 
 
 class SiteDiverged(ArithmeticError):
@@ -186,16 +187,18 @@ class SiteWork:
 
 
 def site_round(fed: Federation, t: int, cohort: Sequence[int], baseline_sites: Sequence[int],
-               receive: Callable[[int], Broadcast], done: Callable[[str], None] = lambda name: None) -> SiteWork:
+               receive: Callable[[int], Broadcast], done: Callable[[str], None] = lambda name: None,
+               secret: int | None = None) -> SiteWork:
     """Round ``t``'s work at the sites: every cohort site runs the method and its privacy step on what
     it received, and the local-only baselines of ``baseline_sites`` train alone (same rule, same
-    seeds, never aggregated). Run in-process for every site, and on each Flower node for its own."""
+    seeds, never aggregated). Run in-process for every site, and on each Flower node for its own
+    (``secret``: the node's own randomness in place of the run seed's, see :func:`train_seed`)."""
     schedule = schedule_for(fed.config, t)
     work = SiteWork([], {}, {})
     for k in cohort:
         client = fed.clients[k]
         try:
-            upload, stats = client.step(receive(k), schedule, train_seed(fed.config, t, k))
+            upload, stats = client.step(receive(k), schedule, train_seed(fed.config, t, k, secret))
         except TrainingDiverged as exc:
             raise SiteDiverged(client.site.name, str(exc)) from None
         work.uploads.append(upload)
@@ -205,7 +208,7 @@ def site_round(fed: Federation, t: int, cohort: Sequence[int], baseline_sites: S
     for k in tracked(BASELINES, list(baseline_sites), lambda k: fed.baselines[k].name):
         alone = fed.baselines[k]
         try:
-            stats = train_alone(fed.method, alone, schedule, train_seed(fed.config, t, k), fed.baseline_dp.get(k))
+            stats = train_alone(fed.method, alone, schedule, train_seed(fed.config, t, k, secret), fed.baseline_dp.get(k))
         except TrainingDiverged as exc:
             raise SiteDiverged(f"{alone.name} (local-only baseline)", str(exc)) from None
         work.baseline[alone.name] = {"loss": stats.loss, "accuracy": stats.accuracy}

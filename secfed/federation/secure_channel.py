@@ -158,11 +158,12 @@ class SecureChannel:
         sums, weights = zero_sums(uploads)
         return Aggregate(t, sums, weights, (), {}, up + shared_bytes, down + received, 0, {})
 
-    def rounding(self, round_index: int, client_id: int) -> np.random.Generator:
+    def rounding(self, round_index: int, client_id: int, secret: int | None = None) -> np.random.Generator:
         """The stochastic rounding draws of one client's ring vector, from the run seed: every
         process that quantises a client's upload (in-process, or its Flower node) rounds it alike,
-        so the ring sums — and the new global model — are the same bit for bit."""
-        return numpy_rng(self.run_seed, "secagg/rounding", round_index, client_id)
+        so the ring sums — and the new global model — are the same bit for bit; from a Flower node's
+        ``secret`` randomness where the node keeps its vector from being recomputed elsewhere."""
+        return numpy_rng(self.run_seed if secret is None else secret, "secagg/rounding", round_index, client_id)
 
     # ---- ring layout ---------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ for p in range(3):
     keys[p] = node.public_identity(node.identity_key(folder))
     config = {{node.STATE_DIR_KEY: str(folder), node.COHORT_KEY: str(root / "cohort.toml")}}
     vectors[p] = np.arange(length, dtype=np.uint32) * (p + 1)
-    _store(Context(RUN_ID, 1000 + p, config, RecordDict(), {{}}), 1, hashlib.sha256(wire).digest() + vectors[p].tobytes())
+    _store(Context(RUN_ID, 1000 + p, config, RecordDict(), {{}}), 1, hashlib.sha256(wire).digest(), vectors[p], personal=False)
     nodes[1000 + p] = (app, config)
 cohort = Cohort({{f"site-{{p}}": k for p, k in keys.items()}})
 (root / "cohort.toml").write_text(cohort.dumps())

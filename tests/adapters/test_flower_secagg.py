@@ -4,11 +4,12 @@ leaves a node, the node's policy and the sealed state."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx, FedTrimmedAvg, Krum
 
@@ -290,3 +291,7 @@ def test_a_node_requiring_secure_aggregation_refuses_a_plain_train_message(tmp_p
     refused, answered = sorted(replies, key=lambda r: r.metadata.src_node_id)
     assert refused.has_error() and "requires it (require_secagg)" in refused.error.reason
     assert not answered.has_error() and "arrays" in answered.content  # the node's own choice: the app answers
+    # ... nor answered riding on an enrolment record (found by review: the app's reply came back in the clear)
+    riding = RecordDict({"arrays": initial_arrays(), CONTROL: ConfigRecord({"stage": "enrol", "nonce": os.urandom(16)})})
+    [reply] = grid.send_and_receive([Message(riding, dst_node_id=1000, message_type=MessageType.TRAIN)])
+    assert reply.has_error() and "riding on enrolment" in reply.error.reason and not reply.has_content()

@@ -11,6 +11,7 @@ import os
 import secrets
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -158,12 +159,22 @@ def test_a_model_swapped_for_one_node_in_a_masked_train_round_is_refused_and_not
     # masked-input phase" record or without — gets no vector back: it stays sealed on the node (found
     # by review: the node answered with its ring vector, unmasked, for one site the server chose)
     grid.tamper = None
-    for forged in ({}, {INSIDE: ConfigRecord({"stage": "masked_input"})}):
-        broadcast, shape = sent_to_0[-1]  # round 2's, in the layout the nodes masked in
-        content = RecordDict({STEP: flower._step("train", round=1, shape=shape),
-                              SITES: ConfigRecord({"train": [0]}), **forged, BROADCAST: broadcast})
+    broadcast, shape = sent_to_0[-1]  # round 2's, in the layout the nodes masked in
+
+    def train_again(token: str, **records) -> Message:
+        step = flower._step("train", round=1, shape=shape)
+        step["token"] = token
+        content = RecordDict({STEP: step, SITES: ConfigRecord({"train": [0]}), BROADCAST: broadcast, **records})
         [reply] = grid.pull_messages(grid.push_messages([Message(content, dst_node_id=2000,
                                                                  message_type=MessageType.TRAIN)]))
+        return reply
+
+    # A round is trained once per run (found by review: a server re-running a round with one node
+    # less subtracted the two sums)
+    reply = train_again(flower.settings.token)
+    assert reply.has_error() and "a round is never trained twice" in reply.error.reason
+    for forged in ({}, {INSIDE: ConfigRecord({"stage": "masked_input"})}):
+        reply = train_again(secrets.token_hex(16), **forged)  # as the round of a fresh run
         assert not reply.has_error() and "shape" in reply.content.config_records[STEP]  # it trained site 0
         assert RING_RECORD not in reply.content, list(reply.content.keys())
     # A personal broadcast (outside the model digest: Eq. 15's per-site models) in a run without Eq. 15
@@ -178,6 +189,58 @@ def test_a_model_swapped_for_one_node_in_a_masked_train_round_is_refused_and_not
     fetch = RecordDict({STEP: flower._step("fetch", round=1, broadcast=digest)})
     [reply] = grid.pull_messages(grid.push_messages([Message(fetch, dst_node_id=2000, message_type=MessageType.TRAIN)]))
     assert reply.has_error() and "outside the secure aggregation" in reply.error.reason
+
+
+def test_a_node_trains_each_round_once_with_randomness_no_one_else_can_rerun(small_config, tmp_path):
+    """(found by review: a node's training and rounding draws came from the server-written run seed, so
+    a server that re-ran a round under a fresh token, one node left out, got the others' vectors bit
+    for bit again — the two sums' difference was that node's exact update; and under Eq. 15 it gave
+    every node but one a zero personal model in an authenticated session, whose digest leaves the
+    personal models out — the "sum" was that node's update)"""
+    from flwr.app import Context
+
+    from secfed.adapters.flower.client_app import _fetch, handle
+    from secfed.federation import codec
+
+    cfg = small_config
+    cfg.secagg.enabled, cfg.run.local_baseline = True, False
+    wire = codec.encode_broadcast(build(cfg).server.broadcast(0))
+    own = {"partition-id": 0, "num-partitions": 3, node_files.STATE_DIR_KEY: str(tmp_path / "node"),
+           **own_nodes_policy(cfg)}  # `secfed flower local`'s nodes: the run seed's draws, as in-process
+    deployed = {k: v for k, v in own.items() if k != sites_module.REPRODUCIBLE_KEY}
+    assert sites_module.REPRODUCIBLE_KEY not in deployed and sites_module.REPRODUCIBLE_KEY in own
+
+    def train(config, token, t=0, authenticated=None, **records) -> RecordDict:
+        step = ConfigRecord({"step": "train", "config": json.dumps(cfg.to_dict()), "token": token, "round": t,
+                             **({"shape": shape} if authenticated is not None else {})})
+        inside = {} if authenticated is None else {
+            INSIDE: ConfigRecord({"stage": "masked_input", "authenticated": authenticated})}
+        content = RecordDict({STEP: step, SITES: ConfigRecord({"train": [0]}),
+                              BROADCAST: ArrayRecord({"common": bytes_array(wire)}), **records, **inside})
+        return handle("train", content, Context(1, 2000, config, RecordDict(), {}))
+
+    def vector(config, **kw) -> np.ndarray:
+        return np.array(train(config, secrets.token_hex(16), **kw)[RING_RECORD]["vector"].numpy())
+
+    shape = str(train(deployed, secrets.token_hex(16)).config_records[STEP]["shape"])
+    assert not np.array_equal(vector(deployed, authenticated=True), vector(deployed, authenticated=True))
+    assert np.array_equal(vector(own, authenticated=True), vector(own, authenticated=True))
+    token = secrets.token_hex(16)  # one run: a round once, in order, within the schedule
+    train(deployed, token, t=1)
+    for t in (1, 0, cfg.schedule.rounds):
+        with pytest.raises(node_files.NodeSetupError, match="a round is never trained twice"):
+            train(deployed, token, t=t)
+    # Eq. 15: a vector trained on a personal model is masked in unauthenticated sessions only
+    cfg.secagg.authenticated, cfg.privacy.dp_beta, cfg.privacy.dp_beta_mode = False, 1e-3, "double"
+    personal = {PERSONAL: ArrayRecord({"site-0": bytes_array(wire)})}
+    assert vector(deployed, authenticated=False, **personal).size
+    with pytest.raises(node_files.NodeSetupError, match="personal broadcast .* authenticated session"):
+        vector(deployed, authenticated=True, **personal)
+    context = Context(1, 2000, deployed, RecordDict(), {})  # ... nor fetched into one, sealed since round 1
+    train(deployed, secrets.token_hex(16), **personal)
+    fetch = ConfigRecord({"step": "fetch", "round": 0, "broadcast": hashlib.sha256(wire).hexdigest()})
+    with pytest.raises(node_files.NodeSetupError, match="personal broadcast .* authenticated session"):
+        _fetch(fetch, RecordDict({INSIDE: ConfigRecord({"stage": "masked_input", "authenticated": True})}), context)
 
 
 def test_a_sites_state_survives_the_process(small_config, tmp_path):
@@ -399,6 +462,12 @@ def test_a_node_refuses_a_run_that_unmasks_it_or_names_paths_outside_its_data(sm
         "../" + synth_root.name + "-copy/plaza", str(tmp_path), "campus"]})})
     with pytest.raises(ConfigError, match="not outside it"):
         NodeSites.open(escaping, node, secrets.token_hex(16), train=False)
+    # The public set of distillation is apart from every private image (found by review: a server
+    # pointed method.kd_public at a site's training folder, and the sum held their features)
+    for private in ("plaza/bounding_box_train", "plaza", "."):
+        kd = cfg.model_copy(update={"method": cfg.method.model_copy(update={"kd": True, "kd_public": private})})
+        with pytest.raises(ConfigError, match="are images of the datasets the run trains or scores on"):
+            NodeSites.open(kd, node, secrets.token_hex(16), train=False)
 
 
 def test_a_node_scores_only_its_sites_planned_jobs(small_config, tmp_path):
@@ -461,20 +530,30 @@ def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_co
     """(found by review: the server writes the run configuration, so it could turn the noise down or
     off and the nodes trained on; a node that sets secfed-max-epsilon now refuses such a run)"""
     cfg = small_config
-    cfg.method.aggregation, cfg.model.bn_stats = "unweighted", "local"
+    cfg.method.aggregation, cfg.model.bn_stats, cfg.secagg.enabled = "unweighted", "local", True
     node = {"partition-id": 0, "num-partitions": 3, node_files.STATE_DIR_KEY: str(tmp_path), **own_nodes_policy(cfg)}
-    cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.2
+    cfg.privacy.clip, cfg.privacy.noise_multiplier, cfg.privacy.distributed = 1.0, 1.2, True
     sites = NodeSites.open(cfg, node, secrets.token_hex(16), train=False)
-    reached = sites_module.planned_epsilons(sites.fed, sites.sites)["client-level"]
+    reached = sites_module.planned_epsilons(sites.fed, sites.sites)[sites_module.CLIENT_LEVEL]
     ledger = sites.fed.server.privacy.plan.ledger()
     for _ in range(cfg.schedule.rounds):
-        ledger.record_round(3)
-    assert reached == pytest.approx(ledger.epsilon())  # Gaussian noise: every round costs the same
-    NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached * 1.01}, secrets.token_hex(16), train=False)
-    with pytest.raises(node_files.NodeSetupError, match=r"would reach client-level ε = .* requires ε ≤"):
+        ledger.record_lost_release()
+    assert reached == pytest.approx(ledger.epsilon())
+    NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached * 1.01}, secrets.token_hex(16), train=True)
+    with pytest.raises(node_files.NodeSetupError, match=r"would reach client-level \(Skellam\) ε = .* requires ε ≤"):
         NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached / 2}, secrets.token_hex(16), train=False)
-    cfg.privacy.clip, cfg.privacy.noise_multiplier = None, None  # the server turned the noise off
-    with pytest.raises(node_files.NodeSetupError, match="claims no ε for this node's sites"):
+    # The floor holds over the node's lifetime (found by review: a server ran a one-round run four
+    # times and each passed): what the first training run claimed counts against every later run
+    with pytest.raises(node_files.NodeSetupError, match=r"\+ .* claimed by earlier runs on this node"):
+        NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached * 1.5}, secrets.token_hex(16), train=True)
+    NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached * 2.01}, secrets.token_hex(16), train=True)
+    # Central noise is added by the server itself: its ε protects nothing from the server (found by
+    # review: the floor counted it), and a run without noise claims nothing at all
+    cfg.privacy.distributed = False
+    with pytest.raises(node_files.NodeSetupError, match="claims no ε against the server for the updates"):
+        NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: 100}, secrets.token_hex(16), train=False)
+    cfg.privacy.clip, cfg.privacy.noise_multiplier = None, None
+    with pytest.raises(node_files.NodeSetupError, match="claims no ε against the server for the updates"):
         NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: 100}, secrets.token_hex(16), train=False)
 
 

@@ -42,7 +42,7 @@ def people(synth_root: Path) -> dict[str, list[tuple[str, torch.Tensor]]]:
     """Per synthetic domain, (identity, images) of its training people (≥ 2 images each), under
     "DOMAIN:test" its test people, and under "distractors" the test people of every domain."""
     out: dict[str, list[tuple[str, torch.Tensor]]] = {"distractors": []}
-    for folder in sorted(p for p in synth_root.iterdir() if p.is_dir()):
+    for folder in sorted(p for p in synth_root.iterdir() if p.is_dir() and p.name != "public"):
         ds = load_dataset(folder, "market1501", name=folder.name)
         counts = Counter(s.pid for s in ds.train)
         out[folder.name] = [(f"{folder.name}/{pid}", load_images([s for s in ds.train if s.pid == pid], HEIGHT, WIDTH))

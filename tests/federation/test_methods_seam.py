@@ -25,7 +25,7 @@ from secfed.protocols.secagg.messages import MaskedInput
 
 def _kd_cdw(cfg: RunConfig, synth_root: Path) -> RunConfig:
     cfg.method.kd = True
-    cfg.method.kd_public = str(synth_root / "plaza" / "bounding_box_test")  # unlabelled images no client trains on
+    cfg.method.kd_public = str(synth_root / "public")  # unlabelled images of other people
     cfg.method.kd_images = 24
     cfg.method.cdw = True
     cfg.secagg.enabled = True

@@ -195,8 +195,11 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     # to be masked; any other train message keeps it sealed here (found by review: a server that sent
     # a `shape` outside the protocol got a node's vector back unmasked)
     masked = INSIDE in content and "shape" in step
+    if own and masked:
+        _unbound_only(content)
+    secret = sites.round_seed(context.node_config, t)  # once per round; the node's own randomness
     try:  # the local-only baselines train every round, like in-process
-        work = site_round(fed, t, cohort, [k for k in sites.sites if k in fed.baselines], receive)
+        work = site_round(fed, t, cohort, [k for k in sites.sites if k in fed.baselines], receive, secret=secret)
     except SiteDiverged as exc:  # the server stops the run, as in-process
         site_host.forget()  # a diverged site's state is not what its folder holds
         if masked:  # leave the round: a zero vector would make the sum the other nodes' alone (found by review)
@@ -218,11 +221,11 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
         if masked and shape != str(step["shape"]):
             raise node.NodeSetupError("this round's contribution is laid out differently from the last round's "
                                       "(the server masks in the old layout); the round is dropped and relearnt")
-        total = _node_vector(fed, t, uploads, shape)
+        total = _node_vector(fed, t, uploads, shape, secret)
         if masked:
             out[RING_RECORD] = ArrayRecord({"vector": Array(total)})
         else:
-            _store(context, t, hashlib.sha256(common).digest() + total.tobytes())
+            _store(context, t, hashlib.sha256(common).digest(), total, personal=bool(own))
         reply["shape"] = shape
         for upload in uploads:
             if upload.shared:
@@ -234,13 +237,13 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     return out
 
 
-def _node_vector(fed: Any, t: int, uploads: list[Any], shape: str) -> np.ndarray:
+def _node_vector(fed: Any, t: int, uploads: list[Any], shape: str, secret: int | None) -> np.ndarray:
     """The node's ONE ring vector: its sites' ring vectors added in the ring (the secure channel's
-    layout and quantisers, each site's seeded rounding), then how many coordinates they clipped."""
+    layout and quantisers, each site's rounding), then how many coordinates they clipped."""
     layout = fed.channel.layout(json.loads(shape))
     total = np.zeros(layout.length + CLIP_WORD, dtype=np.uint32)
     for upload in uploads:
-        vector, clipped = layout.ring_vector(upload, fed.channel.rounding(t, upload.client_id))
+        vector, clipped = layout.ring_vector(upload, fed.channel.rounding(t, upload.client_id, secret))
         total[:-CLIP_WORD] += vector  # wraps mod 2^32: the ring sum of this node's sites
         total[-1] += np.uint32(clipped)
     return total
@@ -255,11 +258,14 @@ def _pending(context: Context, round_index: int) -> tuple[bytes, Any, dict]:
     return node.sealing_key(folder), folder / "pending" / f"run-{context.run_id}-round-{round_index:04d}.ring", ids
 
 
-def _store(context: Context, round_index: int, data: bytes) -> None:
+def _store(context: Context, round_index: int, broadcast: bytes, vector: np.ndarray, *, personal: bool) -> None:
+    """Seal the node's vector of a round until the protocol fetches it: with the digest of the
+    broadcast it was trained on, and whether a personal (Eq. 15) one was."""
     from secfed import atomic_file
 
     key, path, ids = _pending(context, round_index)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    data = broadcast + bytes([personal]) + vector.astype(np.uint32).tobytes()
     atomic_file.write_bytes(path, node.seal_state(key, data, **ids))
 
 
@@ -276,5 +282,17 @@ def _fetch(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     path.unlink()  # one masked input per training, whatever the server asks later
     if data[:32].hex() != step["broadcast"]:
         raise node.NodeSetupError("the secure aggregation names another broadcast than the one this node trained on")
-    return RecordDict({RING_RECORD: ArrayRecord({"vector": Array(np.frombuffer(data[32:], dtype=np.uint32))})})
+    if data[32]:
+        _unbound_only(content)
+    return RecordDict({RING_RECORD: ArrayRecord({"vector": Array(np.frombuffer(data[33:], dtype=np.uint32))})})
+
+
+def _unbound_only(content: RecordDict) -> None:
+    """Refuse to mask a vector trained on a personal broadcast (Eq. 15) in an authenticated session:
+    a personal model lies outside the digest that binds every node to one model, so there the server
+    could send each node its own — all but one a zero model, and the "sum" is that one node's update
+    (found by review). An unauthenticated session trusts the server to be honest anyway."""
+    if content[INSIDE].get("authenticated", True):
+        raise node.NodeSetupError("a vector trained on a personal broadcast (outside the model digest) would be masked "
+                                  "in an authenticated session, which binds every node to one model: refused")
 

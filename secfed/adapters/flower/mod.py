@@ -32,8 +32,8 @@ are refused; so are sessions whose parameters withstand fewer colluders than the
 ⌊``secfed-corrupt-fraction`` · n⌋ (default 0.2, :func:`~secfed.protocols.choose_params`'s), judged by
 :func:`~secfed.protocols.withstands` at a dropout rate of at least 0.1 — the server writes the
 session, so a threshold of 1 would hand one colluding neighbour a node's seeds. ``SecAggMod(
-require_secagg=True)`` refuses a train message that does not run the protocol instead of passing it
-to the app, whose reply would leave unmasked — for your own ClientApp, all of whose train messages
+require_secagg=True)`` refuses a train message that does not run the protocol (or rides on an
+enrolment) instead of passing it to the app, whose reply would leave unmasked — for your own ClientApp, all of whose train messages
 run it (secfed's own sends some that do not, and holds its own policy: adapters/flower/sites.py).
 """
 
@@ -236,6 +236,11 @@ class _NodeRun:
         proof = sign(identity, enrol_payload(self.context.run_id, self.context.node_id, nonce))
         clear = None
         if len(without_ours(msg.content)):
+            if self.mod.require_secagg and msg.metadata.message_type == MessageType.TRAIN:
+                # the app's reply would leave in the clear (found by review: an enrol record riding on
+                # any train message bypassed require_secagg)
+                raise SessionRefused("a train message riding on enrolment: this node requires secure aggregation "
+                                     "(require_secagg), and the app answers train messages only masked")
             msg.content = without_ours(msg.content)
             reply = call_next(msg, self.context)
             if reply.has_error():
@@ -282,7 +287,9 @@ class _NodeRun:
         if client.model_hash != NO_MODEL_HASH and content_digest(msg.content) != client.model_hash:
             raise ModelMismatch("the model to train on is not the one announced when keys were shared")
         msg.content = without_ours(msg.content)
-        msg.content[INSIDE] = ConfigRecord({"stage": MASKED_INPUT})  # the app may answer with its vector
+        # the app may answer with its vector; it learns whether the session is authenticated (a
+        # personal model, outside the digest, may be trained on only where it is not: client_app)
+        msg.content[INSIDE] = ConfigRecord({"stage": MASKED_INPUT, "authenticated": config.authenticated})
         reply = call_next(msg, self.context)
         if reply.has_error():
             raise ReplyRefused(f"the app failed: {reply.error.reason}")

@@ -27,19 +27,30 @@ anything (:func:`check_run`): a run without secure aggregation is refused unless
 ``secfed-allow-plain`` (the uploads would leave the node in the clear), and every path the
 configuration names is a path on this machine — data is read only from the node's own
 ``secfed-data-root``, and the dataset folders, ``data.split_file`` (which the node writes) and
-``method.kd_public`` must lie inside it. With ``secfed-max-epsilon`` set, the run must also claim an
-ε for the node's sites no larger, over all its rounds at the worst case (:func:`check_privacy`): the
-server cannot turn the noise down or off.
+``method.kd_public`` must lie inside it (and share no image with the datasets: builder.py). With
+``secfed-max-epsilon`` set, every channel of the node's sites must carry an ε that holds against the
+server (distributed Skellam noise or DP-SGD on the updates, DFS noise under DFH — central noise is
+the server's own), each no larger than the limit together with what earlier runs on this node
+claimed, over all rounds at the worst case (:func:`NodeSites.check_privacy`, ``STATE_DIR/
+privacy-spent.json``): the server cannot turn the noise down or off, nor reset the budget.
+
+A node trains each round of a run once, in order, within the schedule (``rounds.json`` in the run's
+folder), with secret randomness of its own (training order, stochastic rounding): a server that
+re-ran a round without one node would otherwise subtract the two sums. ``secfed-reproducible=true``
+uses the run seed's draws instead — bit for bit an in-process run; ``secfed flower local`` sets it,
+its server being the user's own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import re
-from collections.abc import Sequence
-from collections.abc import Mapping
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +70,10 @@ from . import node
 DATA_ROOT_KEY = "secfed-data-root"
 ALLOW_PLAIN_KEY = "secfed-allow-plain"
 MAX_EPSILON_KEY = "secfed-max-epsilon"
+REPRODUCIBLE_KEY = "secfed-reproducible"
+SPENT_FILE = "privacy-spent.json"  # in STATE_DIR: the ε each run claimed for this node's data, by kind
+ROUNDS_FILE = "rounds.json"  # in the run's folder: the last round this node trained
+CLIENT_LEVEL, DP_SGD, DFS = "client-level (Skellam)", "example-level DP-SGD", "identity-level DFS"
 STATE_FILE = "state.pt"
 _TOKEN = re.compile(r"^[0-9a-f]{16,64}$")
 
@@ -115,20 +130,41 @@ def scored_domains(fed: Federation, sites: Sequence[int]) -> set[str]:
 
 
 def planned_epsilons(fed: Federation, sites: Sequence[int]) -> dict[str, float]:
-    """The ε the run claims for ``sites`` after all its rounds, at the worst case (every round
-    released, each of the sites selected in every one): the client-level ε and each site's DP-SGD ε."""
-    rounds, schedule = fed.config.schedule.rounds, fed.config.schedule
-    out = {}
-    ledger = fed.server.privacy.plan.ledger()
-    if ledger is not None:
-        for _ in range(rounds):
+    """The ε the run claims for ``sites`` against the server after all its rounds, at the worst case
+    (every round released, each of the sites selected in every one), by kind: the distributed
+    (Skellam) client-level ε, the largest of the sites' DP-SGD ε, DFH's DFS ε. Central noise (β,
+    DP-FedAvg) is added by the server itself and protects nothing from it (found by review: the floor
+    counted it); reproducible noise protects nothing at all."""
+    plan, schedule = fed.server.privacy.plan, fed.config.schedule
+    if plan.reproducible_noise:
+        return {}
+    out: dict[str, float] = {}
+    ledger = plan.ledger()
+    if ledger is not None and plan.mechanism == "skellam":
+        for _ in range(schedule.rounds):
             ledger.record_lost_release()  # the worst case of a round: the fewest honest noise shares
-        out["client-level"] = ledger.epsilon()
-    for k in sites:
-        dp = fed.clients[k].dp_sgd
-        if dp is not None:
-            out[f"{fed.clients[k].site.name} DP-SGD"] = dp.epsilon_every_round(schedule.batch_size,
-                                                                                 schedule.local_epochs, rounds)
+        out[CLIENT_LEVEL] = ledger.epsilon()
+    dp_sgd = [fed.clients[k].dp_sgd.epsilon_every_round(schedule.batch_size, schedule.local_epochs, schedule.rounds)
+              for k in sites if fed.clients[k].dp_sgd is not None]
+    if dp_sgd:
+        out[DP_SGD] = max(dp_sgd)
+    if plan.dfs is not None and plan.dfs.epsilon is not None:
+        out[DFS] = plan.dfs.epsilon
+    return out
+
+
+def uncovered(fed: Federation, sites: Sequence[int]) -> list[str]:
+    """What of ``sites``' shares no ε against the server covers: their updates (no Skellam noise and
+    a site without DP-SGD), DFH's statistics (no DFS noise) — every channel, or the floor means nothing."""
+    plan = fed.server.privacy.plan
+    if plan.reproducible_noise:
+        return ["everything: the noise is reproducible from the run seed (privacy.reproducible_noise)"]
+    out = []
+    if plan.mechanism != "skellam" and any(fed.clients[k].dp_sgd is None for k in sites):
+        out.append("the updates (no distributed Skellam noise, and a site without DP-SGD; central noise — β, "
+                   "DP-FedAvg — is the server's own and protects nothing from it)")
+    if plan.dfs is not None and plan.dfs.epsilon is None:
+        out.append("DFH's domain feature statistics (shared without noise: privacy.dfs_noise)")
     return out
 
 
@@ -136,10 +172,29 @@ def own_nodes_policy(cfg: RunConfig) -> dict[str, str]:
     """The node config of SuperNodes started for the user's own run (``secfed flower local``): they
     read the run's data root and accept the secure-aggregation setting the user chose — a deployed
     node decides both in its own node config."""
-    policy = {} if cfg.secagg.enabled else {ALLOW_PLAIN_KEY: "true"}
+    policy = {REPRODUCIBLE_KEY: "true"} if cfg.secagg.enabled else {REPRODUCIBLE_KEY: "true", ALLOW_PLAIN_KEY: "true"}
     if cfg.data.root is not None:
         policy[DATA_ROOT_KEY] = str(Path(cfg.data.root).expanduser().resolve())
     return policy
+
+
+@contextlib.contextmanager
+def _spent_ledger(state: Path) -> Iterator[dict[str, dict[str, float]]]:
+    """The node's record of the ε each run claimed for its data ({token: {kind: ε}}), read and
+    written back under a lock (several runs may open on one node at once)."""
+    path, lock = state / SPENT_FILE, state / (SPENT_FILE + ".lock")
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            spent = json.loads(path.read_text()) if path.is_file() else {}
+            if not isinstance(spent, dict) or not all(isinstance(v, dict) for v in spent.values()):
+                raise ValueError("not a mapping of runs")
+        except (ValueError, OSError) as exc:
+            raise node.NodeSetupError(f"{path}: not this node's privacy record ({exc}); the node cannot tell what "
+                                      f"earlier runs spent — restore it, or remove it to start counting afresh") from None
+        yield spent
+        atomic_file.write_bytes(path, json.dumps(spent, indent=1, sort_keys=True).encode(), mode=0o600)
 
 
 def run_folder(node_config: Mapping[str, object], token: str) -> Path:
@@ -169,15 +224,17 @@ class NodeSites:
                     eval_images=False if train else lambda fed: scored_domains(fed, hosted(node_config, len(fed.clients))))
         sites = hosted(node_config, len(fed.clients))
         nodes = cls(fed, sites, run_folder(node_config, token))
-        nodes.check_privacy(node_config)
+        nodes.check_privacy(node_config, spend=train)
         if train and sites:
             nodes._load_images(root, cache)
         nodes.reload()
         return nodes
 
-    def check_privacy(self, node_config: Mapping[str, object]) -> None:
-        """The node's privacy floor (see the module docstring): refused naming the ε the run would
-        reach for this node's sites, or that it claims none."""
+    def check_privacy(self, node_config: Mapping[str, object], *, spend: bool) -> None:
+        """The node's privacy floor (see the module docstring): refused naming what no ε against the
+        server covers, or the ε the run would reach for this node's data together with what earlier
+        runs on this node claimed (basic composition: a server cannot reset the budget by starting
+        runs afresh — found by review). ``spend``: the node is about to train, so this run's ε counts."""
         raw = node_config.get(MAX_EPSILON_KEY)
         if raw is None:
             return
@@ -185,15 +242,44 @@ class NodeSites:
             most = float(raw)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             raise node.NodeSetupError(f"node config {MAX_EPSILON_KEY}={raw!r} is not a number") from None
-        reached = planned_epsilons(self.fed, self.sites)
-        if not reached:
-            raise node.NodeSetupError(f"the run claims no ε for this node's sites; this node requires ε ≤ {most:g} "
-                                      f"({MAX_EPSILON_KEY})")
-        over = {what: eps for what, eps in reached.items() if not eps <= most}
-        if over:
-            shown = ", ".join(f"{what} ε = {eps:.3g}" for what, eps in over.items())
-            raise node.NodeSetupError(f"the run would reach {shown} over its {self.fed.config.schedule.rounds} "
-                                      f"rounds; this node requires ε ≤ {most:g} ({MAX_EPSILON_KEY})")
+        missing = uncovered(self.fed, self.sites)
+        if missing:
+            raise node.NodeSetupError(f"the run claims no ε against the server for {'; '.join(missing)}; this node "
+                                      f"requires ε ≤ {most:g} ({MAX_EPSILON_KEY})")
+        with _spent_ledger(node.state_dir(node_config)) as spent:
+            token = self.folder.name
+            before = {kind: sum(run.get(kind, 0.0) for t, run in spent.items() if t != token)
+                      for kind in (CLIENT_LEVEL, DP_SGD, DFS)}
+            reached = planned_epsilons(self.fed, self.sites)
+            over = {kind: eps for kind, eps in reached.items() if not before[kind] + eps <= most}
+            if over:
+                shown = ", ".join(f"{kind} ε = {eps:.3g}" + (f" (+ {before[kind]:.3g} claimed by earlier runs on "
+                                                            "this node)" if before[kind] else "")
+                                  for kind, eps in over.items())
+                raise node.NodeSetupError(f"the run would reach {shown} over its {self.fed.config.schedule.rounds} "
+                                          f"rounds; this node requires ε ≤ {most:g} ({MAX_EPSILON_KEY})")
+            if spend:
+                mine = spent.setdefault(token, {})
+                for kind, eps in reached.items():
+                    mine[kind] = max(mine.get(kind, 0.0), eps)
+
+    def round_seed(self, node_config: Mapping[str, object], t: int) -> int | None:
+        """Claim round ``t`` (0-based) for this node, once: a round is trained at most once per run and
+        only within the schedule — a server that re-runs a round with one node less subtracts the two
+        sums (found by review). The seed of the round's training and rounding draws: fresh secret
+        randomness, so that not even another run can recompute this node's vector; the run seed's
+        (as in-process, bit for bit) only where the node config sets ``secfed-reproducible=true``."""
+        rounds = self.fed.config.schedule.rounds
+        path = self.folder / ROUNDS_FILE
+        try:
+            last = int(json.loads(path.read_text())["last"]) if path.is_file() else -1
+        except (ValueError, KeyError, TypeError, OSError):
+            raise node.NodeSetupError(f"{path}: not this node's round record; the run's state is damaged") from None
+        if not last < t < rounds:
+            raise node.NodeSetupError(f"round {t + 1}: this node trains rounds after {last + 1} of this run's "
+                                      f"{rounds} once each, in order; a round is never trained twice")
+        atomic_file.write_bytes(path, json.dumps({"last": t}).encode(), mode=0o600)
+        return None if node.yes(node_config.get(REPRODUCIBLE_KEY, False)) else secrets.randbits(63)
 
     def reload(self) -> None:
         """Load the state each of the node's sites saved (a site that never trained keeps its start)."""
