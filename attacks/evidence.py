@@ -28,12 +28,12 @@ import torch
 
 from secfed.algorithms.base import Schedule
 from secfed.attacks.judge import Gallery
-from secfed.config import RunConfig, from_dict
+from secfed.config import RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.federation import codec, recording
 from secfed.federation.builder import Federation, build
 from secfed.federation.messages import MODEL, Aggregate, Broadcast, Upload
-from secfed.federation.runtime import check_data, restore, schedule_for, train_seed
+from secfed.federation.runtime import check_data, read_run, restore, schedule_for, train_seed
 from secfed.models.sharing import load_shared
 from secfed.seeding import numpy_rng
 
@@ -57,6 +57,14 @@ class AuditedRun:
     fed: Federation
     history: list[dict[str, Any]]
 
+    @property
+    def max_message_bytes(self) -> int:
+        """The most a recorded message of this run may inflate to: a model's worth of tensors for the
+        update, as much again for its BatchNorm statistics, twice over for the method's payloads, and
+        64 MiB of headroom — a crafted file declaring more is refused before it is inflated."""
+        model = self.fed.clients[0].site.model
+        return 4 * sum(t.numel() * t.element_size() for t in model.state_dict().values()) + (64 << 20)
+
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
@@ -71,15 +79,13 @@ def open_for_audit(path: Path, *, data_root: Path | None = None, device: str | N
     path = Path(path)
     if not path.exists():
         raise AuditError("RUN", f"{path}: no such run directory or checkpoint")
-    checkpoint = ckpt.latest_checkpoint(path) if path.is_dir() else path
-    state = ckpt.load_checkpoint(checkpoint)
-    cfg = from_dict(state["config"])
+    checkpoint, state, cfg = read_run(path)  # a damaged newest checkpoint: the one before it, with a warning
     if device is not None:
         cfg.run.device = device
     run_dir = checkpoint.parent.parent
     fed = build(cfg, run_dir=run_dir, data_root=data_root, train_images=True)
     check_data(fed, state, data_root)
-    history, rounds_done, _ = restore(fed, state)
+    history, rounds_done, _ = restore(fed, state, checkpoint)
     return AuditedRun(run_dir, checkpoint, sha256_file(checkpoint), rounds_done, cfg, fed, history)
 
 
@@ -118,7 +124,7 @@ class RoundEvidence:
 
 def read_recorded(run: AuditedRun, round_number: int) -> RoundEvidence:
     try:
-        recorded = recording.read_round(run.run_dir, round_number)
+        recorded = recording.read_round(run.run_dir, round_number, max_bytes=run.max_message_bytes)
     except recording.NoBroadcast as exc:
         raise AuditError("--round", f"round {round_number}'s uploads were recorded without the broadcast they "
                          f"answered ({exc}: a run from before secfed kept it), so the weights they started from "

@@ -232,7 +232,7 @@ def _latest_dfs(run: AuditedRun, evidence: RoundEvidence, k: int) -> tuple[torch
         return upload.shared[DFS_KEY], evidence.source
     for t in sorted((r for r in recording.recorded_rounds(run.run_dir) if r < evidence.round), reverse=True):
         try:
-            earlier = recording.read_round(run.run_dir, t).uploads.get(k)
+            earlier = recording.read_round(run.run_dir, t, max_bytes=run.max_message_bytes).uploads.get(k)
         except recording.RecordingError:
             continue
         if earlier is not None and DFS_KEY in earlier.shared:

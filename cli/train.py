@@ -82,7 +82,7 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
     try:
         raw = json.loads(config_file.read_text())
         raw = raw["config"] if sweep else raw
-    except (OSError, KeyError, TypeError, ValueError) as exc:  # ValueError: bad JSON, bytes that are not UTF-8
+    except (OSError, KeyError, TypeError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, not UTF-8
         raise click.BadParameter(f"{config_file} cannot be read ({exc})", param_hint="--resume") from None
     if not isinstance(raw, dict):
         raise click.BadParameter(f"{config_file} is not a secfed configuration (a JSON object of sections); it "
@@ -108,7 +108,7 @@ def _restore_config(run_dir: Path, config_file: Path) -> None:
     try:
         path, state = ckpt.load_newest(run_dir)
         restored = from_dict(state["config"]).to_json()
-    except (ckpt.CheckpointError, ConfigError, KeyError, TypeError) as exc:
+    except (ckpt.CheckpointError, ConfigError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise click.BadParameter(f"{run_dir} has no config.json and its checkpoints cannot restore it ({exc})",
                                  param_hint="--resume") from None
     atomic_file.write_text(config_file, restored)

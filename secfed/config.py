@@ -67,6 +67,15 @@ class Section(BaseModel):
     # Strict: TOML's `rounds = "three"` or `rounds = 2.7` are refused, not coerced; unknown keys refused.
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        """No path or name holds a NUL byte (found by review: `root = "a\\u0000b"` reached the
+        filesystem calls and stopped them with a traceback)."""
+        if any(isinstance(v, str) and "\x00" in v for v in (value if isinstance(value, list) else [value])):
+            raise ValueError("must not contain a NUL character")
+        return value
+
 
 class DataConfig(Section):
     """Where images come from and how they are split among clients."""
@@ -104,7 +113,8 @@ class ModelConfig(Section):
         "none", "--pretrained", "Initial backbone: imagenet (torchvision's cached weights; nothing is downloaded; "
         "plain --pretrained), synthetic (built once by `secfed pretrain`), or none. true/false mean imagenet/none.",
         flag_value="imagenet")
-    neck_dim: int = setting(512, "--neck-dim", "Width of the ReID feature (FedReIDBench's neck: 512).", ge=8)
+    neck_dim: int = setting(512, "--neck-dim", "Width of the ReID feature (FedReIDBench's neck: 512).", ge=8,
+                            le=16384)
     neck_dropout: float = setting(0.5, "--neck-dropout", "Dropout after the neck.", ge=0.0, lt=1.0)
     bn_stats: Literal["shared", "local"] = setting(
         "shared", "--bn-stats", "BatchNorm running statistics: averaged with the weights, or kept per client.")
@@ -154,9 +164,9 @@ class ScheduleConfig(Section):
     these defaults.
     """
 
-    rounds: int = setting(16, "--rounds", "Communication rounds.", ge=1)
-    local_epochs: int = setting(1, "--local-epochs", "Local epochs per round (E).", ge=1)
-    batch_size: int = setting(32, "--batch-size", "Local batch size (B).", ge=1)
+    rounds: int = setting(16, "--rounds", "Communication rounds.", ge=1, le=1_000_000)
+    local_epochs: int = setting(1, "--local-epochs", "Local epochs per round (E).", ge=1, le=10_000)
+    batch_size: int = setting(32, "--batch-size", "Local batch size (B).", ge=1, le=1 << 20)
     clients_per_round: int = setting(0, "--clients-per-round", "K of N clients per round (0: all).", ge=0)
     lr: float | None = setting(None, "--lr", "Learning rate of new layers (default: 0.02 from scratch, 0.05 with --pretrained; FedReID 0.1).", gt=0)
     lr_backbone: float | None = setting(None, "--lr-backbone", "Backbone learning rate (default: --lr's from scratch, 0.005 with --pretrained; FedReID 0.01).", gt=0)

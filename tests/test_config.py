@@ -47,8 +47,13 @@ def test_the_readme_documents_every_setting_in_one_table() -> None:
     ({"data": {"seed": 2**63}}, "data.seed: must be ≤ 9223372036854775807"),
     ({"run": {"threads": 10**11}}, "run.threads: must be ≤ 1024"),
     ({"run": {"name": "a/b"}}, "run.name: must be one folder name"),
-    ({"run": {"name": "a\x00c"}}, "run.name: must be one folder name"),
+    ({"run": {"name": "a\x00c"}}, "run.name: must not contain a NUL character"),
     ({"run": {"name": ".."}}, "run.name: must be one folder name"),
+    # found by a second review: a NUL reached the filesystem calls, sizes reached torch's allocator
+    ({"data": {"root": "a\x00b"}}, "data.root: must not contain a NUL character"),
+    ({"data": {"datasets": ["campus", "x\x00"]}}, "data.datasets: must not contain a NUL character"),
+    ({"model": {"neck_dim": 10**12}}, "model.neck_dim: must be ≤ 16384"),
+    ({"schedule": {"rounds": 10**40}}, "schedule.rounds: must be ≤ 1000000"),
 ])
 def test_wrong_types_and_ranges_are_refused_naming_the_key(table: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):

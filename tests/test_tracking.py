@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -154,9 +155,21 @@ def test_compare_names_summaries_and_logs_of_the_wrong_shape(tracked: Path, tmp_
     object were AttributeError tracebacks; a rank-1 given as text was dropped, and the seen-domain mean
     taken over the other domains without a word)"""
     summary = json.loads((tracked / "summary.json").read_text())
-    cases = {"list": ("[]", None), "text-rank1": (json.dumps({**summary, "domains": [
-        {**summary["domains"][0], "rank1": "0.5"}, *summary["domains"][1:]]}), None),
-             "eval-list": (None, json.dumps({"round": 1, "eval": [1, 2]}))}
+
+    def domain(**changed) -> str:
+        return json.dumps({**summary, "domains": [{**summary["domains"][0], **changed}, *summary["domains"][1:]]})
+
+    # (and by a second review: a privacy record without its mechanism, a string ε, a number too large
+    # for a float, a domain named by a number, a line without its round, a deeply nested file — each a
+    # traceback; a FIFO named metrics.jsonl blocked compare for ever)
+    cases = {"list": ("[]", None), "text-rank1": (domain(rank1="0.5"), None),
+             "eval-list": (None, json.dumps({"round": 1, "eval": [1, 2]})),
+             "privacy-empty": (json.dumps({**summary, "privacy": {"epsilon": "3"}}), None),
+             "name-number": (domain(name=7), None), "huge-rank1": (domain(rank1=int("1" + "0" * 400)), None),
+             "huge-bytes": (json.dumps({**summary, "communication": {"measured_up_bytes": 10 ** 40}}), None),
+             "rounds-inf": (json.dumps(summary)[:-1] + ', "rounds": 1e999}', None),
+             "no-round": (None, json.dumps({"eval": {"campus": {"rank1": 0.5}}})),
+             "nested": ("[" * 100_000 + "]" * 100_000, None), "nested-line": (None, "[" * 100_000 + "]" * 100_000)}
     for name, (summary_text, metrics_line) in cases.items():
         damaged = tmp_path / name
         shutil.copytree(tracked, damaged)
@@ -165,7 +178,13 @@ def test_compare_names_summaries_and_logs_of_the_wrong_shape(tracked: Path, tmp_
         if metrics_line is not None:
             (damaged / "metrics.jsonl").write_text(metrics_line + "\n")
         result = invoke(["compare", str(damaged)])
-        assert result.exit_code == 2 and "cannot be read as a secfed summary" in result.output, (name, result.output)
+        assert result.exit_code == 2 and "cannot be read as a secfed" in result.output, (name, result.output)
+    fifo = tmp_path / "fifo"
+    shutil.copytree(tracked, fifo)
+    (fifo / "metrics.jsonl").unlink()
+    os.mkfifo(fifo / "metrics.jsonl")
+    result = invoke(["compare", str(fifo)])
+    assert result.exit_code == 2 and "not a regular file" in result.output
     unscored = tmp_path / "unscored"  # a domain whose scoring node did not answer: None, a legitimate record
     shutil.copytree(tracked, unscored)
     (unscored / "metrics.jsonl").write_text(json.dumps({"round": 1, "eval": {"campus": None}}) + "\n")

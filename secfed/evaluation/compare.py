@@ -11,9 +11,10 @@ import io
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Callable, TypeVar
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -46,56 +47,102 @@ class ComparedRun:
                 "privacy": self.privacy, "domains": self.domains, "unseen": self.unseen}
 
 
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]  # a JSON number (not a string, not a bool)
+Count = Annotated[int, Field(strict=True, ge=0, le=1 << 62)]
+Text = Annotated[str, Field(strict=True)]
+SCORES = ("rank1", "mAP", "local_rank1", "local_mAP")
+
+
+class _Scores(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    rank1: Number | None = None
+    mAP: Number | None = None
+    local_rank1: Number | None = None
+    local_mAP: Number | None = None
+
+    def scores(self) -> dict[str, float]:
+        """The scores present: a mean over the rest would be silently over fewer domains."""
+        return {k: v for k in SCORES if (v := getattr(self, k)) is not None}
+
+
+class _Domain(_Scores):
+    name: Text
+
+
+class _Privacy(BaseModel):
+    """What the privacy cell reads (report.privacy_cell); the rest is kept as it is."""
+    model_config = ConfigDict(extra="allow")
+    mechanism: Text = "none"
+    epsilon: Number | None = None
+    delta: Number | None = None
+    epsilon_server: Number | None = None
+    noise: Text = ""
+    colluders: Count | None = None
+
+
+class _Communication(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    measured_up_bytes: Count = 0
+    measured_down_bytes: Count = 0
+
+
+class _Summary(BaseModel):
+    """The fields of summary.json a comparison reads, typed: a damaged or hostile file is an error
+    naming the field, never a traceback (found by review: a huge number, a string ε, a nested file)."""
+    model_config = ConfigDict(extra="allow")
+    algorithm: Text
+    rounds: Count
+    wall_seconds: Number
+    communication: _Communication = _Communication()
+    privacy: _Privacy = _Privacy()
+    domains: list[_Domain]
+    unseen: list[_Domain] = []
+
+
+class _Record(BaseModel):
+    """A metrics.jsonl line, as far as the curves read it."""
+    model_config = ConfigDict(extra="allow")
+    round: Count
+    eval: dict[str, _Scores | None] | None = None
+
+
 def load_run(path: Path) -> ComparedRun:
     """One finished run directory (its ``summary.json``; ``metrics.jsonl`` for the curves)."""
     path = Path(path)
-    summary_file = path / "summary.json"
+    summary_file, metrics_file = path / "summary.json", path / "metrics.jsonl"
     if not path.is_dir():
         raise RunUnreadable(f"{path}: not a run directory")
     if not summary_file.exists():
         raise RunUnreadable(f"{path}: no summary.json — the run has not finished (continue it with "
                             f"secfed train --resume {path})")
+    for file in (summary_file, metrics_file):
+        if file.exists() and not file.is_file():  # a FIFO would block the reader for ever (found by review)
+            raise RunUnreadable(f"{file}: not a regular file")
+    summary = _read(_Summary, summary_file, summary_file.read_bytes, "a secfed summary")
+    lines = metrics_file.read_bytes().splitlines() if metrics_file.exists() else []
+    history = [_read(_Record, f"{metrics_file} line {i}", lambda: line, "a secfed round record").model_dump()
+               for i, line in enumerate(lines, 1) if line.strip()]
+    return ComparedRun(
+        label=path.name, path=path, algorithm=summary.algorithm, rounds=summary.rounds,
+        wall_seconds=summary.wall_seconds, bytes_up=summary.communication.measured_up_bytes,
+        bytes_down=summary.communication.measured_down_bytes, privacy=summary.privacy.model_dump(exclude_none=True),
+        domains={d.name: d.scores() for d in summary.domains}, unseen={d.name: d.scores() for d in summary.unseen},
+        history=history,
+    )
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _read(model: type[_Model], where: object, data: Callable[[], bytes], what: str) -> _Model:
     try:
-        summary = json.loads(summary_file.read_text())
-        history = _history([json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()
-                            if line.strip()] if (path / "metrics.jsonl").exists() else [])
-        comm = summary.get("communication", {})
-        return ComparedRun(
-            label=path.name, path=path, algorithm=str(summary["algorithm"]), rounds=int(summary["rounds"]),
-            wall_seconds=float(summary["wall_seconds"]),
-            bytes_up=int(comm.get("measured_up_bytes", 0)), bytes_down=int(comm.get("measured_down_bytes", 0)),
-            privacy=dict(summary.get("privacy", {})),
-            domains={d["name"]: _scores(d) for d in summary["domains"]},
-            unseen={d["name"]: _scores(d) for d in summary.get("unseen", [])},
-            history=history,
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise RunUnreadable(f"{summary_file}: cannot be read as a secfed summary ({type(exc).__name__}: {exc})") from None
-
-
-def _scores(domain: dict[str, Any]) -> dict[str, float]:
-    """A domain row's scores; a score that is neither a number nor absent (None) is refused, never
-    dropped — a mean over the rest would be silently over fewer domains (found by review)."""
-    out = {}
-    for k in ("rank1", "mAP", "local_rank1", "local_mAP"):
-        value = domain.get(k)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"domain {domain.get('name')!r}: {k} is {value!r}, not a number")
-        out[k] = float(value)
-    return out
-
-
-def _history(records: list[Any]) -> list[dict[str, Any]]:
-    """metrics.jsonl's records, each an object whose evaluation (if any) maps domains to score objects."""
-    for i, record in enumerate(records, 1):
-        evaluated = record.get("eval") if isinstance(record, dict) else None
-        if not isinstance(record, dict) or not isinstance(evaluated, (dict, type(None))) or not all(
-                v is None or (isinstance(v, dict) and isinstance(v.get("rank1"), (int, float, type(None))))
-                for v in (evaluated or {}).values()):
-            raise ValueError(f"metrics.jsonl line {i} is not a secfed round record")
-    return records
+        return model.model_validate_json(data())
+    except OSError as exc:
+        raise RunUnreadable(f"{where}: cannot be read ({exc.strerror})") from None
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(x) for x in error["loc"])
+        raise RunUnreadable(f"{where}: cannot be read as {what} ({field + ': ' if field else ''}{error['msg']})") from None
 
 
 def labels_for(paths: list[Path]) -> list[str]:

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import threading
 import warnings
 from pathlib import Path
@@ -219,15 +220,29 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return found[-1]
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """The state saved in ``path``, checked against its digest (:class:`CorruptCheckpoint` if not)."""
+def load_checkpoint(path: Path, *, follow_link: bool = True) -> dict[str, Any]:
+    """The state saved in ``path``, checked against its digest (:class:`CorruptCheckpoint` if not).
+    Only a regular file is read (a FIFO named like a checkpoint hung the reader: found by review);
+    ``follow_link=False`` (a run directory's own checkpoints) refuses a link too — pointing elsewhere."""
     path = Path(path)
+    try:
+        st = path.stat() if follow_link else path.lstat()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: not a readable secfed checkpoint ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise CheckpointError(f"{path}: {kind}; a run's checkpoints are files it wrote itself")
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
     except Exception as exc:  # truncated file, foreign pickle, wrong format: all "not a checkpoint"
-        raise CheckpointError(f"{path}: not a readable secfed checkpoint ({exc})") from None
+        # (torch's own advice to retry with weights_only=False is the wrong one for a file from elsewhere)
+        reason = ("it holds objects other than tensors and plain data, which secfed never writes: not loaded"
+                  if "Weights only load failed" in str(exc) else str(exc).split("\n")[0])
+        raise CheckpointError(f"{path}: not a readable secfed checkpoint ({reason})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a secfed checkpoint")
     if raw.get("version") != VERSION:
@@ -255,7 +270,7 @@ def load_newest(run_dir: Path) -> tuple[Path, dict[str, Any]]:
     failures: list[str] = []
     for path in reversed(found):
         try:
-            state = load_checkpoint(path)
+            state = load_checkpoint(path, follow_link=False)
         except CheckpointError as exc:
             failures.append(str(exc))
             continue
@@ -264,6 +279,15 @@ def load_newest(run_dir: Path) -> tuple[Path, dict[str, Any]]:
                           stacklevel=2)
         return path, state
     raise CheckpointError(f"{run_dir}: no checkpoint is intact: " + "; ".join(failures))
+
+
+def remove_stale_writes(run_dir: Path) -> None:
+    """Delete the temporary files of checkpoint writes a killed run left behind (found by review: one
+    outlived every resume, counted in the run's disk use). Only the run's own process writes there."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    if folder.is_dir():
+        for tmp in folder.glob(".round-*.tmp"):
+            tmp.unlink(missing_ok=True)
 
 
 def disk_usage(run_dir: Path) -> dict[str, int]:

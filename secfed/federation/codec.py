@@ -298,13 +298,17 @@ def compress(message: bytes | memoryview) -> bytes:
     return b"".join(parts)
 
 
-def decompress(data: bytes | memoryview) -> bytearray:
+def decompress(data: bytes | memoryview, *, limit: int | None = None) -> bytearray:
     """The message bytes :func:`compress` stored. A damaged file (zlib's checksum, a truncated stream,
     trailing bytes, a table that does not fit) is a :class:`CodecError`. The header is inflated first
     and the rest only up to the length its tensor table declares, so a crafted file cannot inflate
-    beyond what it claims to hold (a decompression bomb)."""
+    beyond what it claims to hold (a decompression bomb) — nor claim more than ``limit`` bytes, what
+    the reader knows a message can hold (found by review: a 1 MB file declared, and inflated to, 1 GiB)."""
     inflater, head = _inflate_header(data)
     declared = _declared_length(head)
+    if limit is not None and declared > limit:
+        raise CodecError(f"stored message: its header declares {declared:,} bytes, more than the {limit:,} a "
+                         "message of this run can hold")
     try:
         message = bytearray(head) + inflater.decompress(inflater.unconsumed_tail, max(1, declared - len(head) + 1))
     except zlib.error as exc:

@@ -87,27 +87,29 @@ def recorded_rounds(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _ROUND.search(p.name)) and p.is_dir())
 
 
-def _read(path: Path) -> Broadcast | Upload:
-    """A recorded file as a Broadcast or Upload. Its bytes are decompressed, or taken as they are in a
-    file written before secfed compressed them. :class:`RecordingError` naming the file if unreadable."""
+def _read(path: Path, max_bytes: int | None = None) -> Broadcast | Upload:
+    """A recorded file as a Broadcast or Upload. Its bytes are decompressed (to at most ``max_bytes``),
+    or taken as they are in a file written before secfed compressed them. :class:`RecordingError`
+    naming the file if unreadable."""
     data = path.read_bytes()
     try:
-        message = data if data[:4] == codec.MAGIC else codec.decompress(data)
+        message = data if data[:4] == codec.MAGIC else codec.decompress(data, limit=max_bytes)
         return codec.decode_upload(message) if _UPLOAD.search(path.name) else codec.decode_broadcast(message)
     except codec.CodecError as exc:
         raise RecordingError(f"{path}: {exc}") from None
 
 
-def read_round(run_dir: Path, round_number: int) -> RecordedRound:
-    """Round ``round_number`` as recorded, its files read side by side. :class:`NoBroadcast` when its
-    broadcast was not kept; :class:`RecordingError` naming the file for anything unreadable, or the
-    folder for a round without uploads."""
+def read_round(run_dir: Path, round_number: int, *, max_bytes: int | None = None) -> RecordedRound:
+    """Round ``round_number`` as recorded, its files read side by side, none inflated beyond
+    ``max_bytes`` (what a message of the run can hold). :class:`NoBroadcast` when its broadcast was
+    not kept; :class:`RecordingError` naming the file for anything unreadable, or the folder for a
+    round without uploads."""
     folder = round_folder(run_dir, round_number)
     if not (folder / "broadcast.bin").is_file():
         raise NoBroadcast(f"{folder / 'broadcast.bin'} is missing")
     paths = sorted(p for p in folder.iterdir() if _UPLOAD.search(p.name) or _PERSONAL.search(p.name))
     with ThreadPoolExecutor(max_workers=_workers()) as pool:
-        broadcast, *messages = pool.map(_read, [folder / "broadcast.bin", *paths])
+        broadcast, *messages = pool.map(lambda p: _read(p, max_bytes), [folder / "broadcast.bin", *paths])
     uploads = {m.client_id: m for m in messages if isinstance(m, Upload)}
     personal = {int(m.group(1)): b for p, b in zip(paths, messages)
                 if (m := _PERSONAL.search(p.name)) and isinstance(b, Broadcast)}

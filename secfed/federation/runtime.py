@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+import torch
+
 from secfed import atomic_file, tracking
 from secfed.algorithms import method_class
 from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr, train_alone
@@ -259,10 +261,11 @@ def run(
         path, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
         check_same_run(fed, state, path)
         check_data(fed, state, data_root)
-        history, start, wall = restore(fed, state)
+        history, start, wall = restore(fed, state, path)
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
     else:
         start_run_dir(fed, run_dir)
+    ckpt.remove_stale_writes(run_dir)
     charge_lost_releases(fed, run_dir, start)  # also when a round was lost before the first checkpoint
     reporter.run_started(fed, start)
     summary = drive(fed, InProcess(run_dir), run_dir, reporter, history=history, start=start, wall=wall,
@@ -318,7 +321,7 @@ def _notes(log: Path) -> list[dict[str, Any]]:
         try:
             note = json.loads(line)
             key = int(note["release"]), int(note["round"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
             continue
         if note.get("retracted") is not True:
             notes.append(note)
@@ -497,7 +500,10 @@ def check_same_run(fed: Federation, state: dict[str, Any], path: Path) -> None:
     """A resumed run continues only from a checkpoint it wrote itself: the checkpoint's saved
     settings must be the run's (those a resume may change aside). Another run's checkpoint copied
     in, or a config.json edited since, would otherwise continue silently under the wrong settings."""
-    differ = settings_that_differ(state.get("config", {}), fed.config.to_dict())
+    saved = state.get("config")
+    if not isinstance(saved, dict):
+        raise ckpt.CorruptCheckpoint(f"{path}: holds no saved configuration (a table of settings)")
+    differ = settings_that_differ(saved, fed.config.to_dict())
     if differ:
         shown = "; ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in list(differ.items())[:4])
         more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
@@ -549,15 +555,35 @@ def split_prefixed(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     return own, method
 
 
-def restore(fed: Federation, state: dict[str, Any]) -> tuple[list[dict[str, Any]], int, float]:
-    """Load a checkpoint into a freshly built federation; returns (history, rounds done, wall seconds)."""
+def restore(fed: Federation, state: dict[str, Any], path: Path) -> tuple[list[dict[str, Any]], int, float]:
+    """Load a checkpoint into a freshly built federation; returns (history, rounds done, wall seconds).
+    A state that does not fit the federation — a digest proves only that the file is what its writer
+    wrote, and anyone can write one — is a :class:`~secfed.federation.checkpoint.CorruptCheckpoint`
+    naming ``path``, never a traceback (found by review)."""
+    try:
+        return _restore(fed, state)
+    except ckpt.CheckpointError as exc:
+        raise type(exc)(f"{path}: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, OverflowError,
+            RecursionError) as exc:
+        raise ckpt.CorruptCheckpoint(f"{path}: its state does not fit this run ({type(exc).__name__}: "
+                                     f"{str(exc)[:300]})") from None
+
+
+def _restore(fed: Federation, state: dict[str, Any]) -> tuple[list[dict[str, Any]], int, float]:
     if state["layout_id"] != fed.layout.fingerprint():
         raise ckpt.CheckpointError("checkpoint was written for another model layout (backbone or sharing rule)")
-    fed.server.weights = state["global"]
+    weights = state["global"]
+    if not (isinstance(weights, torch.Tensor) and weights.dtype == fed.server.weights.dtype
+            and weights.shape == fed.server.weights.shape and bool(torch.isfinite(weights).all())):
+        raise ckpt.CorruptCheckpoint("its global model is not a finite vector of the run's layout")
+    fed.server.weights = weights
     fed.server.state = dict(state.get("server_kept", {}))
     for client in fed.clients:
         own, method = split_prefixed(state["clients"][str(client.site.id)])
-        client.site.model.load_state_dict(own, strict=False)
+        if own.keys() != local_state(client.site.model, fed.layout).keys():
+            raise ckpt.CorruptCheckpoint(f"client {client.site.id}'s local state holds other tensors than its model's")
+        client.site.model.load_state_dict(own, strict=False)  # the local tensors: the shared ones are the global's
         fed.method.load_site_state(client.site, method)
     for k, alone in fed.baselines.items():
         own, method = split_prefixed(state["baselines"][str(k)])
@@ -569,7 +595,40 @@ def restore(fed: Federation, state: dict[str, Any]) -> tuple[list[dict[str, Any]
             client.dp_sgd.accountant.load_state_dict(json.loads(state["dp_sgd"][f"fed/{client.site.id}"]))
     for k, dp in fed.baseline_dp.items():
         dp.accountant.load_state_dict(json.loads(state["dp_sgd"][f"local/{k}"]))
-    return json.loads(state["history"]), int(state["rounds_done"]), float(state["wall_seconds"])
+    history, rounds = json.loads(state["history"]), state["rounds_done"]
+    if not (isinstance(history, list) and all(isinstance(r, dict) for r in history) and len(history) == rounds):
+        raise ckpt.CorruptCheckpoint(f"its history is not one record for each of its {rounds} rounds")
+    return history, rounds, float(state["wall_seconds"])
+
+
+def read_run(path: Path) -> tuple[Path, dict[str, Any], RunConfig]:
+    """The newest intact checkpoint of a run directory (or the checkpoint file ``path``), its state and
+    the configuration saved in it — which must be the run's own: another run's checkpoint copied into
+    a run directory is refused, naming the settings that differ from its config.json (found by review:
+    evaluate and audit reported another run's rounds and ε without a word)."""
+    path = Path(path)
+    if not path.exists():
+        raise ckpt.CheckpointError(f"{path}: no such run directory or checkpoint")
+    checkpoint, state = ckpt.load_newest(path) if path.is_dir() else (path, ckpt.load_checkpoint(path))
+    if not isinstance(state.get("config"), dict):
+        raise ckpt.CorruptCheckpoint(f"{checkpoint}: holds no saved configuration (a table of settings)")
+    try:
+        cfg = from_dict(state["config"])
+    except (TypeError, ValueError, RecursionError) as exc:  # ConfigError is a ValueError
+        raise ckpt.CorruptCheckpoint(f"{checkpoint}: its saved configuration is not valid "
+                                     f"({str(exc)[:300]})") from None
+    saved = checkpoint.parent.parent / "config.json"
+    try:
+        on_disk = json.loads(saved.read_text()) if saved.is_file() else None
+    except (OSError, ValueError, RecursionError):
+        on_disk = None  # evaluation needs only the checkpoint's own; resume reads and checks config.json itself
+    if isinstance(on_disk, dict):
+        differ = settings_that_differ(on_disk, cfg.to_dict())
+        if differ:
+            shown = "; ".join(f"{k}: {a!r} in config.json, {b!r} in the checkpoint" for k, (a, b) in list(differ.items())[:3])
+            raise ckpt.CheckpointError(f"{checkpoint} was written by a run with other settings than its run "
+                                       f"directory's ({shown}): not this run's checkpoint")
+    return checkpoint, state, cfg
 
 
 def summarize(fed: Federation, history: list[dict[str, Any]], run_dir: Path, wall: float) -> dict[str, Any]:
@@ -685,14 +744,10 @@ def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | 
     """A trained federation from a run directory (its newest checkpoint) or a checkpoint file, rebuilt
     from the configuration saved inside the checkpoint, for evaluation. Returns (federation,
     checkpoint state, checkpoint path)."""
-    path = Path(path)
-    if not path.exists():
-        raise ckpt.CheckpointError(f"{path}: no such run directory or checkpoint")
-    checkpoint, state = ckpt.load_newest(path) if path.is_dir() else (path, ckpt.load_checkpoint(path))
-    cfg = from_dict(state["config"])
+    checkpoint, state, cfg = read_run(path)
     run_dir = checkpoint.parent.parent
     fed = build(cfg, progress=(reporter or SilentReporter()).data_progress, run_dir=run_dir, data_root=data_root,
                 train_images=False)
     check_data(fed, state, data_root)
-    restore(fed, state)
+    restore(fed, state, checkpoint)
     return fed, state, checkpoint

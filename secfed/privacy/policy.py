@@ -279,10 +279,16 @@ def static_issues(cfg: RunConfig, method: type[Method]) -> list[ConfigIssue]:
     if p.dp_beta_mode == "double" and m.cdw:
         issues.append(ConfigIssue(KEY["dp_beta_mode"], "Eq. 15's correction needs the aggregation weights, which "
                                   "cosine distance weights keep secret inside the masked sum"))
-    if p.sampling == "poisson" and cfg.run.record_uploads and (client_level_dp(p) or p.dp_sgd):
+    if cfg.run.record_uploads and (client_level_dp(p) or p.distributed):
+        # (found by review: under fixed sampling too, the next broadcast minus the recorded uploads' mean
+        # is the round's noise; a distributed run's uploads each carry one share only)
+        issues.append(ConfigIssue("run.record_uploads", "keeps every round's uploads before the client-level "
+                                  "noise, named by client, in the run directory: with the next broadcast they give "
+                                  "the noise away — leave it off in a run that claims a client-level ε"))
+    elif p.sampling == "poisson" and cfg.run.record_uploads and p.dp_sgd:
         issues.append(ConfigIssue("run.record_uploads", "keeps every round's uploads, named by client, in the run "
-                                  "directory: that is the Poisson cohorts the ε's amplification needs secret (and "
-                                  "each upload before the noise) — leave it off, or sample clients fixed"))
+                                  "directory: that is the Poisson cohorts, which the run keeps secret — leave it "
+                                  "off, or sample clients fixed"))
     return issues
 
 

@@ -116,7 +116,7 @@ def test_a_client_outside_the_audited_round_is_audited_on_the_dfs_the_server_sti
     broadcast = Broadcast(0, torch.zeros(3), "layout")
     recording.write_round(tmp_path, 1, [upload(0, 1), upload(1, 1)], broadcast)
     recording.write_round(tmp_path, 2, [upload(1, 2)], broadcast)
-    run = SimpleNamespace(run_dir=tmp_path)
+    run = SimpleNamespace(run_dir=tmp_path, max_message_bytes=64 << 20)
     audited = RoundEvidence(2, "recorded", broadcast, {1: upload(1, 2)}, schedule=None)
     dfs, source = _latest_dfs(run, audited, 0)
     assert torch.equal(dfs, upload(0, 1).shared[DFS_KEY]) and "round 1" in source

@@ -106,6 +106,12 @@ def test_a_stored_message_cannot_inflate_beyond_what_its_header_declares() -> No
     with pytest.raises(codec.CodecError, match="inflates beyond the"):
         codec.decompress(bomb)
     assert codec.upload_identity(bomb)[0] == 1  # the header alone still reads
+    # ... nor declare more than the reader knows a message can hold (found by review: a 1 MB file
+    # declared 1 GiB of zeros, and the audit inflated four such files at once)
+    declared = codec.compress(codec.encode_upload(Upload(1, 4, {MODEL: Summand(torch.zeros(1 << 20))})))
+    with pytest.raises(codec.CodecError, match="declares 4,194,.* bytes, more than the 1,000,000"):
+        codec.decompress(declared, limit=1_000_000)
+    assert len(codec.decompress(declared, limit=5_000_000)) > 1 << 22
 
 
 def test_a_damaged_recorded_file_is_an_error_that_names_it(tmp_path: Path) -> None:

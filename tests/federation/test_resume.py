@@ -133,3 +133,70 @@ def test_a_checkpoint_of_other_settings_or_a_renamed_one_is_never_resumed(two_si
     newest.rename(renamed)
     with pytest.raises(ckpt.CorruptCheckpoint, match="its name says round 2, its contents round 1"):
         ckpt.load_checkpoint(renamed)
+
+
+def test_a_crafted_checkpoint_is_refused_by_name_and_a_run_reads_only_its_own_files(two_site_config: RunConfig,
+                                                                                     tmp_path: Path) -> None:
+    """(found by review) A digest proves only that a file is what its writer wrote, and anyone can
+    write one: checkpoints whose contents do not fit the run stopped evaluate, audit and resume with a
+    traceback, or loaded nothing silently (a client's state without its tensors); another run's
+    checkpoint copied in was evaluated without a word; a FIFO named like a checkpoint hung the reader,
+    a link led outside the run; a killed write's temporary file outlived every resume."""
+    import copy
+    import shutil
+    import warnings
+
+    from secfed.federation.builder import build
+    from secfed.federation.runtime import read_run, restore
+
+    cfg = two_site_config
+    cfg.schedule.rounds = 1
+    run(cfg, tmp_path / "a")
+    _, base = ckpt.load_newest(tmp_path / "a")
+    fed = build(cfg, train_images=False)
+
+    def crafted(mutate) -> tuple[Path, dict]:
+        state = copy.deepcopy({k: v for k, v in base.items() if k not in ("format", "version", "rounds_done")})
+        mutate(state)
+        path = ckpt.save_checkpoint(tmp_path / "crafted", 1, state, keep=1)
+        return path, ckpt.load_checkpoint(path)
+
+    for mutate, says in (
+        (lambda s: s.pop("layout_id"), "KeyError: 'layout_id'"),
+        (lambda s: s.__setitem__("global", s["global"][:10].clone()), "not a finite vector"),
+        (lambda s: s.__setitem__("global", torch.full_like(s["global"], float("nan"))), "not a finite vector"),
+        (lambda s: s.__setitem__("privacy", "{"), "JSONDecodeError"),
+        (lambda s: s.__setitem__("clients", {}), "KeyError: '0'"),
+        (lambda s: s.__setitem__("clients", {k: {} for k in s["clients"]}), "holds other tensors"),
+        (lambda s: s.__setitem__("history", "5"), "not one record for each"),
+    ):
+        path, state = crafted(mutate)
+        with pytest.raises(ckpt.CorruptCheckpoint, match=rf"{path}: .*{says}"):
+            restore(fed, state, path)
+    for mutate, says in ((lambda s: s.__setitem__("config", "x"), "holds no saved configuration"),
+                         (lambda s: s["config"]["schedule"].__setitem__("rounds", "three"), "configuration is not valid")):
+        path, _ = crafted(mutate)
+        with pytest.raises(ckpt.CorruptCheckpoint, match=says):
+            read_run(path)
+    # another run's checkpoint in this run's directory: refused, naming what differs from config.json
+    other = copy.deepcopy({k: v for k, v in base.items() if k not in ("format", "version", "rounds_done")})
+    other["config"]["run"]["seed"] += 1
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    ckpt.save_checkpoint(tmp_path / "b", 2, other, keep=5)
+    with pytest.raises(ckpt.CheckpointError, match=r"round-0002.pt was written by a run with other settings .*run\.seed"):
+        read_run(tmp_path / "b")
+    # a FIFO or a link named like the newest checkpoint is not read: the one before it is, with a warning
+    (tmp_path / "b" / "checkpoints" / "round-0002.pt").unlink()
+    os.mkfifo(tmp_path / "b" / "checkpoints" / "round-0003.pt")
+    (tmp_path / "b" / "checkpoints" / "round-0004.pt").symlink_to(ckpt.latest_checkpoint(tmp_path / "a"))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert read_run(tmp_path / "b")[0].name == "round-0001.pt"
+    assert [str(w.message).split(":")[1].split(";")[0].strip() for w in said] == ["a link", "not a regular file"]
+    # a killed write's temporary file goes at the resume
+    for name in ("round-0003.pt", "round-0004.pt"):
+        (tmp_path / "b" / "checkpoints" / name).unlink()
+    stale = tmp_path / "b" / "checkpoints" / ".round-0002.pt.x1y2.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    run(cfg, tmp_path / "b", resume=True)
+    assert not stale.exists() and [p.name for p in ckpt.list_checkpoints(tmp_path / "b")] == ["round-0001.pt"]

@@ -402,22 +402,30 @@ def test_kd_under_client_level_dp_is_refused_naming_method_kd() -> None:
     assert [issue.key for issue in caught.value.issues] == ["method.kd"]
 
 
-def test_recorded_uploads_under_a_poisson_epsilon_are_refused() -> None:
+def test_recorded_uploads_under_a_client_level_epsilon_or_secret_cohorts_are_refused() -> None:
     """(found by review: `--record-uploads` kept each round's uploads named by client — the secret
-    cohorts the amplified ε rests on — while the statement said nothing in the run directory did)"""
+    cohorts the amplified ε rests on — while the statement said nothing in the run directory did;
+    then, by a second review: under fixed sampling too, the next broadcast minus the recorded uploads'
+    mean is the round's client-level noise)"""
     from secfed.config import RunConfig
     from secfed.validation import check
 
     cfg = RunConfig()
     cfg.method.aggregation, cfg.model.bn_stats = "unweighted", "local"
     cfg.privacy.clip, cfg.privacy.noise_multiplier = 1.0, 1.0
-    cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 0.5
     cfg.run.record_uploads = True
-    with pytest.raises(ConfigError, match="Poisson cohorts") as caught:
-        check(cfg)
-    assert [issue.key for issue in caught.value.issues] == ["run.record_uploads"]
+    for sampling, rate in (("poisson", 0.5), ("fixed", None)):
+        cfg.privacy.sampling, cfg.privacy.sample_rate = sampling, rate
+        with pytest.raises(ConfigError, match="give the noise away") as caught:
+            check(cfg)
+        assert [issue.key for issue in caught.value.issues] == ["run.record_uploads"]
+    cfg.privacy.clip, cfg.privacy.noise_multiplier, cfg.privacy.dp_sgd = None, None, True
+    cfg.privacy.dp_sgd_noise_multiplier = 1.0
+    cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 0.5
+    with pytest.raises(ConfigError, match="Poisson cohorts"):
+        check(cfg)  # DP-SGD's noise is in each upload, but who uploads is the secret cohort
     cfg.privacy.sampling, cfg.privacy.sample_rate = "fixed", None
-    check(cfg)  # a public cohort: recording it gives nothing away that the ε needs secret
+    check(cfg)  # a public cohort, each upload noised inside its client: recording gives nothing away
 
 
 def test_a_published_count_is_said_beside_the_add_remove_epsilon() -> None:
