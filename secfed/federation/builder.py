@@ -163,9 +163,12 @@ def _public_apart(data: RunData) -> RunData:
     (found by review: a Flower server pointed `method.kd_public` at a site's training folder)."""
     if not data.public:
         return data
-    private = {os.path.realpath(s.path) for d in (*data.trained, *data.unseen)
-               for s in (*d.train, *d.query, *d.gallery)}
-    shared = [p for p in data.public if os.path.realpath(p) in private]
+    def identity(path: Path) -> tuple[int, int]:  # the file itself: a link or another spelling is the same
+        st = os.stat(path)
+        return st.st_dev, st.st_ino
+
+    private = {identity(s.path) for d in (*data.trained, *data.unseen) for s in (*d.train, *d.query, *d.gallery)}
+    shared = [p for p in data.public if identity(p) in private]
     if shared:
         raise ConfigError("method.kd_public", f"{len(shared)} of its {len(data.public)} images are images of the "
                           f"datasets the run trains or scores on (e.g. {shared[0]}); the public set must be "

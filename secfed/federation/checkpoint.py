@@ -11,7 +11,10 @@ stored once: a site's copy of what another part of the state already holds costs
 carries a SHA-256 digest over the plain data and every tensor's bytes, computed on the writer thread
 and checked by :func:`load_checkpoint`, so a flipped byte is an error that names the file, never a
 silently different model. The previous checkpoint is kept until the new one is written and read back
-intact; :func:`load_newest` falls back to it when the newest does not verify.
+intact; :func:`load_newest` falls back to it when the newest does not verify. Only regular files are
+read (a run's own checkpoints: not links either). The digest is unkeyed — it proves a file is what its
+writer wrote, and anyone can write one — so what a state holds is checked against the run it is
+loaded into (:func:`secfed.federation.runtime.restore`, :func:`~secfed.federation.runtime.read_run`).
 """
 
 from __future__ import annotations

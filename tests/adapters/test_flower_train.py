@@ -443,15 +443,14 @@ def test_a_node_refuses_a_run_that_unmasks_it_or_names_paths_outside_its_data(sm
         NodeSites.open(cfg, node, secrets.token_hex(16), train=False)
     node[sites_module.ALLOW_PLAIN_KEY] = True
     outside = tmp_path / "elsewhere"
-    for key, value in (("data.split_file", str(outside / "splits.json")), ("method.kd_public", str(outside)),
-                       ("data.split_file", "../splits.json")):
-        section, name = key.split(".")
-        changed = cfg.model_copy(update={section: getattr(cfg, section).model_copy(update={name: value})})
-        with pytest.raises(node_files.NodeSetupError, match=f"{key} = .* lies outside this node's secfed-data-root"):
+    for value in (str(outside / "splits.json"), "../splits.json"):
+        changed = cfg.model_copy(update={"data": cfg.data.model_copy(update={"split_file": value})})
+        with pytest.raises(node_files.NodeSetupError, match="data.split_file = .* lies outside this node's "
+                                                            "secfed-data-root"):
             sites_module.check_run(changed, node)
     with pytest.raises(node_files.NodeSetupError, match="names paths on this machine .data.root."):
         sites_module.check_run(cfg, {node_files.STATE_DIR_KEY: str(tmp_path / "node"), sites_module.ALLOW_PLAIN_KEY: 1})
-    assert sites_module.check_run(cfg, node) == synth_root.absolute()
+    assert sites_module.check_run(cfg, node) == (synth_root.absolute(), None)
     # a folder linked into the data root from another disk is the operator's layout, not an escape
     # (found by review of the first fix, which resolved links and refused it, in-process too)
     linked = tmp_path / "linked-root"
@@ -462,12 +461,31 @@ def test_a_node_refuses_a_run_that_unmasks_it_or_names_paths_outside_its_data(sm
         "../" + synth_root.name + "-copy/plaza", str(tmp_path), "campus"]})})
     with pytest.raises(ConfigError, match="not outside it"):
         NodeSites.open(escaping, node, secrets.token_hex(16), train=False)
-    # The public set of distillation is apart from every private image (found by review: a server
-    # pointed method.kd_public at a site's training folder, and the sum held their features)
-    for private in ("plaza/bounding_box_train", "plaza", "."):
-        kd = cfg.model_copy(update={"method": cfg.method.model_copy(update={"kd": True, "kd_public": private})})
+    # Distillation reads public images only from the node's own public root (found by review: a server
+    # pointed method.kd_public at a site's training folder — then, once the run's own datasets were
+    # excluded, at a domain the run does not list — and the sum held their features)
+    def kd(public: str):
+        return cfg.model_copy(update={"method": cfg.method.model_copy(update={"kd": True, "kd_public": public})})
+
+    with pytest.raises(node_files.NodeSetupError, match="names no public set of its own .secfed-public-root."):
+        NodeSites.open(kd("corridor/bounding_box_train"), node, secrets.token_hex(16), train=False)
+    node[sites_module.PUBLIC_ROOT_KEY] = str(synth_root / "public")
+    for escape in ("../corridor/bounding_box_train", str(synth_root / "corridor")):
+        with pytest.raises(node_files.NodeSetupError, match="method.kd_public = .* lies outside this node's "
+                                                            "secfed-public-root"):
+            NodeSites.open(kd(escape), node, secrets.token_hex(16), train=False)
+    assert NodeSites.open(kd("."), node, secrets.token_hex(16), train=False).fed.data_info["public_images"] == 48
+    # ... and in-process too the public set shares no file with the run's datasets, linked or not
+    node[sites_module.PUBLIC_ROOT_KEY] = str(synth_root)
+    for private in ("plaza/bounding_box_train", "."):
         with pytest.raises(ConfigError, match="are images of the datasets the run trains or scores on"):
-            NodeSites.open(kd, node, secrets.token_hex(16), train=False)
+            NodeSites.open(kd(private), node, secrets.token_hex(16), train=False)
+    linked = tmp_path / "public-links"
+    linked.mkdir()
+    for image in sorted((synth_root / "plaza" / "bounding_box_train").iterdir())[:3]:
+        os.link(image, linked / image.name)
+    with pytest.raises(ConfigError, match="3 of its 3 images are images of the datasets"):
+        build(kd(str(linked)))
 
 
 def test_a_node_scores_only_its_sites_planned_jobs(small_config, tmp_path):
@@ -534,27 +552,44 @@ def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_co
     node = {"partition-id": 0, "num-partitions": 3, node_files.STATE_DIR_KEY: str(tmp_path), **own_nodes_policy(cfg)}
     cfg.privacy.clip, cfg.privacy.noise_multiplier, cfg.privacy.distributed = 1.0, 1.2, True
     sites = NodeSites.open(cfg, node, secrets.token_hex(16), train=False)
-    reached = sites_module.planned_epsilons(sites.fed, sites.sites)[sites_module.CLIENT_LEVEL]
+    reached, delta = sites_module.planned_epsilons(sites.fed, sites.sites)[sites_module.CLIENT_LEVEL]
     ledger = sites.fed.server.privacy.plan.ledger()
     for _ in range(cfg.schedule.rounds):
         ledger.record_lost_release()
-    assert reached == pytest.approx(ledger.epsilon())
-    NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached * 1.01}, secrets.token_hex(16), train=True)
-    with pytest.raises(node_files.NodeSetupError, match=r"would reach client-level \(Skellam\) ε = .* requires ε ≤"):
-        NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached / 2}, secrets.token_hex(16), train=False)
-    # The floor holds over the node's lifetime (found by review: a server ran a one-round run four
-    # times and each passed): what the first training run claimed counts against every later run
-    with pytest.raises(node_files.NodeSetupError, match=r"\+ .* claimed by earlier runs on this node"):
-        NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached * 1.5}, secrets.token_hex(16), train=True)
-    NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: reached * 2.01}, secrets.token_hex(16), train=True)
+    assert reached == pytest.approx(ledger.epsilon()) and delta == sites.fed.server.privacy.plan.delta
+
+    def floor(eps: float, **more) -> dict:
+        return {**node, sites_module.MAX_EPSILON_KEY: eps, **more}
+
+    with pytest.raises(node_files.NodeSetupError, match=r"would reach client-level \(Skellam\) \(ε = .*this node allows ε ≤"):
+        NodeSites.open(cfg, floor(reached / 2), secrets.token_hex(16), train=False)
+    with pytest.raises(node_files.NodeSetupError, match=r"δ ≤ .*secfed-max-delta"):  # the server also sets δ (review)
+        NodeSites.open(cfg, floor(100, **{sites_module.MAX_DELTA_KEY: delta / 2}), secrets.token_hex(16), train=False)
+    # Opening a run charges nothing (found by review: one refused message used up a node's budget);
+    # its first round charges it, and what it was charged counts against every later run on the node
+    # (found by review: a server ran a one-round run four times and each passed)
+    token = secrets.token_hex(16)
+    sites = NodeSites.open(cfg, floor(reached * 1.01), token, train=False)
+    NodeSites.open(cfg, floor(reached * 1.01), secrets.token_hex(16), train=False)
+    sites.round_seed(floor(reached * 1.01), 0)
+    with pytest.raises(node_files.NodeSetupError, match=r"in all \(with 1 earlier runs on this node\)"):
+        NodeSites.open(cfg, floor(reached * 1.5), secrets.token_hex(16), train=False)
+    NodeSites.open(cfg, floor(reached * 2.01), secrets.token_hex(16), train=False)
+    # A run keeps the configuration of its first round (found by review: a server changed it each round,
+    # and each change was judged as a run of its own from round 0)
+    longer = cfg.model_copy(deep=True)
+    longer.schedule.rounds += 1
+    changed = NodeSites.open(longer, floor(100), token, train=False)
+    with pytest.raises(node_files.NodeSetupError, match="the run's configuration changed since its first round"):
+        changed.round_seed(floor(100), 1)
     # Central noise is added by the server itself: its ε protects nothing from the server (found by
     # review: the floor counted it), and a run without noise claims nothing at all
     cfg.privacy.distributed = False
-    with pytest.raises(node_files.NodeSetupError, match="claims no ε against the server for the updates"):
-        NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: 100}, secrets.token_hex(16), train=False)
+    with pytest.raises(node_files.NodeSetupError, match="claims no ε against the server .* the updates"):
+        NodeSites.open(cfg, floor(100), secrets.token_hex(16), train=False)
     cfg.privacy.clip, cfg.privacy.noise_multiplier = None, None
-    with pytest.raises(node_files.NodeSetupError, match="claims no ε against the server for the updates"):
-        NodeSites.open(cfg, {**node, sites_module.MAX_EPSILON_KEY: 100}, secrets.token_hex(16), train=False)
+    with pytest.raises(node_files.NodeSetupError, match="claims no ε against the server .* the updates"):
+        NodeSites.open(cfg, floor(100), secrets.token_hex(16), train=False)
 
 
 def test_a_site_diverging_in_a_masked_round_takes_its_node_out_and_stops_the_run(small_config, tmp_path, monkeypatch):

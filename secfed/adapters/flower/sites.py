@@ -26,16 +26,18 @@ The server writes the run configuration, so a node checks it against its own pol
 anything (:func:`check_run`): a run without secure aggregation is refused unless the node config sets
 ``secfed-allow-plain`` (the uploads would leave the node in the clear), and every path the
 configuration names is a path on this machine — data is read only from the node's own
-``secfed-data-root``, and the dataset folders, ``data.split_file`` (which the node writes) and
-``method.kd_public`` must lie inside it (and share no image with the datasets: builder.py). With
-``secfed-max-epsilon`` set, every channel of the node's sites must carry an ε that holds against the
-server (distributed Skellam noise or DP-SGD on the updates, DFS noise under DFH — central noise is
-the server's own), each no larger than the limit together with what earlier runs on this node
-claimed, over all rounds at the worst case (:func:`NodeSites.check_privacy`, ``STATE_DIR/
-privacy-spent.json``): the server cannot turn the noise down or off, nor reset the budget.
+``secfed-data-root`` (the dataset folders and ``data.split_file``, which the node writes, must lie
+inside it), and the public set of distillation (``method.kd_public``) only from its own
+``secfed-public-root``. With ``secfed-max-epsilon`` set, the updates must carry an ε that holds
+against the server (distributed Skellam noise, or DP-SGD at every site — central noise is the
+server's own), and every (ε, δ) the run claims for the node's sites, over all rounds at the worst
+case, added to what earlier runs on this node were charged, must stay within it and
+``secfed-max-delta`` (default 1e-3) (:meth:`NodeSites.check_privacy`, ``STATE_DIR/privacy-spent.json``):
+the server cannot turn the noise down or off, raise δ, nor reset the budget.
 
-A node trains each round of a run once, in order, within the schedule (``rounds.json`` in the run's
-folder), with secret randomness of its own (training order, stochastic rounding): a server that
+A node trains each round of a run once, in order, within the schedule, under the configuration of
+the run's first round (``rounds.json`` in the run's folder; that first round charges the privacy
+record), with secret randomness of its own (training order, stochastic rounding): a server that
 re-ran a round without one node would otherwise subtract the two sums. ``secfed-reproducible=true``
 uses the run seed's draws instead — bit for bit an in-process run; ``secfed flower local`` sets it,
 its server being the user's own.
@@ -69,7 +71,10 @@ from . import node
 
 DATA_ROOT_KEY = "secfed-data-root"
 ALLOW_PLAIN_KEY = "secfed-allow-plain"
+PUBLIC_ROOT_KEY = "secfed-public-root"
 MAX_EPSILON_KEY = "secfed-max-epsilon"
+MAX_DELTA_KEY = "secfed-max-delta"
+DEFAULT_MAX_DELTA = 1e-3  # over the node's lifetime: a hundred runs at secfed's default δ of 1e-5
 REPRODUCIBLE_KEY = "secfed-reproducible"
 SPENT_FILE = "privacy-spent.json"  # in STATE_DIR: the ε each run claimed for this node's data, by kind
 ROUNDS_FILE = "rounds.json"  # in the run's folder: the last round this node trained
@@ -90,24 +95,43 @@ def hosted(node_config: Mapping[str, object], num_clients: int) -> list[int]:
     return [k for k in range(num_clients) if k % parts == part]
 
 
-def check_run(cfg: RunConfig, node_config: Mapping[str, object]) -> Path | None:
-    """The node's data root, once the server's run configuration passes the node's policy (see the
-    module docstring); refused with :class:`node.NodeSetupError` naming the setting otherwise."""
+def check_run(cfg: RunConfig, node_config: Mapping[str, object]) -> tuple[Path | None, Path | None]:
+    """The node's data root and public root, once the server's run configuration passes the node's
+    policy (see the module docstring); refused with :class:`node.NodeSetupError` naming the setting
+    otherwise."""
     if not cfg.secagg.enabled and not node.yes(node_config.get(ALLOW_PLAIN_KEY, False)):
         raise node.NodeSetupError(f"the run turns secure aggregation off (secagg.enabled = false): this node's "
                                   f"updates would leave it unmasked; set {ALLOW_PLAIN_KEY}=true to allow it")
+    public = _public_root(cfg, node_config)
     data_root = node_config.get(DATA_ROOT_KEY)
     if not data_root:
-        named = [k for k, v in (("data.root", cfg.data.root), ("data.split_file", cfg.data.split_file),
-                                ("method.kd_public", cfg.method.kd_public)) if v is not None]
+        named = [k for k, v in (("data.root", cfg.data.root), ("data.split_file", cfg.data.split_file)) if v is not None]
         if named:
             raise node.NodeSetupError(f"the run names paths on this machine ({', '.join(named)}); a node reads "
                                       f"data only from its own {DATA_ROOT_KEY} (node config)")
-        return None
+        return None, public
     root = Path(str(data_root)).expanduser().absolute()
-    for key, value in (("data.split_file", cfg.data.split_file), ("method.kd_public", cfg.method.kd_public)):
-        if value is not None and not within(root, value):
-            raise node.NodeSetupError(f"{key} = {value!r} lies outside this node's {DATA_ROOT_KEY} ({root})")
+    if cfg.data.split_file is not None and not within(root, cfg.data.split_file):
+        raise node.NodeSetupError(f"data.split_file = {cfg.data.split_file!r} lies outside this node's "
+                                  f"{DATA_ROOT_KEY} ({root})")
+    return root, public
+
+
+def _public_root(cfg: RunConfig, node_config: Mapping[str, object]) -> Path | None:
+    """The folder of public images the node lets the run distil on: ``method.kd_public`` must lie in
+    the node's own ``secfed-public-root`` — anywhere else, even inside its data root, it could name
+    private images the run does not list (found by review: a run listing two domains distilled on the
+    third's training folder)."""
+    if cfg.method.kd_public is None:
+        return None
+    public = node_config.get(PUBLIC_ROOT_KEY)
+    if not public:
+        raise node.NodeSetupError(f"the run distils on method.kd_public = {cfg.method.kd_public!r}; this node names "
+                                  f"no public set of its own ({PUBLIC_ROOT_KEY}), and reads public images nowhere else")
+    root = Path(str(public)).expanduser().absolute()
+    if not within(root, cfg.method.kd_public):
+        raise node.NodeSetupError(f"method.kd_public = {cfg.method.kd_public!r} lies outside this node's "
+                                  f"{PUBLIC_ROOT_KEY} ({root})")
     return root
 
 
@@ -129,43 +153,41 @@ def scored_domains(fed: Federation, sites: Sequence[int]) -> set[str]:
     return {name for _, _, name in node_jobs(fed, sites)}
 
 
-def planned_epsilons(fed: Federation, sites: Sequence[int]) -> dict[str, float]:
-    """The ε the run claims for ``sites`` against the server after all its rounds, at the worst case
-    (every round released, each of the sites selected in every one), by kind: the distributed
-    (Skellam) client-level ε, the largest of the sites' DP-SGD ε, DFH's DFS ε. Central noise (β,
-    DP-FedAvg) is added by the server itself and protects nothing from it (found by review: the floor
-    counted it); reproducible noise protects nothing at all."""
+def planned_epsilons(fed: Federation, sites: Sequence[int]) -> dict[str, tuple[float, float]]:
+    """The (ε, δ) the run claims for ``sites`` against the server after all its rounds, at the worst
+    case (every round released, each of the sites selected in every one), by kind: the distributed
+    (Skellam) client-level guarantee, the weakest of the sites' DP-SGD ones, DFH's DFS one. Central
+    noise (β, DP-FedAvg) is added by the server itself and protects nothing from it (found by review:
+    the floor counted it); reproducible noise protects nothing at all."""
     plan, schedule = fed.server.privacy.plan, fed.config.schedule
     if plan.reproducible_noise:
         return {}
-    out: dict[str, float] = {}
+    out: dict[str, tuple[float, float]] = {}
     ledger = plan.ledger()
-    if ledger is not None and plan.mechanism == "skellam":
+    if ledger is not None and plan.mechanism == "skellam" and plan.delta is not None:
         for _ in range(schedule.rounds):
             ledger.record_lost_release()  # the worst case of a round: the fewest honest noise shares
-        out[CLIENT_LEVEL] = ledger.epsilon()
-    dp_sgd = [fed.clients[k].dp_sgd.epsilon_every_round(schedule.batch_size, schedule.local_epochs, schedule.rounds)
-              for k in sites if fed.clients[k].dp_sgd is not None]
+        out[CLIENT_LEVEL] = (ledger.epsilon(), plan.delta)
+    dp_sgd = [(dp.epsilon_every_round(schedule.batch_size, schedule.local_epochs, schedule.rounds), dp.delta)
+              for k in sites if (dp := fed.clients[k].dp_sgd) is not None]
     if dp_sgd:
         out[DP_SGD] = max(dp_sgd)
     if plan.dfs is not None and plan.dfs.epsilon is not None:
-        out[DFS] = plan.dfs.epsilon
+        out[DFS] = (plan.dfs.epsilon, plan.dfs.delta)
     return out
 
 
-def uncovered(fed: Federation, sites: Sequence[int]) -> list[str]:
-    """What of ``sites``' shares no ε against the server covers: their updates (no Skellam noise and
-    a site without DP-SGD), DFH's statistics (no DFS noise) — every channel, or the floor means nothing."""
+def uncovered(fed: Federation, sites: Sequence[int]) -> str | None:
+    """Why no ε against the server covers ``sites``' updates (None: one does) — distributed Skellam
+    noise, or DP-SGD at every site. (DFH's statistics need no rule here: wherever an update ε is
+    claimed, the configuration already refuses statistics shared without noise.)"""
     plan = fed.server.privacy.plan
     if plan.reproducible_noise:
-        return ["everything: the noise is reproducible from the run seed (privacy.reproducible_noise)"]
-    out = []
+        return "its noise is reproducible from the run seed (privacy.reproducible_noise)"
     if plan.mechanism != "skellam" and any(fed.clients[k].dp_sgd is None for k in sites):
-        out.append("the updates (no distributed Skellam noise, and a site without DP-SGD; central noise — β, "
-                   "DP-FedAvg — is the server's own and protects nothing from it)")
-    if plan.dfs is not None and plan.dfs.epsilon is None:
-        out.append("DFH's domain feature statistics (shared without noise: privacy.dfs_noise)")
-    return out
+        return ("the updates: no distributed Skellam noise, and a site without DP-SGD (central noise — β, "
+                "DP-FedAvg — is the server's own and protects nothing from it)")
+    return None
 
 
 def own_nodes_policy(cfg: RunConfig) -> dict[str, str]:
@@ -175,26 +197,49 @@ def own_nodes_policy(cfg: RunConfig) -> dict[str, str]:
     policy = {REPRODUCIBLE_KEY: "true"} if cfg.secagg.enabled else {REPRODUCIBLE_KEY: "true", ALLOW_PLAIN_KEY: "true"}
     if cfg.data.root is not None:
         policy[DATA_ROOT_KEY] = str(Path(cfg.data.root).expanduser().resolve())
+    if cfg.method.kd_public is not None:
+        policy[PUBLIC_ROOT_KEY] = str(Path(cfg.method.kd_public).expanduser().resolve())
     return policy
 
 
 @contextlib.contextmanager
-def _spent_ledger(state: Path) -> Iterator[dict[str, dict[str, float]]]:
-    """The node's record of the ε each run claimed for its data ({token: {kind: ε}}), read and
-    written back under a lock (several runs may open on one node at once)."""
-    path, lock = state / SPENT_FILE, state / (SPENT_FILE + ".lock")
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+def _locked(lock: Path) -> Iterator[None]:
+    """An exclusive lock on ``lock`` (created) while the block runs: several runs, or two messages of
+    one, may reach a node's records at once (found by review: two claims of one round both passed)."""
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def _spent_ledger(state: Path) -> Iterator[dict[str, dict[str, list[float]]]]:
+    """The node's record of the (ε, δ) each run was charged for its data ({token: {kind: [ε, δ]}}),
+    read and written back under a lock."""
+    path = state / SPENT_FILE
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with _locked(state / (SPENT_FILE + ".lock")):
         try:
             spent = json.loads(path.read_text()) if path.is_file() else {}
-            if not isinstance(spent, dict) or not all(isinstance(v, dict) for v in spent.values()):
-                raise ValueError("not a mapping of runs")
+            if not (isinstance(spent, dict) and all(isinstance(run, dict) and all(
+                    isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v)
+                    for v in run.values()) for run in spent.values())):
+                raise ValueError("not a mapping of runs to [ε, δ] by kind")
         except (ValueError, OSError) as exc:
             raise node.NodeSetupError(f"{path}: not this node's privacy record ({exc}); the node cannot tell what "
                                       f"earlier runs spent — restore it, or remove it to start counting afresh") from None
         yield spent
         atomic_file.write_bytes(path, json.dumps(spent, indent=1, sort_keys=True).encode(), mode=0o600)
+
+
+def _number(node_config: Mapping[str, object], key: str, default: float | None) -> float:
+    raw = node_config.get(key, default)
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise node.NodeSetupError(f"node config {key}={raw!r} is not a number") from None
+    if not value >= 0:
+        raise node.NodeSetupError(f"node config {key}={raw!r} must be a number ≥ 0")
+    return value
 
 
 def run_folder(node_config: Mapping[str, object], token: str) -> Path:
@@ -217,68 +262,75 @@ class NodeSites:
     def open(cls, cfg: RunConfig, node_config: Mapping[str, object], token: str, *, train: bool) -> NodeSites:
         """Build the federation and load the state of this node's sites (and, ``train``, their training
         images; otherwise the evaluation domains' query/gallery, which training never reads)."""
-        root = check_run(cfg, node_config)
-        cfg = _under(cfg, root)
+        root, public = check_run(cfg, node_config)
+        cfg = _under(cfg, root, public)
         cache = ImageCache(node.state_dir(node_config) / "images")
         fed = build(cfg, data_root=root, train_images=False, images=cache,
                     eval_images=False if train else lambda fed: scored_domains(fed, hosted(node_config, len(fed.clients))))
         sites = hosted(node_config, len(fed.clients))
         nodes = cls(fed, sites, run_folder(node_config, token))
-        nodes.check_privacy(node_config, spend=train)
+        nodes.check_privacy(node_config)
         if train and sites:
             nodes._load_images(root, cache)
         nodes.reload()
         return nodes
 
-    def check_privacy(self, node_config: Mapping[str, object], *, spend: bool) -> None:
+    def check_privacy(self, node_config: Mapping[str, object], *, charge: bool = False) -> None:
         """The node's privacy floor (see the module docstring): refused naming what no ε against the
-        server covers, or the ε the run would reach for this node's data together with what earlier
-        runs on this node claimed (basic composition: a server cannot reset the budget by starting
-        runs afresh — found by review). ``spend``: the node is about to train, so this run's ε counts."""
+        server covers, or the (ε, δ) the run would reach for this node's data together with what earlier
+        runs on this node were charged (basic composition: a server cannot reset the budget by starting
+        runs afresh — found by review). ``charge``: the run's first round is being claimed, so its
+        guarantee is charged now (once per run: a run keeps one configuration, see :meth:`round_seed`)."""
         raw = node_config.get(MAX_EPSILON_KEY)
         if raw is None:
             return
-        try:
-            most = float(raw)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise node.NodeSetupError(f"node config {MAX_EPSILON_KEY}={raw!r} is not a number") from None
+        most, most_delta = (_number(node_config, key, default)
+                            for key, default in ((MAX_EPSILON_KEY, None), (MAX_DELTA_KEY, DEFAULT_MAX_DELTA)))
         missing = uncovered(self.fed, self.sites)
         if missing:
-            raise node.NodeSetupError(f"the run claims no ε against the server for {'; '.join(missing)}; this node "
-                                      f"requires ε ≤ {most:g} ({MAX_EPSILON_KEY})")
+            raise node.NodeSetupError(f"the run claims no ε against the server for this node's sites — {missing}; "
+                                      f"this node requires ε ≤ {most:g} ({MAX_EPSILON_KEY})")
+        reached = planned_epsilons(self.fed, self.sites)
+        token = self.folder.name
         with _spent_ledger(node.state_dir(node_config)) as spent:
-            token = self.folder.name
-            before = {kind: sum(run.get(kind, 0.0) for t, run in spent.items() if t != token)
-                      for kind in (CLIENT_LEVEL, DP_SGD, DFS)}
-            reached = planned_epsilons(self.fed, self.sites)
-            over = {kind: eps for kind, eps in reached.items() if not before[kind] + eps <= most}
-            if over:
-                shown = ", ".join(f"{kind} ε = {eps:.3g}" + (f" (+ {before[kind]:.3g} claimed by earlier runs on "
-                                                            "this node)" if before[kind] else "")
-                                  for kind, eps in over.items())
-                raise node.NodeSetupError(f"the run would reach {shown} over its {self.fed.config.schedule.rounds} "
-                                          f"rounds; this node requires ε ≤ {most:g} ({MAX_EPSILON_KEY})")
-            if spend:
-                mine = spent.setdefault(token, {})
-                for kind, eps in reached.items():
-                    mine[kind] = max(mine.get(kind, 0.0), eps)
+            for kind, (eps, delta) in reached.items():
+                before = [run[kind] for t, run in spent.items() if t != token and kind in run]
+                total, total_delta = eps + sum(e for e, _ in before), delta + sum(d for _, d in before)
+                if not (total <= most and total_delta <= most_delta):
+                    earlier = f" (with {len(before)} earlier runs on this node)" if before else ""
+                    raise node.NodeSetupError(
+                        f"the run would reach {kind} (ε = {eps:.3g}, δ = {delta:.2g}) over its "
+                        f"{self.fed.config.schedule.rounds} rounds: ε = {total:.3g}, δ = {total_delta:.2g} in all"
+                        f"{earlier}; this node allows ε ≤ {most:g} ({MAX_EPSILON_KEY}), δ ≤ {most_delta:g} "
+                        f"({MAX_DELTA_KEY})")
+            if charge and self.sites:
+                spent[token] = {kind: list(value) for kind, value in reached.items()}
 
     def round_seed(self, node_config: Mapping[str, object], t: int) -> int | None:
-        """Claim round ``t`` (0-based) for this node, once: a round is trained at most once per run and
-        only within the schedule — a server that re-runs a round with one node less subtracts the two
-        sums (found by review). The seed of the round's training and rounding draws: fresh secret
-        randomness, so that not even another run can recompute this node's vector; the run seed's
-        (as in-process, bit for bit) only where the node config sets ``secfed-reproducible=true``."""
-        rounds = self.fed.config.schedule.rounds
-        path = self.folder / ROUNDS_FILE
-        try:
-            last = int(json.loads(path.read_text())["last"]) if path.is_file() else -1
-        except (ValueError, KeyError, TypeError, OSError):
-            raise node.NodeSetupError(f"{path}: not this node's round record; the run's state is damaged") from None
-        if not last < t < rounds:
-            raise node.NodeSetupError(f"round {t + 1}: this node trains rounds after {last + 1} of this run's "
-                                      f"{rounds} once each, in order; a round is never trained twice")
-        atomic_file.write_bytes(path, json.dumps({"last": t}).encode(), mode=0o600)
+        """Claim round ``t`` (0-based) for this node, once: a round is trained at most once per run, in
+        order, within the schedule, and a run keeps the configuration of its first round — a server that
+        re-runs a round with one node less subtracts the two sums, and one that changed the configuration
+        each round had every change judged as a run of its own (found by review). The first claim
+        charges the node's privacy record. Returns the seed of the round's training and rounding draws:
+        fresh secret randomness, so that not even another run can recompute this node's vector; the run
+        seed's (as in-process, bit for bit) only where the node config sets ``secfed-reproducible=true``."""
+        config = hashlib.sha256(json.dumps(self.fed.config.to_dict(), sort_keys=True).encode()).hexdigest()
+        rounds, path = self.fed.config.schedule.rounds, self.folder / ROUNDS_FILE
+        with _locked(self.folder / (ROUNDS_FILE + ".lock")):
+            try:
+                record = json.loads(path.read_text()) if path.is_file() else {"last": -1, "config": config}
+                last, pinned = int(record["last"]), str(record["config"])
+            except (ValueError, KeyError, TypeError, OSError):
+                raise node.NodeSetupError(f"{path}: not this node's round record; the run's state is damaged") from None
+            if pinned != config:
+                raise node.NodeSetupError(f"round {t + 1}: the run's configuration changed since its first round on this "
+                                          "node; a run keeps one configuration (a new one is a new run)")
+            if not last < t < rounds:
+                raise node.NodeSetupError(f"round {t + 1}: this node trains rounds after {last + 1} of this run's "
+                                          f"{rounds} once each, in order; a round is never trained twice")
+            if last == -1:
+                self.check_privacy(node_config, charge=True)
+            atomic_file.write_bytes(path, json.dumps({"last": t, "config": config}).encode(), mode=0o600)
         return None if node.yes(node_config.get(REPRODUCIBLE_KEY, False)) else secrets.randbits(63)
 
     def reload(self) -> None:
@@ -335,13 +387,12 @@ class NodeSites:
         atomic_file.write_bytes(path, buffer.getvalue())
 
 
-def _under(cfg: RunConfig, root: Path | None) -> RunConfig:
-    """``cfg`` with its relative in-root paths resolved against the node's data root (checked by
-    :func:`check_run`), so the node never reads or writes them relative to its working directory."""
-    if root is None:
-        return cfg
-    data = {"split_file": str(root / cfg.data.split_file)} if cfg.data.split_file else {}
-    method = {"kd_public": str(root / cfg.method.kd_public)} if cfg.method.kd_public else {}
+def _under(cfg: RunConfig, root: Path | None, public: Path | None) -> RunConfig:
+    """``cfg`` with its relative paths resolved against the node's roots (checked by :func:`check_run`):
+    the split file against the data root, the public set against the public root — the node never
+    reads or writes them relative to its working directory."""
+    data = {"split_file": str(root / cfg.data.split_file)} if root is not None and cfg.data.split_file else {}
+    method = {"kd_public": str(public / cfg.method.kd_public)} if public is not None else {}
     return cfg.model_copy(update={"data": cfg.data.model_copy(update=data),
                                   "method": cfg.method.model_copy(update=method)})
 
