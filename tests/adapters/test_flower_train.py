@@ -514,6 +514,7 @@ def test_every_sites_local_only_baseline_trains_every_round_as_in_process(small_
     cfg = small_config
     cfg.data.datasets = ["corridor", "plaza"]
     cfg.schedule.clients_per_round = 1  # of 2 sites, one per node: a node sits out each round
+    cfg.schedule.rounds = 1  # (enough: the idle node's baseline trains in it)
     cfg.privacy.dp_beta, cfg.privacy.dp_beta_mode = 1e-3, "double"  # Eq. 15: a personal broadcast per site
     local = run(cfg, tmp_path / "in-process")
     grid, _ = flower_nodes(tmp_path, 2, cfg)
