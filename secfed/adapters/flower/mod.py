@@ -184,13 +184,8 @@ class SecAggMod:
 
     def _check_collusion(self, context: Context, config: SessionConfig) -> None:
         """The session must withstand the colluders this node assumes (see the module docstring)."""
-        raw = self._setting(context, self.corrupt_fraction, CORRUPT_FRACTION_KEY, 0.2)
-        try:
-            fraction = float(raw)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise node.NodeSetupError(f"node config {CORRUPT_FRACTION_KEY}={raw!r} is not a number") from None
-        if not 0.0 <= fraction < 1.0:
-            raise node.NodeSetupError(f"node config {CORRUPT_FRACTION_KEY}={fraction} must lie in [0, 1)")
+        fraction = node.number(self._setting(context, self.corrupt_fraction, CORRUPT_FRACTION_KEY, 0.2),
+                               CORRUPT_FRACTION_KEY, below=1.0)
         params, assumed = config.params, math.floor(fraction * config.n_clients)
         if not withstands(params, assumed, dropout_floor=DROPOUT_FLOOR):
             raise SessionRefused(

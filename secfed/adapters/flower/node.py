@@ -19,6 +19,7 @@ fresh folder end up with the same key and a reader never sees half a file.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import tempfile
@@ -45,6 +46,18 @@ class NodeSetupError(ValueError):
 def yes(value: object) -> bool:
     """A node-config switch (``true``/``1``/``yes``, as text or a TOML boolean) set on."""
     return str(value).lower() in ("true", "1", "yes")
+
+
+def number(raw: object, key: str, *, below: float = math.inf, unit: str = "") -> float:
+    """A node-config number ≥ 0 (and < ``below``): :class:`NodeSetupError` naming ``key`` otherwise."""
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise NodeSetupError(f"node config {key}={raw!r} is not a number{unit}") from None
+    if not 0 <= value < below:
+        bound = f"in [0, {below:g})" if below < math.inf else "≥ 0"
+        raise NodeSetupError(f"node config {key}={raw!r} must be {bound}{unit}")
+    return value
 
 
 def default_state_dir() -> Path:

@@ -95,14 +95,7 @@ def forget() -> None:
 
 def idle_seconds(node_config: Mapping[str, object]) -> float:
     """``secfed-host-idle`` from the node config: seconds a host waits for the next message (0: no host)."""
-    raw = node_config.get(IDLE_KEY, DEFAULT_IDLE)
-    try:
-        value = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise node.NodeSetupError(f"node config {IDLE_KEY}={raw!r} must be a number of seconds") from None
-    if not value >= 0:
-        raise node.NodeSetupError(f"node config {IDLE_KEY}={raw!r} must be ≥ 0 seconds")
-    return value
+    return node.number(node_config.get(IDLE_KEY, DEFAULT_IDLE), IDLE_KEY, unit=" of seconds")
 
 
 def identity() -> str:

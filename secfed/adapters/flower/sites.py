@@ -231,17 +231,6 @@ def _spent_ledger(state: Path) -> Iterator[dict[str, dict[str, list[float]]]]:
         atomic_file.write_bytes(path, json.dumps(spent, indent=1, sort_keys=True).encode(), mode=0o600)
 
 
-def _number(node_config: Mapping[str, object], key: str, default: float | None) -> float:
-    raw = node_config.get(key, default)
-    try:
-        value = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise node.NodeSetupError(f"node config {key}={raw!r} is not a number") from None
-    if not value >= 0:
-        raise node.NodeSetupError(f"node config {key}={raw!r} must be a number ≥ 0")
-    return value
-
-
 def run_folder(node_config: Mapping[str, object], token: str) -> Path:
     if not _TOKEN.match(token):
         raise node.NodeSetupError(f"run token {token!r} is not a hex string")
@@ -284,8 +273,8 @@ class NodeSites:
         raw = node_config.get(MAX_EPSILON_KEY)
         if raw is None:
             return
-        most, most_delta = (_number(node_config, key, default)
-                            for key, default in ((MAX_EPSILON_KEY, None), (MAX_DELTA_KEY, DEFAULT_MAX_DELTA)))
+        most = node.number(raw, MAX_EPSILON_KEY)
+        most_delta = node.number(node_config.get(MAX_DELTA_KEY, DEFAULT_MAX_DELTA), MAX_DELTA_KEY)
         missing = uncovered(self.fed, self.sites)
         if missing:
             raise node.NodeSetupError(f"the run claims no ε against the server for this node's sites — {missing}; "
