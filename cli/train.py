@@ -47,7 +47,8 @@ def resolve_config(params: dict[str, Any]) -> tuple[RunConfig, Path, bool]:
         cfg = with_overrides(cfg, overrides)
         if cfg.data.root is not None:  # absolute in config.json, so the run directory can move
             cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
-        if cfg.method.kd_public is not None:  # and a Flower node reads it against its own public root
+        if cfg.method.kd_public is not None and params.get("flower") is None:
+            # a deployed Flower run leaves it as written: each node reads it inside its own public root
             cfg.method.kd_public = str(Path(cfg.method.kd_public).expanduser().resolve())
         check(cfg)
     except ConfigError as exc:

@@ -185,6 +185,15 @@ def test_compare_names_summaries_and_logs_of_the_wrong_shape(tracked: Path, tmp_
     os.mkfifo(fifo / "metrics.jsonl")
     result = invoke(["compare", str(fifo)])
     assert result.exit_code == 2 and "not a regular file" in result.output
+    (fifo / "metrics.jsonl").unlink()  # a file the system will not read (found by review: a traceback)
+    (fifo / "metrics.jsonl").symlink_to("/proc/self/mem")
+    result = invoke(["compare", str(fifo)])
+    assert result.exit_code == 2 and "cannot be read" in result.output, result.output
+    (fifo / "metrics.jsonl").unlink()  # a megabyte-long key is named, not echoed whole
+    (fifo / "metrics.jsonl").write_text(json.dumps({"round": 1, "eval": {"x" * 1_000_000: {"rank1": "a"}}}) + "\n")
+    result = invoke(["compare", str(fifo)])
+    assert result.exit_code == 2 and "cannot be read as a secfed round record" in result.output
+    assert len(result.output) < 5_000
     unscored = tmp_path / "unscored"  # a domain whose scoring node did not answer: None, a legitimate record
     shutil.copytree(tracked, unscored)
     (unscored / "metrics.jsonl").write_text(json.dumps({"round": 1, "eval": {"campus": None}}) + "\n")

@@ -11,7 +11,7 @@ import io
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Callable, TypeVar
+from typing import Annotated, Any, Callable
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -119,7 +119,7 @@ def load_run(path: Path) -> ComparedRun:
         if file.exists() and not file.is_file():  # a FIFO would block the reader for ever (found by review)
             raise RunUnreadable(f"{file}: not a regular file")
     summary = _read(_Summary, summary_file, summary_file.read_bytes, "a secfed summary")
-    lines = metrics_file.read_bytes().splitlines() if metrics_file.exists() else []
+    lines = _read(None, metrics_file, metrics_file.read_bytes, "").splitlines() if metrics_file.exists() else []
     history = [_read(_Record, f"{metrics_file} line {i}", lambda: line, "a secfed round record").model_dump()
                for i, line in enumerate(lines, 1) if line.strip()]
     return ComparedRun(
@@ -131,17 +131,17 @@ def load_run(path: Path) -> ComparedRun:
     )
 
 
-_Model = TypeVar("_Model", bound=BaseModel)
-
-
-def _read(model: type[_Model], where: object, data: Callable[[], bytes], what: str) -> _Model:
+def _read(model: type[BaseModel] | None, where: object, data: Callable[[], bytes], what: str) -> Any:
+    """``data()`` as ``model`` (None: the bytes themselves); a file that cannot be read, or does not
+    hold ``what``, is a :class:`RunUnreadable` naming it and the field."""
     try:
-        return model.model_validate_json(data())
+        raw = data()
+        return raw if model is None else model.model_validate_json(raw)
     except OSError as exc:
         raise RunUnreadable(f"{where}: cannot be read ({exc.strerror})") from None
     except ValidationError as exc:
         error = exc.errors()[0]
-        field = ".".join(str(x) for x in error["loc"])
+        field = ".".join(str(x)[:80] for x in error["loc"])  # a key may be megabytes long (found by review)
         raise RunUnreadable(f"{where}: cannot be read as {what} ({field + ': ' if field else ''}{error['msg']})") from None
 
 

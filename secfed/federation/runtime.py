@@ -503,6 +503,10 @@ def check_same_run(fed: Federation, state: dict[str, Any], path: Path) -> None:
     saved = state.get("config")
     if not isinstance(saved, dict):
         raise ckpt.CorruptCheckpoint(f"{path}: holds no saved configuration (a table of settings)")
+    try:  # as this secfed reads it: an older spelling of a setting is not a difference (found by review)
+        saved = from_dict(saved).to_dict()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ckpt.CorruptCheckpoint(f"{path}: its saved configuration is not valid ({str(exc)[:300]})") from None
     differ = settings_that_differ(saved, fed.config.to_dict())
     if differ:
         shown = "; ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in list(differ.items())[:4])
@@ -617,12 +621,13 @@ def read_run(path: Path) -> tuple[Path, dict[str, Any], RunConfig]:
     except (TypeError, ValueError, RecursionError) as exc:  # ConfigError is a ValueError
         raise ckpt.CorruptCheckpoint(f"{checkpoint}: its saved configuration is not valid "
                                      f"({str(exc)[:300]})") from None
-    saved = checkpoint.parent.parent / "config.json"
+    saved = checkpoint.parent.parent / "config.json"  # where the checkpoint is a run directory's own
     try:
-        on_disk = json.loads(saved.read_text()) if saved.is_file() else None
-    except (OSError, ValueError, RecursionError):
+        on_disk = from_dict(json.loads(saved.read_text())).to_dict() \
+            if checkpoint.parent.name == ckpt.CHECKPOINT_DIR and saved.is_file() else None
+    except (OSError, TypeError, ValueError, RecursionError):
         on_disk = None  # evaluation needs only the checkpoint's own; resume reads and checks config.json itself
-    if isinstance(on_disk, dict):
+    if on_disk is not None:  # both as this secfed reads them (an older file's spelling is not a difference)
         differ = settings_that_differ(on_disk, cfg.to_dict())
         if differ:
             shown = "; ".join(f"{k}: {a!r} in config.json, {b!r} in the checkpoint" for k, (a, b) in list(differ.items())[:3])

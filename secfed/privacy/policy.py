@@ -279,7 +279,7 @@ def static_issues(cfg: RunConfig, method: type[Method]) -> list[ConfigIssue]:
     if p.dp_beta_mode == "double" and m.cdw:
         issues.append(ConfigIssue(KEY["dp_beta_mode"], "Eq. 15's correction needs the aggregation weights, which "
                                   "cosine distance weights keep secret inside the masked sum"))
-    if cfg.run.record_uploads and (client_level_dp(p) or p.distributed):
+    if cfg.run.record_uploads and claims_client_level(p):
         # (found by review: under fixed sampling too, the next broadcast minus the recorded uploads' mean
         # is the round's noise; a distributed run's uploads each carry one share only)
         issues.append(ConfigIssue("run.record_uploads", "keeps every round's uploads before the client-level "
@@ -445,6 +445,13 @@ def client_level_dp(cfg: PrivacyConfig) -> bool:
     return cfg.noise_multiplier is not None or cfg.target_epsilon is not None
 
 
+def claims_client_level(cfg: PrivacyConfig) -> bool:
+    """Whether the run claims a client-level ε: asked for by name, distributed, or β noise on clipped
+    updates (the one rule for every check that depends on it — found by review: the uploads-recording
+    check left β + clip out)."""
+    return client_level_dp(cfg) or cfg.distributed or (cfg.dp_beta > 0 and cfg.clip is not None)
+
+
 def _run_issues(cfg: PrivacyConfig, num_clients: int, clients_per_round: int, secagg: bool,
                 blockers: Sequence[tuple[str, str]]) -> list[ConfigIssue]:
     """Every refusal of ``cfg`` once the run's size is known (the data-free ones included)."""
@@ -501,7 +508,7 @@ def _facts(cfg: PrivacyConfig, *, num_clients: int, clients_per_round: int, roun
         else "zero-out (one client's clipped update replaced by zero), fixed K-of-N selection, "
         "no amplification by sampling claimed (q = 1)"
     )
-    wants_epsilon = client_level_dp(cfg) or cfg.distributed or (cfg.dp_beta > 0 and cfg.clip is not None)
+    wants_epsilon = claims_client_level(cfg)
     inflation = 1.0
     if secagg and quantiser_scale is not None and cfg.clip is not None and model_dim is not None:
         inflation = (cfg.clip + math.sqrt(model_dim) / quantiser_scale) / cfg.clip

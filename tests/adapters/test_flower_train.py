@@ -567,12 +567,17 @@ def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_co
     with pytest.raises(node_files.NodeSetupError, match=r"δ ≤ .*secfed-max-delta"):  # the server also sets δ (review)
         NodeSites.open(cfg, floor(100, **{sites_module.MAX_DELTA_KEY: delta / 2}), secrets.token_hex(16), train=False)
     # Opening a run charges nothing (found by review: one refused message used up a node's budget);
-    # its first round charges it, and what it was charged counts against every later run on the node
-    # (found by review: a server ran a one-round run four times and each passed)
+    # each round it claims charges the rounds up to it, and what a run was charged counts against every
+    # later run on the node (found by review: a server ran a one-round run four times and each passed)
     token = secrets.token_hex(16)
     sites = NodeSites.open(cfg, floor(reached * 1.01), token, train=False)
     NodeSites.open(cfg, floor(reached * 1.01), secrets.token_hex(16), train=False)
     sites.round_seed(floor(reached * 1.01), 0)
+    charged = json.loads((tmp_path / sites_module.SPENT_FILE).read_text())[token][sites_module.CLIENT_LEVEL]
+    assert charged == [pytest.approx(sites_module.planned_epsilons(sites.fed, sites.sites, 1)[
+        sites_module.CLIENT_LEVEL][0]), delta] and charged[0] < reached
+    for t in range(1, cfg.schedule.rounds):
+        sites.round_seed(floor(reached * 1.01), t)
     with pytest.raises(node_files.NodeSetupError, match=r"in all \(with 1 earlier runs on this node\)"):
         NodeSites.open(cfg, floor(reached * 1.5), secrets.token_hex(16), train=False)
     NodeSites.open(cfg, floor(reached * 2.01), secrets.token_hex(16), train=False)

@@ -185,6 +185,17 @@ def test_a_crafted_checkpoint_is_refused_by_name_and_a_run_reads_only_its_own_fi
     ckpt.save_checkpoint(tmp_path / "b", 2, other, keep=5)
     with pytest.raises(ckpt.CheckpointError, match=r"round-0002.pt was written by a run with other settings .*run\.seed"):
         read_run(tmp_path / "b")
+    # ... but a loose checkpoint file is not judged by a config.json near it, and an older spelling of a
+    # setting in config.json is no difference (found by review of the check: both were refused)
+    (tmp_path / "exp" / "models").mkdir(parents=True)
+    shutil.copy(tmp_path / "b" / "checkpoints" / "round-0002.pt", tmp_path / "exp" / "models" / "best.pt")
+    (tmp_path / "exp" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
+    assert read_run(tmp_path / "exp" / "models" / "best.pt")[2].run.seed == cfg.run.seed + 1
+    assert cfg.model.pretrained == "none"
+    older = json.loads((tmp_path / "a" / "config.json").read_text())
+    older["model"]["pretrained"] = False  # how secfed once wrote "none"
+    (tmp_path / "a" / "config.json").write_text(json.dumps(older))
+    assert read_run(tmp_path / "a")[0].name == "round-0001.pt"
     # a FIFO or a link named like the newest checkpoint is not read: the one before it is, with a warning
     (tmp_path / "b" / "checkpoints" / "round-0002.pt").unlink()
     os.mkfifo(tmp_path / "b" / "checkpoints" / "round-0003.pt")

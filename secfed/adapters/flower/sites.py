@@ -36,8 +36,8 @@ case, added to what earlier runs on this node were charged, must stay within it 
 the server cannot turn the noise down or off, raise δ, nor reset the budget.
 
 A node trains each round of a run once, in order, within the schedule, under the configuration of
-the run's first round (``rounds.json`` in the run's folder; that first round charges the privacy
-record), with secret randomness of its own (training order, stochastic rounding): a server that
+the run's first round (``rounds.json`` in the run's folder; each claim charges the privacy record for
+the rounds up to it), with secret randomness of its own (training order, stochastic rounding): a server that
 re-ran a round without one node would otherwise subtract the two sums. ``secfed-reproducible=true``
 uses the run seed's draws instead — bit for bit an in-process run; ``secfed flower local`` sets it,
 its server being the user's own.
@@ -46,6 +46,7 @@ its server being the user's own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import io
@@ -153,27 +154,30 @@ def scored_domains(fed: Federation, sites: Sequence[int]) -> set[str]:
     return {name for _, _, name in node_jobs(fed, sites)}
 
 
-def planned_epsilons(fed: Federation, sites: Sequence[int]) -> dict[str, tuple[float, float]]:
-    """The (ε, δ) the run claims for ``sites`` against the server after all its rounds, at the worst
-    case (every round released, each of the sites selected in every one), by kind: the distributed
+def planned_epsilons(fed: Federation, sites: Sequence[int], rounds: int | None = None
+                     ) -> dict[str, tuple[float, float]]:
+    """The (ε, δ) the run claims for ``sites`` against the server after ``rounds`` of its rounds (all of
+    them by default), at the worst case (every round released, each of the sites selected in every
+    one), by kind: the distributed
     (Skellam) client-level guarantee, the weakest of the sites' DP-SGD ones, DFH's DFS one. Central
     noise (β, DP-FedAvg) is added by the server itself and protects nothing from it (found by review:
     the floor counted it); reproducible noise protects nothing at all."""
     plan, schedule = fed.server.privacy.plan, fed.config.schedule
+    rounds = schedule.rounds if rounds is None else rounds
     if plan.reproducible_noise:
         return {}
     out: dict[str, tuple[float, float]] = {}
     ledger = plan.ledger()
     if ledger is not None and plan.mechanism == "skellam" and plan.delta is not None:
-        for _ in range(schedule.rounds):
+        for _ in range(rounds):
             ledger.record_lost_release()  # the worst case of a round: the fewest honest noise shares
         out[CLIENT_LEVEL] = (ledger.epsilon(), plan.delta)
-    dp_sgd = [(dp.epsilon_every_round(schedule.batch_size, schedule.local_epochs, schedule.rounds), dp.delta)
+    dp_sgd = [(dp.epsilon_every_round(schedule.batch_size, schedule.local_epochs, rounds), dp.delta)
               for k in sites if (dp := fed.clients[k].dp_sgd) is not None]
-    if dp_sgd:
-        out[DP_SGD] = max(dp_sgd)
+    if dp_sgd:  # the weakest site's ε and δ, each (found by review: the tuple's max left a larger δ out)
+        out[DP_SGD] = (max(e for e, _ in dp_sgd), max(d for _, d in dp_sgd))
     if plan.dfs is not None and plan.dfs.epsilon is not None:
-        out[DFS] = (plan.dfs.epsilon, plan.dfs.delta)
+        out[DFS] = (dataclasses.replace(plan.dfs, rounds=rounds).epsilon, plan.dfs.delta)
     return out
 
 
@@ -264,12 +268,13 @@ class NodeSites:
         nodes.reload()
         return nodes
 
-    def check_privacy(self, node_config: Mapping[str, object], *, charge: bool = False) -> None:
+    def check_privacy(self, node_config: Mapping[str, object], *, charge: int = 0) -> None:
         """The node's privacy floor (see the module docstring): refused naming what no ε against the
-        server covers, or the (ε, δ) the run would reach for this node's data together with what earlier
-        runs on this node were charged (basic composition: a server cannot reset the budget by starting
-        runs afresh — found by review). ``charge``: the run's first round is being claimed, so its
-        guarantee is charged now (once per run: a run keeps one configuration, see :meth:`round_seed`)."""
+        server covers, or the (ε, δ) the whole run would reach for this node's data together with what
+        other runs on this node were charged (basic composition: a server cannot reset the budget by
+        starting runs afresh — found by review). ``charge``: the run has claimed this many rounds, and
+        is charged their guarantee now (a run cut short is charged for what it trained, not for all
+        its rounds; it keeps one configuration, see :meth:`round_seed`)."""
         raw = node_config.get(MAX_EPSILON_KEY)
         if raw is None:
             return
@@ -293,22 +298,23 @@ class NodeSites:
                         f"{earlier}; this node allows ε ≤ {most:g} ({MAX_EPSILON_KEY}), δ ≤ {most_delta:g} "
                         f"({MAX_DELTA_KEY})")
             if charge and self.sites:
-                spent[token] = {kind: list(value) for kind, value in reached.items()}
+                spent[token] = {kind: list(value) for kind, value in planned_epsilons(self.fed, self.sites,
+                                                                                      charge).items()}
 
     def round_seed(self, node_config: Mapping[str, object], t: int) -> int | None:
         """Claim round ``t`` (0-based) for this node, once: a round is trained at most once per run, in
         order, within the schedule, and a run keeps the configuration of its first round — a server that
         re-runs a round with one node less subtracts the two sums, and one that changed the configuration
-        each round had every change judged as a run of its own (found by review). The first claim
-        charges the node's privacy record. Returns the seed of the round's training and rounding draws:
+        each round had every change judged as a run of its own (found by review). Each claim charges
+        the node's privacy record for the rounds up to it. Returns the seed of the round's training and rounding draws:
         fresh secret randomness, so that not even another run can recompute this node's vector; the run
         seed's (as in-process, bit for bit) only where the node config sets ``secfed-reproducible=true``."""
         config = hashlib.sha256(json.dumps(self.fed.config.to_dict(), sort_keys=True).encode()).hexdigest()
         rounds, path = self.fed.config.schedule.rounds, self.folder / ROUNDS_FILE
         with _locked(self.folder / (ROUNDS_FILE + ".lock")):
-            try:
-                record = json.loads(path.read_text()) if path.is_file() else {"last": -1, "config": config}
-                last, pinned = int(record["last"]), str(record["config"])
+            try:  # (a record from before runs kept one configuration has none: it is this one)
+                record = json.loads(path.read_text()) if path.is_file() else {"last": -1}
+                last, pinned = int(record["last"]), str(record.get("config", config))
             except (ValueError, KeyError, TypeError, OSError):
                 raise node.NodeSetupError(f"{path}: not this node's round record; the run's state is damaged") from None
             if pinned != config:
@@ -317,8 +323,7 @@ class NodeSites:
             if not last < t < rounds:
                 raise node.NodeSetupError(f"round {t + 1}: this node trains rounds after {last + 1} of this run's "
                                           f"{rounds} once each, in order; a round is never trained twice")
-            if last == -1:
-                self.check_privacy(node_config, charge=True)
+            self.check_privacy(node_config, charge=t + 1)  # rounds 0..t, at the worst case
             atomic_file.write_bytes(path, json.dumps({"last": t, "config": config}).encode(), mode=0o600)
         return None if node.yes(node_config.get(REPRODUCIBLE_KEY, False)) else secrets.randbits(63)
 
