@@ -90,10 +90,14 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
     if not isinstance(raw, dict):
         raise click.BadParameter(f"{config_file} is not a secfed configuration (a JSON object of sections); it "
                                  f"holds a {type(raw).__name__}", param_hint="--resume")
-    try:
-        cfg = with_overrides(from_dict(raw), overrides)
+    saved = {f"{section}.{key}" for section, table in raw.items() if isinstance(table, dict) for key in table}
+    try:  # the file first: its own bad value is blamed on it, even where a flag overrides that key
+        base = from_dict(raw)
     except ConfigError as exc:
-        saved = {f"{section}.{key}" for section, table in raw.items() if isinstance(table, dict) for key in table}
+        raise click.UsageError(render(exc, typed=set(), from_file=saved, toml=str(config_file))) from None
+    try:
+        cfg = with_overrides(base, overrides)
+    except ConfigError as exc:
         raise click.UsageError(render(exc, typed=set(overrides), from_file=saved - set(overrides),
                                       toml=str(config_file))) from None
     return cfg, run_dir, True

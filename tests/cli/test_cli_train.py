@@ -376,6 +376,12 @@ def test_an_out_folder_that_cannot_be_made_or_a_damaged_saved_config_is_named(sy
     result = invoke(["train", "--resume", str(tmp_path / "edited")])
     assert result.exit_code == 2 and "schedule.rounds" in result.output and "--rounds:" not in result.output, \
         result.output
+    # ... even where a flag the resume may change overrides that key (found by review: blamed on the flag)
+    (tmp_path / "edited" / "config.json").write_text(json.dumps({"run": {"threads": 10**9}}))
+    result = invoke(["train", "--resume", str(tmp_path / "edited"), "--threads", "1"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "config.json: run.threads: must be ≤ 1024" in text and "--threads:" not in text, \
+        result.output
 
 
 def test_each_epsilon_is_printed_with_whom_it_protects_against(synth_root: Path, tmp_path: Path) -> None:
