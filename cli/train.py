@@ -47,8 +47,9 @@ def resolve_config(params: dict[str, Any]) -> tuple[RunConfig, Path, bool]:
         cfg = with_overrides(cfg, overrides)
         if cfg.data.root is not None:  # absolute in config.json, so the run directory can move
             cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
-        if cfg.method.kd_public is not None and params.get("flower") is None:
-            # a deployed Flower run leaves it as written: each node reads it inside its own public root
+        if cfg.method.kd_public is not None:  # the server distils on it, and each Flower node reads the
+            # same path inside its own public root (a relative one would name whatever folder the
+            # ServerApp's process runs in: found by review)
             cfg.method.kd_public = str(Path(cfg.method.kd_public).expanduser().resolve())
         check(cfg)
     except ConfigError as exc:

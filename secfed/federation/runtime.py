@@ -623,11 +623,15 @@ def read_run(path: Path) -> tuple[Path, dict[str, Any], RunConfig]:
                                      f"({str(exc)[:300]})") from None
     saved = checkpoint.parent.parent / "config.json"  # where the checkpoint is a run directory's own
     try:
-        on_disk = from_dict(json.loads(saved.read_text())).to_dict() \
-            if checkpoint.parent.name == ckpt.CHECKPOINT_DIR and saved.is_file() else None
-    except (OSError, TypeError, ValueError, RecursionError):
+        on_disk = json.loads(saved.read_text()) if checkpoint.parent.name == ckpt.CHECKPOINT_DIR and saved.is_file() \
+            else None
+    except (OSError, ValueError, RecursionError):
         on_disk = None  # evaluation needs only the checkpoint's own; resume reads and checks config.json itself
-    if on_disk is not None:  # both as this secfed reads them (an older file's spelling is not a difference)
+    if isinstance(on_disk, dict):
+        try:  # both as this secfed reads them: an older file's spelling is not a difference
+            on_disk = from_dict(on_disk).to_dict()
+        except (TypeError, ValueError, RecursionError):
+            pass  # as written (found by review: a file from_dict refuses skipped the check altogether)
         differ = settings_that_differ(on_disk, cfg.to_dict())
         if differ:
             shown = "; ".join(f"{k}: {a!r} in config.json, {b!r} in the checkpoint" for k, (a, b) in list(differ.items())[:3])

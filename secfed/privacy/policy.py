@@ -267,10 +267,9 @@ def static_issues(cfg: RunConfig, method: type[Method]) -> list[ConfigIssue]:
     ``method``: the configured method's class, whose declarations say what it shares."""
     p = cfg.privacy
     issues = list(_combination_issues(p, secagg=cfg.secagg.enabled, clients_per_round=cfg.schedule.clients_per_round))
+    blockers = _blockers(cfg.method.aggregation, cfg.model.bn_stats, p.dp_sgd, _method_extras(cfg, method))
     if client_level_dp(p) or p.distributed:
-        issues += [ConfigIssue(key, f"client-level DP is on, but {why}")
-                   for key, why in _blockers(cfg.method.aggregation, cfg.model.bn_stats, p.dp_sgd,
-                                             _method_extras(cfg, method))]
+        issues += [ConfigIssue(key, f"client-level DP is on, but {why}") for key, why in blockers]
     m = cfg.method
     if p.dp_sgd:
         if m.cdw:
@@ -279,7 +278,7 @@ def static_issues(cfg: RunConfig, method: type[Method]) -> list[ConfigIssue]:
     if p.dp_beta_mode == "double" and m.cdw:
         issues.append(ConfigIssue(KEY["dp_beta_mode"], "Eq. 15's correction needs the aggregation weights, which "
                                   "cosine distance weights keep secret inside the masked sum"))
-    if cfg.run.record_uploads and claims_client_level(p):
+    if cfg.run.record_uploads and claims_client_level(p, blockers):
         # (found by review: under fixed sampling too, the next broadcast minus the recorded uploads' mean
         # is the round's noise; a distributed run's uploads each carry one share only)
         issues.append(ConfigIssue("run.record_uploads", "keeps every round's uploads before the client-level "
@@ -445,11 +444,11 @@ def client_level_dp(cfg: PrivacyConfig) -> bool:
     return cfg.noise_multiplier is not None or cfg.target_epsilon is not None
 
 
-def claims_client_level(cfg: PrivacyConfig) -> bool:
+def claims_client_level(cfg: PrivacyConfig, blockers: Sequence[tuple[str, str]]) -> bool:
     """Whether the run claims a client-level ε: asked for by name, distributed, or β noise on clipped
-    updates (the one rule for every check that depends on it — found by review: the uploads-recording
-    check left β + clip out)."""
-    return client_level_dp(cfg) or cfg.distributed or (cfg.dp_beta > 0 and cfg.clip is not None)
+    updates where nothing blocks it (``blockers``: :func:`_blockers`) — the one rule for every check that
+    depends on it (found by review: the uploads-recording check left β + clip out)."""
+    return client_level_dp(cfg) or cfg.distributed or (cfg.dp_beta > 0 and cfg.clip is not None and not blockers)
 
 
 def _run_issues(cfg: PrivacyConfig, num_clients: int, clients_per_round: int, secagg: bool,
@@ -508,7 +507,7 @@ def _facts(cfg: PrivacyConfig, *, num_clients: int, clients_per_round: int, roun
         else "zero-out (one client's clipped update replaced by zero), fixed K-of-N selection, "
         "no amplification by sampling claimed (q = 1)"
     )
-    wants_epsilon = claims_client_level(cfg)
+    wants_epsilon = claims_client_level(cfg, blockers)
     inflation = 1.0
     if secagg and quantiser_scale is not None and cfg.clip is not None and model_dim is not None:
         inflation = (cfg.clip + math.sqrt(model_dim) / quantiser_scale) / cfg.clip
@@ -552,7 +551,7 @@ def _aggregate_noise(run: _RunFacts) -> _NoisePlan:
     cfg = run.cfg
     if cfg.distributed:
         return _skellam_plan(run)
-    if client_level_dp(cfg) or (cfg.dp_beta > 0 and cfg.clip is not None and not run.blockers):
+    if claims_client_level(cfg, run.blockers):
         return _gaussian_plan(run)
     if cfg.dp_beta > 0:
         return _beta_plan(run)

@@ -562,7 +562,8 @@ def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_co
     def floor(eps: float, **more) -> dict:
         return {**node, sites_module.MAX_EPSILON_KEY: eps, **more}
 
-    with pytest.raises(node_files.NodeSetupError, match=r"would reach client-level \(Skellam\) \(ε = .*this node allows ε ≤"):
+    with pytest.raises(node_files.NodeSetupError, match=r"would reach ε = .* \(client-level \(Skellam\) ε = .*this node "
+                                                        r"allows ε ≤"):
         NodeSites.open(cfg, floor(reached / 2), secrets.token_hex(16), train=False)
     with pytest.raises(node_files.NodeSetupError, match=r"δ ≤ .*secfed-max-delta"):  # the server also sets δ (review)
         NodeSites.open(cfg, floor(100, **{sites_module.MAX_DELTA_KEY: delta / 2}), secrets.token_hex(16), train=False)
@@ -581,6 +582,16 @@ def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_co
     with pytest.raises(node_files.NodeSetupError, match=r"in all \(with 1 earlier runs on this node\)"):
         NodeSites.open(cfg, floor(reached * 1.5), secrets.token_hex(16), train=False)
     NodeSites.open(cfg, floor(reached * 2.01), secrets.token_hex(16), train=False)
+    # Kinds add up over runs: a DP-SGD run after the Skellam one counts against the same budget (found
+    # by review: each kind was checked on its own)
+    sgd = cfg.model_copy(deep=True)
+    sgd.privacy.clip, sgd.privacy.noise_multiplier, sgd.privacy.distributed = None, None, False
+    sgd.privacy.dp_sgd, sgd.privacy.dp_sgd_noise_multiplier = True, 1.0
+    alone = NodeSites.open(sgd, floor(1e9), secrets.token_hex(16), train=False)
+    sgd_eps = sites_module.run_charge(sites_module.planned_epsilons(alone.fed, alone.sites))[0]
+    NodeSites.open(sgd, floor(reached * 1.01 + sgd_eps * 1.01), secrets.token_hex(16), train=False)
+    with pytest.raises(node_files.NodeSetupError, match=r"example-level DP-SGD ε = .* in all \(with 1 earlier runs"):
+        NodeSites.open(sgd, floor(max(reached, sgd_eps) * 1.01), secrets.token_hex(16), train=False)
     # A run keeps the configuration of its first round (found by review: a server changed it each round,
     # and each change was judged as a run of its own from round 0)
     longer = cfg.model_copy(deep=True)

@@ -422,6 +422,9 @@ def test_recorded_uploads_under_a_client_level_epsilon_or_secret_cohorts_are_ref
     cfg.privacy.noise_multiplier, cfg.privacy.dp_beta = None, 5e-3  # β on clipped updates claims an ε too
     with pytest.raises(ConfigError, match="give the noise away"):
         check(cfg)
+    cfg.method.aggregation = "weighted"  # ... unless something blocks it: then no ε, and recording is fine
+    check(cfg)
+    cfg.method.aggregation = "unweighted"
     cfg.privacy.clip, cfg.privacy.dp_beta, cfg.privacy.dp_sgd = None, 0.0, True
     cfg.privacy.dp_sgd_noise_multiplier = 1.0
     cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 0.5

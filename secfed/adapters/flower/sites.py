@@ -31,7 +31,8 @@ inside it), and the public set of distillation (``method.kd_public``) only from 
 ``secfed-public-root``. With ``secfed-max-epsilon`` set, the updates must carry an ε that holds
 against the server (distributed Skellam noise, or DP-SGD at every site — central noise is the
 server's own), and every (ε, δ) the run claims for the node's sites, over all rounds at the worst
-case, added to what earlier runs on this node were charged, must stay within it and
+case — per example: the stronger of its guarantees on the updates plus DFS — added to what earlier
+runs on this node were charged, must stay within it and
 ``secfed-max-delta`` (default 1e-3) (:meth:`NodeSites.check_privacy`, ``STATE_DIR/privacy-spent.json``):
 the server cannot turn the noise down or off, raise δ, nor reset the budget.
 
@@ -181,6 +182,18 @@ def planned_epsilons(fed: Federation, sites: Sequence[int], rounds: int | None =
     return out
 
 
+def run_charge(kinds: Mapping[str, Sequence[float]]) -> tuple[float, float]:
+    """One run's (ε, δ) for the node's data, per example: the stronger of its guarantees on the updates
+    (a client-level ε bounds every example of the client, as DP-SGD's does, and both cover the one
+    release), plus DFH's statistics, a release of their own. One number per run, summed over runs:
+    each kind checked on its own let a Skellam run and a DP-SGD run never add up (found by review)."""
+    update = [(float(kinds[k][0]), float(kinds[k][1])) for k in (CLIENT_LEVEL, DP_SGD) if k in kinds]
+    eps, delta = min(update) if update else (0.0, 0.0)
+    if DFS in kinds:
+        eps, delta = eps + float(kinds[DFS][0]), delta + float(kinds[DFS][1])
+    return eps, delta
+
+
 def uncovered(fed: Federation, sites: Sequence[int]) -> str | None:
     """Why no ε against the server covers ``sites``' updates (None: one does) — distributed Skellam
     noise, or DP-SGD at every site. (DFH's statistics need no rule here: wherever an update ε is
@@ -285,18 +298,19 @@ class NodeSites:
             raise node.NodeSetupError(f"the run claims no ε against the server for this node's sites — {missing}; "
                                       f"this node requires ε ≤ {most:g} ({MAX_EPSILON_KEY})")
         reached = planned_epsilons(self.fed, self.sites)
+        eps, delta = run_charge(reached)
         token = self.folder.name
         with _spent_ledger(node.state_dir(node_config)) as spent:
-            for kind, (eps, delta) in reached.items():
-                before = [run[kind] for t, run in spent.items() if t != token and kind in run]
-                total, total_delta = eps + sum(e for e, _ in before), delta + sum(d for _, d in before)
-                if not (total <= most and total_delta <= most_delta):
-                    earlier = f" (with {len(before)} earlier runs on this node)" if before else ""
-                    raise node.NodeSetupError(
-                        f"the run would reach {kind} (ε = {eps:.3g}, δ = {delta:.2g}) over its "
-                        f"{self.fed.config.schedule.rounds} rounds: ε = {total:.3g}, δ = {total_delta:.2g} in all"
-                        f"{earlier}; this node allows ε ≤ {most:g} ({MAX_EPSILON_KEY}), δ ≤ {most_delta:g} "
-                        f"({MAX_DELTA_KEY})")
+            before = [run_charge(run) for t, run in spent.items() if t != token]
+            total, total_delta = eps + sum(e for e, _ in before), delta + sum(d for _, d in before)
+            if not (total <= most and total_delta <= most_delta):
+                kinds = ", ".join(f"{kind} ε = {e:.3g}" for kind, (e, _) in reached.items())
+                earlier = f" (with {len(before)} earlier runs on this node)" if before else ""
+                raise node.NodeSetupError(
+                    f"the run would reach ε = {eps:.3g}, δ = {delta:.2g} for this node's data over its "
+                    f"{self.fed.config.schedule.rounds} rounds ({kinds}): ε = {total:.3g}, δ = {total_delta:.2g} "
+                    f"in all{earlier}; this node allows ε ≤ {most:g} ({MAX_EPSILON_KEY}), δ ≤ {most_delta:g} "
+                    f"({MAX_DELTA_KEY})")
             if charge and self.sites:
                 spent[token] = {kind: list(value) for kind, value in planned_epsilons(self.fed, self.sites,
                                                                                       charge).items()}
