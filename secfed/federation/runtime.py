@@ -630,8 +630,9 @@ def read_run(path: Path) -> tuple[Path, dict[str, Any], RunConfig]:
     if isinstance(on_disk, dict):
         try:  # both as this secfed reads them: an older file's spelling is not a difference
             on_disk = from_dict(on_disk).to_dict()
-        except (TypeError, ValueError, RecursionError):
-            pass  # as written (found by review: a file from_dict refuses skipped the check altogether)
+        except (TypeError, ValueError, RecursionError) as exc:  # (found by review: such a file skipped the check)
+            raise ckpt.CheckpointError(f"{saved}: the run's configuration, which its checkpoints are checked against, "
+                                       f"is not valid ({str(exc)[:300]}); restore it") from None
         differ = settings_that_differ(on_disk, cfg.to_dict())
         if differ:
             shown = "; ".join(f"{k}: {a!r} in config.json, {b!r} in the checkpoint" for k, (a, b) in list(differ.items())[:3])

@@ -186,9 +186,10 @@ def test_a_crafted_checkpoint_is_refused_by_name_and_a_run_reads_only_its_own_fi
     with pytest.raises(ckpt.CheckpointError, match=r"round-0002.pt was written by a run with other settings .*run\.seed"):
         read_run(tmp_path / "b")
     newer = json.loads((tmp_path / "b" / "config.json").read_text())  # a config.json this secfed cannot read
-    newer["run"]["a_setting_from_a_newer_secfed"] = 1                  # is compared as written, not skipped
+    newer["run"]["a_setting_from_a_newer_secfed"] = 1                  # is named, not skipped
     (tmp_path / "b" / "config.json").write_text(json.dumps(newer))
-    with pytest.raises(ckpt.CheckpointError, match=r"other settings .*run\.seed"):
+    with pytest.raises(ckpt.CheckpointError, match=r"config.json: the run's configuration, which its checkpoints are "
+                                                   r"checked against, is not valid .*a_setting_from_a_newer_secfed"):
         read_run(tmp_path / "b")
     shutil.copy(tmp_path / "a" / "config.json", tmp_path / "b" / "config.json")
     # ... but a loose checkpoint file is not judged by a config.json near it, and an older spelling of a

@@ -31,8 +31,8 @@ inside it), and the public set of distillation (``method.kd_public``) only from 
 ``secfed-public-root``. With ``secfed-max-epsilon`` set, the updates must carry an ε that holds
 against the server (distributed Skellam noise, or DP-SGD at every site — central noise is the
 server's own), and every (ε, δ) the run claims for the node's sites, over all rounds at the worst
-case — per example: the stronger of its guarantees on the updates plus DFS — added to what earlier
-runs on this node were charged, must stay within it and
+case — for one example (one training image more or less): the stronger of its guarantees on the
+updates plus DFS — added to what earlier runs on this node were charged, must stay within it and
 ``secfed-max-delta`` (default 1e-3) (:meth:`NodeSites.check_privacy`, ``STATE_DIR/privacy-spent.json``):
 the server cannot turn the noise down or off, raise δ, nor reset the budget.
 
@@ -52,6 +52,7 @@ import fcntl
 import hashlib
 import io
 import json
+import math
 import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
@@ -68,6 +69,7 @@ from secfed.data.listing import Resolver
 from secfed.data.types import Sample
 from secfed.federation.builder import Federation, build, make_shards, resolve_data, within
 from secfed.federation.runtime import prefixed, split_prefixed
+from secfed.privacy.ledger import PrivacyLedger
 
 from . import node
 
@@ -80,7 +82,7 @@ DEFAULT_MAX_DELTA = 1e-3  # over the node's lifetime: a hundred runs at secfed's
 REPRODUCIBLE_KEY = "secfed-reproducible"
 SPENT_FILE = "privacy-spent.json"  # in STATE_DIR: the ε each run claimed for this node's data, by kind
 ROUNDS_FILE = "rounds.json"  # in the run's folder: the last round this node trained
-CLIENT_LEVEL, DP_SGD, DFS = "client-level (Skellam)", "example-level DP-SGD", "identity-level DFS"
+SKELLAM, DP_SGD, DFS = "Skellam", "DP-SGD", "DFS"  # what protects one example, by mechanism
 STATE_FILE = "state.pt"
 _TOKEN = re.compile(r"^[0-9a-f]{16,64}$")
 
@@ -157,37 +159,45 @@ def scored_domains(fed: Federation, sites: Sequence[int]) -> set[str]:
 
 def planned_epsilons(fed: Federation, sites: Sequence[int], rounds: int | None = None
                      ) -> dict[str, tuple[float, float]]:
-    """The (ε, δ) the run claims for ``sites`` against the server after ``rounds`` of its rounds (all of
-    them by default), at the worst case (every round released, each of the sites selected in every
-    one), by kind: the distributed
-    (Skellam) client-level guarantee, the weakest of the sites' DP-SGD ones, DFH's DFS one. Central
-    noise (β, DP-FedAvg) is added by the server itself and protects nothing from it (found by review:
-    the floor counted it); reproducible noise protects nothing at all."""
+    """The (ε, δ) the run gives one example of ``sites``' data against the server (add or remove one
+    training image) after ``rounds`` of its rounds (all of them by default), at the worst case (every
+    round released, each of the sites selected in every one), by mechanism: the distributed Skellam
+    noise on the updates, the weakest site's DP-SGD, DFH's noised statistics. The run's own client-level
+    and identity-level figures are for zero-out and add/remove neighbours; one example more or less
+    moves a client's update, or its identity's statistics, by up to twice their bound — so these are
+    accounted at twice the sensitivity (found by review: the zero-out figure was charged per example,
+    ≈ 2.5× too low). Central noise (β, DP-FedAvg) is the server's own and protects nothing from it;
+    reproducible noise protects nothing at all."""
     plan, schedule = fed.server.privacy.plan, fed.config.schedule
     rounds = schedule.rounds if rounds is None else rounds
     if plan.reproducible_noise:
         return {}
     out: dict[str, tuple[float, float]] = {}
-    ledger = plan.ledger()
-    if ledger is not None and plan.mechanism == "skellam" and plan.delta is not None:
+    if plan.claims_epsilon and plan.mechanism == "skellam" and plan.skellam is not None and plan.delta is not None:
+        k = plan.skellam
+        one_example = dataclasses.replace(k, l2_sensitivity=2 * k.l2_sensitivity, l1_sensitivity=min(
+            math.sqrt(k.padded_dim) * 2 * k.l2_sensitivity, 2 * k.l1_sensitivity))
+        ledger = PrivacyLedger("skellam", plan.delta, skellam=one_example, colluders=plan.colluders,
+                               fewest_shares=plan.fewest_shares)
         for _ in range(rounds):
             ledger.record_lost_release()  # the worst case of a round: the fewest honest noise shares
-        out[CLIENT_LEVEL] = (ledger.epsilon(), plan.delta)
+        out[SKELLAM] = (ledger.epsilon(), plan.delta)
     dp_sgd = [(dp.epsilon_every_round(schedule.batch_size, schedule.local_epochs, rounds), dp.delta)
               for k in sites if (dp := fed.clients[k].dp_sgd) is not None]
     if dp_sgd:  # the weakest site's ε and δ, each (found by review: the tuple's max left a larger δ out)
         out[DP_SGD] = (max(e for e, _ in dp_sgd), max(d for _, d in dp_sgd))
     if plan.dfs is not None and plan.dfs.epsilon is not None:
-        out[DFS] = (dataclasses.replace(plan.dfs, rounds=rounds).epsilon, plan.dfs.delta)
+        one_example = dataclasses.replace(plan.dfs, rounds=rounds, noise_multiplier=plan.dfs.noise_multiplier / 2)
+        out[DFS] = (one_example.epsilon, plan.dfs.delta)
     return out
 
 
 def run_charge(kinds: Mapping[str, Sequence[float]]) -> tuple[float, float]:
-    """One run's (ε, δ) for the node's data, per example: the stronger of its guarantees on the updates
-    (a client-level ε bounds every example of the client, as DP-SGD's does, and both cover the one
-    release), plus DFH's statistics, a release of their own. One number per run, summed over runs:
-    each kind checked on its own let a Skellam run and a DP-SGD run never add up (found by review)."""
-    update = [(float(kinds[k][0]), float(kinds[k][1])) for k in (CLIENT_LEVEL, DP_SGD) if k in kinds]
+    """One run's (ε, δ) for one example of the node's data: the stronger of its guarantees on the
+    updates (Skellam's and DP-SGD's cover the one release), plus DFH's statistics, a release of their
+    own. One number per run, summed over runs: each kind checked on its own let a Skellam run and a
+    DP-SGD run never add up (found by review)."""
+    update = [(float(kinds[k][0]), float(kinds[k][1])) for k in (SKELLAM, DP_SGD) if k in kinds]
     eps, delta = min(update) if update else (0.0, 0.0)
     if DFS in kinds:
         eps, delta = eps + float(kinds[DFS][0]), delta + float(kinds[DFS][1])
