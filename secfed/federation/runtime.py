@@ -622,15 +622,10 @@ def read_run(path: Path) -> tuple[Path, dict[str, Any], RunConfig]:
         raise ckpt.CorruptCheckpoint(f"{checkpoint}: its saved configuration is not valid "
                                      f"({str(exc)[:300]})") from None
     saved = checkpoint.parent.parent / "config.json"  # where the checkpoint is a run directory's own
-    try:
-        on_disk = json.loads(saved.read_text()) if checkpoint.parent.name == ckpt.CHECKPOINT_DIR and saved.is_file() \
-            else None
-    except (OSError, ValueError, RecursionError):
-        on_disk = None  # evaluation needs only the checkpoint's own; resume reads and checks config.json itself
-    if isinstance(on_disk, dict):
-        try:  # both as this secfed reads them: an older file's spelling is not a difference
-            on_disk = from_dict(on_disk).to_dict()
-        except (TypeError, ValueError, RecursionError) as exc:  # (found by review: such a file skipped the check)
+    if checkpoint.parent.name == ckpt.CHECKPOINT_DIR and saved.is_file():
+        try:  # as this secfed reads it: an older file's spelling is not a difference
+            on_disk = from_dict(json.loads(saved.read_text())).to_dict()
+        except (OSError, TypeError, ValueError, RecursionError) as exc:  # (found by review: skipped the check)
             raise ckpt.CheckpointError(f"{saved}: the run's configuration, which its checkpoints are checked against, "
                                        f"is not valid ({str(exc)[:300]}); restore it") from None
         differ = settings_that_differ(on_disk, cfg.to_dict())

@@ -191,6 +191,10 @@ def test_a_crafted_checkpoint_is_refused_by_name_and_a_run_reads_only_its_own_fi
     with pytest.raises(ckpt.CheckpointError, match=r"config.json: the run's configuration, which its checkpoints are "
                                                    r"checked against, is not valid .*a_setting_from_a_newer_secfed"):
         read_run(tmp_path / "b")
+    for damaged in ("{not json", "7"):
+        (tmp_path / "b" / "config.json").write_text(damaged)
+        with pytest.raises(ckpt.CheckpointError, match=r"config.json: the run's configuration.* is not valid"):
+            read_run(tmp_path / "b")
     shutil.copy(tmp_path / "a" / "config.json", tmp_path / "b" / "config.json")
     # ... but a loose checkpoint file is not judged by a config.json near it, and an older spelling of a
     # setting in config.json is no difference (found by review of the check: both were refused)

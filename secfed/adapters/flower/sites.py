@@ -163,11 +163,12 @@ def planned_epsilons(fed: Federation, sites: Sequence[int], rounds: int | None =
     training image) after ``rounds`` of its rounds (all of them by default), at the worst case (every
     round released, each of the sites selected in every one), by mechanism: the distributed Skellam
     noise on the updates, the weakest site's DP-SGD, DFH's noised statistics. The run's own client-level
-    and identity-level figures are for zero-out and add/remove neighbours; one example more or less
-    moves a client's update, or its identity's statistics, by up to twice their bound — so these are
-    accounted at twice the sensitivity (found by review: the zero-out figure was charged per example,
-    ≈ 2.5× too low). Central noise (β, DP-FedAvg) is the server's own and protects nothing from it;
-    reproducible noise protects nothing at all."""
+    Skellam figure is for zero-out neighbours; one example more or less moves a client's update by up
+    to twice its bound, so it is accounted at twice the sensitivity (found by review: the zero-out
+    figure was charged per example, 2.5–3.9× too low). DFS's figure is for one identity's statistics
+    replaced by another's, which covers one image of an identity with others (an identity's only image
+    changes its count N_i, which the release does not protect: SECURITY.md). Central noise (β,
+    DP-FedAvg) is the server's own and protects nothing from it; reproducible noise nothing at all."""
     plan, schedule = fed.server.privacy.plan, fed.config.schedule
     rounds = schedule.rounds if rounds is None else rounds
     if plan.reproducible_noise:
@@ -186,9 +187,8 @@ def planned_epsilons(fed: Federation, sites: Sequence[int], rounds: int | None =
               for k in sites if (dp := fed.clients[k].dp_sgd) is not None]
     if dp_sgd:  # the weakest site's ε and δ, each (found by review: the tuple's max left a larger δ out)
         out[DP_SGD] = (max(e for e, _ in dp_sgd), max(d for _, d in dp_sgd))
-    if plan.dfs is not None and plan.dfs.epsilon is not None:
-        one_example = dataclasses.replace(plan.dfs, rounds=rounds, noise_multiplier=plan.dfs.noise_multiplier / 2)
-        out[DFS] = (one_example.epsilon, plan.dfs.delta)
+    if plan.dfs is not None and plan.dfs.epsilon is not None:  # replace-one-identity: covers one image of it
+        out[DFS] = (dataclasses.replace(plan.dfs, rounds=rounds).epsilon, plan.dfs.delta)
     return out
 
 
