@@ -624,7 +624,10 @@ def read_run(path: Path) -> tuple[Path, dict[str, Any], RunConfig]:
     saved = checkpoint.parent.parent / "config.json"  # where the checkpoint is a run directory's own
     if checkpoint.parent.name == ckpt.CHECKPOINT_DIR and saved.is_file():
         try:  # as this secfed reads it: an older file's spelling is not a difference
-            on_disk = from_dict(json.loads(saved.read_text())).to_dict()
+            raw = json.loads(saved.read_text())
+            if not isinstance(raw, dict):
+                raise TypeError(f"a JSON {type(raw).__name__}, not a table of settings")
+            on_disk = from_dict(raw).to_dict()
         except (OSError, TypeError, ValueError, RecursionError) as exc:  # (found by review: skipped the check)
             raise ckpt.CheckpointError(f"{saved}: the run's configuration, which its checkpoints are checked against, "
                                        f"is not valid ({str(exc)[:300]}); restore it") from None

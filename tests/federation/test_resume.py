@@ -191,9 +191,9 @@ def test_a_crafted_checkpoint_is_refused_by_name_and_a_run_reads_only_its_own_fi
     with pytest.raises(ckpt.CheckpointError, match=r"config.json: the run's configuration, which its checkpoints are "
                                                    r"checked against, is not valid .*a_setting_from_a_newer_secfed"):
         read_run(tmp_path / "b")
-    for damaged in ("{not json", "7"):
+    for damaged, says in (("{not json", "Expecting property name"), ("[1, 2]", "a JSON list, not a table")):
         (tmp_path / "b" / "config.json").write_text(damaged)
-        with pytest.raises(ckpt.CheckpointError, match=r"config.json: the run's configuration.* is not valid"):
+        with pytest.raises(ckpt.CheckpointError, match=rf"config.json: the run's configuration.* is not valid \({says}"):
             read_run(tmp_path / "b")
     shutil.copy(tmp_path / "a" / "config.json", tmp_path / "b" / "config.json")
     # ... but a loose checkpoint file is not judged by a config.json near it, and an older spelling of a
