@@ -197,4 +197,5 @@ def test_compare_names_summaries_and_logs_of_the_wrong_shape(tracked: Path, tmp_
     unscored = tmp_path / "unscored"  # a domain whose scoring node did not answer: None, a legitimate record
     shutil.copytree(tracked, unscored)
     (unscored / "metrics.jsonl").write_text(json.dumps({"round": 1, "eval": {"campus": None}}) + "\n")
-    assert invoke(["compare", str(unscored)]).exit_code == 0
+    assert invoke(["compare", str(unscored), "--plot", str(tmp_path / "unscored.png")]).exit_code == 0
+    assert (tmp_path / "unscored.png").is_file()  # (its default, compare.png, would land in the checkout)
