@@ -110,13 +110,14 @@ def _restore_config(run_dir: Path, config_file: Path) -> None:
     lost; before, the advice was to delete the directory)."""
     from secfed import atomic_file
     from secfed.federation import checkpoint as ckpt
+    from secfed.federation.runtime import saved_config
 
     if not ckpt.list_checkpoints(run_dir):
         return
     try:
         path, state = ckpt.load_newest(run_dir)
-        restored = from_dict(state["config"]).to_json()
-    except (ckpt.CheckpointError, ConfigError, KeyError, TypeError, ValueError, RecursionError) as exc:
+        restored = saved_config(state, path).to_json()
+    except ckpt.CheckpointError as exc:
         raise click.BadParameter(f"{run_dir} has no config.json and its checkpoints cannot restore it ({exc})",
                                  param_hint="--resume") from None
     atomic_file.write_text(config_file, restored)

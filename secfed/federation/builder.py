@@ -163,6 +163,7 @@ def _public_apart(data: RunData) -> RunData:
     (found by review: a Flower server pointed `method.kd_public` at a site's training folder)."""
     if not data.public:
         return data
+
     def identity(path: Path) -> tuple[int, int]:  # the file itself: a link or another spelling is the same
         st = os.stat(path)
         return st.st_dev, st.st_ino

@@ -500,20 +500,32 @@ def check_same_run(fed: Federation, state: dict[str, Any], path: Path) -> None:
     """A resumed run continues only from a checkpoint it wrote itself: the checkpoint's saved
     settings must be the run's (those a resume may change aside). Another run's checkpoint copied
     in, or a config.json edited since, would otherwise continue silently under the wrong settings."""
-    saved = state.get("config")
-    if not isinstance(saved, dict):
+    _refuse_other_settings(path, saved_config(state, path).to_dict(), fed.config.to_dict(), ("there", "here"),
+                           "it is not this run's checkpoint, or its config.json was edited since; put the run's "
+                           "own files back, or start a new run")
+
+
+def saved_config(state: dict[str, Any], path: Path) -> RunConfig:
+    """The configuration a checkpoint's state holds (read as this secfed reads it: an older spelling
+    of a setting is the same setting); :class:`~secfed.federation.checkpoint.CorruptCheckpoint`
+    naming ``path`` when it holds none that is valid."""
+    if not isinstance(state.get("config"), dict):
         raise ckpt.CorruptCheckpoint(f"{path}: holds no saved configuration (a table of settings)")
-    try:  # as this secfed reads it: an older spelling of a setting is not a difference (found by review)
-        saved = from_dict(saved).to_dict()
-    except (TypeError, ValueError, RecursionError) as exc:
+    try:
+        return from_dict(state["config"])
+    except (TypeError, ValueError, RecursionError) as exc:  # ConfigError is a ValueError
         raise ckpt.CorruptCheckpoint(f"{path}: its saved configuration is not valid ({str(exc)[:300]})") from None
-    differ = settings_that_differ(saved, fed.config.to_dict())
+
+
+def _refuse_other_settings(checkpoint: Path, saved: dict[str, Any], current: dict[str, Any],
+                           where: tuple[str, str], advice: str) -> None:
+    """:class:`~secfed.federation.checkpoint.CheckpointError` naming the first settings ``saved`` (the
+    checkpoint's) and ``current`` disagree on, each side labelled by ``where``; nothing if none."""
+    differ = settings_that_differ(saved, current)
     if differ:
-        shown = "; ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in list(differ.items())[:4])
+        shown = "; ".join(f"{k}: {a!r} {where[0]}, {b!r} {where[1]}" for k, (a, b) in list(differ.items())[:4])
         more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
-        raise ckpt.CheckpointError(
-            f"{path} was written by a run with other settings ({shown}{more}): it is not this run's checkpoint, "
-            "or its config.json was edited since; put the run's own files back, or start a new run")
+        raise ckpt.CheckpointError(f"{checkpoint} was written by a run with other settings ({shown}{more}): {advice}")
 
 
 def check_data(fed: Federation, state: dict[str, Any], data_root: Path | None) -> None:
@@ -614,13 +626,7 @@ def read_run(path: Path) -> tuple[Path, dict[str, Any], RunConfig]:
     if not path.exists():
         raise ckpt.CheckpointError(f"{path}: no such run directory or checkpoint")
     checkpoint, state = ckpt.load_newest(path) if path.is_dir() else (path, ckpt.load_checkpoint(path))
-    if not isinstance(state.get("config"), dict):
-        raise ckpt.CorruptCheckpoint(f"{checkpoint}: holds no saved configuration (a table of settings)")
-    try:
-        cfg = from_dict(state["config"])
-    except (TypeError, ValueError, RecursionError) as exc:  # ConfigError is a ValueError
-        raise ckpt.CorruptCheckpoint(f"{checkpoint}: its saved configuration is not valid "
-                                     f"({str(exc)[:300]})") from None
+    cfg = saved_config(state, checkpoint)
     saved = checkpoint.parent.parent / "config.json"  # where the checkpoint is a run directory's own
     if checkpoint.parent.name == ckpt.CHECKPOINT_DIR and saved.is_file():
         try:  # as this secfed reads it: an older file's spelling is not a difference
@@ -631,11 +637,8 @@ def read_run(path: Path) -> tuple[Path, dict[str, Any], RunConfig]:
         except (OSError, TypeError, ValueError, RecursionError) as exc:  # (found by review: skipped the check)
             raise ckpt.CheckpointError(f"{saved}: the run's configuration, which its checkpoints are checked against, "
                                        f"is not valid ({str(exc)[:300]}); restore it") from None
-        differ = settings_that_differ(on_disk, cfg.to_dict())
-        if differ:
-            shown = "; ".join(f"{k}: {a!r} in config.json, {b!r} in the checkpoint" for k, (a, b) in list(differ.items())[:3])
-            raise ckpt.CheckpointError(f"{checkpoint} was written by a run with other settings than its run "
-                                       f"directory's ({shown}): not this run's checkpoint")
+        _refuse_other_settings(checkpoint, cfg.to_dict(), on_disk, ("in the checkpoint", "in config.json"),
+                               "its run directory's config.json says otherwise — not this run's checkpoint")
     return checkpoint, state, cfg
 
 
