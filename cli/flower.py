@@ -7,6 +7,7 @@ A CONNECTION file (TOML) says where the SuperLink is and whom the run trusts::
     cohort = "cohort.toml"            # the SuperNodes' identity keys (authenticated secure aggregation)
     # phase-timeout = 120             # seconds a protocol phase waits for replies
     # train-timeout = 3600            # seconds a round's training (and evaluation) waits
+    # public-root = "/srv/public"     # on the SuperLink's machine: where a relative --kd-public is read
 
 ``secfed train --flower`` submits secfed's ServerApp with the resolved configuration through
 ``flwr run`` (telemetry and update checks off) and streams its output; the ServerApp writes the
@@ -64,6 +65,7 @@ class Connection:
     phase_timeout: float = 120.0
     train_timeout: float = 3600.0
     start_timeout: float = 300.0
+    public_root: str | None = None  # a folder on the SuperLink's machine (not this one's)
 
     @classmethod
     def load(cls, path: Path) -> Connection:
@@ -76,7 +78,7 @@ class Connection:
             raise click.BadParameter(f"{path}: cannot read the connection file ({exc})", param_hint=where) from None
         base = Path(path).resolve().parent
         known = {"address", "root-certificates", "insecure", "cohort", "phase-timeout", "train-timeout",
-                 "start-timeout"}
+                 "start-timeout", "public-root"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise click.BadParameter(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}",
@@ -108,7 +110,11 @@ class Connection:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                     raise click.BadParameter(f"{path}: {key} must be a positive number of seconds", param_hint=where)
                 timeouts[key.replace("-", "_")] = float(value)
-        return cls(address, file("root-certificates"), file("cohort"), **timeouts)
+        public = raw.get("public-root")
+        if public is not None and (not isinstance(public, str) or "\0" in public or not Path(public).is_absolute()):
+            raise click.BadParameter(f"{path}: public-root must be an absolute folder on the SuperLink's machine, "
+                                     f"got {public!r}", param_hint=where)
+        return cls(address, file("root-certificates"), file("cohort"), **timeouts, public_root=public)
 
     def write(self, path: Path) -> Path:
         lines = [f'address = "{self.address}"']
@@ -118,6 +124,8 @@ class Connection:
             lines.append(f"cohort = {json.dumps(str(self.cohort))}")
         lines += [f"phase-timeout = {self.phase_timeout}", f"train-timeout = {self.train_timeout}",
                   f"start-timeout = {self.start_timeout}"]
+        if self.public_root is not None:
+            lines.append(f"public-root = {json.dumps(self.public_root)}")
         path.write_text("\n".join(lines) + "\n")
         return path
 
@@ -183,7 +191,8 @@ def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, js
                             "secfed-cohort": str(connection.cohort) if connection.cohort else "",
                             "secfed-phase-timeout": connection.phase_timeout,
                             "secfed-train-timeout": connection.train_timeout,
-                            "secfed-start-timeout": connection.start_timeout})
+                            "secfed-start-timeout": connection.start_timeout,
+                            "secfed-public-root": connection.public_root or ""})
         env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(home),
                "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
         console.print(f"[bold]secfed[/] → Flower SuperLink {connection.address}: run directory {run_dir}")

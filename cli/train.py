@@ -33,8 +33,10 @@ def _toml_keys(path: Path) -> set[str]:
     return {f"{section}.{key}" for section, table in raw.items() if isinstance(table, dict) for key in table}
 
 
-def resolve_config(params: dict[str, Any]) -> tuple[RunConfig, Path, bool]:
-    """(config, run directory, resuming?) from --config, the flags and --resume; every problem at once."""
+def resolve_config(params: dict[str, Any], *, public_root: bool = False) -> tuple[RunConfig, Path, bool]:
+    """(config, run directory, resuming?) from --config, the flags and --resume; every problem at once.
+    ``public_root``: the run's server reads `method.kd_public` inside a public root of its own (a
+    Flower connection file's `public-root`), so the name stays as given."""
     from secfed.validation import check
 
     overrides = given_overrides(params)
@@ -47,9 +49,9 @@ def resolve_config(params: dict[str, Any]) -> tuple[RunConfig, Path, bool]:
         cfg = with_overrides(cfg, overrides)
         if cfg.data.root is not None:  # absolute in config.json, so the run directory can move
             cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
-        if cfg.method.kd_public is not None:  # the server distils on it, and each Flower node reads the
-            # same path inside its own public root (a relative one would name whatever folder the
-            # ServerApp's process runs in: found by review)
+        if cfg.method.kd_public is not None and not public_root:  # the server distils on it, and each
+            # Flower node reads the same path inside its own public root (a relative one would name
+            # whatever folder the ServerApp's process runs in: found by review)
             cfg.method.kd_public = str(Path(cfg.method.kd_public).expanduser().resolve())
         check(cfg)
     except ConfigError as exc:
@@ -149,13 +151,18 @@ def train_command(**params: Any) -> None:
     from secfed.federation.runtime import run
 
     console = human_console(params["json_output"])
-    cfg, run_dir, resuming = resolve_config(params)
-    if params["flower"] is not None and params["leave_one_out"]:
-        raise click.UsageError("--leave-one-out runs in-process only; on Flower, hold domains out with --leave-out")
+    connection = None
     if params["flower"] is not None:
-        from secfed.cli.flower import Connection, train_on_flower
+        from secfed.cli.flower import Connection
 
-        train_on_flower(cfg, run_dir, Connection.load(params["flower"]), json_output=params["json_output"],
+        connection = Connection.load(params["flower"])
+    cfg, run_dir, resuming = resolve_config(params, public_root=bool(connection and connection.public_root))
+    if connection is not None and params["leave_one_out"]:
+        raise click.UsageError("--leave-one-out runs in-process only; on Flower, hold domains out with --leave-out")
+    if connection is not None:
+        from secfed.cli.flower import train_on_flower
+
+        train_on_flower(cfg, run_dir, connection, json_output=params["json_output"],
                         resuming=resuming)
         return
     set_threads(cfg.run.threads)

@@ -232,6 +232,26 @@ def _list_images(folder: Path) -> list[Path]:
     return images
 
 
+def public_fingerprint(images: Sequence[Path]) -> str:
+    """SHA-256 over each public image's name below the set's folder and its bytes ("" for none).
+
+    Distillation sums the sites' soft labels image by image, so the server and every Flower node must
+    distil on the same images in the same order wherever each keeps them; unlike the datasets'
+    :func:`fingerprint` it reads the images themselves (a public set is small, and a changed image
+    would silently pair one node's soft label with another image)."""
+    if not images:
+        return ""
+    base = Path(os.path.commonpath(images)) if len(images) > 1 else images[0].parent
+    h = hashlib.sha256()
+    for path in images:
+        try:
+            content = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError("method.kd_public", f"cannot read the public image {path}: {exc.strerror or exc}") from None
+        h.update(path.relative_to(base).as_posix().encode() + b"\0" + hashlib.sha256(content).digest())
+    return h.hexdigest()
+
+
 def within(root: Path, name: str | Path) -> bool:
     """Whether ``name`` names a place under ``root`` as written — neither absolute elsewhere nor
     climbing out with ``..``. Lexical on purpose: a link inside ``root`` to data kept on another disk
@@ -372,6 +392,8 @@ def build(
     info["datasets"] = [_describe(d) for d in data.trained]
     info["unseen"] = [_describe(d) for d in data.unseen]
     info["public_images"] = len(data.public)
+    if data.public:
+        info["public_fingerprint"] = public_fingerprint(data.public)
     info["fingerprint"] = fingerprint([*data.trained, *data.unseen], Path(info["root"]))
     info["clients"] = [{"id": k, "name": s.name, "images": len(s), "classes": s.num_classes} for k, s in enumerate(shards)]
     census = Census(info, shards[0].num_global_classes,
@@ -385,23 +407,44 @@ def build(
     return fed
 
 
-def build_from_census(cfg: RunConfig, census: Census) -> Federation:
+def build_from_census(cfg: RunConfig, census: Census, public: list[Path] | None = None) -> Federation:
     """The server's federation: models, server side, channel and privacy plan from the census alone.
 
     Its clients hold no images and no labels and its domains no query/gallery (DomainInfo: names and
     owners): the sites train and evaluate where their data lives. The public set KD distils on is the
-    server's own (`method.kd_public`, or the synthetic default's public folder)."""
+    server's own (``public``: :func:`server_public`'s), and must be the one the nodes' census describes."""
     check(cfg)
-    return assemble(cfg, census, _server_public(cfg), shards=None, train_images=False)
+    public = server_public(cfg, None) if public is None else public
+    theirs, ours = str(census.info.get("public_fingerprint", "")), public_fingerprint(public)
+    if theirs != ours:
+        where = f" under {Path(os.path.commonpath(public))}" if len(public) > 1 else ""
+        raise ConfigError("method.kd_public", f"the sites' public set ({census.info.get('public_images', 0)} images, "
+                          f"fingerprint {theirs[:12] or 'none'}) is not the server's ({len(public)} images{where}, "
+                          f"fingerprint {ours[:12] or 'none'}): distillation sums the soft labels image by image, so "
+                          "every node's public root must hold the server's images under the same names")
+    return assemble(cfg, census, public, shards=None, train_images=False)
 
 
-def _server_public(cfg: RunConfig) -> list[Path]:
-    """The public images the server holds: none without KD; `method.kd_public`; else the synthetic
-    default's public folder (generated on this machine, never a site's data)."""
+def server_public(cfg: RunConfig, public_root: Path | None) -> list[Path]:
+    """The public images the server holds: none without KD; `method.kd_public` (inside ``public_root``
+    when given, where a relative name is read; absolute otherwise: the ServerApp's working folder is
+    no place to name); else the synthetic default's public folder (generated on this machine, never a
+    site's data)."""
     if not cfg.method.kd:
         return []
-    if cfg.method.kd_public is not None or cfg.data.root is not None:
-        return _public_from(cfg, Path("."))
+    if cfg.method.kd_public is not None:
+        named = Path(cfg.method.kd_public).expanduser()
+        if public_root is not None:
+            if not within(public_root, named):
+                raise ConfigError("method.kd_public", f"{cfg.method.kd_public!r} lies outside the server's public "
+                                  f"root {public_root} (the connection file's public-root)")
+            return _list_images(public_root / named)
+        if not named.is_absolute():
+            raise ConfigError("method.kd_public", f"{cfg.method.kd_public!r} is relative, and the connection file "
+                              "names no public-root to read it in: give public-root, or the folder's absolute path")
+        return _list_images(named)
+    if cfg.data.root is not None:
+        return _public_from(cfg, Path("."))  # names the missing public set
     root, manifest = cached(cache_dir(), domains=cfg.data.synth_domains, seed=cfg.data.seed, scale=cfg.data.synth_scale,
                             height=SYNTH_IMAGE_SIZE[0], width=SYNTH_IMAGE_SIZE[1], unseen=cfg.data.synth_unseen,
                             public=DEFAULT_PUBLIC_IMAGES)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -36,17 +37,19 @@ from secfed.federation.runtime import run
 from fakegrid import FakeGrid
 
 
-def flower_nodes(tmp_path: Path, n: int, cfg: RunConfig, *, host: bool = False) -> tuple[FakeGrid, Path]:
+def flower_nodes(tmp_path: Path, n: int, cfg: RunConfig, *, host: bool = False,
+                 node_config: dict | None = None) -> tuple[FakeGrid, Path]:
     """n SuperNodes of secfed's ClientApp on a FakeGrid, with the node policy ``secfed flower local``
-    gives for ``cfg``; ``host``: each keeps its sites in a site host (stopped at the test's end by the
-    ``site_hosts`` fixture), else every message opens them afresh."""
+    gives for ``cfg`` (and ``node_config`` over it); ``host``: each keeps its sites in a site host
+    (stopped at the test's end by the ``site_hosts`` fixture), else every message opens them afresh."""
     cohort_file, sites, nodes = tmp_path / "cohort.toml", {}, {}
     for p in range(n):
         folder = tmp_path / f"node-{p}"
         sites[f"node-{p}"] = node_files.public_identity(node_files.identity_key(folder))
         nodes[2000 + p] = (client_app, {"partition-id": p, "num-partitions": n, node_files.STATE_DIR_KEY: str(folder),
                                         node_files.COHORT_KEY: str(cohort_file),
-                                        site_host.IDLE_KEY: 60 if host else 0, **own_nodes_policy(cfg)})
+                                        site_host.IDLE_KEY: 60 if host else 0, **own_nodes_policy(cfg),
+                                        **(node_config or {})})
     cohort_file.write_text(Cohort(sites).dumps())
     return FakeGrid(nodes), cohort_file
 
@@ -386,6 +389,43 @@ def test_the_server_reads_no_sites_data_and_the_sites_evaluate(small_config, tmp
     assert all(row["raw_pixels_rank1"] is not None for row in summary["domains"] + summary["unseen"])
 
 
+def test_a_deployed_run_distils_on_the_public_set_each_side_keeps_in_its_own_public_root(small_config, tmp_path,
+                                                                                          synth_root):
+    """A relative `method.kd_public` is read by the server inside its public root (the connection file's
+    `public-root`) and by each node inside its own: no common absolute path. A node whose public set
+    differs from the server's by one image is refused before any training (before: nothing compared
+    them, and the sum paired one side's soft labels with the other's images)."""
+    cfg = small_config
+    cfg.schedule.rounds = 1
+    cfg.run.local_baseline = False
+    cfg.method.kd, cfg.method.kd_public, cfg.method.kd_epochs = True, "public", 1
+    server_root = tmp_path / "server-public"
+    shutil.copytree(synth_root / "public", server_root / "public")
+    grid, _ = flower_nodes(tmp_path, 2, cfg, node_config={sites_module.PUBLIC_ROOT_KEY: str(synth_root)})
+
+    def settings(name: str, public_root: Path | None) -> Settings:
+        return Settings(cfg, tmp_path / name, secrets.token_hex(16), None, phase_timeout=60, poll=0.01,
+                        public_root=public_root)
+
+    with pytest.raises(ConfigError, match="'public' is relative, and the connection file names no public-root"):
+        FlowerRun(grid, settings("nowhere", None)).run()
+    summary = FlowerRun(grid, settings("flower", server_root)).run()
+    data = json.loads((tmp_path / "flower" / "data.json").read_text())
+    assert data["public_images"] == 48 and summary["rounds"] == 1
+    in_process = build(cfg.model_copy(update={"method": cfg.method.model_copy(
+        update={"kd_public": str(synth_root / "public")})}), train_images=False, eval_images=False)
+    assert data["public_fingerprint"] == in_process.data_info["public_fingerprint"]
+    first = sorted((server_root / "public").iterdir())[0]
+    first.write_bytes(first.read_bytes()[:-1] + bytes([first.read_bytes()[-1] ^ 1]))  # one bit of one image
+    with pytest.raises(ConfigError, match=r"the sites' public set \(48 images, .* is not the server's \(48 images"):
+        FlowerRun(grid, settings("other", server_root)).run()
+    assert not (tmp_path / "other").exists()
+    with pytest.raises(ConfigError, match="lies outside the server's public root"):
+        FlowerRun(grid, Settings(cfg.model_copy(update={"method": cfg.method.model_copy(
+            update={"kd_public": "../public"})}), tmp_path / "out", secrets.token_hex(16), None,
+            public_root=server_root)).run()
+
+
 def test_settings_a_flower_run_cannot_honour_are_refused_by_name(tmp_path, synth_root):
     connection = tmp_path / "conn.toml"
     connection.write_text('address = "127.0.0.1:1"\ninsecure = true\n')
@@ -396,7 +436,8 @@ def test_settings_a_flower_run_cannot_honour_are_refused_by_name(tmp_path, synth
         assert result.exit_code == 2 and expected in result.output, result.output
     for text, expected in (('insecure = true\n', "address"), ('address = "h:1"\n', "root-certificates"),
                            ('address = "h:1"\ninsecure = true\nroot-certificates = "x"\n', "not both"),
-                           ('address = "h:1"\ninsecure = true\nport = 3\n', "unknown keys port")):
+                           ('address = "h:1"\ninsecure = true\nport = 3\n', "unknown keys port"),
+                           ('address = "h:1"\ninsecure = true\npublic-root = "pub"\n', "public-root must be an absolute")):
         connection.write_text(text)
         result = CliRunner().invoke(cli, base, env={"COLUMNS": "250"})
         assert result.exit_code == 2 and expected in result.output, (text, result.output)

@@ -45,7 +45,7 @@ from secfed.config import ConfigError, ConfigIssue, RunConfig, from_dict
 from secfed.evaluation.plots import plot_history
 from secfed.federation import codec
 from secfed.federation import evaluate as evaluation
-from secfed.federation.builder import Census, Federation, build_from_census
+from secfed.federation.builder import Census, Federation, build_from_census, server_public
 from secfed.federation.evaluate import Scores
 from secfed.federation.messages import Aggregate, Broadcast, Upload
 from secfed.federation.runtime import (
@@ -84,14 +84,16 @@ class Settings:
     train_timeout: float = 3600.0
     phase_timeout: float = 120.0
     poll: float = 0.2
+    public_root: Path | None = None  # where the server reads a relative `method.kd_public` (connection file)
 
     @classmethod
     def from_run_config(cls, rc: Mapping[str, Any]) -> Settings:
-        cohort = str(rc.get("secfed-cohort", ""))
+        cohort, public = str(rc.get("secfed-cohort", "")), str(rc.get("secfed-public-root", ""))
         return cls(from_dict(json.loads(str(rc["secfed-config"]))), Path(str(rc["secfed-run-dir"])),
                    str(rc["secfed-token"]), Path(cohort) if cohort else None,
                    float(rc.get("secfed-start-timeout", 300.0)), float(rc.get("secfed-train-timeout", 3600.0)),
-                   float(rc.get("secfed-phase-timeout", 120.0)), float(rc.get("secfed-poll", 0.2)))
+                   float(rc.get("secfed-phase-timeout", 120.0)), float(rc.get("secfed-poll", 0.2)),
+                   Path(public) if public else None)
 
 
 def refusals(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -165,8 +167,9 @@ class FlowerRun:
     def run(self) -> dict[str, Any]:
         cfg, run_dir = self.cfg, self.settings.run_dir
         with new_run_dir(run_dir):  # a refusal found while enrolling or building leaves nothing behind
+            public = server_public(cfg, self.settings.public_root)  # its own; refused before asking the nodes
             hosts, census = self.hello()
-            fed = build_from_census(cfg, census)  # the server's view: what the nodes enrolled, no site data
+            fed = build_from_census(cfg, census, public)  # the server's view: what the nodes enrolled, no site data
             fed.server.privacy.plan.check_layout([len(sites) for sites in hosts.values()])  # the sum runs among nodes
         start_run_dir(fed, run_dir)
         _say(f"secfed on Flower: {fed.method.describe()} · {len(fed.clients)} clients on {len(hosts)} SuperNodes · "
@@ -199,10 +202,13 @@ class FlowerRun:
                 except MalformedReply as exc:  # that node is left out; the others go on
                     _refused(exc)
                     continue
-                censuses[census.info["fingerprint"]] = census
-            if len(censuses) > 1:
+                censuses[census.info["fingerprint"], str(census.info.get("public_fingerprint", ""))] = census
+            if len({data for data, _ in censuses}) > 1:
                 raise RuntimeError("the SuperNodes read different data (content fingerprints differ); point every "
                                    "node's secfed-data-root at the run's data")
+            if len(censuses) > 1:
+                raise RuntimeError("the SuperNodes hold different public sets for distillation (method.kd_public: "
+                                   "fingerprints differ); every node's secfed-public-root must hold the server's images")
             owners: dict[int, list[int]] = {}
             for n, sites in hosts.items():
                 for k in sites:
