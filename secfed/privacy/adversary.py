@@ -2,10 +2,13 @@
 
 The two views differ in what they observe:
 
-    released models   everyone who sees only what the run publishes (the global models, the other
-                      clients, whoever uses the model): not who took part in a round. Poisson
-                      amplification holds against them, as long as the cohorts and batches stay
-                      secret — secfed draws them from the CSPRNG noise source (:mod:`.noise`).
+    released models   everyone who sees only what the run publishes (the global models, whoever
+                      uses the model): not who took part in a round. Poisson amplification holds
+                      against them, as long as the cohorts and batches stay secret — secfed draws
+                      them from the CSPRNG noise source (:mod:`.noise`). Not the other sites under
+                      secure aggregation: a site drawn in a round learns that round's cohort from
+                      the session (its members' identity keys), as the server does, and sees no
+                      more than the server — against them the server's figure is what holds.
     the server        sees who uploads in every round, so amplification by client sampling never
                       holds against it. With central noise (DP-FedAvg, β) it also sees the
                       noise-free sum: no ε protects against it ("central DP trusts the server").
@@ -71,8 +74,10 @@ def client_level(plan: PrivacyPlan, epsilon: float) -> Guarantee:
         name = f"client-level central DP ({'DP-FedAvg' if plan.mechanism == 'gaussian' else 'β noise, clipped'})"
     amplified = plan.accounting_sample_rate is not None and plan.accounting_sample_rate < 1
     released = (f"amplified by Poisson client sampling, q = {plan.accounting_sample_rate:.3g}; holds while the "
-                "cohorts stay secret (an in-process run directory holds every site's state, from which they can be "
-                "read: keep it with the sites' data)" if amplified else "no amplification by client sampling")
+                "cohorts stay secret: not against the other sites under secure aggregation, where a site drawn in a "
+                "round learns its cohort from the session (against them the server's figure holds), and an "
+                "in-process run directory holds every site's state, from which they can be read: keep it with the "
+                "sites' data" if amplified else "no amplification by client sampling")
     return Guarantee(name, plan.delta, epsilon, server, note, released, plan.reproducible_noise)
 
 
@@ -97,7 +102,9 @@ def statement(mechanism: str, sampling: str) -> str:
         return "Against the server the Skellam ε holds as printed (" + SKELLAM_SERVER + ")."
     secret = ("Poisson client sampling amplifies the ε only against those who see only the released models: the "
               "cohorts are drawn from the CSPRNG noise source, never from the run seed; the server sees who uploads, "
-              "so against it no amplification holds. " if sampling == "poisson" else "")
+              "so against it no amplification holds, and neither against the other sites under secure aggregation "
+              "(a site drawn in a round learns its cohort from the session; the server's figure holds against "
+              "them). " if sampling == "poisson" else "")
     return secret + "Against the server no ε holds: " + CENTRAL_TRUSTS_SERVER.removeprefix("none: ") + "."
 
 

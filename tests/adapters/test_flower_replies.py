@@ -9,14 +9,16 @@ import json
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from secfed.adapters.flower.client_app import STEP, UPLOADS
+from secfed.adapters.flower.client_app import DIVERGED, STEP, UPLOADS
 from secfed.adapters.flower.replies import Expected, MalformedReply, hello_reply, scores_reply, train_reply
 from secfed.adapters.flower.server_app import FlowerRun
-from secfed.adapters.flower.wire import bytes_array
+from secfed.adapters.flower.wire import array_bytes, bytes_array
 from secfed.federation import codec
 from secfed.federation.messages import Upload
+from secfed.federation.runtime import SiteDiverged
+from secfed.protocols import MalformedMessage
 
 NODE = Expected(hosted=(1, 3), trains=(1,), names=frozenset({"plaza"}), baselines=frozenset({"plaza", "gate"}))
 SHAPE = json.dumps([["model", 1000, "float", 8.0, [[990, 10]]], ["ring", 10, "ring", None]])
@@ -37,8 +39,9 @@ def test_a_well_formed_train_reply_is_read() -> None:
     reply = train_reply(7, content, NODE)
     assert (reply.sites, reply.shape, list(reply.accountants), [u.client_id for u in reply.uploads]) == (
         [1], SHAPE, [1], [1])
-    assert train_reply(7, _train(diverged=json.dumps(["campus", "loss is NaN"])), NODE).diverged == ("campus",
-                                                                                                   "loss is NaN")
+    for where in ("plaza", "gate (local-only baseline)"):
+        assert train_reply(7, _train(diverged=json.dumps([where, "loss is NaN"])), NODE).diverged == (where,
+                                                                                                     "loss is NaN")
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -60,6 +63,13 @@ def test_a_well_formed_train_reply_is_read() -> None:
     (_train(shape="not json"), "malformed train reply .JSONDecodeError"),
     (_train(shape="[1]"), r"list of \[name, length, encoding, bound, runs\]"),  # stopped the run (review)
     (_train(shape='[["model", -1, "float", 8.0, []]]'), "list of"),
+    # found by review (a malicious node): each stopped the whole run, or reached the run's records
+    (_train(diverged=json.dumps(["campus", "loss is NaN"])), "says 'campus' diverged, a site it does not train"),
+    (_train(stats='{"plaza": {"loss": NaN}}'), "NaN is not a number"),
+    (_train(stats='{"plaza": {"loss": 1e400}}'), "1e400 is not a finite number"),
+    (_train(stats='{"plaza": {"loss": 1' + "0" * 400 + '}}'), "is not a 64-bit integer"),
+    (_train(accountants=json.dumps({"1": {"fed": None}}).replace("null", '{"version": 1, "mechanism": "rdp", '
+                                                                   '"history": [[1e400, 0.1, 3]]}')), "not a finite"),
 ])
 def test_a_malformed_train_reply_names_its_node_and_what_is_wrong(content: RecordDict, message: str) -> None:
     with pytest.raises(MalformedReply, match=f"SuperNode 7: .*{message}"):
@@ -75,6 +85,41 @@ def test_an_undecodable_or_foreign_upload_is_malformed() -> None:
     foreign[UPLOADS]["site-1"] = bytes_array(codec.encode_upload(Upload(0, 0, {}, {"dfs": torch.ones(2)})))
     with pytest.raises(MalformedReply, match=r"clients \[0\] it does not host \(uploads\)"):
         train_reply(7, foreign, NODE)
+
+
+def test_an_array_whose_header_declares_more_than_it_carries_is_malformed_before_anything_is_allocated() -> None:
+    """(found by review: `Array.numpy()` trusts the .npy header; one declaring 2^40 entries made the
+    ServerApp allocate 1 TiB and stop with MemoryError, in any Flower app over SecAggWorkflow too)"""
+    carried = bytes_array(b"sixteen bytes ok")
+    assert array_bytes(carried, "x") == b"sixteen bytes ok"
+    for declared in ("(1099511627776,)", "(17,)", "(4, 4)"):
+        bomb = Array(dtype="uint8", shape=(16,), stype="numpy.ndarray",
+                     data=carried.data.replace(b"(16,)", declared.encode()))
+        with pytest.raises(MalformedMessage, match="must be a 1-D uint8 array of the bytes it carries"):
+            array_bytes(bomb, "x")
+    with pytest.raises(MalformedMessage, match="not a numpy array"):
+        array_bytes(Array(dtype="uint8", shape=(4,), stype="numpy.ndarray", data=b"\x93NUMPY junk"), "x")
+    content = _train()
+    content[UPLOADS]["site-1"] = Array(dtype="uint8", shape=(16,), stype="numpy.ndarray",
+                                       data=carried.data.replace(b"(16,)", b"(1099511627776,)"))
+    with pytest.raises(MalformedReply, match="SuperNode 7: malformed train reply .MalformedMessage"):
+        train_reply(7, content, NODE)
+
+
+def test_a_node_leaving_a_masked_round_stops_the_run_only_for_a_site_it_trains() -> None:
+    from types import SimpleNamespace
+
+    fed = SimpleNamespace(clients=[SimpleNamespace(site=SimpleNamespace(name=n)) for n in ("campus", "plaza")],
+                          baselines={})
+    hosts = drawn = {1: [0], 2: [1]}
+
+    def left(node: int, where: str) -> SimpleNamespace:
+        return SimpleNamespace(flow=SimpleNamespace(errors={node: f"ClientApp raised: {DIVERGED}"
+                                                            + json.dumps([where, "loss is NaN"])}))
+
+    FlowerRun._stop_if_diverged(left(2, "campus"), fed, hosts, drawn)  # node 2 does not train campus: left out
+    with pytest.raises(SiteDiverged, match="plaza: loss is NaN"):
+        FlowerRun._stop_if_diverged(left(2, "plaza"), fed, hosts, drawn)
 
 
 def test_hello_and_scores_replies_are_checked_too() -> None:
@@ -101,3 +146,42 @@ def test_the_server_leaves_a_malformed_node_out_of_the_round_and_reads_the_other
                           baselines={})
     read = FlowerRun._checked(fed, {1: [0], 2: [1]}, {1: [0], 2: [1]}, {1: RecordDict(), 2: _train()})
     assert list(read) == [2] and read[2].sites == [1]
+
+
+def test_hello_counts_only_enrolled_nodes_and_one_description_of_the_data(tmp_path) -> None:
+    """(found by review, a malicious node: one that never enrolled claimed every site and the run went
+    on without the honest nodes; and the last node's census became the server's, whatever the others
+    said, as long as the fingerprint matched)"""
+    from flwr.app import Message
+
+    from fakegrid import FakeGrid
+    from secfed.adapters.flower import Cohort
+    from secfed.adapters.flower import node as node_files
+    from secfed.adapters.flower.server_app import Settings
+    from secfed.config import ConfigError, RunConfig
+
+    (tmp_path / "cohort.toml").write_text(Cohort({"site-a": node_files.public_identity(
+        node_files.identity_key(tmp_path / "honest"))}).dumps())
+
+    def census(classes: int) -> dict:
+        return {**CENSUS, "global_classes": classes}
+
+    def claims(sites: list[int], described: dict):  # answers hello; never proves an identity
+        return lambda msg, ctx: Message(RecordDict({STEP: ConfigRecord({
+            "step": "hello", "sites": sites, "census": json.dumps(described)})}), reply_to=msg)
+
+    def hello(cfg: RunConfig, apps: dict):
+        grid = FakeGrid({n: (app, {}) for n, app in apps.items()})
+        return FlowerRun(grid, Settings(cfg, tmp_path / "run", "token", tmp_path / "cohort.toml", start_timeout=0,
+                                        phase_timeout=1, poll=0.01)).hello()
+
+    authenticated = RunConfig()
+    authenticated.secagg.enabled = True
+    with pytest.raises(RuntimeError, match="no SuperNode hosts clients"):
+        hello(authenticated, {2001: claims([0, 1], census(4))})
+    plain = RunConfig()
+    plain.secagg.enabled = False  # no identities: nodes are the SuperLink's registered ones
+    assert hello(plain, {2000: claims([0], census(4)), 2001: claims([1], census(4))})[0] == {2000: [0], 2001: [1]}
+    with pytest.raises(ConfigError, match=r"describe the same data differently \(SuperNodes \[2000\]; SuperNodes "
+                                          r"\[2001\]"):
+        hello(plain, {2000: claims([0], census(4)), 2001: claims([1], census(999))})

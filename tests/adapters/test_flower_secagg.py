@@ -295,3 +295,36 @@ def test_a_node_requiring_secure_aggregation_refuses_a_plain_train_message(tmp_p
     riding = RecordDict({"arrays": initial_arrays(), CONTROL: ConfigRecord({"stage": "enrol", "nonce": os.urandom(16)})})
     [reply] = grid.send_and_receive([Message(riding, dst_node_id=1000, message_type=MessageType.TRAIN)])
     assert reply.has_error() and "riding on enrolment" in reply.error.reason and not reply.has_content()
+
+
+def test_a_site_drawn_in_a_round_learns_its_cohort_and_the_amplified_epsilon_says_so(deployment):
+    """Found by review (a malicious site): a session names its members' identity keys, and every site's
+    cohort.toml names whose they are — so a site drawn in a secret Poisson cohort learns the cohort, as
+    the server does. The amplified ε no longer claims to hold against the other sites: it says that the
+    server's figure holds against them, and how far apart the two can be."""
+    from types import SimpleNamespace
+
+    from secfed.adapters.flower.encoding import Encoding
+    from secfed.privacy import adversary
+    from secfed.privacy.accountant import SampledGaussianAccountant, gaussian_epsilon
+
+    grid, cohort = deployment(8)
+    drawn = [1000, 1002, 1005, 1006]
+    seen = []
+    grid.tamper = lambda m: seen.append(decode_session(m.content.config_records[CONTROL]["session"])) if (
+        m.metadata.dst_node_id == 1002 and CONTROL in m.content
+        and m.content.config_records[CONTROL].get("stage") == "advertise_keys") else None
+    content = RecordDict({"arrays": initial_arrays(), "config": ConfigRecord({"server-round": 1})})
+    flow = SecAggWorkflow(cohort=cohort, phase_timeout=5, poll_interval=0.01)
+    flow.aggregate(grid, [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in drawn],
+                   Encoding.weighted_mean(initial_arrays()))
+    assert sorted(cohort.name_of(k) for k in seen[0].identity_keys) == [f"site-{n - 1000}" for n in drawn]
+    # what that knowledge is worth: one colluding site drawn in 10 of 100 rounds at q = 0.1
+    printed = gaussian_epsilon(1.0, 0.1, 100, 1e-5)
+    known = SampledGaussianAccountant()
+    known.opacus.history = [(1.0, 0.1, 90), (1.0, 1.0, 10)]
+    assert round(printed, 1) == 7.9 and round(known.epsilon(1e-5)) == 21
+    plan = SimpleNamespace(claims_epsilon=True, delta=1e-5, mechanism="gaussian", accounting_sample_rate=0.1,
+                           reproducible_noise=False)
+    assert "not against the other sites under secure aggregation" in adversary.client_level(plan, printed).sentence()
+    assert "neither against the other sites" in adversary.statement("gaussian", "poisson")

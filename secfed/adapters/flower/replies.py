@@ -11,6 +11,7 @@ DP-SGD accountant).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from secfed.federation import codec
 from secfed.federation.builder import Census
 from secfed.federation.evaluate import SCORE_KEYS
 from secfed.federation.messages import Upload
+from secfed.protocols import ProtocolError
 
 from .client_app import STEP, UPLOADS
 from .wire import array_bytes
@@ -47,8 +49,28 @@ class TrainReply:
     diverged: tuple[str, str] | None = None
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number")
+    return value
+
+
+def _bounded(text: str) -> int:
+    value = int(text)
+    if abs(value) >= 2**63:  # 10**400 passed, then overflowed the round's record after it was applied
+        raise ValueError(f"{text[:20]}… is not a 64-bit integer")
+    return value
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
 def _json(out: Any, key: str, kind: type) -> Any:
-    value = json.loads(str(out[key]))
+    """``out[key]`` as JSON of ``kind``, every number finite and within 64 bits (found by review: NaN
+    scores, an infinite noise multiplier and a 400-digit loss passed, and stopped the ServerApp later)."""
+    value = json.loads(str(out[key]), parse_float=_finite, parse_int=_bounded, parse_constant=_not_a_number)
     if not isinstance(value, kind):
         raise TypeError(f"{key} must be a JSON {kind.__name__}")
     return value
@@ -61,7 +83,8 @@ def _reading(node: int, step: str) -> Iterator[None]:
         yield
     except MalformedReply:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, RecursionError, codec.CodecError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError, OverflowError, codec.CodecError,
+            ProtocolError) as exc:
         raise MalformedReply(f"SuperNode {node}: malformed {step} reply ({type(exc).__name__}: {exc})") from None
 
 
@@ -81,6 +104,12 @@ class Expected:
     names: frozenset[str] = frozenset()  # the trained sites' names (training statistics)
     baselines: frozenset[str] = frozenset()  # the hosted sites' local-only baselines' names
 
+    def may_diverge(self, where: str) -> bool:
+        """Whether a divergence at ``where`` (runtime.SiteDiverged's) is one this node can report: of a
+        site it trains or of a baseline it keeps — never of a site another node hosts, which would stop
+        everyone's run on one node's word (found by review)."""
+        return where in self.names or where in {f"{b} (local-only baseline)" for b in self.baselines}
+
 
 def train_reply(node: int, content: RecordDict, expected: Expected) -> TrainReply:
     """The train reply of ``node``, checked against what it may speak for (:class:`Expected`)."""
@@ -88,6 +117,8 @@ def train_reply(node: int, content: RecordDict, expected: Expected) -> TrainRepl
         out = content.config_records[STEP]
         if "diverged" in out:
             where, cause = _json(out, "diverged", list)
+            if not expected.may_diverge(str(where)):
+                raise MalformedReply(f"SuperNode {node}: says {str(where)[:80]!r} diverged, a site it does not train")
             return TrainReply(diverged=(str(where), str(cause)))
         reply = TrainReply(sites=[int(k) for k in out["sites"]], stats=_figures(_json(out, "stats", dict)),
                            baseline=_figures(_json(out, "baseline", dict)),

@@ -186,7 +186,7 @@ class FlowerRun:
         census (the data's description the nodes agree on)."""
         step = self._step("hello")
         hosts: dict[int, list[int]] = {}
-        censuses: dict[str, Census] = {}
+        censuses: dict[str, list[tuple[int, Census]]] = {}  # one spelling of the census → its nodes
         deadline = time.monotonic() + self.settings.start_timeout
         while True:
             new = [n for n in self.grid.get_node_ids() if n not in hosts]
@@ -198,17 +198,15 @@ class FlowerRun:
                 self.flow.accept(replies, challenges)
             for n, reply in replies.items():
                 try:
+                    if self.flow is not None and self.flow.authenticated and n not in self.flow.identities:
+                        raise MalformedReply(f"SuperNode {n}: not enrolled (no identity of the cohort proven), so it "
+                                             "hosts no site")  # else any node could claim every site (review)
                     hosts[n], census = hello_reply(n, reply.content)
                 except MalformedReply as exc:  # that node is left out; the others go on
                     _refused(exc)
                     continue
-                censuses[census.info["fingerprint"], str(census.info.get("public_fingerprint", ""))] = census
-            if len({data for data, _ in censuses}) > 1:
-                raise RuntimeError("the SuperNodes read different data (content fingerprints differ); point every "
-                                   "node's secfed-data-root at the run's data")
-            if len(censuses) > 1:
-                raise RuntimeError("the SuperNodes hold different public sets for distillation (method.kd_public: "
-                                   "fingerprints differ); every node's secfed-public-root must hold the server's images")
+                censuses.setdefault(_canonical(census), []).append((n, census))
+            _same_census(censuses)
             owners: dict[int, list[int]] = {}
             for n, sites in hosts.items():
                 for k in sites:
@@ -217,10 +215,11 @@ class FlowerRun:
             if twice:
                 raise RuntimeError(f"clients {sorted(twice)} are hosted by more than one SuperNode: give each "
                                    "SuperNode its own partition-id (and the same num-partitions)")
-            clients = len(next(iter(censuses.values())).info["clients"]) if censuses else 1
+            census = next(iter(censuses.values()))[0][1] if censuses else None
+            clients = len(census.info["clients"]) if census is not None else 1
             missing = [k for k in range(clients) if k not in owners]
-            if censuses and not missing:
-                return {n: s for n, s in hosts.items() if s}, next(iter(censuses.values()))
+            if census is not None and not missing:
+                return {n: s for n, s in hosts.items() if s}, census
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no SuperNode hosts clients {missing} after {self.settings.start_timeout:.0f} s")
             time.sleep(1.0)
@@ -287,12 +286,8 @@ class FlowerRun:
         sites in the cohort); a malformed one drops its node for the round."""
         out = {}
         for n, content in contents.items():
-            hosted = hosts.get(n, [])
-            expected = Expected(tuple(hosted), tuple(drawn.get(n, ())),
-                                frozenset(fed.clients[k].site.name for k in drawn.get(n, ())),
-                                frozenset(fed.baselines[k].name for k in hosted if k in fed.baselines))
             try:
-                out[n] = train_reply(n, content, expected)
+                out[n] = train_reply(n, content, _expected(fed, hosts, drawn, n))
             except MalformedReply as exc:
                 _refused(exc)
         return out
@@ -334,9 +329,9 @@ class FlowerRun:
             self._done(time.perf_counter())  # the last phase (unmask) ends here
         except ProtocolError as exc:
             self._shape = None
-            self._stop_if_diverged()
+            self._stop_if_diverged(fed, hosts, drawn)
             return self._aborted(t, exc, 0, down), {}, self._trained_at or time.perf_counter()
-        self._stop_if_diverged()
+        self._stop_if_diverged(fed, hosts, drawn)
         replies = self._checked(fed, hosts, drawn, result.clear)
         for n, r in replies.items():  # every vector was masked at the length the layout sent gives: a node
             if r.diverged is None and r.shape != self._shape:  # saying otherwise is wrong about itself only
@@ -348,15 +343,21 @@ class FlowerRun:
         aggregate = _summed(t, layout, result, contributors, uploads, bytes_up, down)
         return aggregate, replies, self._trained_at or time.perf_counter()
 
-    def _stop_if_diverged(self) -> None:
+    def _stop_if_diverged(self, fed: Federation, hosts: Mapping[int, list[int]],
+                          drawn: Mapping[int, list[int]]) -> None:
         """A node whose site diverged inside the masked-input phase left the round (its zero vector
-        would have made the sum the others' alone) and said why: the run stops, as in-process."""
-        for reason in self.flow.errors.values():
+        would have made the sum the others' alone) and said why: the run stops, as in-process — on a
+        node's word about its own sites only (another's would stop everyone's run: found by review)."""
+        for n, reason in self.flow.errors.items():
             if DIVERGED in reason:
                 try:  # the JSON [where, cause] after the marker, whatever Flower wrapped around it
                     where, cause = json.JSONDecoder().raw_decode(reason, reason.index(DIVERGED) + len(DIVERGED))[0]
                 except (ValueError, TypeError):
-                    where, cause = "a site", reason
+                    where, cause = None, reason
+                if not _expected(fed, hosts, drawn, n).may_diverge(str(where)):
+                    _refused(MalformedReply(f"SuperNode {n}: left the round saying {str(where)[:80]!r} diverged, "
+                                            "a site it does not train"))
+                    continue
                 raise SiteDiverged(str(where), str(cause))
 
     def aggregate(self, fed: Federation, hosts: dict[int, list[int]], broadcast: Any, wire: bytes,
@@ -494,6 +495,36 @@ def _summed(t: int, layout: Any, result: Any, contributors: list[int], uploads: 
 
 def _empty(t: int, bytes_up: int, bytes_down: int) -> Aggregate:
     return Aggregate(t, {}, {}, (), {}, bytes_up, bytes_down)
+
+
+def _canonical(census: Census) -> str:
+    """One spelling of a census (every node must describe the data the same way, not only its fingerprint)."""
+    return hashlib.sha256(json.dumps(census.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def _same_census(censuses: Mapping[str, list[tuple[int, Census]]]) -> None:
+    """Refuse, naming the nodes, SuperNodes that describe the run's data differently: the server builds
+    its federation (privacy plan, model head, sites) from one census, so one node's word must not
+    differ from another's (found by review: the last node's census was taken, whatever the others said)."""
+    if len(censuses) < 2:
+        return
+    groups = [(sorted(n for n, _ in nodes), nodes[0][1].info) for nodes in censuses.values()]
+    named = "; ".join(f"SuperNodes {nodes}" for nodes, _ in groups)
+    if len({str(info.get("fingerprint")) for _, info in groups}) > 1:
+        raise ConfigError("data.root", f"the SuperNodes read different data (content fingerprints differ: {named}); "
+                          "point every node's secfed-data-root at the run's data")
+    if len({str(info.get("public_fingerprint", "")) for _, info in groups}) > 1:
+        raise ConfigError("method.kd_public", f"the SuperNodes hold different public sets for distillation "
+                          f"({named}); every node's secfed-public-root must hold the server's images")
+    raise ConfigError("data.root", f"the SuperNodes describe the same data differently ({named}: their censuses "
+                      "differ beyond the content fingerprint); run the same secfed on every node")
+
+
+def _expected(fed: Federation, hosts: Mapping[int, list[int]], drawn: Mapping[int, list[int]], n: int) -> Expected:
+    """What node ``n``'s train reply may speak for: the sites it hosts, those of them drawn, and names."""
+    hosted = hosts.get(n, [])
+    return Expected(tuple(hosted), tuple(drawn.get(n, ())), frozenset(fed.clients[k].site.name for k in drawn.get(n, ())),
+                    frozenset(fed.baselines[k].name for k in hosted if k in fed.baselines))
 
 
 def _refused(exc: MalformedReply) -> None:

@@ -20,6 +20,7 @@ A record that is missing or malformed raises :class:`secfed.protocols.MalformedM
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import struct
 from collections.abc import Iterable
@@ -40,8 +41,10 @@ NEXT_PAYLOAD = "secfed.secagg.next.message"
 INSIDE = "secfed.secagg.inside"
 OURS = (CONTROL, PAYLOAD, NEXT, NEXT_PAYLOAD, INSIDE)
 # Per-node records the content digest leaves out: which of a node's own sites train this round
-# (secfed train --flower). They differ per node by design — no node learns who else was drawn, the
-# secret Poisson cohorts included — while the model they train on stays bound.
+# (secfed train --flower). They differ per node by design — no node learns which of another node's
+# sites were drawn — while the model they train on stays bound. (A node in a round's session does
+# learn which nodes are: the session names its members' identity keys; SECURITY.md, "Whom each ε
+# protects against".)
 SITES = "secfed.sites"
 PERSONAL = "secfed.personal"  # ArrayRecord "site-K": the node's own sites' personal broadcasts (Eq. 15)
 UNBOUND = (SITES, PERSONAL)
@@ -105,13 +108,24 @@ def bytes_array(data: bytes) -> Array:
 
 
 def array_bytes(array: Array, what: str) -> bytes:
+    """The bytes a 1-D uint8 Array carries, its .npy header checked against them before anything is
+    allocated (``Array.numpy()`` trusts the header: one declaring 2^40 entries made the ServerApp
+    allocate 1 TiB and stop — found by review)."""
+    data = array.data
+    if not isinstance(data, bytes):
+        raise MalformedMessage(f"{what}: not a numpy array (data of type {type(data).__name__})")
+    stream = io.BytesIO(data)
     try:
-        values = array.numpy()
-    except (TypeError, ValueError) as exc:
-        raise MalformedMessage(f"{what}: not a numpy array ({exc})") from None
-    if values.dtype != np.uint8 or values.ndim != 1:
-        raise MalformedMessage(f"{what}: must be a 1-D uint8 array, got {values.dtype} {values.shape}")
-    return values.tobytes()
+        version = np.lib.format.read_magic(stream)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(stream)
+    except (ValueError, TypeError, SyntaxError, UnicodeDecodeError, RecursionError) as exc:
+        raise MalformedMessage(f"{what}: not a numpy array ({type(exc).__name__}: {exc})") from None
+    body = data[stream.tell():]
+    if dtype != np.uint8 or len(shape) != 1 or shape[0] != len(body):
+        raise MalformedMessage(f"{what}: must be a 1-D uint8 array of the bytes it carries, got {dtype} {shape} "
+                               f"and {len(body)} bytes")
+    return body
 
 
 def put_message(content: RecordDict, data: bytes, record: str = PAYLOAD) -> None:
