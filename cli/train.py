@@ -48,11 +48,11 @@ def resolve_config(params: dict[str, Any], *, public_root: bool = False) -> tupl
         cfg = load_toml(toml) if toml is not None else RunConfig()
         cfg = with_overrides(cfg, overrides)
         if cfg.data.root is not None:  # absolute in config.json, so the run directory can move
-            cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
+            cfg.data.root = _absolute(cfg.data.root, "data.root")
         if cfg.method.kd_public is not None and not public_root:  # the server distils on it, and each
             # Flower node reads the same path inside its own public root (a relative one would name
             # whatever folder the ServerApp's process runs in: found by review)
-            cfg.method.kd_public = str(Path(cfg.method.kd_public).expanduser().resolve())
+            cfg.method.kd_public = _absolute(cfg.method.kd_public, "method.kd_public")
         check(cfg)
     except ConfigError as exc:
         raise click.UsageError(render(exc, typed=typed, from_file=_toml_keys(toml) if toml else set(),
@@ -63,6 +63,13 @@ def resolve_config(params: dict[str, Any], *, public_root: bool = False) -> tupl
         raise click.BadParameter(f"{run_dir} already exists and is not empty; choose another --name or continue "
                                  f"it with --resume {run_dir}", param_hint="--name")
     return cfg, run_dir, False
+
+
+def _absolute(path: str, key: str) -> str:
+    try:
+        return str(Path(path).expanduser().resolve())
+    except (RuntimeError, OSError) as exc:  # a link loop (found by review), a home folder that is not there
+        raise ConfigError(key, f"cannot resolve {path!r}: {exc}") from None
 
 
 def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig, Path, bool]:

@@ -22,7 +22,7 @@ from secfed.data.types import ReidDataset, Sample
 
 PAIRS = ("P1", "P2", "P3", "P4", "P5")
 LAYOUT = "ROOT/Dataset/{P1..P5}/{cam1,cam2}/PID_N.png"
-_NAME = re.compile(r"^(\d+)_")
+_NAME = re.compile(r"^(\d+)_", re.ASCII)
 
 
 def load_cuhk02(root: Path) -> ReidDataset:

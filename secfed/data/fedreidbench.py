@@ -25,8 +25,8 @@ from secfed.data.usable import unusable_reason
 
 LAYOUT = "ROOT/pytorch/{train_all,query,gallery}/<PID>/<image> (FedReIDBench data_preprocess output)"
 
-_ORIGINAL_NAME = re.compile(r"^(?:-1|\d+)_c(\d+)")  # camera is 1-based
-_SMALL_SET_NAME = re.compile(r"^cam_(\d+)_")  # camera is already 0-based
+_ORIGINAL_NAME = re.compile(r"^(?:-1|\d+)_c(\d+)", re.ASCII)  # camera is 1-based
+_SMALL_SET_NAME = re.compile(r"^cam_(\d+)_", re.ASCII)  # camera is already 0-based
 
 
 def _camera(path: Path) -> int:

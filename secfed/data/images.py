@@ -28,12 +28,20 @@ _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC: the last 8 bytes of a whole PNG
 _PNG_TAIL = 1024  # a few writers append bytes after IEND; look for it near the end, not only at it
 _CPP_LOCATION = re.compile(r"^[^,]*, \S+\.cpp:\d+, ")  # "decode_jpeg, /…/decode_jpeg.cpp:167, " prefix
+# A pedestrian crop is kilobytes; these bounds refuse, by name, files no ReID set holds before they are
+# read or decoded (found by review: a 40 GB sparse file raised MemoryError, and a 875 KB PNG of
+# 30000×30000 pixels took 3.35 GB to decode — libpng and libjpeg have no bound of their own here).
+MAX_IMAGE_BYTES = 64 * 2**20
+MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485  # Pillow's decompression-bomb bound
 
 
 def read_image(path: Path | str) -> torch.Tensor:
     """One image file → uint8 (3, H, W) RGB (grayscale and palette images are expanded)."""
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_IMAGE_BYTES:
+            raise DataError(path, f"{size} bytes: larger than any image a ReID set holds ({MAX_IMAGE_BYTES} at most)")
         data = path.read_bytes()
     except OSError as err:
         raise DataError(path, f"cannot read image: {err.strerror or err}") from None
@@ -41,14 +49,39 @@ def read_image(path: Path | str) -> torch.Tensor:
         raise DataError(path, "empty image file")
     if data.startswith(_BMP_MAGIC):
         return _decode_with_pillow(path)
+    _check_pixels(path, data)
     # libpng decodes a PNG cut inside its final IEND chunk without complaint; such a file is
     # still truncated, so it is refused like any other.
     if data.startswith(_PNG_MAGIC) and _PNG_END not in data[-_PNG_TAIL:]:
         raise DataError(path, "truncated PNG (no IEND chunk at the end)")
     try:
-        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
     except RuntimeError as err:
         raise DataError(path, f"corrupt or unsupported image: {_CPP_LOCATION.sub('', str(err))}") from None
+    except MemoryError:
+        raise DataError(path, "too large to decode in this machine's memory") from None
+    # a 16-bit PNG decodes to uint16: scaled, not cut to its low byte (found by review: 0x1234 became 0x34)
+    return image if image.dtype == torch.uint8 else TF.to_dtype(image, torch.uint8, scale=True)
+
+
+def _check_pixels(path: Path, data: bytes) -> None:
+    """Refuse an image whose header declares more pixels than Pillow's decompression-bomb bound, before
+    decoding it (Pillow reads the header only; a format it does not know is left to the decoder)."""
+    import io
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as header:
+                width, height = header.size
+    except Image.DecompressionBombError as err:
+        raise DataError(path, f"more pixels than any image a ReID set holds ({err})") from None
+    except Exception:  # noqa: BLE001 - not Pillow's to judge: torchvision's decoder names what is wrong
+        return
+    if width * height > MAX_IMAGE_PIXELS:
+        raise DataError(path, f"{width}×{height} pixels: more than any image a ReID set holds "
+                              f"({MAX_IMAGE_PIXELS} pixels at most)")
 
 
 def _decode_with_pillow(path: Path) -> torch.Tensor:

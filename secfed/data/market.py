@@ -30,7 +30,7 @@ LAYOUT = "ROOT/{bounding_box_train,query,bounding_box_test}/PID_cCAM*.jpg (e.g. 
 # torchreid searches ([-\d]+)_c(\d) anywhere in the path; anchoring at the start of the name rejects
 # "x0002_c1..." instead of half-matching it, and \d+ also reads two-digit cameras (market-format
 # MSMT17 exports) where \d would silently read c14 as c1.
-_NAME = re.compile(r"^(-1|\d+)_c(\d+)")
+_NAME = re.compile(r"^(-1|\d+)_c(\d+)", re.ASCII)
 
 JUNK_PID = -1
 DISTRACTOR_PID = 0

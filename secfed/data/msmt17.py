@@ -48,15 +48,19 @@ def read_list(list_path: Path, image_dir: Path) -> list[Sample]:
     if not list_path.is_file():
         raise DataError(list_path, f"missing list file; expected layout: {LAYOUT}")
     samples = []
-    for number, line in enumerate(list_path.read_text().splitlines(), start=1):
+    try:
+        text = list_path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(list_path, f"cannot read the list file ({exc})") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         fields = line.split()
         where = f"line {number} ({line.strip()!r})"
-        if len(fields) != 2 or not fields[1].isdigit():
+        if len(fields) != 2 or not (fields[1].isascii() and fields[1].isdigit()):  # "²" is a digit to isdigit
             raise DataError(list_path, f"{where}: expected '<relative path> <pid>'")
         name_fields = Path(fields[0]).name.split("_")
-        if len(name_fields) < 3 or not name_fields[2].isdigit():
+        if len(name_fields) < 3 or not (name_fields[2].isascii() and name_fields[2].isdigit()):
             raise DataError(list_path, f"{where}: no camera number in the third '_' field of the file name")
         cam = int(name_fields[2])
         if not 1 <= cam <= NUM_CAMERAS:

@@ -107,7 +107,7 @@ def _split(fmt: str, name: str, root: Path, protocol: str, pool: list[Sample], d
 
 # --- CUHK01, VIPeR: two cameras, every id in both ---------------------------------------------
 
-_CUHK01_NAME = re.compile(r"^(\d{4})(\d{3})\.png$", re.IGNORECASE)
+_CUHK01_NAME = re.compile(r"^(\d{4})(\d{3})\.png$", re.IGNORECASE | re.ASCII)
 
 
 def load_cuhk01(root: Path, *, seed: int = 0, split_path: Path | None = None, name: str = "cuhk01") -> ReidDataset:
@@ -123,7 +123,7 @@ def load_cuhk01(root: Path, *, seed: int = 0, split_path: Path | None = None, na
     return _split("cuhk01", name, root, protocol, pool, _halves(pool, 0), seed, split_path, skipped)
 
 
-_VIPER_NAME = re.compile(r"^(\d+)_")
+_VIPER_NAME = re.compile(r"^(\d+)_", re.ASCII)
 
 
 def load_viper(root: Path, *, seed: int = 0, split_path: Path | None = None, name: str = "viper") -> ReidDataset:
@@ -138,7 +138,7 @@ def load_viper(root: Path, *, seed: int = 0, split_path: Path | None = None, nam
 
 # --- PRID2011: single shot for test, multi-shot frames for train -------------------------------
 
-_PRID_NAME = re.compile(r"^person_(\d+)(\.png)?$", re.IGNORECASE)
+_PRID_NAME = re.compile(r"^person_(\d+)(\.png)?$", re.IGNORECASE | re.ASCII)
 PRID_SHARED_IDS = 200  # person_0001..0200 are the same people in cam_a and cam_b; higher numbers are not
 PRID_CAM_B_ONLY = 10_000  # cam_b's person N > 200 is pid 10000 + N: not cam_a's person N
 
@@ -195,7 +195,7 @@ def load_prid2011(root: Path, *, seed: int = 0, split_path: Path | None = None, 
 
 # --- 3DPeS: eight real cameras ------------------------------------------------------------------
 
-_3DPES_NAME = re.compile(r"^(\d+)_(\d+)\w*?_FRAME_\d+_RGB\.\w+$", re.IGNORECASE)
+_3DPES_NAME = re.compile(r"^(\d+)_(\d+)\w*?_FRAME_\d+_RGB\.\w+$", re.IGNORECASE | re.ASCII)
 
 
 def load_3dpes(root: Path, *, seed: int = 0, split_path: Path | None = None, name: str = "3dpes") -> ReidDataset:
@@ -213,7 +213,7 @@ def load_3dpes(root: Path, *, seed: int = 0, split_path: Path | None = None, nam
 
 # --- i-LIDS (QMUL) and iLIDS-VID ------------------------------------------------------------------
 
-_ILIDS_NAME = re.compile(r"^(\d{4})(\d{3})\.jpg$", re.IGNORECASE)
+_ILIDS_NAME = re.compile(r"^(\d{4})(\d{3})\.jpg$", re.IGNORECASE | re.ASCII)
 
 
 def load_ilids(root: Path, *, seed: int = 0, split_path: Path | None = None, name: str = "ilids") -> ReidDataset:
@@ -238,7 +238,7 @@ def load_ilids(root: Path, *, seed: int = 0, split_path: Path | None = None, nam
     return _split("ilids", name, root, protocol, pool, draw, seed, split_path, skipped)
 
 
-_ILIDSVID_PERSON = re.compile(r"^person(\d+)$")
+_ILIDSVID_PERSON = re.compile(r"^person(\d+)$", re.ASCII)
 
 
 def load_ilidsvid(root: Path, *, seed: int = 0, split_path: Path | None = None, name: str = "ilidsvid") -> ReidDataset:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 from dataclasses import asdict, dataclass
@@ -174,12 +175,23 @@ class SynthManifest:
         """Read ``root/manifest.json``; a missing or malformed file is a :class:`DataError` naming it."""
         path = Path(root) / "manifest.json"
         try:
-            return cls.from_json(path.read_text())
+            manifest = cls.from_json(path.read_text())
         except FileNotFoundError:
             raise DataError(path, "no manifest: not a secfed synthetic dataset (make one with `secfed data synth`)") \
                 from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DataError(path, f"malformed manifest ({exc})") from None
+        except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as exc:
+            raise DataError(path, f"malformed manifest ({type(exc).__name__}: {str(exc)[:200]})") from None
+        except OSError as exc:
+            raise DataError(path, f"cannot read the manifest: {exc.strerror or exc}") from None
+        folders = [d.name for d in (*manifest.domains, *manifest.unseen)] + (
+            [manifest.public.folder] if manifest.public is not None else [])
+        strange = [name for name in folders if not _FOLDER_NAME.fullmatch(str(name)) or name in (".", "..")]
+        if strange:  # the folders are read under root: a name must not lead out of it (found by review)
+            raise DataError(path, f"malformed manifest: {strange[0]!r} is not a folder name")
+        return manifest
+
+
+_FOLDER_NAME = re.compile(r"[A-Za-z0-9_.-]+", re.ASCII)  # a domain's or the public set's folder under OUT
 
 
 def _camera(raw: dict) -> Camera:
@@ -219,7 +231,9 @@ def check_options(*, domains: int, seed: int, scale: float, height: int, width: 
 
 
 def _prepare_out(out: Path) -> Path:
-    """Refuse a non-empty OUT; return a fresh temporary folder beside it."""
+    """Refuse a non-empty OUT or a link; return a fresh temporary folder beside it."""
+    if out.is_symlink():  # the finished folder is renamed onto OUT: a link would be replaced, or stop it (review)
+        raise FileExistsError(f"{out} is a symbolic link; give the folder itself")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         what = "a file" if not out.is_dir() else "a non-empty directory"
         raise FileExistsError(f"{out} is {what}; give a new or empty directory")

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from secfed.data.errors import DataError
+
 
 UNLABELED = -1  # pid and camid of an image used without labels (a public set for distillation)
 
@@ -16,6 +18,22 @@ class Sample(NamedTuple):
     path: Path
     pid: int
     camid: int
+
+
+ID_LIMIT = 2**31  # identities and cameras fit the int64 label tensors with room to spare; no dataset comes near
+
+
+def check_sample(sample: Sample) -> None:
+    """A sample every later step can use, else a DataError naming its file (found by review: a camera
+    of 10^22 in a file name overflowed the label tensor, and a file name that is not UTF-8 stopped the
+    data fingerprint — both with a traceback, after `data inspect --verify` had passed the folder)."""
+    if not (-1 <= sample.pid < ID_LIMIT and -1 <= sample.camid < ID_LIMIT):
+        raise DataError(sample.path, f"identity {sample.pid} or camera {sample.camid} lies outside "
+                                                f"[-1, 2^31): not a label of this dataset")
+    try:
+        str(sample.path).encode()
+    except UnicodeEncodeError:
+        raise DataError(sample.path, "the file name is not valid UTF-8: rename the file") from None
 
 
 @dataclass(frozen=True)
@@ -33,6 +51,11 @@ class ReidDataset:
     query: list[Sample]
     gallery: list[Sample]
     skipped: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for part in (self.train, self.query, self.gallery):
+            for sample in part:
+                check_sample(sample)
 
     @property
     def num_train_pids(self) -> int:

@@ -308,7 +308,7 @@ def make_shards(cfg: RunConfig, datasets: list[ReidDataset]) -> tuple[list[Clien
         if len(datasets) < 2:
             raise ConfigError("data.scenario", "by-dataset needs at least two training datasets (one client each); "
                               f"got {', '.join(d.name for d in datasets) or 'none'}")
-        return by_dataset(datasets), [(d, (k,)) for k, d in enumerate(datasets)]
+        return _trainable(by_dataset(datasets), "data.datasets"), [(d, (k,)) for k, d in enumerate(datasets)]
     if len(datasets) != 1:
         raise ConfigError("data.datasets", f"{scenario} splits ONE dataset into clients; {len(datasets)} were "
                           f"given ({', '.join(d.name for d in datasets)}): name one")
@@ -322,7 +322,18 @@ def make_shards(cfg: RunConfig, datasets: list[ReidDataset]) -> tuple[list[Clien
         raise ConfigError("data.num_clients" if scenario == "by-identity" else "data.scenario", str(exc)) from None
     if len(shards) < 2:
         raise ConfigError("data.scenario", f"{scenario} of {dataset.name} yields {len(shards)} client(s); need 2 or more")
-    return shards, [(dataset, tuple(range(len(shards))))]
+    return _trainable(shards, "data.num_clients" if scenario == "by-identity" else "data.scenario"), \
+        [(dataset, tuple(range(len(shards))))]
+
+
+def _trainable(shards: list[ClientShard], key: str) -> list[ClientShard]:
+    """``shards`` once each holds two training images at least (a batch of one cannot train BatchNorm;
+    found by review: a camera with one training image stopped the run in round 1, its files written)."""
+    few = [f"{s.name} ({len(s)})" for s in shards if len(s) < 2]
+    if few:
+        raise ConfigError(key, f"clients {', '.join(few)} hold fewer than 2 training images; a training batch "
+                          "needs 2 — leave their data out or split it otherwise")
+    return shards
 
 
 def _eval_domain(dataset: ReidDataset, clients: tuple[int, ...], height: int, width: int,

@@ -529,6 +529,45 @@ def test_a_node_refuses_a_run_that_unmasks_it_or_names_paths_outside_its_data(sm
         build(kd(str(linked)))
 
 
+def test_a_node_writes_no_split_file_into_its_data_root(tmp_path):
+    """(found by review: a server naming `data.split_file = "viper/cam_a/005_45.bmp"` had the node draw
+    VIPeR's split and write it as JSON over that image, breaking the site's dataset for good)"""
+    from PIL import Image
+
+    from secfed.data.errors import DataError
+    from secfed.federation.builder import resolve_data
+
+    root = tmp_path / "data"
+    for pid in range(8):
+        for camera, angle in (("cam_a", 45), ("cam_b", 90)):
+            (root / "viper" / camera).mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (4, 8), (pid * 20, 40, 20)).save(root / "viper" / camera / f"{pid:03d}_{angle}.bmp")
+    image = root / "viper" / "cam_a" / "005_45.bmp"
+    before = image.read_bytes()
+    cfg = RunConfig.model_validate({"data": {"root": "/the/server's/path", "datasets": ["viper:viper"],
+                                             "split_file": "viper/cam_a/005_45.bmp"}, "secagg": {"enabled": False}})
+    node = {node_files.STATE_DIR_KEY: str(tmp_path / "node"), sites_module.DATA_ROOT_KEY: str(root),
+            sites_module.ALLOW_PLAIN_KEY: True}
+    data_root, public = sites_module.check_run(cfg, node)
+    folder = sites_module.run_folder(node, secrets.token_hex(16))
+    kept = sites_module._under(cfg, data_root, public, folder)
+    assert Path(kept.data.split_file).parent == folder
+    with pytest.raises(DataError, match="split file is not valid JSON"):
+        resolve_data(kept, root=data_root, split_path=Path(kept.data.split_file))
+    assert image.read_bytes() == before
+    # a split file of the data root is read, and the node's drawn entries go into its own copy
+    (root / "splits.json").write_text('{"version": 2, "datasets": {}}')
+    named = cfg.model_copy(update={"data": cfg.data.model_copy(update={"split_file": "splits.json"})})
+    other = sites_module.run_folder(node, secrets.token_hex(16))
+    kept = sites_module._under(named, data_root, public, other)
+    resolve_data(kept, root=data_root, split_path=Path(kept.data.split_file))
+    assert (root / "splits.json").read_text() == '{"version": 2, "datasets": {}}'
+    assert "viper" in json.loads((other / "splits.json").read_text())["datasets"]
+    missing = cfg.model_copy(update={"data": cfg.data.model_copy(update={"split_file": "none.json"})})
+    with pytest.raises(node_files.NodeSetupError, match="which is not a split file of this node's data root"):
+        sites_module._under(missing, data_root, public, sites_module.run_folder(node, secrets.token_hex(16)))
+
+
 def test_a_node_scores_only_its_sites_planned_jobs(small_config, tmp_path):
     """(found by review: a node scored any job the server named — under a claimed ε a site's own
     pre-aggregation model, and other sites' domains)"""

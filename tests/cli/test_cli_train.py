@@ -184,6 +184,29 @@ def test_missing_data_root_and_config_file_are_named(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "absent" in result.output and "--data-root" in result.output
     result = invoke(["train", "--config", str(tmp_path / "none.toml"), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "none.toml" in result.output
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # before: RuntimeError 'Symlink loop' (review)
+    result = invoke(["train", "--data-root", str(tmp_path / "loop"), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--data-root: cannot resolve" in result.output and "loop" in result.output
+
+
+def test_a_client_with_one_training_image_is_refused_before_the_run_starts(tmp_path: Path) -> None:
+    """(found by review: a camera with one training image stopped `--scenario by-camera` in round 1,
+    after config.json, data.json and metrics.jsonl were written)"""
+    from PIL import Image
+
+    root = tmp_path / "one"
+    for folder, names in (("bounding_box_train", ["0002_c1s1_000151_01.jpg", "0002_c2s1_000151_01.jpg",
+                                                  "0007_c1s1_000151_01.jpg", "0007_c2s1_000151_01.jpg",
+                                                  "0009_c3s1_000151_01.jpg"]),
+                          ("query", ["0003_c1s1_000451_01.jpg"]), ("bounding_box_test", ["0003_c2s1_000476_02.jpg"])):
+        (root / folder).mkdir(parents=True)
+        for name in names:
+            Image.new("RGB", (4, 8), (180, 40, 20)).save(root / folder / name)
+    result = invoke(["train", "--data-root", str(tmp_path), "--datasets", "one:market1501", "--scenario", "by-camera",
+                     *TINY, "--out", str(tmp_path / "runs"), "--name", "r"])
+    assert result.exit_code == 2 and "clients one/cam2 (1) hold fewer than 2 training images" in result.output, \
+        result.output
+    assert not (tmp_path / "runs" / "r").exists()
 
 
 def test_config_file_is_overridden_by_flags(synth_root: Path, tmp_path: Path) -> None:

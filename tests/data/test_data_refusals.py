@@ -3,10 +3,12 @@ accepted as an empty subset (a domain silently missing from the results) or an e
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from secfed.data.errors import DataError
 from secfed.data.registry import load_dataset
@@ -149,3 +151,122 @@ def test_fedreidbench_empty_query_is_refused(tmp_path, layouts):
     with pytest.raises(DataError) as err:
         load_dataset(tmp_path / "viper", "fedreidbench")
     assert err.value.path == base / "query" and "no images" in err.value.reason
+
+
+# ---- hostile names, files and split files (found by review: each raised a traceback, hung, or was read wrong) ----
+
+
+def test_a_label_beyond_any_dataset_or_a_name_that_is_not_utf8_is_refused_by_file(tmp_path, layouts):
+    """Before: a camera of 10^22 in a file name overflowed the label tensor in train and evaluate, and a
+    file name that is not UTF-8 stopped the data fingerprint — after `data inspect --verify` passed."""
+    root = layouts.market(tmp_path / "m")
+    huge = layouts.image(root / "query" / "0003_c99999999999999999999999s1_000001_01.jpg")
+    with pytest.raises(DataError, match=r"camera 99999999999999999999998 lies outside \[-1, 2\^31\)") as err:
+        load_dataset(root, "market1501")
+    assert err.value.path == huge
+    huge.unlink()
+    odd = root / "query" / os.fsdecode(b"0003_c1s1_\xff\x1b[31m.jpg")
+    shutil.copy(next((root / "query").iterdir()), odd)
+    with pytest.raises(DataError, match="the file name is not valid UTF-8") as err:
+        load_dataset(root, "market1501")
+    assert "\\xff\\x1b[31m" in str(err.value) and "\x1b" not in str(err.value)  # shown escaped, not obeyed
+
+
+def test_digits_of_other_scripts_are_not_ids(tmp_path, layouts):
+    """Before: `\\d` read '٠٠٠٣_c١' (Arabic-Indic digits) as pid 3, camera 1; and '²' passed MSMT17's
+    isdigit() and then stopped int() with a traceback."""
+    root = layouts.market(tmp_path / "m")
+    layouts.image(root / "query" / "٠٠٠٣_c١s1_000001_01.jpg")
+    with pytest.raises(DataError, match="file name does not start with PID_cCAM"):
+        load_dataset(root, "market1501")
+    msmt = layouts.msmt17(tmp_path / "msmt")
+    lines = (msmt / "list_train.txt").read_text().splitlines()
+    (msmt / "list_train.txt").write_text("\n".join([lines[0].rsplit(" ", 1)[0] + " ²", *lines[1:]]) + "\n")
+    with pytest.raises(DataError, match="expected '<relative path> <pid>'"):
+        load_dataset(msmt, "msmt17")
+    (msmt / "list_train.txt").write_bytes(b"\xff junk 3\n")
+    with pytest.raises(DataError, match="cannot read the list file"):
+        load_dataset(msmt, "msmt17")
+
+
+def test_images_are_bounded_before_they_are_read_and_sixteen_bits_are_scaled(tmp_path):
+    """Before: a 40 GB sparse file raised MemoryError, a PNG header of 30000×30000 (875 KB on disk)
+    took 3.35 GB to decode, and a 16-bit PNG kept its low byte only (0x1234 became 0x34)."""
+    import struct
+    import zlib
+
+    import numpy as np
+    from PIL import Image
+
+    from secfed.data.images import MAX_IMAGE_BYTES, read_image
+
+    big = tmp_path / "0001_c1s1_000001_01.jpg"
+    with open(big, "wb") as f:
+        f.truncate(MAX_IMAGE_BYTES + 1)
+    with pytest.raises(DataError, match="larger than any image a ReID set holds"):
+        read_image(big)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)  # 30000×30000 RGB, 8 bits
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 1000))
+                     + chunk(b"IEND", b""))
+    with pytest.raises(DataError, match="more pixels than any image a ReID set holds"):
+        read_image(bomb)
+    deep = tmp_path / "grey16.png"
+    Image.fromarray(np.full((8, 4), 0x1234, np.uint16)).save(deep)
+    assert read_image(deep).dtype == torch.uint8 and read_image(deep)[:, 0, 0].tolist() == [0x12] * 3
+
+
+def test_a_split_file_that_is_not_a_file_or_json_or_whose_parts_overlap_is_refused(tmp_path, layouts):
+    """Before: a FIFO hung the reader, JSON nested 200,000 deep or a 5,000-digit number raised a
+    traceback, and a hand-edited split listing a test image twice scored rank-1 100 % without a word."""
+    import json
+
+    root = layouts.viper(tmp_path / "viper", ids=8)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="not a regular file"):
+        load_dataset(root, "viper", split_path=fifo)
+    for text in ('{"version": 2, "datasets": ' + "[" * 200_000 + "]" * 200_000 + "}",
+                 '{"version": 2, "datasets": {"v": ' + "9" * 5000 + "}}"):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(DataError, match="split file is not valid JSON"):
+            load_dataset(root, "viper", split_path=tmp_path / "bad.json")
+    split_file = tmp_path / "splits.json"
+    load_dataset(root, "viper", split_path=split_file)
+    good = json.loads(split_file.read_text())
+    for edit, reason in ((lambda s: s["gallery"].append(s["query"][0]), "twice"),
+                         (lambda s: s["train"].append(s["query"][0]), "twice"),
+                         (lambda s: s["query"].append(s["train"].pop()), "in the training part and in the test part")):
+        doc = json.loads(json.dumps(good))
+        edit(next(iter(doc["datasets"].values()))["splits"]["0"])
+        split_file.write_text(json.dumps(doc))
+        with pytest.raises(DataError, match=reason):
+            load_dataset(root, "viper", split_path=split_file)
+
+
+def test_a_synthetic_root_names_only_folders_inside_it_and_its_output_is_no_link(tmp_path):
+    """Before: a manifest naming domain '../escaped' was read from outside the data root and trained
+    on; one nested 100,000 deep raised RecursionError; OUT a link raised NotADirectoryError after
+    every image had been made."""
+    import json
+
+    from secfed.data.synth import SynthManifest, generate
+
+    root = tmp_path / "synth"
+    generate(root, domains=1, seed=0, scale=0.05, height=32, width=16)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["domains"][0]["name"] = "../escaped"
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="'../escaped' is not a folder name"):
+        SynthManifest.load(root)
+    (root / "manifest.json").write_text('{"version": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(DataError, match="malformed manifest .RecursionError"):
+        SynthManifest.load(root)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty", target_is_directory=True)
+    with pytest.raises(FileExistsError, match="is a symbolic link"):
+        generate(tmp_path / "link", domains=1, seed=0, scale=0.05, height=32, width=16)

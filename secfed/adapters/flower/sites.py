@@ -26,8 +26,9 @@ The server writes the run configuration, so a node checks it against its own pol
 anything (:func:`check_run`): a run without secure aggregation is refused unless the node config sets
 ``secfed-allow-plain`` (the uploads would leave the node in the clear), and every path the
 configuration names is a path on this machine — data is read only from the node's own
-``secfed-data-root`` (the dataset folders and ``data.split_file``, which the node writes, must lie
-inside it), and the public set of distillation (``method.kd_public``) only from its own
+``secfed-data-root`` (the dataset folders and ``data.split_file`` must lie inside it; the node keeps
+the run's copy of the split file in its state folder), and the public set of distillation
+(``method.kd_public``) only from its own
 ``secfed-public-root``. With ``secfed-max-epsilon`` set, the updates must carry an ε that holds
 against the server (distributed Skellam noise, or DP-SGD at every site — central noise is the
 server's own), and every (ε, δ) the run claims for the node's sites, over all rounds at the worst
@@ -67,7 +68,7 @@ from secfed.config import RunConfig
 from secfed.data.images import load_images
 from secfed.data.listing import Resolver
 from secfed.data.types import Sample
-from secfed.federation.builder import Federation, build, make_shards, resolve_data, within
+from secfed.federation.builder import SPLIT_FILE, Federation, build, make_shards, resolve_data, within
 from secfed.federation.runtime import prefixed, split_prefixed
 from secfed.privacy.ledger import PrivacyLedger
 
@@ -76,6 +77,7 @@ from . import node
 DATA_ROOT_KEY = "secfed-data-root"
 ALLOW_PLAIN_KEY = "secfed-allow-plain"
 PUBLIC_ROOT_KEY = "secfed-public-root"
+MAX_SPLIT_FILE = 256 * 2**20  # MSMT17's splits take a few MB
 MAX_EPSILON_KEY = "secfed-max-epsilon"
 MAX_DELTA_KEY = "secfed-max-delta"
 DEFAULT_MAX_DELTA = 1e-3  # over the node's lifetime: a hundred runs at secfed's default δ of 1e-5
@@ -279,7 +281,7 @@ class NodeSites:
         """Build the federation and load the state of this node's sites (and, ``train``, their training
         images; otherwise the evaluation domains' query/gallery, which training never reads)."""
         root, public = check_run(cfg, node_config)
-        cfg = _under(cfg, root, public)
+        cfg = _under(cfg, root, public, run_folder(node_config, token))
         cache = ImageCache(node.state_dir(node_config) / "images")
         fed = build(cfg, data_root=root, train_images=False, images=cache,
                     eval_images=False if train else lambda fed: scored_domains(fed, hosted(node_config, len(fed.clients))))
@@ -405,14 +407,30 @@ class NodeSites:
         atomic_file.write_bytes(path, buffer.getvalue())
 
 
-def _under(cfg: RunConfig, root: Path | None, public: Path | None) -> RunConfig:
-    """``cfg`` with its relative paths resolved against the node's roots (checked by :func:`check_run`):
-    the split file against the data root, the public set against the public root — the node never
-    reads or writes them relative to its working directory."""
-    data = {"split_file": str(root / cfg.data.split_file)} if root is not None and cfg.data.split_file else {}
+def _under(cfg: RunConfig, root: Path | None, public: Path | None, folder: Path) -> RunConfig:
+    """``cfg`` with its paths resolved against the node's roots (checked by :func:`check_run`): the
+    public set against the public root; the split file is read from the data root but kept — drawn
+    entries added — in the run's ``folder`` in the node's state: the node never writes into its data
+    root (found by review: a server naming `data.split_file = "viper/cam_a/999_0.bmp"` had the node
+    write JSON over a site's image)."""
+    data = {"split_file": str(_kept_split(root / cfg.data.split_file, folder))} \
+        if root is not None and cfg.data.split_file else {}
     method = {"kd_public": str(public / cfg.method.kd_public)} if public is not None else {}
     return cfg.model_copy(update={"data": cfg.data.model_copy(update=data),
                                   "method": cfg.method.model_copy(update=method)})
+
+
+def _kept_split(named: Path, folder: Path) -> Path:
+    """The run's copy of the split file ``named`` in the node's run ``folder`` (copied once, at the
+    run's first message; a later message reads and extends the copy)."""
+    kept = folder / SPLIT_FILE
+    if not kept.exists():
+        if not named.is_file() or named.stat().st_size > MAX_SPLIT_FILE:
+            raise node.NodeSetupError(f"data.split_file names {named}, which is not a split file of this node's "
+                                      f"data root (a file of at most {MAX_SPLIT_FILE >> 20} MiB; the node reads "
+                                      "one there, and writes none)")
+        atomic_file.write_bytes(kept, named.read_bytes(), mode=0o600)
+    return kept
 
 
 class ImageCache:
