@@ -23,6 +23,7 @@ from secfed.data.synth import SynthManifest
 from secfed.data.synth_report import image_counts, measured, recorded
 from secfed.data.synth_report import summary as synth_summary
 from secfed.data.types import ReidDataset, Sample
+from secfed.data.usable import matched_queries
 
 _SHOWN_FAILURES = 10
 
@@ -40,7 +41,8 @@ def summarize(dataset: ReidDataset, fmt: str) -> dict:
         "format": fmt,
         "name": dataset.name,
         "train": counts(dataset.train),
-        "query": counts(dataset.query),
+        "query": {**counts(dataset.query),
+                  "unmatched": len(dataset.query) - matched_queries(dataset.query, dataset.gallery)},
         "gallery": counts(dataset.gallery),
         "skipped": dict(sorted(dataset.skipped.items())),
     }
@@ -172,6 +174,10 @@ def _print_table(summary: dict, console: Console) -> None:
     console.print(table)
     skipped = ", ".join(f"{reason} {count:,}" for reason, count in summary["skipped"].items()) or "nothing"
     console.print(f"skipped: {skipped}")
+    if unmatched := summary["query"]["unmatched"]:
+        console.print(f"queries scored: {summary['query']['images'] - unmatched:,} of {summary['query']['images']:,} "
+                      f"({unmatched:,} have no gallery image of the same person from another camera: left out of "
+                      "CMC and mAP, as in the standard protocol)")
     if "split" in summary:
         split = summary["split"]
         kept = "drawn in memory (--split-file keeps it)" if split["file"] is None else f"kept in {escape(split['file'])}"

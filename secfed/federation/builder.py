@@ -25,6 +25,7 @@ from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
 from secfed.data.synth import DEFAULT_PUBLIC_IMAGES, SynthManifest, cached
 from secfed.data.types import ReidDataset, Sample
+from secfed.data.usable import matched_queries
 from secfed.data.validation import ValidationSplitError, validation_split
 from secfed.federation.channel import Channel, PlainChannel
 from secfed.federation.client import ClientSide
@@ -545,6 +546,8 @@ def _site_data(shard: ClientShard | None, global_labels: bool, train_images: boo
 
 def _describe(d: ReidDataset) -> dict[str, Any]:
     return {"name": d.name, "train_images": len(d.train), "train_ids": d.num_train_pids, "query": len(d.query),
+            # queries no gallery image matches from another camera: left out of CMC and mAP (the standard protocol)
+            "query_unmatched": len(d.query) - matched_queries(d.query, d.gallery),
             "gallery": len(d.gallery), "skipped": d.skipped}
 
 

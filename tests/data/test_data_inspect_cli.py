@@ -25,10 +25,26 @@ def test_json_counts(tmp_path, layouts):
     summary = json.loads(result.stdout)
     assert summary["format"] == "market1501"
     assert summary["train"] == {"ids": 3, "images": 6, "cameras": 2}
-    assert summary["query"] == {"ids": 2, "images": 2, "cameras": 1}
+    assert summary["query"] == {"ids": 2, "images": 2, "cameras": 1, "unmatched": 0}
     assert summary["gallery"] == {"ids": 3, "images": 4, "cameras": 3}  # 2 ids + distractor id 0
     assert summary["skipped"] == {"junk": 1, "not_image": 1}
     assert "split" not in summary
+    assert "queries scored" not in _run(root).stdout
+
+
+def test_queries_no_gallery_image_matches_are_counted_and_said(tmp_path, layouts):
+    """(found by review: a query without a match in the gallery is left out of CMC and mAP, as the
+    standard protocol has it, and nothing said so — not inspect, not data.json)"""
+    root = layouts.market(tmp_path / "m")
+    layouts.image(root / "query" / "0011_c1s1_000451_01.jpg")  # nobody 11 in the gallery
+    layouts.image(root / "query" / "0003_c2s1_000451_01.jpg")  # 3's gallery image is from camera 2 too
+    summary = json.loads(_run(root, "--format", "market1501", "--json").stdout)
+    assert summary["query"]["images"] == 4 and summary["query"]["unmatched"] == 2
+    assert "queries scored: 2 of 4 (2 have no gallery image of the same person from another camera" in \
+        _run(root, "--format", "market1501").stdout
+    from secfed.federation.builder import _describe
+
+    assert _describe(load_dataset(root, "market1501"))["query_unmatched"] == 2
 
 
 def test_table_output_draws_the_split_in_memory(tmp_path, layouts):
