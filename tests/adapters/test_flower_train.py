@@ -390,7 +390,7 @@ def test_the_server_reads_no_sites_data_and_the_sites_evaluate(small_config, tmp
 
 
 def test_a_deployed_run_distils_on_the_public_set_each_side_keeps_in_its_own_public_root(small_config, tmp_path,
-                                                                                          synth_root):
+                                                                                          synth_root, capsys):
     """A relative `method.kd_public` is read by the server inside its public root (the connection file's
     `public-root`) and by each node inside its own: no common absolute path. A node whose public set
     differs from the server's by one image is refused before any training (before: nothing compared
@@ -407,8 +407,16 @@ def test_a_deployed_run_distils_on_the_public_set_each_side_keeps_in_its_own_pub
         return Settings(cfg, tmp_path / name, secrets.token_hex(16), None, phase_timeout=60, poll=0.01,
                         public_root=public_root)
 
-    with pytest.raises(ConfigError, match="'public' is relative, and the connection file names no public-root"):
-        FlowerRun(grid, settings("nowhere", None)).run()
+    # through the ServerApp's entry point: the refusal is said, not raised for Flower to log with its stack
+    from flwr.app import Context
+
+    from secfed.adapters.flower.server_app import main
+
+    capsys.readouterr()
+    main(grid, Context(1, 0, {}, RecordDict(), {"secfed-config": json.dumps(cfg.to_dict()), "secfed-token": "ab",
+                                                   "secfed-run-dir": str(tmp_path / "nowhere"), "secfed-poll": 0.01}))
+    assert "secfed: the run stopped: method.kd_public: 'public' is relative, and the connection file names no " \
+           "public-root" in capsys.readouterr().out and not (tmp_path / "nowhere").exists()
     summary = FlowerRun(grid, settings("flower", server_root)).run()
     data = json.loads((tmp_path / "flower" / "data.json").read_text())
     assert data["public_images"] == 48 and summary["rounds"] == 1

@@ -42,6 +42,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 
 from secfed.config import ConfigError, ConfigIssue, RunConfig, from_dict
+from secfed.data.errors import DataError
 from secfed.evaluation.plots import plot_history
 from secfed.federation import codec
 from secfed.federation import evaluate as evaluation
@@ -50,6 +51,7 @@ from secfed.federation.evaluate import Scores
 from secfed.federation.messages import Aggregate, Broadcast, Upload
 from secfed.federation.runtime import (
     Reporter,
+    RunDiverged,
     SilentReporter,
     SiteDiverged,
     Trained,
@@ -108,12 +110,19 @@ def refusals(cfg: RunConfig) -> list[tuple[str, str]]:
     return out
 
 
+class DeploymentError(RuntimeError):
+    """The SuperNodes cannot run this run as they are (which nodes host which sites, who answers)."""
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     settings = Settings.from_run_config(context.run_config)
     if settings.poll > 0:  # replies' payloads: looked for again at the poll, not after Flower's 1 s, 2 s, …
         pulls.quicken(pulls.SERVERAPP, settings.poll)
-    FlowerRun(grid, settings).run()
+    try:
+        FlowerRun(grid, settings).run()
+    except (ConfigError, DataError, DeploymentError, RunDiverged) as exc:  # said, not a traceback (Flower logs
+        _say(f"secfed: the run stopped: {exc}")  # an exception's with its stack): `secfed train --flower` relays it
 
 
 class FlowerRun:
@@ -213,7 +222,7 @@ class FlowerRun:
                     owners.setdefault(k, []).append(n)
             twice = {k: v for k, v in owners.items() if len(v) > 1}
             if twice:
-                raise RuntimeError(f"clients {sorted(twice)} are hosted by more than one SuperNode: give each "
+                raise DeploymentError(f"clients {sorted(twice)} are hosted by more than one SuperNode: give each "
                                    "SuperNode its own partition-id (and the same num-partitions)")
             census = next(iter(censuses.values()))[0][1] if censuses else None
             clients = len(census.info["clients"]) if census is not None else 1
@@ -221,7 +230,7 @@ class FlowerRun:
             if census is not None and not missing:
                 return {n: s for n, s in hosts.items() if s}, census
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no SuperNode hosts clients {missing} after {self.settings.start_timeout:.0f} s")
+                raise DeploymentError(f"no SuperNode hosts clients {missing} after {self.settings.start_timeout:.0f} s")
             time.sleep(1.0)
 
     # ---- one round's messages (the driver, federation/runtime.py, does the rest) -----------------------
