@@ -118,6 +118,8 @@ def test_a_node_leaving_a_masked_round_stops_the_run_only_for_a_site_it_trains()
                                                             + json.dumps([where, "loss is NaN"])}))
 
     FlowerRun._stop_if_diverged(left(2, "campus"), fed, hosts, drawn)  # node 2 does not train campus: left out
+    deep = SimpleNamespace(flow=SimpleNamespace(errors={2: DIVERGED + "[" * 100_000}))  # recursed (review)
+    FlowerRun._stop_if_diverged(deep, fed, hosts, drawn)
     with pytest.raises(SiteDiverged, match="plaza: loss is NaN"):
         FlowerRun._stop_if_diverged(left(2, "plaza"), fed, hosts, drawn)
 
@@ -162,6 +164,9 @@ def test_hello_counts_only_enrolled_nodes_and_one_description_of_the_data(tmp_pa
 
     (tmp_path / "cohort.toml").write_text(Cohort({"site-a": node_files.public_identity(
         node_files.identity_key(tmp_path / "honest"))}).dumps())
+    from flwr.clientapp import ClientApp
+
+    from secfed.adapters.flower import SecAggMod
 
     def census(classes: int) -> dict:
         return {**CENSUS, "global_classes": classes}
@@ -179,6 +184,18 @@ def test_hello_counts_only_enrolled_nodes_and_one_description_of_the_data(tmp_pa
     authenticated.secagg.enabled = True
     with pytest.raises(RuntimeError, match="no SuperNode hosts clients"):
         hello(authenticated, {2001: claims([0, 1], census(4))})
+    # an enrolled node of the cohort claiming every site before the others answered (review of the fix):
+    # the run starts only once every identity of the cohort has enrolled, so the claim meets the others'
+    evil = ClientApp(mods=[SecAggMod()])
+    evil.train()(claims([0, 1], census(4)))
+    (tmp_path / "cohort.toml").write_text(Cohort({
+        "site-a": node_files.public_identity(node_files.identity_key(tmp_path / "honest")),
+        "site-b": node_files.public_identity(node_files.identity_key(tmp_path / "evil"))}).dumps())
+    grid = FakeGrid({2002: (evil, {node_files.STATE_DIR_KEY: str(tmp_path / "evil"),
+                                   node_files.COHORT_KEY: str(tmp_path / "cohort.toml")})})
+    with pytest.raises(RuntimeError, match="site-a of the cohort did not enrol after 0 s"):
+        FlowerRun(grid, Settings(authenticated, tmp_path / "run", "token", tmp_path / "cohort.toml", start_timeout=0,
+                                 phase_timeout=1, poll=0.01)).hello()
     plain = RunConfig()
     plain.secagg.enabled = False  # no identities: nodes are the SuperLink's registered ones
     assert hello(plain, {2000: claims([0], census(4)), 2001: claims([1], census(4))})[0] == {2000: [0], 2001: [1]}

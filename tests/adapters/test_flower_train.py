@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +39,10 @@ from fakegrid import FakeGrid
 
 
 def flower_nodes(tmp_path: Path, n: int, cfg: RunConfig, *, host: bool = False,
-                 node_config: dict | None = None) -> tuple[FakeGrid, Path]:
+                 node_config: Callable[[int], dict] = lambda p: {}) -> tuple[FakeGrid, Path]:
     """n SuperNodes of secfed's ClientApp on a FakeGrid, with the node policy ``secfed flower local``
-    gives for ``cfg`` (and ``node_config`` over it); ``host``: each keeps its sites in a site host
-    (stopped at the test's end by the ``site_hosts`` fixture), else every message opens them afresh."""
+    gives for ``cfg`` (and ``node_config(p)`` over it for node p); ``host``: each keeps its sites in a
+    site host (stopped at the test's end by the ``site_hosts`` fixture), else every message opens them afresh."""
     cohort_file, sites, nodes = tmp_path / "cohort.toml", {}, {}
     for p in range(n):
         folder = tmp_path / f"node-{p}"
@@ -49,7 +50,7 @@ def flower_nodes(tmp_path: Path, n: int, cfg: RunConfig, *, host: bool = False,
         nodes[2000 + p] = (client_app, {"partition-id": p, "num-partitions": n, node_files.STATE_DIR_KEY: str(folder),
                                         node_files.COHORT_KEY: str(cohort_file),
                                         site_host.IDLE_KEY: 60 if host else 0, **own_nodes_policy(cfg),
-                                        **(node_config or {})})
+                                        **node_config(p)})
     cohort_file.write_text(Cohort(sites).dumps())
     return FakeGrid(nodes), cohort_file
 
@@ -401,7 +402,13 @@ def test_a_deployed_run_distils_on_the_public_set_each_side_keeps_in_its_own_pub
     cfg.method.kd, cfg.method.kd_public, cfg.method.kd_epochs = True, "public", 1
     server_root = tmp_path / "server-public"
     shutil.copytree(synth_root / "public", server_root / "public")
-    grid, _ = flower_nodes(tmp_path, 2, cfg, node_config={sites_module.PUBLIC_ROOT_KEY: str(synth_root)})
+    # node 1 keeps the same data elsewhere (found by review of the first fix: the census compared
+    # across nodes held each node's data root, and honest nodes at different paths were refused)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(synth_root, elsewhere)
+    roots = {0: synth_root, 1: elsewhere}
+    grid, _ = flower_nodes(tmp_path, 2, cfg, node_config=lambda p: {sites_module.PUBLIC_ROOT_KEY: str(roots[p]),
+                                                                    sites_module.DATA_ROOT_KEY: str(roots[p])})
 
     def settings(name: str, public_root: Path | None) -> Settings:
         return Settings(cfg, tmp_path / name, secrets.token_hex(16), None, phase_timeout=60, poll=0.01,
@@ -419,7 +426,7 @@ def test_a_deployed_run_distils_on_the_public_set_each_side_keeps_in_its_own_pub
            "public-root" in capsys.readouterr().out and not (tmp_path / "nowhere").exists()
     summary = FlowerRun(grid, settings("flower", server_root)).run()
     data = json.loads((tmp_path / "flower" / "data.json").read_text())
-    assert data["public_images"] == 48 and summary["rounds"] == 1
+    assert data["public_images"] == 48 and summary["rounds"] == 1 and "root" not in data
     in_process = build(cfg.model_copy(update={"method": cfg.method.model_copy(
         update={"kd_public": str(synth_root / "public")})}), train_images=False, eval_images=False)
     assert data["public_fingerprint"] == in_process.data_info["public_fingerprint"]

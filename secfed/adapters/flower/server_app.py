@@ -222,16 +222,35 @@ class FlowerRun:
                     owners.setdefault(k, []).append(n)
             twice = {k: v for k, v in owners.items() if len(v) > 1}
             if twice:
-                raise DeploymentError(f"clients {sorted(twice)} are hosted by more than one SuperNode: give each "
-                                   "SuperNode its own partition-id (and the same num-partitions)")
+                claims = "; ".join(f"client {k}: {', '.join(self._who(n) for n in v)}" for k, v in sorted(twice.items()))
+                raise DeploymentError(f"clients {sorted(twice)} are claimed by more than one SuperNode ({claims}): give "
+                                      "each SuperNode its own partition-id (and the same num-partitions)")
             census = next(iter(censuses.values()))[0][1] if censuses else None
             clients = len(census.info["clients"]) if census is not None else 1
             missing = [k for k in range(clients) if k not in owners]
-            if census is not None and not missing:
+            # every identity of the cohort heard first: else one enrolled node claiming every site, before the
+            # others answered, would speak for them all run long (found by review)
+            unheard = self._unenrolled()
+            if census is not None and not missing and not unheard:
                 return {n: s for n, s in hosts.items() if s}, census
             if time.monotonic() > deadline:
-                raise DeploymentError(f"no SuperNode hosts clients {missing} after {self.settings.start_timeout:.0f} s")
+                waiting = f"no SuperNode hosts clients {missing}" if missing else \
+                    f"{', '.join(unheard)} of the cohort did not enrol"
+                raise DeploymentError(f"{waiting} after {self.settings.start_timeout:.0f} s")
             time.sleep(1.0)
+
+    def _unenrolled(self) -> list[str]:
+        """The cohort's sites (names) no node has proven to be yet; none without authentication."""
+        if self.flow is None or not self.flow.authenticated:
+            return []
+        proven = set(self.flow.identities.values())
+        return sorted(name for name, key in self.flow.cohort.sites.items() if key not in proven)
+
+    def _who(self, node: int) -> str:
+        """``node`` and, once it enrolled, the cohort name of its identity."""
+        key = self.flow.identities.get(node) if self.flow is not None else None
+        name = self.flow.cohort.name_of(key) if key is not None else None
+        return f"SuperNode {node}" + (f" ({name})" if name else "")
 
     # ---- one round's messages (the driver, federation/runtime.py, does the rest) -----------------------
 
@@ -359,10 +378,12 @@ class FlowerRun:
         node's word about its own sites only (another's would stop everyone's run: found by review)."""
         for n, reason in self.flow.errors.items():
             if DIVERGED in reason:
-                try:  # the JSON [where, cause] after the marker, whatever Flower wrapped around it
-                    where, cause = json.JSONDecoder().raw_decode(reason, reason.index(DIVERGED) + len(DIVERGED))[0]
-                except (ValueError, TypeError):
-                    where, cause = None, reason
+                start = reason.index(DIVERGED) + len(DIVERGED)
+                try:  # the JSON [where, cause] after the marker, whatever Flower wrapped around it; a node's
+                    # free text, so bounded and parsed as untrusted (found by review: 100,000 '[' recursed)
+                    where, cause = json.JSONDecoder().raw_decode(reason[start:start + 4096])[0]
+                except (ValueError, TypeError, RecursionError):
+                    where, cause = None, reason[:4096]
                 if not _expected(fed, hosts, drawn, n).may_diverge(str(where)):
                     _refused(MalformedReply(f"SuperNode {n}: left the round saying {str(where)[:80]!r} diverged, "
                                             "a site it does not train"))

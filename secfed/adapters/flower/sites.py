@@ -413,9 +413,9 @@ def _under(cfg: RunConfig, root: Path | None, public: Path | None, folder: Path)
     entries added — in the run's ``folder`` in the node's state: the node never writes into its data
     root (found by review: a server naming `data.split_file = "viper/cam_a/999_0.bmp"` had the node
     write JSON over a site's image)."""
-    data = {"split_file": str(_kept_split(root / cfg.data.split_file, folder))} \
-        if root is not None and cfg.data.split_file else {}
-    method = {"kd_public": str(public / cfg.method.kd_public)} if public is not None else {}
+    data = {"split_file": str(_kept_split(root / Path(cfg.data.split_file).expanduser(), folder))} \
+        if root is not None and cfg.data.split_file else {}  # expanded as within() read it
+    method = {"kd_public": str(public / Path(cfg.method.kd_public).expanduser())} if public is not None else {}
     return cfg.model_copy(update={"data": cfg.data.model_copy(update=data),
                                   "method": cfg.method.model_copy(update=method)})
 
