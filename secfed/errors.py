@@ -2,14 +2,27 @@
 
 A module of its own, below everything else: the schema (:mod:`secfed.config`), the privacy rules
 (:mod:`secfed.privacy.policy`), the methods and the CLI all raise these, and none of them needs to
-import another to do so.
+import another to do so. :func:`printable` is here for the same reason: every error shows names
+read from disk through it.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+
+def printable(text: os.PathLike[str] | str) -> str:
+    """``text`` (a path, a message) as it can be shown on a terminal: bytes that are not UTF-8 and
+    control characters escaped (a file name could otherwise forge lines or colours: found by review)."""
+    plain = str(os.fspath(text))
+    try:  # a name read from disk keeps its undecodable bytes as surrogates: shown as \xNN
+        raw = plain.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # other lone surrogates (typed, or from JSON)
+        raw = plain.encode("utf-8", "backslashreplace").decode()
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in raw)
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,8 @@ class ConfigError(ValueError):
         as ``name(key)`` — a flag on the command line, a TOML key in a file."""
         lines = []
         for issue in self.issues:
-            message = _KEY_REF.sub(lambda m: name(m.group(1)), issue.message)
+            # one line each, shown as written: a name read from disk could carry escapes or newlines (review)
+            message = printable(_KEY_REF.sub(lambda m: name(m.group(1)), issue.message))
             lines.append(f"{name(issue.key)}: {message}")
         return "\n".join(lines)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as TF
 
@@ -60,13 +60,16 @@ def read_image(path: Path | str) -> torch.Tensor:
         raise DataError(path, f"corrupt or unsupported image: {_CPP_LOCATION.sub('', str(err))}") from None
     except MemoryError:
         raise DataError(path, "too large to decode in this machine's memory") from None
+    if image.ndim != 3:
+        raise DataError(path, f"decodes to {tuple(image.shape)}, not one picture")
     # a 16-bit PNG decodes to uint16: scaled, not cut to its low byte (found by review: 0x1234 became 0x34)
     return image if image.dtype == torch.uint8 else TF.to_dtype(image, torch.uint8, scale=True)
 
 
 def _check_pixels(path: Path, data: bytes) -> None:
-    """Refuse an image whose header declares more pixels than Pillow's decompression-bomb bound, before
-    decoding it (Pillow reads the header only; a format it does not know is left to the decoder)."""
+    """Refuse, before decoding, an image whose header declares more pixels than Pillow's
+    decompression-bomb bound or more than one frame, or that Pillow cannot read the header of (it
+    reads the header only). Every format torchvision decodes (JPEG, PNG, WebP, GIF) Pillow reads."""
     import io
     import warnings
 
@@ -75,10 +78,15 @@ def _check_pixels(path: Path, data: bytes) -> None:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as header:
                 width, height = header.size
+                frames = getattr(header, "n_frames", 1)
     except Image.DecompressionBombError as err:
         raise DataError(path, f"more pixels than any image a ReID set holds ({err})") from None
-    except Exception:  # noqa: BLE001 - not Pillow's to judge: torchvision's decoder names what is wrong
-        return
+    except Exception as err:  # noqa: BLE001 - fail closed: a header Pillow cannot read is not checked, so not decoded
+        what = "no image format Pillow knows" if isinstance(err, UnidentifiedImageError) else f"{type(err).__name__}: {err}"
+        raise DataError(path, f"corrupt or unsupported image: unreadable header ({what}); refused before decoding "
+                              "(libjpeg and libpng read some headers Pillow refuses, and decode them unbounded)") from None
+    if frames != 1:  # an animated GIF decodes every frame: 40 frames of 4000×4000 from 940 bytes (review)
+        raise DataError(path, f"{frames} frames: an image of a ReID set is one picture")
     if width * height > MAX_IMAGE_PIXELS:
         raise DataError(path, f"{width}×{height} pixels: more than any image a ReID set holds "
                               f"({MAX_IMAGE_PIXELS} pixels at most)")

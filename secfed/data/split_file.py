@@ -62,7 +62,7 @@ def seeded_split(
     split file. With ``split_path`` None the split is drawn in memory and nothing is written.
     """
     path = None if split_path is None else Path(split_path)
-    doc = _read(path) if path is not None and path.exists() else _empty()
+    doc = read_split_file(path) if path is not None and path.exists() else _empty()
     entry = doc["datasets"].get(name)
     key = str(int(seed))
     if path is not None and entry is not None:
@@ -100,7 +100,9 @@ def _empty() -> dict:
     return {"version": SPLIT_FILE_VERSION, "datasets": {}}
 
 
-def _read(path: Path) -> dict:
+def read_split_file(path: Path) -> dict:
+    """The split file at ``path``, checked (a regular file, JSON, this version, datasets of splits); a
+    DataError naming what is wrong."""
     if not path.is_file():  # a FIFO would hang the reader (found by review)
         raise DataError(path, "the split file is not a regular file")
     try:

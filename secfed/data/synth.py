@@ -185,7 +185,8 @@ class SynthManifest:
             raise DataError(path, f"cannot read the manifest: {exc.strerror or exc}") from None
         folders = [d.name for d in (*manifest.domains, *manifest.unseen)] + (
             [manifest.public.folder] if manifest.public is not None else [])
-        strange = [name for name in folders if not _FOLDER_NAME.fullmatch(str(name)) or name in (".", "..")]
+        strange = [name for name in folders if not isinstance(name, str) or not _FOLDER_NAME.fullmatch(name)
+                   or name in (".", "..")]
         if strange:  # the folders are read under root: a name must not lead out of it (found by review)
             raise DataError(path, f"malformed manifest: {strange[0]!r} is not a folder name")
         return manifest

@@ -19,7 +19,7 @@ import torch
 
 from secfed.algorithms import Method, Site, base_method, with_options
 from secfed.config import ConfigError, RunConfig
-from secfed.data.images import load_images
+from secfed.data.images import MAX_IMAGE_BYTES, load_images
 from secfed.data.listing import Resolver
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
@@ -27,6 +27,7 @@ from secfed.data.synth import DEFAULT_PUBLIC_IMAGES, SynthManifest, cached
 from secfed.data.types import ReidDataset, Sample
 from secfed.data.usable import matched_queries
 from secfed.data.validation import ValidationSplitError, validation_split
+from secfed.errors import printable
 from secfed.federation.channel import Channel, PlainChannel
 from secfed.federation.client import ClientSide
 from secfed.federation.secure_channel import RING_BITS, SecureChannel
@@ -227,7 +228,15 @@ def _public_from(cfg: RunConfig, base: Path) -> list[Path]:
 def _list_images(folder: Path) -> list[Path]:
     if not folder.is_dir():
         raise ConfigError("method.kd_public", f"{folder} is not a directory")
-    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp"))
+    # regular files only (a FIFO named *.jpg hung the run, found by review), named in UTF-8 as every
+    # dataset's images must be (types.check_sample)
+    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp") and p.is_file())
+    for path in images:
+        try:
+            str(path).encode()
+        except UnicodeEncodeError:
+            raise ConfigError("method.kd_public", f"{printable(path)}: the file name is not valid UTF-8: rename the "
+                              "file") from None
     if len(images) < 2:
         raise ConfigError("method.kd_public", f"{folder} holds {len(images)} images; distillation needs some")
     return images
@@ -246,6 +255,9 @@ def public_fingerprint(images: Sequence[Path]) -> str:
     h = hashlib.sha256()
     for path in images:
         try:
+            if path.stat().st_size > MAX_IMAGE_BYTES:
+                raise ConfigError("method.kd_public", f"{printable(path)}: larger than any image ({MAX_IMAGE_BYTES} "
+                                  "bytes at most)")
             content = path.read_bytes()
         except OSError as exc:
             raise ConfigError("method.kd_public", f"cannot read the public image {path}: {exc.strerror or exc}") from None
@@ -254,10 +266,15 @@ def public_fingerprint(images: Sequence[Path]) -> str:
 
 
 def within(root: Path, name: str | Path) -> bool:
-    """Whether ``name`` names a place under ``root`` as written — neither absolute elsewhere nor
-    climbing out with ``..``. Lexical on purpose: a link inside ``root`` to data kept on another disk
-    is the operator's own layout (whoever names ``name`` cannot make links there)."""
-    return Path(os.path.normpath(root / Path(name).expanduser())).is_relative_to(os.path.normpath(root))
+    """Whether ``name`` names a place under ``root`` as written — neither absolute elsewhere nor with a
+    ``..`` anywhere (the system resolves ``link/..`` against the link's target, so a ``..`` that stays
+    inside by spelling may lead out through a link: found by review). Lexical otherwise, on purpose: a
+    link inside ``root`` to data kept on another disk is the operator's own layout (whoever names
+    ``name`` cannot make links there)."""
+    named = Path(name).expanduser()
+    if ".." in named.parts:
+        return False
+    return Path(os.path.normpath(root / named)).is_relative_to(os.path.normpath(root))
 
 
 def _entries_under(root: Path, requested: Sequence[str], key: str) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ from typing import Any
 from secfed import atomic_file
 from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
-from secfed.federation.builder import resolve_data
+from secfed.federation.builder import make_shards, resolve_data
 from secfed.validation import check
 from secfed.federation.runtime import Reporter, new_run_dir, run
 
@@ -61,7 +61,9 @@ def training_domains(cfg: RunConfig) -> list[str]:
     """The domains a run of ``cfg`` would train on, were none left out."""
     whole = cfg.model_copy(deep=True)
     whole.data.leave_out = []
-    return [d.name for d in resolve_data(whole).trained]
+    trained = resolve_data(whole).trained
+    make_shards(whole, trained)  # every domain a site that can train: refused before any target starts (review)
+    return [d.name for d in trained]
 
 
 def is_sweep(run_dir: Path) -> bool:

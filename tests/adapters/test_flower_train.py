@@ -513,6 +513,9 @@ def test_a_node_refuses_a_run_that_unmasks_it_or_names_paths_outside_its_data(sm
     linked.mkdir()
     (linked / "plaza").symlink_to(synth_root / "plaza", target_is_directory=True)
     assert sites_module.within(linked, "plaza") and not sites_module.within(linked, "plaza/../../x")
+    # ... but no '..' at all: "plaza/../x" stays inside by spelling and leads to synth_root's sibling x
+    # through the link (review)
+    assert not sites_module.within(linked, "plaza/../secret.json")
     escaping = cfg.model_copy(update={"data": cfg.data.model_copy(update={"datasets": [
         "../" + synth_root.name + "-copy/plaza", str(tmp_path), "campus"]})})
     with pytest.raises(ConfigError, match="not outside it"):
@@ -549,7 +552,6 @@ def test_a_node_writes_no_split_file_into_its_data_root(tmp_path):
     VIPeR's split and write it as JSON over that image, breaking the site's dataset for good)"""
     from PIL import Image
 
-    from secfed.data.errors import DataError
     from secfed.federation.builder import resolve_data
 
     root = tmp_path / "data"
@@ -565,11 +567,9 @@ def test_a_node_writes_no_split_file_into_its_data_root(tmp_path):
             sites_module.ALLOW_PLAIN_KEY: True}
     data_root, public = sites_module.check_run(cfg, node)
     folder = sites_module.run_folder(node, secrets.token_hex(16))
-    kept = sites_module._under(cfg, data_root, public, folder)
-    assert Path(kept.data.split_file).parent == folder
-    with pytest.raises(DataError, match="split file is not valid JSON"):
-        resolve_data(kept, root=data_root, split_path=Path(kept.data.split_file))
-    assert image.read_bytes() == before
+    with pytest.raises(node_files.NodeSetupError, match="which is not a split file of this node's data root"):
+        sites_module._under(cfg, data_root, public, folder)
+    assert image.read_bytes() == before and not any(folder.iterdir())  # nor copied (review of the fix)
     # a split file of the data root is read, and the node's drawn entries go into its own copy
     (root / "splits.json").write_text('{"version": 2, "datasets": {}}')
     named = cfg.model_copy(update={"data": cfg.data.model_copy(update={"split_file": "splits.json"})})
@@ -578,9 +578,12 @@ def test_a_node_writes_no_split_file_into_its_data_root(tmp_path):
     resolve_data(kept, root=data_root, split_path=Path(kept.data.split_file))
     assert (root / "splits.json").read_text() == '{"version": 2, "datasets": {}}'
     assert "viper" in json.loads((other / "splits.json").read_text())["datasets"]
-    missing = cfg.model_copy(update={"data": cfg.data.model_copy(update={"split_file": "none.json"})})
-    with pytest.raises(node_files.NodeSetupError, match="which is not a split file of this node's data root"):
-        sites_module._under(missing, data_root, public, sites_module.run_folder(node, secrets.token_hex(16)))
+    with pytest.raises(node_files.NodeSetupError, match="is not a hex string"):  # `$` let a newline through
+        sites_module.run_folder(node, "0123456789abcdef\n")
+    for name in ("none.json", "viper"):
+        missing = cfg.model_copy(update={"data": cfg.data.model_copy(update={"split_file": name})})
+        with pytest.raises(node_files.NodeSetupError, match="which is not a split file of this node's data root"):
+            sites_module._under(missing, data_root, public, sites_module.run_folder(node, secrets.token_hex(16)))
 
 
 def test_a_node_scores_only_its_sites_planned_jobs(small_config, tmp_path):

@@ -215,6 +215,19 @@ def test_images_are_bounded_before_they_are_read_and_sixteen_bits_are_scaled(tmp
                      + chunk(b"IEND", b""))
     with pytest.raises(DataError, match="more pixels than any image a ReID set holds"):
         read_image(bomb)
+    # review of the fix: a header Pillow cannot read went to libjpeg unchecked (a 635-byte JPEG decoded to
+    # 20000×20000), and an animated GIF multiplied the bound by its frames (940 bytes → 1.9 GB)
+    small = tmp_path / "small.jpg"
+    Image.new("RGB", (4, 8), (180, 40, 20)).save(small)
+    marked = tmp_path / "marked.jpg"
+    marked.write_bytes(small.read_bytes()[:2] + b"\xff\x01" + small.read_bytes()[2:])  # libjpeg skips it
+    with pytest.raises(DataError, match="unreadable header"):
+        read_image(marked)
+    frames = tmp_path / "frames.jpg"
+    Image.new("RGB", (4, 8), (1, 2, 3)).save(frames, format="GIF", save_all=True,
+                                              append_images=[Image.new("RGB", (4, 8), (9, 8, 7))])
+    with pytest.raises(DataError, match="2 frames: an image of a ReID set is one picture"):
+        read_image(frames)
     deep = tmp_path / "grey16.png"
     Image.fromarray(np.full((8, 4), 0x1234, np.uint16)).save(deep)
     assert read_image(deep).dtype == torch.uint8 and read_image(deep)[:, 0, 0].tolist() == [0x12] * 3
@@ -263,6 +276,10 @@ def test_a_synthetic_root_names_only_folders_inside_it_and_its_output_is_no_link
     (root / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DataError, match="'../escaped' is not a folder name"):
         SynthManifest.load(root)
+    manifest["domains"][0]["name"] = 5  # a number passed str(name), then `root / 5` raised TypeError
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="5 is not a folder name"):
+        SynthManifest.load(root)
     (root / "manifest.json").write_text('{"version": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(DataError, match="malformed manifest .RecursionError"):
         SynthManifest.load(root)
@@ -270,3 +287,21 @@ def test_a_synthetic_root_names_only_folders_inside_it_and_its_output_is_no_link
     (tmp_path / "link").symlink_to(tmp_path / "empty", target_is_directory=True)
     with pytest.raises(FileExistsError, match="is a symbolic link"):
         generate(tmp_path / "link", domains=1, seed=0, scale=0.05, height=32, width=16)
+
+
+def test_a_public_set_lists_regular_files_named_in_utf8(tmp_path, layouts):
+    """(review of the fixes: the public set of distillation skipped every check — a FIFO named *.jpg
+    hung `train --kd`, a name that is not UTF-8 stopped its fingerprint with a traceback)"""
+    from secfed.config import ConfigError
+    from secfed.federation.builder import _list_images, public_fingerprint
+
+    public = tmp_path / "public"
+    for i in range(3):
+        layouts.image(public / f"{i:04d}.jpg")
+    os.mkfifo(public / "zz_fifo.jpg")
+    (public / "dir.jpg").mkdir()
+    images = _list_images(public)
+    assert [p.name for p in images] == ["0000.jpg", "0001.jpg", "0002.jpg"] and len(public_fingerprint(images)) == 64
+    shutil.copy(images[0], public / os.fsdecode(b"\xff.jpg"))
+    with pytest.raises(ConfigError, match=r"\\xff.jpg: the file name is not valid UTF-8"):
+        _list_images(public)

@@ -61,6 +61,17 @@ def test_leave_one_out_refuses_a_held_out_list_and_too_few_domains(synth_root: P
     two = _invoke(["--data-root", str(synth_root), *TINY, "--out", str(tmp_path), "--leave-one-out",
                    "--datasets", ",".join(names[:2])])
     assert two.exit_code == 2 and "--datasets" in two.output and "at least three" in two.output
+    # a domain with one training image: refused before the first target trains (review: the first ran to
+    # its end, then the second stopped on it)
+    import shutil
+
+    thin = tmp_path / "thin"
+    shutil.copytree(synth_root, thin, ignore=shutil.ignore_patterns("public"))
+    for image in sorted((thin / names[0] / "bounding_box_train").iterdir())[1:]:
+        image.unlink()
+    one = _invoke(["--data-root", str(thin), *TINY, "--out", str(tmp_path / "runs"), "--name", "s", "--leave-one-out"])
+    assert one.exit_code == 2 and f"clients {names[0]} (1) hold fewer than 2 training images" in one.output
+    assert not (tmp_path / "runs" / "s").exists()
 
 
 def test_a_clients_epsilon_over_the_sweep_adds_up_over_the_runs_its_data_trained() -> None:

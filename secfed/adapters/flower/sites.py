@@ -54,6 +54,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
@@ -65,8 +66,10 @@ import torch
 
 from secfed import atomic_file
 from secfed.config import RunConfig
+from secfed.data.errors import DataError
 from secfed.data.images import load_images
 from secfed.data.listing import Resolver
+from secfed.data.split_file import read_split_file
 from secfed.data.types import Sample
 from secfed.federation.builder import SPLIT_FILE, Federation, build, make_shards, resolve_data, within
 from secfed.federation.runtime import prefixed, split_prefixed
@@ -77,7 +80,7 @@ from . import node
 DATA_ROOT_KEY = "secfed-data-root"
 ALLOW_PLAIN_KEY = "secfed-allow-plain"
 PUBLIC_ROOT_KEY = "secfed-public-root"
-MAX_SPLIT_FILE = 256 * 2**20  # MSMT17's splits take a few MB
+MAX_SPLIT_FILE = 32 * 2**20  # the largest set's seeded splits take a few MB
 MAX_EPSILON_KEY = "secfed-max-epsilon"
 MAX_DELTA_KEY = "secfed-max-delta"
 DEFAULT_MAX_DELTA = 1e-3  # over the node's lifetime: a hundred runs at secfed's default δ of 1e-5
@@ -86,7 +89,7 @@ SPENT_FILE = "privacy-spent.json"  # in STATE_DIR: the ε each run claimed for t
 ROUNDS_FILE = "rounds.json"  # in the run's folder: the last round this node trained
 SKELLAM, DP_SGD, DFS = "Skellam", "DP-SGD", "DFS"  # what protects one example, by mechanism
 STATE_FILE = "state.pt"
-_TOKEN = re.compile(r"^[0-9a-f]{16,64}$")
+_TOKEN = re.compile(r"[0-9a-f]{16,64}")
 
 
 def hosted(node_config: Mapping[str, object], num_clients: int) -> list[int]:
@@ -261,7 +264,7 @@ def _spent_ledger(state: Path) -> Iterator[dict[str, dict[str, list[float]]]]:
 
 
 def run_folder(node_config: Mapping[str, object], token: str) -> Path:
-    if not _TOKEN.match(token):
+    if not _TOKEN.fullmatch(token):  # match() let "…\n" through: `$` matches before a final newline (review)
         raise node.NodeSetupError(f"run token {token!r} is not a hex string")
     folder = node.state_dir(node_config) / "runs" / token
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -425,11 +428,15 @@ def _kept_split(named: Path, folder: Path) -> Path:
     run's first message; a later message reads and extends the copy)."""
     kept = folder / SPLIT_FILE
     if not kept.exists():
-        if not named.is_file() or named.stat().st_size > MAX_SPLIT_FILE:
+        try:  # read and checked in memory first: only a split file is ever written (found by review: any
+            # file of the data root, a 150 MB archive, was copied into the state folder at each new token)
+            if not named.is_file() or named.stat().st_size > MAX_SPLIT_FILE:
+                raise DataError(named, f"not a file of at most {MAX_SPLIT_FILE >> 20} MiB")
+            doc = read_split_file(named)
+        except (DataError, OSError) as exc:
             raise node.NodeSetupError(f"data.split_file names {named}, which is not a split file of this node's "
-                                      f"data root (a file of at most {MAX_SPLIT_FILE >> 20} MiB; the node reads "
-                                      "one there, and writes none)")
-        atomic_file.write_bytes(kept, named.read_bytes(), mode=0o600)
+                                      f"data root ({exc}); the node reads one there, and writes none") from None
+        atomic_file.write_bytes(kept, json.dumps(doc).encode(), mode=0o600)
     return kept
 
 
@@ -446,7 +453,7 @@ class ImageCache:
         h, resolve = hashlib.sha256(f"secfed-images/v2|{height}x{width}\n".encode()), Resolver()
         for s in samples:
             st = s.path.stat()
-            h.update(f"{resolve(s.path).as_posix()}|{st.st_size}|{st.st_mtime_ns}|{s.pid}|{s.camid}\n".encode())
+            h.update(os.fsencode(resolve(s.path)) + f"|{st.st_size}|{st.st_mtime_ns}|{s.pid}|{s.camid}\n".encode())
         return h.hexdigest()
 
     def __call__(self, samples: Sequence[Sample], height: int, width: int) -> torch.Tensor:
