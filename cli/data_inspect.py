@@ -18,6 +18,7 @@ from rich.table import Table
 from secfed.cli.common import cli_errors, emit_json, human_console
 from secfed.cli.data_synth import print_domains
 from secfed.data.errors import DataError
+from secfed.errors import printable
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.synth import SynthManifest
 from secfed.data.synth_report import image_counts, measured, recorded
@@ -105,7 +106,7 @@ def inspect_command(
         fmt = _guess(root)
         if fmt is None:
             raise click.UsageError(
-                f"cannot tell the format of {root} from its name; pass --format ({', '.join(FORMATS)})")
+                f"cannot tell the format of {printable(root)} from its name; pass --format ({', '.join(FORMATS)})")
     if not FORMATS[fmt].seeded:
         _refuse_split_flags(f"{fmt} ships its own split")
     with cli_errors():
@@ -156,14 +157,14 @@ def _inspect_synthetic(root: Path, verify: bool, as_json: bool) -> None:
         emit_json(summary)
         return
     console = human_console(json_mode=False)
-    print_domains(rows, f"{root} (synthetic, seed {manifest.seed}, {manifest.height}×{manifest.width})", console)
+    print_domains(rows, f"{printable(root)} (synthetic, seed {manifest.seed}, {manifest.height}×{manifest.width})", console)
     console.print(f"holds {image_counts(rows)}")  # the sentence `data synth` printed after writing them
     if checked is not None:
         console.print(f"verified: all {checked:,} images read by the loaders decode")
 
 
 def _print_table(summary: dict, console: Console) -> None:
-    console.print(f"[bold]{escape(summary['root'])}[/bold]  [dim]{summary['format']}[/dim]")
+    console.print(f"[bold]{escape(printable(summary['root']))}[/bold]  [dim]{summary['format']}[/dim]")
     table = Table()
     table.add_column("subset")
     for column in ("ids", "images", "cameras"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -22,7 +23,16 @@ def printable(text: os.PathLike[str] | str) -> str:
         raw = plain.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeEncodeError:  # other lone surrogates (typed, or from JSON)
         raw = plain.encode("utf-8", "backslashreplace").decode()
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in raw)
+    return "".join(c if c.isprintable() or _shown_as_is(c) else repr(c)[1:-1] for c in raw)
+
+
+# Spaces and joiners people's names use (a no-break space, Persian's zero-width non-joiner) are shown
+# as they are; controls, line breaks and the bidirectional overrides that reorder text are not.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _shown_as_is(c: str) -> bool:
+    return unicodedata.category(c) in ("Zs", "Cf") and c not in _BIDI
 
 
 @dataclass(frozen=True)
@@ -60,7 +70,7 @@ class ConfigError(ValueError):
         for issue in self.issues:
             # one line each, shown as written: a name read from disk could carry escapes or newlines (review)
             message = printable(_KEY_REF.sub(lambda m: name(m.group(1)), issue.message))
-            lines.append(f"{name(issue.key)}: {message}")
+            lines.append(f"{printable(name(issue.key))}: {message}")
         return "\n".join(lines)
 
 

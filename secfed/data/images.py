@@ -68,8 +68,10 @@ def read_image(path: Path | str) -> torch.Tensor:
 
 def _check_pixels(path: Path, data: bytes) -> None:
     """Refuse, before decoding, an image whose header declares more pixels than Pillow's
-    decompression-bomb bound or more than one frame, or that Pillow cannot read the header of (it
-    reads the header only). Every format torchvision decodes (JPEG, PNG, WebP, GIF) Pillow reads."""
+    decompression-bomb bound, an animated GIF (torchvision decodes every frame), or one whose size no
+    header reader finds: Pillow's, else the PNG or JPEG header read here (libpng decodes a PNG with a
+    damaged ancillary chunk that Pillow refuses; a camera's JPEG with a preview is one picture to
+    torchvision and two frames, MPO, to Pillow — found by review)."""
     import io
     import warnings
 
@@ -77,19 +79,46 @@ def _check_pixels(path: Path, data: bytes) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as header:
-                width, height = header.size
-                frames = getattr(header, "n_frames", 1)
+                (width, height), kind = header.size, header.format
+                frames = getattr(header, "n_frames", 1) if kind == "GIF" else 1
     except Image.DecompressionBombError as err:
         raise DataError(path, f"more pixels than any image a ReID set holds ({err})") from None
-    except Exception as err:  # noqa: BLE001 - fail closed: a header Pillow cannot read is not checked, so not decoded
-        what = "no image format Pillow knows" if isinstance(err, UnidentifiedImageError) else f"{type(err).__name__}: {err}"
-        raise DataError(path, f"corrupt or unsupported image: unreadable header ({what}); refused before decoding "
-                              "(libjpeg and libpng read some headers Pillow refuses, and decode them unbounded)") from None
+    except Exception as err:  # noqa: BLE001 - fail closed: a size no reader finds is not checked, so not decoded
+        size = _header_size(data)
+        if size is None:
+            what = "no image format Pillow knows" if isinstance(err, UnidentifiedImageError) else f"{type(err).__name__}: {err}"
+            raise DataError(path, f"corrupt or unsupported image: unreadable header ({what}); refused before "
+                                  "decoding (libjpeg and libpng read some headers Pillow refuses, unbounded)") from None
+        (width, height), frames = size, 1
     if frames != 1:  # an animated GIF decodes every frame: 40 frames of 4000×4000 from 940 bytes (review)
         raise DataError(path, f"{frames} frames: an image of a ReID set is one picture")
     if width * height > MAX_IMAGE_PIXELS:
         raise DataError(path, f"{width}×{height} pixels: more than any image a ReID set holds "
                               f"({MAX_IMAGE_PIXELS} pixels at most)")
+
+
+def _header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a PNG's IHDR or a JPEG's first frame header (SOF), as libpng and libjpeg
+    read them; None for anything else. Hand-written: Pillow's reader is the one that refused."""
+    if data.startswith(_PNG_MAGIC) and data[12:16] == b"IHDR" and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    at = 2
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM, RSTn: no length
+            at += 2
+        elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header: P, Y, X
+            return (int.from_bytes(data[at + 7:at + 9], "big"), int.from_bytes(data[at + 5:at + 7], "big")) \
+                if at + 9 <= len(data) else None
+        else:
+            at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+    return None
 
 
 def _decode_with_pillow(path: Path) -> torch.Tensor:

@@ -311,10 +311,13 @@ def fingerprint(datasets: Sequence[ReidDataset], root: Path) -> str:
         h.update(d.name.encode() + b"\0")
         for part in (d.train, d.query, d.gallery):
             for s in part:
-                try:
-                    rel = resolve(s.path).relative_to(root)
+                try:  # as listed under the root: a dataset folder linked from another disk keeps its name
+                    rel = s.path.relative_to(root)  # (found by review: its target's absolute path differed per node)
                 except ValueError:
-                    rel = s.path
+                    try:
+                        rel = resolve(s.path).relative_to(root)
+                    except ValueError:
+                        rel = s.path
                 h.update(f"{rel.as_posix()}|{s.path.stat().st_size}|{s.pid}|{s.camid}\n".encode())
     return h.hexdigest()
 

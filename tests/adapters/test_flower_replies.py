@@ -196,9 +196,37 @@ def test_hello_counts_only_enrolled_nodes_and_one_description_of_the_data(tmp_pa
     with pytest.raises(RuntimeError, match="site-a of the cohort did not enrol after 0 s"):
         FlowerRun(grid, Settings(authenticated, tmp_path / "run", "token", tmp_path / "cohort.toml", start_timeout=0,
                                  phase_timeout=1, poll=0.01)).hello()
+
+    # ... and a SuperNode restarting under a new node id while another site starts leaves its old claims
+    # behind (review of the fix: the new claim met the old one, "claimed by more than one SuperNode")
+    def enrolled(sites: list[int]) -> ClientApp:
+        app = ClientApp(mods=[SecAggMod()])
+        app.train()(claims(sites, census(4)))
+        return app
+
+    def node(folder: str) -> dict:
+        return {node_files.STATE_DIR_KEY: str(tmp_path / folder), node_files.COHORT_KEY: str(tmp_path / "cohort.toml")}
+
+    class Restarting(FakeGrid):
+        calls = 0
+
+        def get_node_ids(self) -> list[int]:  # site-b (node "evil") up, site-a at 2000, then back as 2002
+            self.calls += 1
+            return [2000] if self.calls == 1 else [2002] if self.calls == 2 else [2001, 2002]
+
+    grid = Restarting({2000: (enrolled([0]), node("honest")), 2002: (enrolled([0]), node("honest")),
+                       2001: (enrolled([1]), node("evil"))})
+    hosts, _ = FlowerRun(grid, Settings(authenticated, tmp_path / "run", "token", tmp_path / "cohort.toml",
+                                        start_timeout=30, phase_timeout=1, poll=0.01)).hello()
+    assert hosts == {2001: [1], 2002: [0]}
     plain = RunConfig()
     plain.secagg.enabled = False  # no identities: nodes are the SuperLink's registered ones
     assert hello(plain, {2000: claims([0], census(4)), 2001: claims([1], census(4))})[0] == {2000: [0], 2001: [1]}
+
+    def skipping(files: int) -> dict:  # a Thumbs.db in one node's copy: not a difference in the data (review)
+        return {**census(4), "info": {**CENSUS["info"], "datasets": [{"name": "campus", "skipped": {"not_image": files}}]}}
+
+    assert hello(plain, {2000: claims([0], skipping(0)), 2001: claims([1], skipping(1))})[0] == {2000: [0], 2001: [1]}
     with pytest.raises(ConfigError, match=r"describe the same data differently \(SuperNodes \[2000\]; SuperNodes "
                                           r"\[2001\]"):
         hello(plain, {2000: claims([0], census(4)), 2001: claims([1], census(999))})

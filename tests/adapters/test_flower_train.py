@@ -402,10 +402,16 @@ def test_a_deployed_run_distils_on_the_public_set_each_side_keeps_in_its_own_pub
     cfg.method.kd, cfg.method.kd_public, cfg.method.kd_epochs = True, "public", 1
     server_root = tmp_path / "server-public"
     shutil.copytree(synth_root / "public", server_root / "public")
-    # node 1 keeps the same data elsewhere (found by review of the first fix: the census compared
-    # across nodes held each node's data root, and honest nodes at different paths were refused)
+    # node 1 keeps the same data elsewhere, its dataset folders linked from another disk (found by review
+    # of the first fix: the census held each node's data root, then the links' targets, and honest nodes
+    # were refused as reading different data)
     elsewhere = tmp_path / "elsewhere"
-    shutil.copytree(synth_root, elsewhere)
+    elsewhere.mkdir()
+    for entry in synth_root.iterdir():
+        if entry.is_dir():
+            (elsewhere / entry.name).symlink_to(entry, target_is_directory=True)
+        else:
+            shutil.copy(entry, elsewhere / entry.name)
     roots = {0: synth_root, 1: elsewhere}
     grid, _ = flower_nodes(tmp_path, 2, cfg, node_config=lambda p: {sites_module.PUBLIC_ROOT_KEY: str(roots[p]),
                                                                     sites_module.DATA_ROOT_KEY: str(roots[p])})

@@ -216,13 +216,29 @@ def test_images_are_bounded_before_they_are_read_and_sixteen_bits_are_scaled(tmp
     with pytest.raises(DataError, match="more pixels than any image a ReID set holds"):
         read_image(bomb)
     # review of the fix: a header Pillow cannot read went to libjpeg unchecked (a 635-byte JPEG decoded to
-    # 20000×20000), and an animated GIF multiplied the bound by its frames (940 bytes → 1.9 GB)
+    # 20000×20000), and an animated GIF multiplied the bound by its frames (940 bytes → 1.9 GB); the size is
+    # then read from the JPEG or PNG header itself (refusing every header Pillow cannot read refused
+    # pictures libjpeg and libpng decode: review of that fix)
     small = tmp_path / "small.jpg"
     Image.new("RGB", (4, 8), (180, 40, 20)).save(small)
+    data = small.read_bytes()
+    sof = data.index(b"\xff\xc0")
+    huge = data[:sof + 5] + struct.pack(">HH", 20000, 20000) + data[sof + 9:]
     marked = tmp_path / "marked.jpg"
-    marked.write_bytes(small.read_bytes()[:2] + b"\xff\x01" + small.read_bytes()[2:])  # libjpeg skips it
+    for content, outcome in ((data, (3, 8, 4)), (huge, "20000×20000 pixels: more than any image")):
+        marked.write_bytes(content[:2] + b"\xff\x01" + content[2:])  # TEM: libjpeg skips it, Pillow refuses
+        if isinstance(outcome, str):
+            with pytest.raises(DataError, match=outcome):
+                read_image(marked)
+        else:
+            assert tuple(read_image(marked).shape) == outcome
+    (tmp_path / "junk.jpg").write_bytes(b"not an image at all, of any format")
     with pytest.raises(DataError, match="unreadable header"):
-        read_image(marked)
+        read_image(tmp_path / "junk.jpg")
+    camera = tmp_path / "camera.jpg"  # a JPEG with its preview: MPO of two frames to Pillow, one picture
+    Image.new("RGB", (4, 8), (1, 2, 3)).save(camera, format="MPO", save_all=True,
+                                              append_images=[Image.new("RGB", (2, 4), (9, 8, 7))])
+    assert tuple(read_image(camera).shape) == (3, 8, 4)
     frames = tmp_path / "frames.jpg"
     Image.new("RGB", (4, 8), (1, 2, 3)).save(frames, format="GIF", save_all=True,
                                               append_images=[Image.new("RGB", (4, 8), (9, 8, 7))])

@@ -23,6 +23,7 @@ from secfed.federation import codec
 from secfed.federation.builder import Census
 from secfed.federation.evaluate import SCORE_KEYS
 from secfed.federation.messages import Upload
+from secfed.errors import printable
 from secfed.protocols import ProtocolError
 
 from .client_app import STEP, UPLOADS
@@ -119,7 +120,7 @@ def train_reply(node: int, content: RecordDict, expected: Expected) -> TrainRepl
             where, cause = _json(out, "diverged", list)
             if not expected.may_diverge(str(where)):
                 raise MalformedReply(f"SuperNode {node}: says {str(where)[:80]!r} diverged, a site it does not train")
-            return TrainReply(diverged=(str(where), str(cause)))
+            return TrainReply(diverged=(str(where), printable(str(cause))[:200]))  # a node's text, shown to the user
         reply = TrainReply(sites=[int(k) for k in out["sites"]], stats=_figures(_json(out, "stats", dict)),
                            baseline=_figures(_json(out, "baseline", dict)),
                            accountants={int(k): _accountants(v) for k, v in _json(out, "accountants", dict).items()},

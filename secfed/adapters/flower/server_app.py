@@ -43,6 +43,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from secfed.config import ConfigError, ConfigIssue, RunConfig, from_dict
 from secfed.data.errors import DataError
+from secfed.errors import printable
 from secfed.evaluation.plots import plot_history
 from secfed.federation import codec
 from secfed.federation import evaluate as evaluation
@@ -191,53 +192,88 @@ class FlowerRun:
         return summary
 
     def hello(self) -> tuple[dict[int, list[int]], Census]:
-        """node id → the sites it hosts, once every site is hosted by exactly one node; and the run's
-        census (the data's description the nodes agree on)."""
+        """node id → the sites it hosts, once every site is hosted by exactly one node and (authenticated)
+        every identity of the cohort has enrolled; and the run's census (the data's description the
+        nodes agree on)."""
         step = self._step("hello")
         hosts: dict[int, list[int]] = {}
         censuses: dict[str, list[tuple[int, Census]]] = {}  # one spelling of the census → its nodes
-        deadline = time.monotonic() + self.settings.start_timeout
+        refusals: dict[int, str] = {}  # why a node answered hello with an error (its policy, its data)
+        started = said = time.monotonic()
         while True:
             new = [n for n in self.grid.get_node_ids() if n not in hosts]
             challenges = self.flow.challenges(new) if self.flow is not None else {}  # enrolment rides along
             contents = {n: RecordDict({STEP: step, **({CONTROL: challenges[n]} if n in challenges else {})})
                         for n in new}
-            replies = exchange(self.grid, contents, timeout=self.settings.phase_timeout, poll=self.settings.poll)
+            replies = collect(self.grid, send(self.grid, contents, timeout=self.settings.phase_timeout),
+                              poll=self.settings.poll, errors=refusals)
             if challenges:
                 self.flow.accept(replies, challenges)
+            self._forget_gone(hosts, censuses)
             for n, reply in replies.items():
-                try:
-                    if self.flow is not None and self.flow.authenticated and n not in self.flow.identities:
-                        raise MalformedReply(f"SuperNode {n}: not enrolled (no identity of the cohort proven), so it "
-                                             "hosts no site")  # else any node could claim every site (review)
-                    hosts[n], census = hello_reply(n, reply.content)
-                except MalformedReply as exc:  # that node is left out; the others go on
-                    _refused(exc)
-                    continue
-                censuses.setdefault(_canonical(census), []).append((n, census))
+                self._read_hello(n, reply, hosts, censuses)
             _same_census(censuses)
-            owners: dict[int, list[int]] = {}
-            for n, sites in hosts.items():
-                for k in sites:
-                    owners.setdefault(k, []).append(n)
-            twice = {k: v for k, v in owners.items() if len(v) > 1}
-            if twice:
-                claims = "; ".join(f"client {k}: {', '.join(self._who(n) for n in v)}" for k, v in sorted(twice.items()))
-                raise DeploymentError(f"clients {sorted(twice)} are claimed by more than one SuperNode ({claims}): give "
-                                      "each SuperNode its own partition-id (and the same num-partitions)")
-            census = next(iter(censuses.values()))[0][1] if censuses else None
-            clients = len(census.info["clients"]) if census is not None else 1
-            missing = [k for k in range(clients) if k not in owners]
+            census, missing = self._complete(hosts, censuses)
             # every identity of the cohort heard first: else one enrolled node claiming every site, before the
             # others answered, would speak for them all run long (found by review)
             unheard = self._unenrolled()
             if census is not None and not missing and not unheard:
                 return {n: s for n, s in hosts.items() if s}, census
-            if time.monotonic() > deadline:
-                waiting = f"no SuperNode hosts clients {missing}" if missing else \
-                    f"{', '.join(unheard)} of the cohort did not enrol"
-                raise DeploymentError(f"{waiting} after {self.settings.start_timeout:.0f} s")
+            waiting = f"no SuperNode hosts clients {missing}" if missing else \
+                f"{', '.join(unheard)} of the cohort did not enrol"
+            refused = "".join(f"; SuperNode {n} refused: {printable(why)[:300]}" for n, why in sorted(refusals.items()))
+            now = time.monotonic()
+            if now - started > self.settings.start_timeout:
+                raise DeploymentError(f"{waiting} after {self.settings.start_timeout:.0f} s{refused}")
+            if now - said > 10:  # a wait for the slowest site says so (found by review: 300 s of silence)
+                _say(f"  waiting: {waiting} yet ({self.settings.start_timeout - (now - started):.0f} s left){refused}")
+                said = now
             time.sleep(1.0)
+
+    def _read_hello(self, n: int, reply: Message, hosts: dict[int, list[int]],
+                    censuses: dict[str, list[tuple[int, Census]]]) -> None:
+        """Node ``n``'s hello reply into ``hosts`` and ``censuses``; a node not enrolled (authenticated)
+        or a malformed reply is left out."""
+        try:
+            if self.flow is not None and self.flow.authenticated and n not in self.flow.identities:
+                raise MalformedReply(f"SuperNode {n}: not enrolled (no identity of the cohort proven), so it "
+                                     "hosts no site")  # else any node could claim every site (review)
+            hosts[n], census = hello_reply(n, reply.content)
+        except MalformedReply as exc:  # that node is left out; the others go on
+            _refused(exc)
+            return
+        censuses.setdefault(_canonical(census), []).append((n, census))
+
+    def _forget_gone(self, hosts: dict[int, list[int]], censuses: dict[str, list[tuple[int, Census]]]) -> None:
+        """Drop the claims of nodes gone: no longer listed, or (authenticated) whose identity a restarted
+        SuperNode proved since under a new node id — else its new claim met its own old one and the run
+        stopped (found by review)."""
+        live = set(self.grid.get_node_ids())
+        authenticated = self.flow is not None and self.flow.authenticated
+        gone = {n for n in hosts if n not in live or (authenticated and n not in self.flow.identities)}
+        for n in gone:
+            del hosts[n]
+        for key in list(censuses):
+            censuses[key] = [(n, c) for n, c in censuses[key] if n not in gone]
+            if not censuses[key]:
+                del censuses[key]
+
+    def _complete(self, hosts: dict[int, list[int]], censuses: dict[str, list[tuple[int, Census]]]
+                  ) -> tuple[Census | None, list[int]]:
+        """The census the nodes agree on (None before any) and the clients no node hosts yet; two nodes
+        claiming one client stop the run, naming both."""
+        owners: dict[int, list[int]] = {}
+        for n, sites in hosts.items():
+            for k in sites:
+                owners.setdefault(k, []).append(n)
+        twice = {k: v for k, v in owners.items() if len(v) > 1}
+        if twice:
+            claims = "; ".join(f"client {k}: {', '.join(self._who(n) for n in v)}" for k, v in sorted(twice.items()))
+            raise DeploymentError(f"clients {sorted(twice)} are claimed by more than one SuperNode ({claims}): give "
+                                  "each SuperNode its own partition-id (and the same num-partitions)")
+        census = next(iter(censuses.values()))[0][1] if censuses else None
+        clients = len(census.info["clients"]) if census is not None else 1
+        return census, [k for k in range(clients) if k not in owners]
 
     def _unenrolled(self) -> list[str]:
         """The cohort's sites (names) no node has proven to be yet; none without authentication."""
@@ -388,7 +424,7 @@ class FlowerRun:
                     _refused(MalformedReply(f"SuperNode {n}: left the round saying {str(where)[:80]!r} diverged, "
                                             "a site it does not train"))
                     continue
-                raise SiteDiverged(str(where), str(cause))
+                raise SiteDiverged(printable(str(where))[:200], printable(str(cause))[:200])  # a node's text
 
     def aggregate(self, fed: Federation, hosts: dict[int, list[int]], broadcast: Any, wire: bytes,
                   replies: Mapping[int, TrainReply], trained: Mapping[int, list[int]], t: int) -> Aggregate:
@@ -528,8 +564,16 @@ def _empty(t: int, bytes_up: int, bytes_down: int) -> Aggregate:
 
 
 def _canonical(census: Census) -> str:
-    """One spelling of a census (every node must describe the data the same way, not only its fingerprint)."""
-    return hashlib.sha256(json.dumps(census.to_dict(), sort_keys=True).encode()).hexdigest()
+    """One spelling of a census (every node must describe the data the same way, not only its
+    fingerprint) — less what each machine's folders hold beside the data: the files each skipped
+    (a Thumbs.db in one node's copy refused honest nodes: found by review)."""
+    raw = census.to_dict()
+    info = dict(raw["info"])
+    for part in ("datasets", "unseen"):
+        if isinstance(info.get(part), list):
+            info[part] = [{k: v for k, v in d.items() if k != "skipped"} if isinstance(d, dict) else d
+                          for d in info[part]]
+    return hashlib.sha256(json.dumps({**raw, "info": info}, sort_keys=True).encode()).hexdigest()
 
 
 def _same_census(censuses: Mapping[str, list[tuple[int, Census]]]) -> None:
