@@ -712,6 +712,25 @@ def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_co
     cfg.privacy.clip, cfg.privacy.noise_multiplier = None, None
     with pytest.raises(node_files.NodeSetupError, match="claims no ε against the server .* the updates"):
         NodeSites.open(cfg, floor(100), secrets.token_hex(16), train=False)
+    # Without a floor a run is charged too, one with no ε against the server without bound, and a run
+    # the record does not hold counts without bound (found by review: runs before a floor was set were
+    # never charged, a deleted record was a fresh budget, and negative charges were credit)
+    free = {**node, node_files.STATE_DIR_KEY: str(tmp_path / "fresh")}
+    unguarded = NodeSites.open(cfg, free, token_free := secrets.token_hex(16), train=False)
+    unguarded.round_seed(free, 0)
+    record = tmp_path / "fresh" / sites_module.SPENT_FILE
+    assert json.loads(record.read_text()) == {token_free: {sites_module.UNBOUNDED: [-1.0, -1.0]}}
+    skellam = cfg.model_copy(deep=True)
+    skellam.privacy.clip, skellam.privacy.noise_multiplier, skellam.privacy.distributed = 1.0, 1.2, True
+    for text, earlier in ((None, 1), ("delete", 1), ('{"x": {"Skellam": [-1000, 0]}}', None)):
+        if text == "delete":
+            record.unlink()
+        elif text is not None:
+            record.write_text(text)
+        match = (f"with {earlier} earlier runs on this node, {earlier} of them with no ε against the server or not "
+                 "in its record" if earlier else "not this node's privacy record")
+        with pytest.raises(node_files.NodeSetupError, match=match):
+            NodeSites.open(skellam, {**free, sites_module.MAX_EPSILON_KEY: 1e9}, secrets.token_hex(16), train=False)
 
 
 def test_a_site_diverging_in_a_masked_round_takes_its_node_out_and_stops_the_run(small_config, tmp_path, monkeypatch):

@@ -253,3 +253,64 @@ def test_a_run_without_threads_gets_torchs_default_in_a_host_that_served_a_run_w
         assert torch.get_num_threads() == default
     finally:
         torch.set_num_threads(default)
+
+
+def test_a_host_imports_nothing_from_the_supernodes_working_folder(tmp_path, monkeypatch):
+    """(found by review: `python -m` put the SuperNode's working folder first on the host's path, and a
+    `secfed` package another user planted in a folder everyone may write to ran as the node)"""
+    planted = tmp_path / "shared"
+    (planted / "secfed").mkdir(parents=True)
+    (planted / "secfed" / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    (tmp_path / "state").mkdir(mode=0o700)
+    monkeypatch.chdir(planted)
+    try:
+        site_host._start(tmp_path / "state", {site_host.IDLE_KEY: 30}).close()
+    finally:
+        site_host.stop(tmp_path / "state")
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_state_folder_is_the_nodes_own(tmp_path):
+    """(found by review: under umask 000 the folders made for the state folder were 0777, another user
+    swapped it for one of theirs — the node sent it the broadcast, relayed its forged reply and used its
+    empty privacy record; a lock file 0644 let any user hold the node's records)"""
+    old = os.umask(0)
+    try:
+        made = node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "a" / "b" / "state")})
+    finally:
+        os.umask(old)
+    assert all((tmp_path / p).stat().st_mode & 0o777 == 0o700 for p in ("a", "a/b", "a/b/state")) and made.is_dir()
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    assert node_files.state_dir({node_files.STATE_DIR_KEY: str(loose)}).stat().st_mode & 0o777 == 0o700
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)
+    with pytest.raises(node_files.NodeSetupError, match="is writable by every user"):
+        node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "open" / "state")})
+    (tmp_path / "sticky").mkdir()
+    (tmp_path / "sticky").chmod(0o1777)  # as /tmp: others cannot move a folder of ours
+    node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "sticky" / "state")})
+    if os.geteuid() == 0:
+        os.chown(tmp_path / "sticky" / "state", 65534, 65534)
+        with pytest.raises(node_files.NodeSetupError, match="owned by another user"):
+            node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "sticky" / "state")})
+
+
+def test_a_nodes_record_lock_is_its_own_and_waits_for_a_bounded_time(tmp_path, monkeypatch):
+    """(review: a lock file 0644 — any user could open it and hold the node's records, and the node
+    waited on it without end)"""
+    import fcntl
+
+    from secfed.adapters.flower import sites
+
+    lock = tmp_path / "record.lock"
+    with sites._locked(lock):
+        pass
+    assert lock.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setattr(sites, "LOCK_WAIT", 0.3)
+    with open(lock) as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        with pytest.raises(node_files.NodeSetupError, match="stayed locked for 0 s"):
+            with sites._locked(lock):
+                pass

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,11 +67,28 @@ def default_state_dir() -> Path:
 
 
 def state_dir(node_config: Mapping[str, object]) -> Path:
-    """The node's state folder from its node config (``secfed-state-dir``), created 0700."""
+    """The node's state folder from its node config (``secfed-state-dir``): created 0700 with every
+    folder made for it, this user's, 0700 (tightened if looser), and out of other users' reach — no
+    folder above it writable by everyone without the sticky bit, where another user could put a folder
+    of theirs in its place (found by review: under umask 000 the parents were 0777, and a swapped
+    folder got the node's messages and an empty privacy record)."""
     raw = node_config.get(STATE_DIR_KEY)
     path = Path(str(raw)).expanduser() if raw else default_state_dir()
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        missing = [p for p in (path, *path.parents) if not p.exists()]
+        for folder in reversed(missing):
+            folder.mkdir(mode=0o700, exist_ok=True)
+        info = path.stat()
+        if info.st_uid != os.geteuid():
+            raise NodeSetupError(f"{STATE_DIR_KEY}={path}: owned by another user (uid {info.st_uid}); a node keeps "
+                                 "its keys and records only in a folder of its own")
+        if info.st_mode & 0o077:
+            path.chmod(0o700)
+        for above in path.absolute().parents:
+            mode = above.stat().st_mode
+            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+                raise NodeSetupError(f"{STATE_DIR_KEY}={path}: {above} is writable by every user, who could put "
+                                     f"a folder of theirs in the state folder's place (chmod o-w {above})")
     except OSError as exc:
         raise NodeSetupError(f"{STATE_DIR_KEY}={path}: cannot create the node's state folder ({exc})") from None
     return path

@@ -57,6 +57,7 @@ import math
 import os
 import re
 import secrets
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,7 @@ from . import node
 DATA_ROOT_KEY = "secfed-data-root"
 ALLOW_PLAIN_KEY = "secfed-allow-plain"
 PUBLIC_ROOT_KEY = "secfed-public-root"
+LOCK_WAIT = 600.0  # seconds a node's record waits for its lock: a message trains under it at most this long
 MAX_SPLIT_FILE = 32 * 2**20  # the largest set's seeded splits take a few MB
 MAX_EPSILON_KEY = "secfed-max-epsilon"
 MAX_DELTA_KEY = "secfed-max-delta"
@@ -88,6 +90,7 @@ REPRODUCIBLE_KEY = "secfed-reproducible"
 SPENT_FILE = "privacy-spent.json"  # in STATE_DIR: the ε each run claimed for this node's data, by kind
 ROUNDS_FILE = "rounds.json"  # in the run's folder: the last round this node trained
 SKELLAM, DP_SGD, DFS = "Skellam", "DP-SGD", "DFS"  # what protects one example, by mechanism
+UNBOUNDED = "none against the server"  # a run trained with no ε against the server: recorded as [-1, -1]
 STATE_FILE = "state.pt"
 _TOKEN = re.compile(r"[0-9a-f]{16,64}")
 
@@ -202,6 +205,8 @@ def run_charge(kinds: Mapping[str, Sequence[float]]) -> tuple[float, float]:
     updates (Skellam's and DP-SGD's cover the one release), plus DFH's statistics, a release of their
     own. One number per run, summed over runs: each kind checked on its own let a Skellam run and a
     DP-SGD run never add up (found by review)."""
+    if UNBOUNDED in kinds:
+        return math.inf, 1.0
     update = [(float(kinds[k][0]), float(kinds[k][1])) for k in (SKELLAM, DP_SGD) if k in kinds]
     eps, delta = min(update) if update else (0.0, 0.0)
     if DFS in kinds:
@@ -238,9 +243,22 @@ def own_nodes_policy(cfg: RunConfig) -> dict[str, str]:
 def _locked(lock: Path) -> Iterator[None]:
     """An exclusive lock on ``lock`` (created) while the block runs: several runs, or two messages of
     one, may reach a node's records at once (found by review: two claims of one round both passed)."""
-    with open(lock, "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+    held = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)  # not open(…, "a"): 0644 let any user hold it (review)
+    try:
+        os.fchmod(held, 0o600)
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise node.NodeSetupError(f"{lock} stayed locked for {LOCK_WAIT:.0f} s: another message of "
+                                              "this node holds it (or a process that should not)") from None
+                time.sleep(0.05)
         yield
+    finally:
+        os.close(held)
 
 
 @contextlib.contextmanager
@@ -253,14 +271,22 @@ def _spent_ledger(state: Path) -> Iterator[dict[str, dict[str, list[float]]]]:
         try:
             spent = json.loads(path.read_text()) if path.is_file() else {}
             if not (isinstance(spent, dict) and all(isinstance(run, dict) and all(
-                    isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v)
-                    for v in run.values()) for run in spent.values())):
-                raise ValueError("not a mapping of runs to [ε, δ] by kind")
+                    _charge(kind, v) for kind, v in run.items()) for run in spent.values())):
+                raise ValueError("not a mapping of runs to [ε, δ] by kind, each finite and ≥ 0")
         except (ValueError, OSError) as exc:
             raise node.NodeSetupError(f"{path}: not this node's privacy record ({exc}); the node cannot tell what "
-                                      f"earlier runs spent — restore it, or remove it to start counting afresh") from None
+                                      f"earlier runs spent — restore it, or remove it with the run folders under "
+                                      f"{state / 'runs'} to start counting afresh") from None
         yield spent
         atomic_file.write_bytes(path, json.dumps(spent, indent=1, sort_keys=True).encode(), mode=0o600)
+
+
+def _charge(kind: str, value: Any) -> bool:
+    """Whether ``value`` is a charge the node wrote: [ε, δ] finite and ≥ 0, or [-1, -1] for none."""
+    if not (isinstance(value, list) and len(value) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value)):
+        return False
+    return value == [-1, -1] if kind == UNBOUNDED else all(x >= 0 for x in value)
 
 
 def run_folder(node_config: Mapping[str, object], token: str) -> Path:
@@ -304,23 +330,36 @@ class NodeSites:
         is charged their guarantee now (a run cut short is charged for what it trained, not for all
         its rounds; it keeps one configuration, see :meth:`round_seed`)."""
         raw = node_config.get(MAX_EPSILON_KEY)
-        if raw is None:
+        missing = uncovered(self.fed, self.sites)
+        if raw is None:  # no floor: the run is still charged, so that a floor set later counts it (review)
+            if charge and self.sites:
+                with _spent_ledger(node.state_dir(node_config)) as spent:
+                    spent[self.folder.name] = {UNBOUNDED: [-1.0, -1.0]} if missing else {
+                        kind: list(value) for kind, value in planned_epsilons(self.fed, self.sites, charge).items()}
             return
         most = node.number(raw, MAX_EPSILON_KEY)
         most_delta = node.number(node_config.get(MAX_DELTA_KEY, DEFAULT_MAX_DELTA), MAX_DELTA_KEY)
-        missing = uncovered(self.fed, self.sites)
         if missing:
             raise node.NodeSetupError(f"the run claims no ε against the server for this node's sites — {missing}; "
                                       f"this node requires ε ≤ {most:g} ({MAX_EPSILON_KEY})")
         reached = planned_epsilons(self.fed, self.sites)
         eps, delta = run_charge(reached)
         token = self.folder.name
-        with _spent_ledger(node.state_dir(node_config)) as spent:
-            before = [run_charge(run) for t, run in spent.items() if t != token]
+        state = node.state_dir(node_config)
+        with _spent_ledger(state) as spent:
+            # a run this node trained that its record does not hold (the record removed, or the run older
+            # than it) counts as spent without bound: a deleted record is no fresh budget (found by review)
+            unrecorded = [t for t in (f.parent.name for f in (state / "runs").glob(f"*/{ROUNDS_FILE}"))
+                          if t not in spent and t != token]
+            before = [run_charge(run) for t, run in spent.items() if t != token] + [(math.inf, 1.0)] * len(unrecorded)
             total, total_delta = eps + sum(e for e, _ in before), delta + sum(d for _, d in before)
             if not (total <= most and total_delta <= most_delta):
                 kinds = ", ".join(f"{kind} ε = {e:.3g}" for kind, (e, _) in reached.items())
-                earlier = f" (with {len(before)} earlier runs on this node)" if before else ""
+                unbounded = sum(1 for e, _ in before if math.isinf(e))
+                earlier = (f" (with {len(before)} earlier runs on this node"
+                           + (f", {unbounded} of them with no ε against the server or not in its record "
+                              f"{state / SPENT_FILE}: remove their folders under {state / 'runs'} to start "
+                              "counting afresh" if unbounded else "") + ")" if before else "")
                 raise node.NodeSetupError(
                     f"the run would reach ε = {eps:.3g}, δ = {delta:.2g} for this node's data over its "
                     f"{self.fed.config.schedule.rounds} rounds ({kinds}): ε = {total:.3g}, δ = {total_delta:.2g} "
