@@ -304,6 +304,17 @@ def test_a_node_decodes_its_images_once_and_checks_what_it_kept(small_config, tm
     finally:
         os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert len(decoded) == 2
+    # the cache holds at most secfed-image-cache-gb: the files used longest ago go first (found by review:
+    # hello at sizes of the server's choice filled the node's disk)
+    cache = sites_module.ImageCache(tmp_path / "bounded", limit=1)
+    samples = shards[third.sites[0]].samples[:4]
+    for size in ((16, 8), (32, 16), (16, 8)):
+        cache(samples, *size)
+        assert len(list((tmp_path / "bounded").glob("*.pt"))) == 1  # the one this call needs stays
+    assert cache.decoded == 12
+    assert sites_module.image_cache_bytes({sites_module.IMAGE_CACHE_KEY: "0.5"}) == 500_000_000
+    with pytest.raises(node_files.NodeSetupError, match="secfed-image-cache-gb"):
+        sites_module.image_cache_bytes({sites_module.IMAGE_CACHE_KEY: "lots"})
 
 
 @pytest.mark.parametrize("bn_stats", ["shared", "local"])

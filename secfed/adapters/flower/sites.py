@@ -81,6 +81,7 @@ from . import node
 DATA_ROOT_KEY = "secfed-data-root"
 ALLOW_PLAIN_KEY = "secfed-allow-plain"
 PUBLIC_ROOT_KEY = "secfed-public-root"
+IMAGE_CACHE_KEY, DEFAULT_IMAGE_CACHE_GB = "secfed-image-cache-gb", 8.0
 LOCK_WAIT = 600.0  # seconds a node's record waits for its lock: a message trains under it at most this long
 MAX_SPLIT_FILE = 32 * 2**20  # the largest set's seeded splits take a few MB
 MAX_EPSILON_KEY = "secfed-max-epsilon"
@@ -311,7 +312,7 @@ class NodeSites:
         images; otherwise the evaluation domains' query/gallery, which training never reads)."""
         root, public = check_run(cfg, node_config)
         cfg = _under(cfg, root, public, run_folder(node_config, token))
-        cache = ImageCache(node.state_dir(node_config) / "images")
+        cache = ImageCache(node.state_dir(node_config) / "images", image_cache_bytes(node_config))
         fed = build(cfg, data_root=root, train_images=False, images=cache,
                     eval_images=False if train else lambda fed: scored_domains(fed, hosted(node_config, len(fed.clients))))
         sites = hosted(node_config, len(fed.clients))
@@ -479,11 +480,19 @@ def _kept_split(named: Path, folder: Path) -> Path:
     return kept
 
 
-class ImageCache:
-    """Decoded images kept in the node's state folder between messages (see the module docstring)."""
+def image_cache_bytes(node_config: Mapping[str, object]) -> int:
+    """The most the node's decoded-image cache may hold (``secfed-image-cache-gb``, default 8 GB)."""
+    return int(node.number(node_config.get(IMAGE_CACHE_KEY, DEFAULT_IMAGE_CACHE_GB), IMAGE_CACHE_KEY,
+                           unit=" (GB)") * 1e9)
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+
+class ImageCache:
+    """Decoded images kept in the node's state folder between messages (see the module docstring), at
+    most ``limit`` bytes: the files used longest ago go first (found by review: a server asking hello
+    at sizes of its choice filled the node's disk, 35 GB per hello at Market-1501 scale)."""
+
+    def __init__(self, folder: Path, limit: int = int(DEFAULT_IMAGE_CACHE_GB * 1e9)) -> None:
+        self.folder, self.limit = folder, limit
         self.decoded = 0  # how many images this process decoded (a warm cache: none)
 
     def key(self, samples: Sequence[Sample], height: int, width: int) -> str:
@@ -502,6 +511,7 @@ class ImageCache:
                 saved = torch.load(path, map_location="cpu", weights_only=True)
                 images = saved["images"]
                 if hashlib.sha256(images.numpy().tobytes()).hexdigest() == saved["sha256"]:
+                    os.utime(path)  # used now: the last to go
                     return images
             except Exception:  # a truncated or foreign file: decode again and replace it
                 pass
@@ -511,7 +521,26 @@ class ImageCache:
         torch.save({"images": images, "sha256": hashlib.sha256(images.numpy().tobytes()).hexdigest()}, buffer)
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_file.write_bytes(path, buffer.getvalue(), mode=0o600)
+        self._evict(keep=path)
         return images
+
+    def _evict(self, keep: Path) -> None:
+        """Remove the files used longest ago until the cache holds at most ``limit`` bytes (``keep``,
+        just written, stays: this message needs it)."""
+        files = []
+        for path in self.folder.glob("*.pt"):
+            try:
+                st = path.stat()
+            except OSError:  # removed meanwhile by another message's eviction
+                continue
+            files.append((st.st_mtime_ns, st.st_size, path))
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if total <= self.limit:
+                break
+            if path != keep:
+                path.unlink(missing_ok=True)
+                total -= size
 
 
 def _restore(site: Any, state: dict[str, torch.Tensor], fed: Federation, *, strict: bool = True) -> None:
