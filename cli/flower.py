@@ -289,7 +289,11 @@ def keys_command(state_dir: Path, name: str) -> None:
     require_flower()
     from secfed.adapters.flower import node as node_files
 
-    key = node_files.identity_key(state_dir.expanduser())
+    try:
+        folder = node_files.state_dir({node_files.STATE_DIR_KEY: str(state_dir)})
+        key = node_files.identity_key(folder)
+    except node_files.NodeSetupError as exc:
+        raise click.BadParameter(str(exc), param_hint="--state-dir") from None
     click.echo(f'"{name}" = "{node_files.public_identity(key).hex()}"')
 
 

@@ -26,13 +26,14 @@ def printable(text: os.PathLike[str] | str) -> str:
     return "".join(c if c.isprintable() or _shown_as_is(c) else repr(c)[1:-1] for c in raw)
 
 
-# Spaces and joiners people's names use (a no-break space, Persian's zero-width non-joiner) are shown
-# as they are; controls, line breaks and the bidirectional overrides that reorder text are not.
-_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+# Spaces and the joiners people's names use (a no-break space, Persian's zero-width non-joiner) are
+# shown as they are; controls, line breaks, bidirectional overrides and every other invisible format
+# character (a zero-width space, tag characters: two names that look alike) are not (review).
+_JOINERS = frozenset("\u200c\u200d")
 
 
 def _shown_as_is(c: str) -> bool:
-    return unicodedata.category(c) in ("Zs", "Cf") and c not in _BIDI
+    return unicodedata.category(c) == "Zs" or c in _JOINERS
 
 
 @dataclass(frozen=True)

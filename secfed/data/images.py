@@ -27,6 +27,7 @@ _BMP_MAGIC = b"BM"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC: the last 8 bytes of a whole PNG
 _PNG_TAIL = 1024  # a few writers append bytes after IEND; look for it near the end, not only at it
+_SOF = re.compile(rb"\xff[\xc0-\xc3\xc5-\xc7\xc9-\xcb\xcd-\xcf]")  # JPEG frame headers (not DHT, JPG, DAC)
 _CPP_LOCATION = re.compile(r"^[^,]*, \S+\.cpp:\d+, ")  # "decode_jpeg, /…/decode_jpeg.cpp:167, " prefix
 # A pedestrian crop is kilobytes; these bounds refuse, by name, files no ReID set holds before they are
 # read or decoded (found by review: a 40 GB sparse file raised MemoryError, and a 875 KB PNG of
@@ -98,27 +99,19 @@ def _check_pixels(path: Path, data: bytes) -> None:
 
 
 def _header_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a PNG's IHDR or a JPEG's first frame header (SOF), as libpng and libjpeg
-    read them; None for anything else. Hand-written: Pillow's reader is the one that refused."""
-    if data.startswith(_PNG_MAGIC) and data[12:16] == b"IHDR" and len(data) >= 24:
-        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    """(width, height) from a PNG's IHDR, or the largest a JPEG's frame headers (SOFn) declare anywhere
+    in the file; None for anything else. Hand-written, and conservative on purpose: Pillow's reader is
+    the one that refused, and a walk over the markers was led past the real frame header by bytes
+    libjpeg skips (found by review: a 668-byte JPEG decoded to 12000×12000). A legitimate picture
+    reaching this reader with an odd SOF-like run in its metadata is refused, not decoded unbounded."""
+    if data.startswith(_PNG_MAGIC):
+        return (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) \
+            if data[12:16] == b"IHDR" and len(data) >= 24 else None
     if not data.startswith(b"\xff\xd8"):
         return None
-    at = 2
-    while at + 4 <= len(data):
-        if data[at] != 0xFF:
-            return None
-        marker = data[at + 1]
-        if marker == 0xFF:  # fill byte
-            at += 1
-        elif marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM, RSTn: no length
-            at += 2
-        elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header: P, Y, X
-            return (int.from_bytes(data[at + 7:at + 9], "big"), int.from_bytes(data[at + 5:at + 7], "big")) \
-                if at + 9 <= len(data) else None
-        else:
-            at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
-    return None
+    sizes = [(int.from_bytes(data[at + 7:at + 9], "big"), int.from_bytes(data[at + 5:at + 7], "big"))
+             for at in (m.start() for m in _SOF.finditer(data)) if at + 9 <= len(data)]
+    return max(sizes, key=lambda wh: wh[0] * wh[1]) if sizes else None
 
 
 def _decode_with_pillow(path: Path) -> torch.Tensor:

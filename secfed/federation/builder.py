@@ -47,6 +47,7 @@ from secfed.validation import check
 
 SYNTH_IMAGE_SIZE = (128, 64)  # the synthetic default is written at this size, then resized to the input
 SPLIT_FILE = "splits.json"
+LOCAL_INFO = ("root", "fingerprint_links_resolved")  # data.json's entries of one machine's layout, not the data's
 ImageLoader = Callable[[Sequence[Sample], int, int], torch.Tensor]  # samples, height, width → uint8 (N, 3, H, W)  # seeded splits of the small sets, kept in the run directory by default
 
 
@@ -304,22 +305,24 @@ def _entries_under(root: Path, requested: Sequence[str], key: str) -> list[tuple
     return found
 
 
-def fingerprint(datasets: Sequence[ReidDataset], root: Path) -> str:
-    """SHA-256 over the relative path and size of every image a run reads: the same data, wherever it lives."""
-    h, resolve = hashlib.sha256(), Resolver()
+def fingerprint(datasets: Sequence[ReidDataset], root: Path) -> tuple[str, str]:
+    """SHA-256 over the relative path and size of every image a run reads: the same data, wherever it
+    lives. Two spellings: each path as listed under the root — a dataset folder linked from another
+    disk keeps its name (found by review: its target's absolute path differed per node) — and, as
+    runs before that recorded it, with links resolved first (a run of then still resumes)."""
+    listed, resolved, resolve = hashlib.sha256(), hashlib.sha256(), Resolver()
     for d in datasets:
-        h.update(d.name.encode() + b"\0")
+        for h in (listed, resolved):
+            h.update(d.name.encode() + b"\0")
         for part in (d.train, d.query, d.gallery):
             for s in part:
-                try:  # as listed under the root: a dataset folder linked from another disk keeps its name
-                    rel = s.path.relative_to(root)  # (found by review: its target's absolute path differed per node)
-                except ValueError:
-                    try:
-                        rel = resolve(s.path).relative_to(root)
-                    except ValueError:
-                        rel = s.path
-                h.update(f"{rel.as_posix()}|{s.path.stat().st_size}|{s.pid}|{s.camid}\n".encode())
-    return h.hexdigest()
+                real = resolve(s.path)
+                as_resolved = real.relative_to(root) if real.is_relative_to(root) else s.path
+                as_listed = s.path.relative_to(root) if s.path.is_relative_to(root) else as_resolved
+                tail = f"|{s.path.stat().st_size}|{s.pid}|{s.camid}\n".encode()
+                listed.update(as_listed.as_posix().encode() + tail)
+                resolved.update(as_resolved.as_posix().encode() + tail)
+    return listed.hexdigest(), resolved.hexdigest()
 
 
 def make_shards(cfg: RunConfig, datasets: list[ReidDataset]) -> tuple[list[ClientShard], list[tuple[ReidDataset, tuple[int, ...]]]]:
@@ -426,7 +429,9 @@ def build(
     info["public_images"] = len(data.public)
     if data.public:
         info["public_fingerprint"] = public_fingerprint(data.public)
-    info["fingerprint"] = fingerprint([*data.trained, *data.unseen], Path(info["root"]))
+    info["fingerprint"], resolved = fingerprint([*data.trained, *data.unseen], Path(info["root"]))
+    if resolved != info["fingerprint"]:  # linked dataset folders: what a run of before recorded
+        info["fingerprint_links_resolved"] = resolved
     info["clients"] = [{"id": k, "name": s.name, "images": len(s), "classes": s.num_classes} for k, s in enumerate(shards)]
     census = Census(info, shards[0].num_global_classes,
                     tuple((d.name, ids) for d, ids in evaluated) + tuple((d.name, ()) for d in data.unseen))

@@ -531,7 +531,8 @@ def _refuse_other_settings(checkpoint: Path, saved: dict[str, Any], current: dic
 def check_data(fed: Federation, state: dict[str, Any], data_root: Path | None) -> None:
     """The data a resumed or evaluated run reads must be the data it was trained on."""
     saved = state.get("data_fingerprint")
-    if saved is not None and saved != fed.data_info["fingerprint"]:
+    known = (fed.data_info["fingerprint"], fed.data_info.get("fingerprint_links_resolved"))
+    if saved is not None and saved not in known:
         where = f"--data-root {data_root}" if data_root else fed.data_info["root"]
         raise ConfigError("data.root", f"the data at {where} is not the data this run was trained on (content "
                           "fingerprints differ); point `data.root` at the run's data")

@@ -731,9 +731,18 @@ def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_co
     unguarded.round_seed(free, 0)
     record = tmp_path / "fresh" / sites_module.SPENT_FILE
     assert json.loads(record.read_text()) == {token_free: {sites_module.UNBOUNDED: [-1.0, -1.0]}}
-    skellam = cfg.model_copy(deep=True)
+    # a node hosting none of a run's sites is charged nothing, and its record says so (review of the fix:
+    # its rounds.json alone counted as a run without bound, and locked it out of every floored run)
+    idle = {**free, "partition-id": 4, "num-partitions": 5, node_files.STATE_DIR_KEY: str(tmp_path / "idle")}
+    nothing = NodeSites.open(skellam := cfg.model_copy(deep=True), idle, token_idle := secrets.token_hex(16),
+                             train=False)
+    nothing.round_seed(idle, 0)
+    assert nothing.sites == [] and json.loads((tmp_path / "idle" / sites_module.SPENT_FILE).read_text()) == {
+        token_idle: {}}
     skellam.privacy.clip, skellam.privacy.noise_multiplier, skellam.privacy.distributed = 1.0, 1.2, True
-    for text, earlier in ((None, 1), ("delete", 1), ('{"x": {"Skellam": [-1000, 0]}}', None)):
+    NodeSites.open(skellam, {**idle, sites_module.MAX_EPSILON_KEY: 1e9}, secrets.token_hex(16), train=False)
+    for text, earlier in ((None, 1), ("delete", 1), ('{"x": {"Skellam": [-1000, 0]}}', None),
+                          ('{"x": {"whatever": [0, 0]}}', None)):
         if text == "delete":
             record.unlink()
         elif text is not None:

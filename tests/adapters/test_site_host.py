@@ -286,8 +286,34 @@ def test_a_state_folder_is_the_nodes_own(tmp_path):
     assert node_files.state_dir({node_files.STATE_DIR_KEY: str(loose)}).stat().st_mode & 0o777 == 0o700
     (tmp_path / "open").mkdir()
     (tmp_path / "open").chmod(0o777)
-    with pytest.raises(node_files.NodeSetupError, match="is writable by every user"):
+    with pytest.raises(node_files.NodeSetupError, match="is writable by other users"):
         node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "open" / "state")})
+    (tmp_path / "group").mkdir()
+    (tmp_path / "group").chmod(0o775)  # review of the fix: a group's members could move it too
+    with pytest.raises(node_files.NodeSetupError, match="is writable by other users"):
+        node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "group" / "state")})
+    # a link is followed once and its target checked (review of the fix: a link planted under /tmp and
+    # flipped after the check led the node to another user's folder)
+    (tmp_path / "sticky2").mkdir()
+    (tmp_path / "sticky2").chmod(0o1777)
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "sticky2" / "state").symlink_to(tmp_path / "ours", target_is_directory=True)
+    assert node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "sticky2" / "state")}) == \
+        (tmp_path / "ours").resolve()  # used by its target's path from then on: a later flip leads nowhere
+    if os.geteuid() == 0:
+        (tmp_path / "theirs").mkdir()
+        os.chown(tmp_path / "theirs", 65534, 65534)
+        (tmp_path / "sticky2" / "state").unlink()
+        (tmp_path / "sticky2" / "state").symlink_to(tmp_path / "theirs", target_is_directory=True)
+        with pytest.raises(node_files.NodeSetupError, match="owned by another user"):
+            node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "sticky2" / "state")})
+    assert node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "a" / "b" / "state")}) == made.resolve()
+    # a key file another user could read or write is no key of this node (review: `secfed flower keys`
+    # printed an identity another user planted)
+    node_files.identity_key(made)
+    (made / node_files.IDENTITY_FILE).chmod(0o644)
+    with pytest.raises(node_files.NodeSetupError, match="not a file of this user's alone"):
+        node_files.identity_key(made)
     (tmp_path / "sticky").mkdir()
     (tmp_path / "sticky").chmod(0o1777)  # as /tmp: others cannot move a folder of ours
     node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "sticky" / "state")})

@@ -162,9 +162,11 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _hello(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
+    from secfed.federation.builder import LOCAL_INFO
+
     sites = _open(step, context, train=False)
     census = sites.fed.census.to_dict()  # less where this machine keeps the data: nobody else's business,
-    census["info"] = {k: v for k, v in census["info"].items() if k != "root"}  # and no two nodes' agree (review)
+    census["info"] = {k: v for k, v in census["info"].items() if k not in LOCAL_INFO}  # no two nodes' agree (review)
     return RecordDict({STEP: ConfigRecord({"step": "hello", "sites": sites.sites, "census": json.dumps(census)})})
 
 

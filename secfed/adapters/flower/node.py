@@ -67,31 +67,37 @@ def default_state_dir() -> Path:
 
 
 def state_dir(node_config: Mapping[str, object]) -> Path:
-    """The node's state folder from its node config (``secfed-state-dir``): created 0700 with every
-    folder made for it, this user's, 0700 (tightened if looser), and out of other users' reach — no
-    folder above it writable by everyone without the sticky bit, where another user could put a folder
-    of theirs in its place (found by review: under umask 000 the parents were 0777, and a swapped
-    folder got the node's messages and an empty privacy record)."""
+    """The node's state folder from its node config (``secfed-state-dir``), resolved: created 0700 with
+    every folder made for it, this user's (tightened to 0700 if looser), and out of other users' reach
+    — every folder above it this user's or root's, none writable by others (group or everyone) unless
+    sticky, as OpenSSH's StrictModes has it. Found by review: under umask 000 the parents were 0777 and
+    another user swapped the folder for one of theirs (the node sent it the broadcast and used its empty
+    privacy record); then a link planted under /tmp, flipped after the check, and an ancestor of
+    another user passed."""
     raw = node_config.get(STATE_DIR_KEY)
     path = Path(str(raw)).expanduser() if raw else default_state_dir()
     try:
-        missing = [p for p in (path, *path.parents) if not p.exists()]
+        missing = [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]
         for folder in reversed(missing):
             folder.mkdir(mode=0o700, exist_ok=True)
-        info = path.stat()
+        real = path.resolve(strict=True)  # used from here on: a link flipped later leads nowhere
+        info = real.stat()
         if info.st_uid != os.geteuid():
-            raise NodeSetupError(f"{STATE_DIR_KEY}={path}: owned by another user (uid {info.st_uid}); a node keeps "
-                                 "its keys and records only in a folder of its own")
+            raise NodeSetupError(f"{STATE_DIR_KEY}={path}: {real} is owned by another user (uid {info.st_uid}); "
+                                 "a node keeps its keys and records only in a folder of its own")
         if info.st_mode & 0o077:
-            path.chmod(0o700)
-        for above in path.absolute().parents:
-            mode = above.stat().st_mode
-            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-                raise NodeSetupError(f"{STATE_DIR_KEY}={path}: {above} is writable by every user, who could put "
-                                     f"a folder of theirs in the state folder's place (chmod o-w {above})")
-    except OSError as exc:
+            real.chmod(0o700)
+        for above in real.parents:
+            st = above.stat()
+            if st.st_uid not in (0, os.geteuid()):
+                raise NodeSetupError(f"{STATE_DIR_KEY}={path}: {above} belongs to another user (uid {st.st_uid}), "
+                                     "who could move the state folder away")
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+                raise NodeSetupError(f"{STATE_DIR_KEY}={path}: {above} is writable by other users, who could put "
+                                     f"a folder of theirs in the state folder's place (chmod go-w {above})")
+    except (OSError, RuntimeError) as exc:
         raise NodeSetupError(f"{STATE_DIR_KEY}={path}: cannot create the node's state folder ({exc})") from None
-    return path
+    return real
 
 
 def bind_private(sock: socket.socket, address: str) -> None:
@@ -119,6 +125,10 @@ def _create_once(path: Path, make: bytes) -> bytes:
         finally:
             Path(tmp).unlink(missing_ok=True)
     try:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise NodeSetupError(f"{path}: not a file of this user's alone (0600): a key another user could "
+                                 "write or read is no key of this node")  # found by review: a planted identity
         return path.read_bytes()
     except OSError as exc:
         raise NodeSetupError(f"{path}: cannot read ({exc})") from None

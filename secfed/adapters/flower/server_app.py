@@ -210,6 +210,9 @@ class FlowerRun:
             if challenges:
                 self.flow.accept(replies, challenges)
             self._forget_gone(hosts, censuses)
+            live = set(self.grid.get_node_ids())
+            for n in [m for m in refusals if m in replies or m not in live]:  # answered since, or gone (review)
+                del refusals[n]
             for n, reply in replies.items():
                 self._read_hello(n, reply, hosts, censuses)
             _same_census(censuses)

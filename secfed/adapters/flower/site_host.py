@@ -261,10 +261,12 @@ def _start(folder: Path, node_config: Mapping[str, object]) -> socket.socket:
                 # -P, and the state folder as working folder: `-m` would put the SuperNode's working folder
                 # first on the path, and a `secfed` planted there by another user ran as the node (review)
                 process = subprocess.Popen(
-                    [sys.executable, "-P", "-m", __name__, str(folder), "--watch", str(_supernode_pid()),
+                    [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m", __name__, str(folder),
+                     "--watch", str(_supernode_pid()),
                      "--idle", str(idle_seconds(node_config))],
                     stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, close_fds=True,
-                    cwd=folder, env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+                    cwd=folder, env={**os.environ, "PYTHONSAFEPATH": "1",
+                                     "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         conn = _try_connect(folder)
         if conn is not None:
             return conn

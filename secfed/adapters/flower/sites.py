@@ -287,6 +287,8 @@ def _charge(kind: str, value: Any) -> bool:
     if not (isinstance(value, list) and len(value) == 2 and all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value)):
         return False
+    if kind not in (SKELLAM, DP_SGD, DFS, UNBOUNDED):  # fail closed: a kind this node never writes
+        return False
     return value == [-1, -1] if kind == UNBOUNDED else all(x >= 0 for x in value)
 
 
@@ -333,9 +335,9 @@ class NodeSites:
         raw = node_config.get(MAX_EPSILON_KEY)
         missing = uncovered(self.fed, self.sites)
         if raw is None:  # no floor: the run is still charged, so that a floor set later counts it (review)
-            if charge and self.sites:
+            if charge:  # (a node hosting none of the run's sites is charged nothing, and says so: review)
                 with _spent_ledger(node.state_dir(node_config)) as spent:
-                    spent[self.folder.name] = {UNBOUNDED: [-1.0, -1.0]} if missing else {
+                    spent[self.folder.name] = {UNBOUNDED: [-1.0, -1.0]} if missing and self.sites else {
                         kind: list(value) for kind, value in planned_epsilons(self.fed, self.sites, charge).items()}
             return
         most = node.number(raw, MAX_EPSILON_KEY)
@@ -359,14 +361,15 @@ class NodeSites:
                 unbounded = sum(1 for e, _ in before if math.isinf(e))
                 earlier = (f" (with {len(before)} earlier runs on this node"
                            + (f", {unbounded} of them with no ε against the server or not in its record "
-                              f"{state / SPENT_FILE}: remove their folders under {state / 'runs'} to start "
-                              "counting afresh" if unbounded else "") + ")" if before else "")
+                              f"{state / SPENT_FILE}: to start counting afresh once you judge them spent, remove "
+                              f"that record and the run folders under {state / 'runs'}" if unbounded else "")
+                           + ")" if before else "")
                 raise node.NodeSetupError(
                     f"the run would reach ε = {eps:.3g}, δ = {delta:.2g} for this node's data over its "
                     f"{self.fed.config.schedule.rounds} rounds ({kinds}): ε = {total:.3g}, δ = {total_delta:.2g} "
                     f"in all{earlier}; this node allows ε ≤ {most:g} ({MAX_EPSILON_KEY}), δ ≤ {most_delta:g} "
                     f"({MAX_DELTA_KEY})")
-            if charge and self.sites:
+            if charge:
                 spent[token] = {kind: list(value) for kind, value in planned_epsilons(self.fed, self.sites,
                                                                                       charge).items()}
 
