@@ -26,6 +26,7 @@ class RichReporter:
         self._rounds = 0
         self._unseen: frozenset[str] = frozenset()
         self._round: int | None = None
+        self._private = False  # the run claims an ε (run_started says)
         self._steps: dict[str, TaskID] = {}  # the waits under way, by activity
         self._listening: AbstractContextManager[None] = nullcontext()
 
@@ -48,8 +49,13 @@ class RichReporter:
         if self._data_task is not None:
             self.progress.remove_task(self._data_task)
             self._data_task = None
+        from secfed.federation.runtime import private_logs
+
         cfg = fed.config
         self._rounds = cfg.schedule.rounds
+        # under an ε the bars name no client and count no cohort: a terminal is kept and shared as a log
+        # is (found by review: the bar showed each round's secret Poisson cohort, site by site)
+        self._private = private_logs(fed)
         self._unseen = frozenset(d.name for d in fed.domains if d.unseen)
         unseen = len(self._unseen)
         self.console.print(
@@ -62,9 +68,13 @@ class RichReporter:
 
     def round_started(self, round_number: int, cohort: list[str]) -> None:
         self._round = round_number
-        self.progress.update(self._clients, total=max(1, len(cohort)), completed=0, info=f"round {round_number}")
+        total = 1 if self._private else max(1, len(cohort))
+        self.progress.update(self._clients, total=total, completed=0, info=f"round {round_number}")
 
     def client_done(self, round_number: int, client: str) -> None:
+        if self._private:
+            self.progress.update(self._clients, info=f"round {round_number}: training")
+            return
         self.progress.update(self._clients, advance=1, info=f"round {round_number}: {escape(client)}")
 
     def step(self, activity: str, done: int, total: int, detail: str = "") -> None:
@@ -75,7 +85,7 @@ class RichReporter:
             if task is not None:
                 self.progress.remove_task(self._steps.pop(activity))
             return
-        info = escape(detail)  # domain and site names are text, not rich markup
+        info = "" if self._private else escape(detail)  # site names (not under an ε), as text, not markup
         if task is None:
             where = f"round {self._round}: " if self._round is not None else ""
             self._steps[activity] = self.progress.add_task(escape(where + activity), total=total, completed=done,

@@ -33,6 +33,7 @@ MLFLOW_RUN_FILE = "mlflow-run-id"
 
 class Tracker(Protocol):
     def start(self, config: Mapping[str, Any], start_round: int) -> None: ...
+    def label(self, labels: Mapping[str, str]) -> None: ...
     def log_round(self, round_number: int, scalars: Mapping[str, float]) -> None: ...
     def finish(self, final: Mapping[str, float], summary: Mapping[str, Any], history_png: Path | None) -> None: ...
 
@@ -114,6 +115,9 @@ class TensorBoardTracker:
         if not start_round:
             self.writer.add_text("config", "```json\n" + json.dumps(config, indent=2) + "\n```", 0)
 
+    def label(self, labels: Mapping[str, str]) -> None:
+        self.writer.add_text("privacy", "\n\n".join(f"**{k}**: {v}" for k, v in labels.items()), 0)
+
     def log_round(self, round_number: int, scalars: Mapping[str, float]) -> None:
         for name, value in scalars.items():
             self.writer.add_scalar(name, value, round_number)
@@ -172,6 +176,10 @@ class MLflowTracker:
         for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters per batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 
+    def label(self, labels: Mapping[str, str]) -> None:
+        for key, value in labels.items():
+            self.client.set_tag(self.run_id, key, value[:5000])  # MLflow's tag values are bounded
+
     def log_round(self, round_number: int, scalars: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
 
@@ -203,6 +211,23 @@ def _mlflow_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)
 
 
+def privacy_labels(fed: Any) -> dict[str, str]:
+    """What every output of a run that states an ε must carry beside its numbers (found by review: the
+    trackers kept the scalars only, NOT PRIVATE and the figures outside the ε dropped): the noise,
+    whom each ε holds against, the plan's statements and, under an ε, what is logged outside it."""
+    from secfed.federation.runtime import OUTSIDE_EPSILON, private_logs
+    from secfed.privacy.adversary import NOT_PRIVATE, RELEASED_MODELS
+
+    plan = fed.plan
+    labels = {"privacy.noise": NOT_PRIVATE if plan.reproducible_noise else "cryptographically secure",
+              "privacy.statements": " ".join(plan.statements) or "no privacy mechanism"}
+    if private_logs(fed):
+        labels["privacy.epsilon"] = (f"privacy/epsilon holds against {RELEASED_MODELS}; against the server see "
+                                     "summary.json privacy.epsilon_against")
+        labels["privacy.outside_epsilon"] = ("logged outside the ε, aggregate figures: " + ", ".join(OUTSIDE_EPSILON))
+    return labels
+
+
 def attach(reporter: Any, names: Sequence[str], run_dir: Path) -> TrackingReporter:
     """``reporter`` with the trackers ``run.log_to`` names, each checked installed before training
     starts (a missing package is a :class:`~secfed.config.ConfigError` naming ``run.log_to``)."""
@@ -222,6 +247,8 @@ class TrackingReporter:
         self.unseen = tuple(d.name for d in fed.domains if d.unseen)
         for tracker in self.trackers:
             tracker.start(fed.config.to_dict(), start_round)
+            if not start_round:  # a resumed run's tracker has them already
+                tracker.label(privacy_labels(fed))
         self.inner.run_started(fed, start_round)
 
     def round_done(self, record: dict[str, Any]) -> None:

@@ -112,3 +112,27 @@ def test_every_wait_of_a_round_is_a_step_and_listening_changes_nothing(two_site_
     for record in records:
         record.pop("seconds")
     assert records[0] == records[1]
+
+
+@pytest.mark.parametrize("claims_epsilon", [False, True])
+def test_under_an_epsilon_the_bars_name_no_client_and_count_no_cohort(claims_epsilon: bool) -> None:
+    """(found by review: under a claimed ε the terminal bar showed each round's secret Poisson cohort,
+    its size and each member's name — kept in scrollback, `script` logs and CI consoles)"""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(schedule=SimpleNamespace(rounds=2), data=SimpleNamespace(scenario="by-dataset", height=16,
+                          width=8), model=SimpleNamespace(backbone="resnet18"))
+    fed = SimpleNamespace(config=cfg, domains=[], method=SimpleNamespace(describe=lambda: "FedPav"), clients=[1, 2, 3],
+                          layout=SimpleNamespace(size=10), channel=SimpleNamespace(name="plain"),
+                          plan=SimpleNamespace(claims_epsilon=claims_epsilon, dp_sgd=None))
+    screen = io.StringIO()
+    with RichReporter(Console(file=screen, force_terminal=True, width=200)) as reporter:
+        reporter.run_started(fed, 0)
+        reporter.round_started(1, ["campus", "plaza"])
+        reporter.client_done(1, "campus")
+        progress.step(SCORING, 1, 4, "plaza: federated model")
+        reporter.progress.refresh()
+        (bar,) = [t for t in reporter.progress.tasks if t.description == "clients"]
+        drawn = screen.getvalue()
+    named = "campus" in drawn or "plaza" in drawn
+    assert named != claims_epsilon and (bar.total == 1) == claims_epsilon

@@ -52,6 +52,7 @@ def test_tensorboard_holds_every_rounds_figures_the_config_and_the_history_plot(
         assert len(events.Scalars(name)) == 2, name
     assert "history" in events.Tags()["images"]
     assert any("config" in tag for tag in events.Tags()["tensors"])  # the configuration, as text
+    assert any("privacy" in tag for tag in events.Tags()["tensors"])  # and what the run says of its privacy
     assert events.Scalars("final/mean/seen/rank1")  # the hparams' metric: the final seen-domain mean
 
 
@@ -68,6 +69,21 @@ def test_mlflow_holds_the_same_figures_params_and_artifacts(tracked: Path) -> No
     seen = [sum(v["rank1"] for v in r["eval"].values()) / len(r["eval"]) for r in history]
     assert [m.step for m in steps] == [1, 2] and [m.value for m in steps] == pytest.approx(seen)
     assert {a.path for a in client.list_artifacts(run_id)} >= {"history.png", "summary.json"}
+    # what the run says of its privacy travels with its numbers (found by review: the trackers dropped
+    # NOT PRIVATE and the figures outside the ε), and the run directory is this user's alone
+    assert run.data.tags["privacy.noise"] == "cryptographically secure" and "privacy.statements" in run.data.tags
+    assert tracked.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_trackers_carry_not_private_and_what_is_outside_the_epsilon() -> None:
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(reproducible_noise=True, statements=["DP-FedAvg, ε ≤ 3"], claims_epsilon=True, dp_sgd=None)
+    labels = tracking.privacy_labels(SimpleNamespace(plan=plan))
+    assert labels["privacy.noise"].startswith("NOT PRIVATE") and "contributors" in labels["privacy.outside_epsilon"]
+    assert "released models" in labels["privacy.epsilon"]
+    plan.reproducible_noise, plan.claims_epsilon = False, False
+    assert set(tracking.privacy_labels(SimpleNamespace(plan=plan))) == {"privacy.noise", "privacy.statements"}
 
 
 def test_a_claimed_epsilon_keeps_per_client_figures_out_of_the_trackers() -> None:

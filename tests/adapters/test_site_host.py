@@ -340,3 +340,19 @@ def test_a_nodes_record_lock_is_its_own_and_waits_for_a_bounded_time(tmp_path, m
         with pytest.raises(node_files.NodeSetupError, match="stayed locked for 0 s"):
             with sites._locked(lock):
                 pass
+
+
+def test_flower_keys_prints_the_nodes_own_identity_and_refuses_a_planted_one(tmp_path):
+    """(review: `secfed flower keys` read an identity.pem from any folder, whoever wrote it, and printed
+    its line for cohort.toml)"""
+    from click.testing import CliRunner
+
+    from secfed.cli.main import cli
+
+    state = tmp_path / "state"
+    result = CliRunner().invoke(cli, ["flower", "keys", "--state-dir", str(state), "--name", "site-a"])
+    key = node_files.public_identity(node_files.identity_key(state))
+    assert result.exit_code == 0 and f'"site-a" = "{key.hex()}"' in result.output
+    (state / node_files.IDENTITY_FILE).chmod(0o666)
+    result = CliRunner().invoke(cli, ["flower", "keys", "--state-dir", str(state), "--name", "site-a"])
+    assert result.exit_code == 2 and "not a file of this user's alone" in result.output and key.hex() not in result.output
