@@ -262,6 +262,7 @@ def local_command(supernodes: int, insecure: bool, node_poll: float | None, keep
     cfg, run_dir, resuming = resolve_config({**params, "resume": None})
     work = run_dir.parent.resolve() / f"{run_dir.name}.flower"
     work.mkdir(parents=True, exist_ok=True)
+    work.chmod(0o700)  # the SuperNodes' state folders lie under it: this user's alone (node.state_dir checks)
     cohort_file, sites, configs = work / "cohort.toml", {}, []
     for i in range(supernodes):
         folder = work / f"node-{i}"

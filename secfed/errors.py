@@ -16,24 +16,42 @@ from dataclasses import dataclass
 
 
 def printable(text: os.PathLike[str] | str) -> str:
-    """``text`` (a path, a message) as it can be shown on a terminal: bytes that are not UTF-8 and
-    control characters escaped (a file name could otherwise forge lines or colours: found by review)."""
+    """``text`` (a path, a message) as it can be shown on a terminal: bytes that are not UTF-8, control
+    and invisible characters escaped (a file name could otherwise forge lines or colours, or pass for
+    another name: found by review). Spaces are shown, and the joiners people's names use (Persian's
+    zero-width non-joiner) between letters."""
     plain = str(os.fspath(text))
     try:  # a name read from disk keeps its undecodable bytes as surrogates: shown as \xNN
         raw = plain.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeEncodeError:  # other lone surrogates (typed, or from JSON)
         raw = plain.encode("utf-8", "backslashreplace").decode()
-    return "".join(c if c.isprintable() or _shown_as_is(c) else repr(c)[1:-1] for c in raw)
+    return "".join(c if _shown(raw, i) else _escaped(c) for i, c in enumerate(raw))
 
 
-# Spaces and the joiners people's names use (a no-break space, Persian's zero-width non-joiner) are
-# shown as they are; controls, line breaks, bidirectional overrides and every other invisible format
-# character (a zero-width space, tag characters: two names that look alike) are not (review).
+# Unicode's default-ignorable code points (DerivedCoreProperties.txt): drawn as nothing. Python's
+# unicodedata has no such property, hence the table.
+_IGNORABLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+              (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+              (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
+              (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
 _JOINERS = frozenset("\u200c\u200d")
 
 
-def _shown_as_is(c: str) -> bool:
-    return unicodedata.category(c) == "Zs" or c in _JOINERS
+def _escaped(c: str) -> str:
+    """``c`` as Python writes it in a string literal, whatever Python thinks of showing it."""
+    shown = repr(c)[1:-1]
+    if shown != c:
+        return shown
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
+
+
+def _shown(text: str, i: int) -> bool:
+    c = text[i]
+    if c in _JOINERS:  # between letters of a script that joins (not between Latin letters: "ali‌ce")
+        return 0 < i < len(text) - 1 and all(n.isalpha() and not n.isascii() for n in (text[i - 1], text[i + 1]))
+    if any(lo <= ord(c) <= hi for lo, hi in _IGNORABLE) or unicodedata.category(c) == "Cf":
+        return False
+    return c.isprintable() or unicodedata.category(c) == "Zs"
 
 
 @dataclass(frozen=True)

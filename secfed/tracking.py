@@ -219,11 +219,16 @@ def privacy_labels(fed: Any) -> dict[str, str]:
     from secfed.privacy.adversary import NOT_PRIVATE, RELEASED_MODELS
 
     plan = fed.plan
-    labels = {"privacy.noise": NOT_PRIVATE if plan.reproducible_noise else "cryptographically secure",
+    noised = plan.mechanism != "none" or plan.dp_sgd is not None
+    labels = {"privacy.noise": NOT_PRIVATE if plan.reproducible_noise else
+              "cryptographically secure" if noised else "no noise",
               "privacy.statements": " ".join(plan.statements) or "no privacy mechanism"}
+    if plan.claims_epsilon:
+        labels["privacy.epsilon"] = (f"privacy/epsilon (client-level) holds against {RELEASED_MODELS}; against the "
+                                     "server see summary.json privacy.epsilon_against")
+    if plan.dp_sgd is not None:
+        labels["privacy.dp_sgd"] = "dp_sgd_epsilon/<site> (example-level) holds against the server too"
     if private_logs(fed):
-        labels["privacy.epsilon"] = (f"privacy/epsilon holds against {RELEASED_MODELS}; against the server see "
-                                     "summary.json privacy.epsilon_against")
         labels["privacy.outside_epsilon"] = ("logged outside the ε, aggregate figures: " + ", ".join(OUTSIDE_EPSILON))
     return labels
 

@@ -71,19 +71,25 @@ def test_mlflow_holds_the_same_figures_params_and_artifacts(tracked: Path) -> No
     assert {a.path for a in client.list_artifacts(run_id)} >= {"history.png", "summary.json"}
     # what the run says of its privacy travels with its numbers (found by review: the trackers dropped
     # NOT PRIVATE and the figures outside the ε), and the run directory is this user's alone
-    assert run.data.tags["privacy.noise"] == "cryptographically secure" and "privacy.statements" in run.data.tags
+    assert run.data.tags["privacy.noise"] == "no noise" and "privacy.statements" in run.data.tags
     assert tracked.stat().st_mode & 0o777 == 0o700
 
 
 def test_the_trackers_carry_not_private_and_what_is_outside_the_epsilon() -> None:
     from types import SimpleNamespace
 
-    plan = SimpleNamespace(reproducible_noise=True, statements=["DP-FedAvg, ε ≤ 3"], claims_epsilon=True, dp_sgd=None)
+    plan = SimpleNamespace(reproducible_noise=True, statements=["DP-FedAvg, ε ≤ 3"], claims_epsilon=True, dp_sgd=None,
+                           mechanism="gaussian")
     labels = tracking.privacy_labels(SimpleNamespace(plan=plan))
     assert labels["privacy.noise"].startswith("NOT PRIVATE") and "contributors" in labels["privacy.outside_epsilon"]
     assert "released models" in labels["privacy.epsilon"]
-    plan.reproducible_noise, plan.claims_epsilon = False, False
-    assert set(tracking.privacy_labels(SimpleNamespace(plan=plan))) == {"privacy.noise", "privacy.statements"}
+    plan.reproducible_noise, plan.claims_epsilon, plan.mechanism = False, False, "none"
+    none = tracking.privacy_labels(SimpleNamespace(plan=plan))
+    assert set(none) == {"privacy.noise", "privacy.statements"} and none["privacy.noise"] == "no noise"
+    plan.dp_sgd = object()  # DP-SGD alone: its own figures, which hold against the server too (review of the fix)
+    sgd = tracking.privacy_labels(SimpleNamespace(plan=plan))
+    assert "privacy.epsilon" not in sgd and "against the server too" in sgd["privacy.dp_sgd"]
+    assert sgd["privacy.noise"] == "cryptographically secure"
 
 
 def test_a_claimed_epsilon_keeps_per_client_figures_out_of_the_trackers() -> None:

@@ -27,6 +27,9 @@ _BMP_MAGIC = b"BM"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC: the last 8 bytes of a whole PNG
 _PNG_TAIL = 1024  # a few writers append bytes after IEND; look for it near the end, not only at it
+# torchvision's decoders by their magic bytes, each with the Pillow readers of the same format
+_DECODED = ((b"\xff\xd8\xff", ("JPEG", "MPO")), (_PNG_MAGIC, ("PNG",)), (b"GIF87a", ("GIF",)), (b"GIF89a", ("GIF",)),
+            (b"RIFF", ("WEBP",)))
 _SOF = re.compile(rb"\xff[\xc0-\xc3\xc5-\xc7\xc9-\xcb\xcd-\xcf]")  # JPEG frame headers (not DHT, JPG, DAC)
 _CPP_LOCATION = re.compile(r"^[^,]*, \S+\.cpp:\d+, ")  # "decode_jpeg, /…/decode_jpeg.cpp:167, " prefix
 # A pedestrian crop is kilobytes; these bounds refuse, by name, files no ReID set holds before they are
@@ -76,10 +79,15 @@ def _check_pixels(path: Path, data: bytes) -> None:
     import io
     import warnings
 
+    formats = next((names for magic, names in _DECODED if data.startswith(magic)), None)
+    if formats is None or (formats == ("WEBP",) and data[8:12] != b"WEBP"):
+        raise DataError(path, "corrupt or unsupported image: not a JPEG, PNG, GIF or WebP (what the decoder reads)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as header:
+            # the reader of what torchvision will decode, no other: Pillow tried its other readers on a
+            # JPEG its own refused, and its PCD reader reported 768×512 for a 12000×12000 JPEG (review)
+            with Image.open(io.BytesIO(data), formats=list(formats)) as header:
                 (width, height), kind = header.size, header.format
                 frames = getattr(header, "n_frames", 1) if kind == "GIF" else 1
     except Image.DecompressionBombError as err:

@@ -351,7 +351,7 @@ def new_run_dir(run_dir: Path) -> Iterator[None]:
         made = next((p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()), None)
         was_empty = made is None and run_dir.is_dir() and not any(run_dir.iterdir())
         run_dir.mkdir(parents=True, exist_ok=True)
-        if made is not None or was_empty:  # this user's alone: every site's state and the trackers' files
+        if made is not None:  # made here: this user's alone (a folder the user made keeps its mode): every site's state and the trackers' files
             run_dir.chmod(0o700)  # (found by review: the trackers wrote 0644 beside the run's 0600 files)
     except (OSError, ValueError) as exc:  # a file in the way, a read-only or missing mount, a NUL in the path
         raise ConfigError("run.out", f"cannot make the run directory {str(run_dir)!r}: "

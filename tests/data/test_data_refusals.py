@@ -240,8 +240,15 @@ def test_images_are_bounded_before_they_are_read_and_sixteen_bits_are_scaled(tmp
     (tmp_path / "decoy.jpg").write_bytes(decoy)
     with pytest.raises(DataError, match="20000×20000 pixels: more than any image"):
         read_image(tmp_path / "decoy.jpg")
+    # ... and Pillow, its JPEG reader refusing, tried its others: its PCD reader (b"PCD_" at offset 2048,
+    # here in a comment) reported 768×512 for that JPEG (review of that fix): only the decoder's format
+    comment = b"\x00" * (2048 - 8) + b"PCD_" + b"\x00" * 1600
+    pcd = b"\xff\xd8\xff\x01" + b"\xff\xfe" + struct.pack(">H", len(comment) + 2) + comment + huge[2:]
+    (tmp_path / "pcd.jpg").write_bytes(pcd)
+    with pytest.raises(DataError, match="20000×20000 pixels: more than any image"):
+        read_image(tmp_path / "pcd.jpg")
     (tmp_path / "junk.jpg").write_bytes(b"not an image at all, of any format")
-    with pytest.raises(DataError, match="unreadable header"):
+    with pytest.raises(DataError, match="not a JPEG, PNG, GIF or WebP"):
         read_image(tmp_path / "junk.jpg")
     camera = tmp_path / "camera.jpg"  # a JPEG with its preview: MPO of two frames to Pillow, one picture
     Image.new("RGB", (4, 8), (1, 2, 3)).save(camera, format="MPO", save_all=True,
@@ -344,3 +351,17 @@ def test_a_dataset_folder_linked_from_another_disk_fingerprints_as_listed(tmp_pa
     (ours, ours_resolved), (theirs, theirs_resolved) = (
         fingerprint([load_dataset(root / "m", "market1501", name="m")], root) for root in (plain, linked))
     assert ours == theirs == ours_resolved != theirs_resolved
+
+
+def test_names_are_shown_escaped_where_they_could_forge_a_line_or_pass_for_another():
+    """(reviews: a folder name cleared the screen and forged a line in a configuration error; invisible
+    characters let two names look alike; then no-break spaces and Persian's joiner were escaped too)"""
+    from secfed.config import ConfigError
+    from secfed.errors import printable
+
+    assert printable("a\nb\x1b[2J") == "a\\nb\\x1b[2J" and printable(os.fsdecode(b"x\xff")) == "x\\xff"
+    assert printable("داده\u200cها") == "داده\u200cها" and printable("ali\u200cce") == "ali\\u200cce"
+    assert printable("Market\xa01501 café") == "Market\xa01501 café" and printable("a\u202eb") == "a\\u202eb"
+    assert printable("a\u034fb\U000E0041\ufeff") == "a\\u034fb\\U000e0041\\ufeff"
+    rendered = ConfigError("data.scenario\x1b", "got Market-1501\x1b[2J\nfake line").render()
+    assert "\n" not in rendered and "\x1b" not in rendered and "\\x1b[2J\\nfake line" in rendered
