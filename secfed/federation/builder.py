@@ -24,7 +24,8 @@ from secfed.data.listing import Resolver
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
 from secfed.data.synth import DEFAULT_PUBLIC_IMAGES, SynthManifest, cached
-from secfed.data.types import ReidDataset, Sample
+from secfed.data.errors import DataError
+from secfed.data.types import UNLABELED, ReidDataset, Sample, check_sample
 from secfed.data.usable import matched_queries
 from secfed.data.validation import ValidationSplitError, validation_split
 from secfed.errors import printable
@@ -234,10 +235,9 @@ def _list_images(folder: Path) -> list[Path]:
     images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp") and p.is_file())
     for path in images:
         try:
-            str(path).encode()
-        except UnicodeEncodeError:
-            raise ConfigError("method.kd_public", f"{printable(path)}: the file name is not valid UTF-8: rename the "
-                              "file") from None
+            check_sample(Sample(path, UNLABELED, UNLABELED))
+        except DataError as exc:
+            raise ConfigError("method.kd_public", str(exc)) from None
     if len(images) < 2:
         raise ConfigError("method.kd_public", f"{folder} holds {len(images)} images; distillation needs some")
     return images
