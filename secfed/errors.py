@@ -45,11 +45,20 @@ def _escaped(c: str) -> str:
     return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
 
 
+# The scripts whose writing uses the joiners: Arabic, Syriac, N'Ko, the Indic scripts to Sinhala,
+# Myanmar, Khmer, Mongolian, and Arabic's presentation forms.
+_JOINING = ((0x0600, 0x08FF), (0x0900, 0x0DFF), (0x1000, 0x109F), (0x1780, 0x18AF), (0xFB50, 0xFDFF), (0xFE70, 0xFEFF))
+
+
+def _joins(c: str) -> bool:
+    return unicodedata.category(c)[0] in "LM" and any(lo <= ord(c) <= hi for lo, hi in _JOINING)
+
+
 def _shown(text: str, i: int) -> bool:
     c = text[i]
-    if c in _JOINERS:  # between letters of a script that joins (not between Latin letters: "ali‌ce")
-        return 0 < i < len(text) - 1 and all(n.isalpha() and not n.isascii() for n in (text[i - 1], text[i + 1]))
-    if any(lo <= ord(c) <= hi for lo, hi in _IGNORABLE) or unicodedata.category(c) == "Cf":
+    if c in _JOINERS:  # after a letter or sign of a script that joins (not in "ali‌ce", "да‌нные")
+        return 0 < i and _joins(text[i - 1]) and (i == len(text) - 1 or _joins(text[i + 1]))
+    if any(lo <= ord(c) <= hi for lo, hi in _IGNORABLE) or unicodedata.category(c) == "Cf" or c == "\u2800":
         return False
     return c.isprintable() or unicodedata.category(c) == "Zs"
 

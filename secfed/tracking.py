@@ -219,7 +219,8 @@ def privacy_labels(fed: Any) -> dict[str, str]:
     from secfed.privacy.adversary import NOT_PRIVATE, RELEASED_MODELS
 
     plan = fed.plan
-    noised = plan.mechanism != "none" or plan.dp_sgd is not None
+    dfs = getattr(plan, "dfs", None)
+    noised = plan.mechanism != "none" or plan.dp_sgd is not None or (dfs is not None and dfs.noised)
     labels = {"privacy.noise": NOT_PRIVATE if plan.reproducible_noise else
               "cryptographically secure" if noised else "no noise",
               "privacy.statements": " ".join(plan.statements) or "no privacy mechanism"}
@@ -228,6 +229,8 @@ def privacy_labels(fed: Any) -> dict[str, str]:
                                      "server see summary.json privacy.epsilon_against")
     if plan.dp_sgd is not None:
         labels["privacy.dp_sgd"] = "dp_sgd_epsilon/<site> (example-level) holds against the server too"
+    if dfs is not None and dfs.epsilon is not None:
+        labels["privacy.dfs"] = f"DFH's statistics: identity-level ε = {dfs.epsilon:.3g} per client (δ = {dfs.delta:.2g})"
     if private_logs(fed):
         labels["privacy.outside_epsilon"] = ("logged outside the ε, aggregate figures: " + ", ".join(OUTSIDE_EPSILON))
     return labels

@@ -90,6 +90,10 @@ def test_the_trackers_carry_not_private_and_what_is_outside_the_epsilon() -> Non
     sgd = tracking.privacy_labels(SimpleNamespace(plan=plan))
     assert "privacy.epsilon" not in sgd and "against the server too" in sgd["privacy.dp_sgd"]
     assert sgd["privacy.noise"] == "cryptographically secure"
+    plan.dp_sgd = None  # DFH's noised statistics alone (review of the fix: labelled "no noise")
+    plan.dfs = SimpleNamespace(noised=True, epsilon=2.5, delta=1e-5)
+    dfs = tracking.privacy_labels(SimpleNamespace(plan=plan))
+    assert dfs["privacy.noise"] == "cryptographically secure" and "identity-level ε = 2.5" in dfs["privacy.dfs"]
 
 
 def test_a_claimed_epsilon_keeps_per_client_figures_out_of_the_trackers() -> None:

@@ -270,7 +270,7 @@ def test_a_host_imports_nothing_from_the_supernodes_working_folder(tmp_path, mon
     assert not (tmp_path / "ran").exists()
 
 
-def test_a_state_folder_is_the_nodes_own(tmp_path):
+def test_a_state_folder_is_the_nodes_own(tmp_path, monkeypatch):
     """(found by review: under umask 000 the folders made for the state folder were 0777, another user
     swapped it for one of theirs — the node sent it the broadcast, relayed its forged reply and used its
     empty privacy record; a lock file 0644 let any user hold the node's records)"""
@@ -292,6 +292,16 @@ def test_a_state_folder_is_the_nodes_own(tmp_path):
     (tmp_path / "group").chmod(0o775)  # this user's private group (umask 002): its alone (review of the fix)
     if node_files._private_group((tmp_path / "group").stat().st_gid):
         node_files.state_dir({node_files.STATE_DIR_KEY: str(tmp_path / "group" / "state")})
+    # a primary group not named after the user is shared, even where the directory lists nobody in it
+    # ("domain users" under SSSD: review of the fix)
+    import grp
+    from types import SimpleNamespace
+
+    node_files._private_group.cache_clear()
+    with monkeypatch.context() as patched:
+        patched.setattr(grp, "getgrgid", lambda gid: SimpleNamespace(gr_name="domain users", gr_mem=[]))
+        assert not node_files._private_group(os.getegid())
+    node_files._private_group.cache_clear()
     if os.geteuid() == 0:  # a group with others in it: they could move the state folder (review of the fix)
         os.chown(tmp_path / "group", -1, 65534)
         with pytest.raises(node_files.NodeSetupError, match="is writable by other users"):

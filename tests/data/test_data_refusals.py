@@ -363,5 +363,8 @@ def test_names_are_shown_escaped_where_they_could_forge_a_line_or_pass_for_anoth
     assert printable("داده\u200cها") == "داده\u200cها" and printable("ali\u200cce") == "ali\\u200cce"
     assert printable("Market\xa01501 café") == "Market\xa01501 café" and printable("a\u202eb") == "a\\u202eb"
     assert printable("a\u034fb\U000E0041\ufeff") == "a\\u034fb\\U000e0041\\ufeff"
+    for kept in ("क्\u200dष", "ന്\u200d", "مَ\u200cها"):  # after a sign, not a letter (review of the fix)
+        assert printable(kept) == kept
+    assert printable("да\u200cнные") == "да\\u200cнные" and printable("a\u2800b") == "a\\u2800b"
     rendered = ConfigError("data.scenario\x1b", "got Market-1501\x1b[2J\nfake line").render()
     assert "\n" not in rendered and "\x1b" not in rendered and "\\x1b[2J\\nfake line" in rendered

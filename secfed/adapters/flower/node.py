@@ -19,6 +19,7 @@ fresh folder end up with the same key and a reader never sees half a file.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -101,6 +102,7 @@ def state_dir(node_config: Mapping[str, object]) -> Path:
     return real
 
 
+@functools.lru_cache(maxsize=64)
 def _private_group(gid: int) -> bool:
     """Whether ``gid`` is this user's own group with nobody else in it (a user-private group, as
     Fedora and Ubuntu give every user with umask 002: a folder writable by it is writable by this user
@@ -112,8 +114,10 @@ def _private_group(gid: int) -> bool:
         group, me = grp.getgrgid(gid), pwd.getpwuid(os.geteuid())
     except KeyError:
         return False
-    return gid == me.pw_gid and not [m for m in group.gr_mem if m != me.pw_name] and not any(
-        p.pw_gid == gid and p.pw_uid != me.pw_uid for p in pwd.getpwall())
+    # named after the user, as user-private groups are: a directory service lists no account by its
+    # primary group, so a shared primary group ("domain users") would look private (review)
+    return gid == me.pw_gid and group.gr_name == me.pw_name and not [m for m in group.gr_mem if m != me.pw_name] \
+        and not any(p.pw_gid == gid and p.pw_uid != me.pw_uid for p in pwd.getpwall())
 
 
 def bind_private(sock: socket.socket, address: str) -> None:
