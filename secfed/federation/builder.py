@@ -19,12 +19,12 @@ import torch
 
 from secfed.algorithms import Method, Site, base_method, with_options
 from secfed.config import ConfigError, RunConfig
+from secfed.data.errors import DataError
 from secfed.data.images import MAX_IMAGE_BYTES, load_images
 from secfed.data.listing import Resolver
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
 from secfed.data.synth import DEFAULT_PUBLIC_IMAGES, SynthManifest, cached
-from secfed.data.errors import DataError
 from secfed.data.types import UNLABELED, ReidDataset, Sample, check_sample
 from secfed.data.usable import matched_queries
 from secfed.data.validation import ValidationSplitError, validation_split

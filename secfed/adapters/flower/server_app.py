@@ -201,7 +201,8 @@ class FlowerRun:
         refusals: dict[int, str] = {}  # why a node answered hello with an error (its policy, its data)
         started = said = time.monotonic()
         while True:
-            new = [n for n in self.grid.get_node_ids() if n not in hosts]
+            listed = list(self.grid.get_node_ids())  # asked of the SuperLink once per pass
+            new = [n for n in listed if n not in hosts]
             challenges = self.flow.challenges(new) if self.flow is not None else {}  # enrolment rides along
             contents = {n: RecordDict({STEP: step, **({CONTROL: challenges[n]} if n in challenges else {})})
                         for n in new}
@@ -209,9 +210,8 @@ class FlowerRun:
                               poll=self.settings.poll, errors=refusals)
             if challenges:
                 self.flow.accept(replies, challenges)
-            self._forget_gone(hosts, censuses)
-            live = set(self.grid.get_node_ids())
-            for n in [m for m in refusals if m in replies or m not in live]:  # answered since, or gone (review)
+            self._forget_gone(hosts, censuses, set(listed))
+            for n in [m for m in refusals if m in replies or m not in listed]:  # answered since, or gone (review)
                 del refusals[n]
             for n, reply in replies.items():
                 self._read_hello(n, reply, hosts, censuses)
@@ -247,11 +247,11 @@ class FlowerRun:
             return
         censuses.setdefault(_canonical(census), []).append((n, census))
 
-    def _forget_gone(self, hosts: dict[int, list[int]], censuses: dict[str, list[tuple[int, Census]]]) -> None:
+    def _forget_gone(self, hosts: dict[int, list[int]], censuses: dict[str, list[tuple[int, Census]]],
+                     live: set[int]) -> None:
         """Drop the claims of nodes gone: no longer listed, or (authenticated) whose identity a restarted
         SuperNode proved since under a new node id — else its new claim met its own old one and the run
-        stopped (found by review)."""
-        live = set(self.grid.get_node_ids())
+        stopped (found by review). ``live``: the nodes the SuperLink lists now."""
         authenticated = self.flow is not None and self.flow.authenticated
         gone = {n for n in hosts if n not in live or (authenticated and n not in self.flow.identities)}
         for n in gone:

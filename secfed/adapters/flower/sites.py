@@ -335,10 +335,9 @@ class NodeSites:
         raw = node_config.get(MAX_EPSILON_KEY)
         missing = uncovered(self.fed, self.sites)
         if raw is None:  # no floor: the run is still charged, so that a floor set later counts it (review)
-            if charge:  # (a node hosting none of the run's sites is charged nothing, and says so: review)
+            if charge:
                 with _spent_ledger(node.state_dir(node_config)) as spent:
-                    spent[self.folder.name] = {UNBOUNDED: [-1.0, -1.0]} if missing and self.sites else {
-                        kind: list(value) for kind, value in planned_epsilons(self.fed, self.sites, charge).items()}
+                    spent[self.folder.name] = self._record_entry(charge, missing)
             return
         most = node.number(raw, MAX_EPSILON_KEY)
         most_delta = node.number(node_config.get(MAX_DELTA_KEY, DEFAULT_MAX_DELTA), MAX_DELTA_KEY)
@@ -370,8 +369,17 @@ class NodeSites:
                     f"in all{earlier}; this node allows ε ≤ {most:g} ({MAX_EPSILON_KEY}), δ ≤ {most_delta:g} "
                     f"({MAX_DELTA_KEY})")
             if charge:
-                spent[token] = {kind: list(value) for kind, value in planned_epsilons(self.fed, self.sites,
-                                                                                      charge).items()}
+                spent[token] = self._record_entry(charge, missing)
+
+    def _record_entry(self, rounds: int, missing: str | None) -> dict[str, list[float]]:
+        """The record's entry for this run after ``rounds`` of its rounds: nothing for a node hosting none
+        of its sites (found by review: its rounds.json alone counted as a run without bound), without
+        bound where no ε holds against the server (``missing``), else the (ε, δ) of each mechanism."""
+        if not self.sites:
+            return {}
+        if missing:
+            return {UNBOUNDED: [-1.0, -1.0]}
+        return {kind: list(value) for kind, value in planned_epsilons(self.fed, self.sites, rounds).items()}
 
     def round_seed(self, node_config: Mapping[str, object], t: int) -> int | None:
         """Claim round ``t`` (0-based) for this node, once: a round is trained at most once per run, in
