@@ -8,6 +8,7 @@ A CONNECTION file (TOML) says where the SuperLink is and whom the run trusts::
     # phase-timeout = 120             # seconds a protocol phase waits for replies
     # train-timeout = 3600            # seconds a round's training (and evaluation) waits
     # public-root = "/srv/public"     # on the SuperLink's machine: where a relative --kd-public is read
+    # stop-on-refusal = true          # stop when a SuperNode refuses the run, not wait start-timeout for it
 
 ``secfed train --flower`` submits secfed's ServerApp with the resolved configuration through
 ``flwr run`` (telemetry and update checks off) and streams its output; the ServerApp writes the
@@ -66,6 +67,7 @@ class Connection:
     train_timeout: float = 3600.0
     start_timeout: float = 300.0
     public_root: str | None = None  # a folder on the SuperLink's machine (not this one's)
+    stop_on_refusal: bool = False  # else a refusing node may be fixed and restarted within start-timeout
 
     @classmethod
     def load(cls, path: Path) -> Connection:
@@ -78,7 +80,7 @@ class Connection:
             raise click.BadParameter(f"{path}: cannot read the connection file ({exc})", param_hint=where) from None
         base = Path(path).resolve().parent
         known = {"address", "root-certificates", "insecure", "cohort", "phase-timeout", "train-timeout",
-                 "start-timeout", "public-root"}
+                 "start-timeout", "public-root", "stop-on-refusal"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise click.BadParameter(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}",
@@ -114,7 +116,11 @@ class Connection:
         if public is not None and (not isinstance(public, str) or "\0" in public or not Path(public).is_absolute()):
             raise click.BadParameter(f"{path}: public-root must be an absolute folder on the SuperLink's machine, "
                                      f"got {public!r}", param_hint=where)
-        return cls(address, file("root-certificates"), file("cohort"), **timeouts, public_root=public)
+        stop = raw.get("stop-on-refusal", False)
+        if not isinstance(stop, bool):
+            raise click.BadParameter(f"{path}: stop-on-refusal must be true or false, got {stop!r}", param_hint=where)
+        return cls(address, file("root-certificates"), file("cohort"), **timeouts, public_root=public,
+                   stop_on_refusal=stop)
 
     def write(self, path: Path) -> Path:
         lines = [f'address = "{self.address}"']
@@ -126,6 +132,8 @@ class Connection:
                   f"start-timeout = {self.start_timeout}"]
         if self.public_root is not None:
             lines.append(f"public-root = {json.dumps(self.public_root)}")
+        if self.stop_on_refusal:
+            lines.append("stop-on-refusal = true")
         path.write_text("\n".join(lines) + "\n")
         return path
 
@@ -192,7 +200,8 @@ def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, js
                             "secfed-phase-timeout": connection.phase_timeout,
                             "secfed-train-timeout": connection.train_timeout,
                             "secfed-start-timeout": connection.start_timeout,
-                            "secfed-public-root": connection.public_root or ""})
+                            "secfed-public-root": connection.public_root or "",
+                            "secfed-stop-on-refusal": connection.stop_on_refusal})
         env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(home),
                "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
         console.print(f"[bold]secfed[/] → Flower SuperLink {connection.address}: run directory {run_dir}")
@@ -270,13 +279,20 @@ def local_command(supernodes: int, insecure: bool, node_poll: float | None, keep
         configs.append({node_files.STATE_DIR_KEY: str(folder), node_files.COHORT_KEY: str(cohort_file),
                         **own_nodes_policy(cfg)})
     cohort_file.write_text(Cohort(sites).dumps())
-    with Loopback(work / "deployment", supernodes=supernodes, node_configs=configs, tls=not insecure,
-                  node_auth=not insecure, node_poll=node_poll) as fed:
-        ca = fed.pki.ca_cert if fed.pki else None
-        connection = Connection(f"127.0.0.1:{fed.port}", ca, cohort_file, phase_timeout=300.0)
-        connection.write(work / "connection.toml")
-        train_on_flower(cfg, run_dir, connection, json_output=params["json_output"], workdir=work,
-                        flower_log=fed.logs / "flwr-run.log")
+    try:
+        with Loopback(work / "deployment", supernodes=supernodes, node_configs=configs, tls=not insecure,
+                      node_auth=not insecure, node_poll=node_poll) as fed:
+            ca = fed.pki.ca_cert if fed.pki else None
+            # its nodes are this command's: a refusal (their policy, their data) will not change, so it stops the run
+            connection = Connection(f"127.0.0.1:{fed.port}", ca, cohort_file, phase_timeout=300.0,
+                                    stop_on_refusal=True)
+            connection.write(work / "connection.toml")
+            train_on_flower(cfg, run_dir, connection, json_output=params["json_output"], workdir=work,
+                            flower_log=fed.logs / "flwr-run.log")
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the with block has stopped every Flower process
+        human_console(params["json_output"]).print(f"[yellow]interrupted; the SuperLink and SuperNodes are stopped, "
+                                                   f"their logs kept in {work / 'deployment' / 'logs'}[/]")
+        sys.exit(130)
     if not keep:  # reached only when the run finished: a failed run leaves its logs for the user
         shutil.rmtree(work, ignore_errors=True)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import rich_click as click
 
 from secfed import __version__
@@ -37,6 +39,17 @@ data.add_command(synth_command, "synth")
 data.add_command(inspect_command, "inspect")
 
 
+def stop_politely_on_termination() -> None:
+    """SIGTERM (``kill``, a service manager, a CI timeout) and SIGHUP (a closed terminal) stop a command
+    as Ctrl-C does: the run says where it stopped and how to resume, a round that released nothing
+    withdraws its privacy note, and ``secfed flower local`` stops the SuperLink and SuperNodes it
+    started. Python's default for both ends the process at once: the Flower processes, each leading
+    its own process group, were left running (found by review)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
+
+
 def main() -> None:
+    stop_politely_on_termination()
     reuse_freed_memory()  # every round frees and reallocates model-sized vectors: keep them mapped
     cli(prog_name="secfed")

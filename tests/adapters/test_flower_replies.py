@@ -6,6 +6,7 @@ and the ServerApp leaves that node out instead of stopping the run (found by rev
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -230,3 +231,30 @@ def test_hello_counts_only_enrolled_nodes_and_one_description_of_the_data(tmp_pa
     with pytest.raises(ConfigError, match=r"describe the same data differently \(SuperNodes \[2000\]; SuperNodes "
                                           r"\[2001\]"):
         hello(plain, {2000: claims([0], census(4)), 2001: claims([1], census(999))})
+
+
+def test_hello_stops_at_a_refusal_when_the_nodes_are_the_users_own(tmp_path) -> None:
+    """`secfed flower local` starts its nodes itself: a refusal (their policy, their data) will not change,
+    so the run stops at once, naming it (before: 300 s of waiting for the start timeout)."""
+    from flwr.app import Message
+
+    from fakegrid import FakeGrid
+    from secfed.adapters.flower.server_app import Settings
+    from secfed.config import RunConfig
+
+    def refusing(msg, ctx):
+        raise RuntimeError("data.datasets: no dataset folder under /srv/empty")
+
+    def answering(msg, ctx):
+        return Message(RecordDict({STEP: ConfigRecord({"step": "hello", "sites": [1], "census": json.dumps(CENSUS)})}),
+                       reply_to=msg)
+
+    plain = RunConfig()
+    plain.secagg.enabled = False
+    grid = FakeGrid({2000: (refusing, {}), 2001: (answering, {})})
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="no SuperNode hosts clients \\[0\\]; SuperNode 2000 refused: .*no dataset "
+                                           "folder under /srv/empty"):
+        FlowerRun(grid, Settings(plain, tmp_path / "run", "token", None, start_timeout=300, phase_timeout=1, poll=0.01,
+                                 stop_on_refusal=True)).hello()
+    assert time.monotonic() - started < 30

@@ -469,7 +469,8 @@ def test_settings_a_flower_run_cannot_honour_are_refused_by_name(tmp_path, synth
     for text, expected in (('insecure = true\n', "address"), ('address = "h:1"\n', "root-certificates"),
                            ('address = "h:1"\ninsecure = true\nroot-certificates = "x"\n', "not both"),
                            ('address = "h:1"\ninsecure = true\nport = 3\n', "unknown keys port"),
-                           ('address = "h:1"\ninsecure = true\npublic-root = "pub"\n', "public-root must be an absolute")):
+                           ('address = "h:1"\ninsecure = true\npublic-root = "pub"\n', "public-root must be an absolute"),
+                           ('address = "h:1"\ninsecure = true\nstop-on-refusal = 1\n', "stop-on-refusal must be true")):
         connection.write_text(text)
         result = CliRunner().invoke(cli, base, env={"COLUMNS": "250"})
         assert result.exit_code == 2 and expected in result.output, (text, result.output)

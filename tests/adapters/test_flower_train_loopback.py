@@ -63,3 +63,55 @@ def test_train_on_flower_loopback_writes_the_in_process_run_directory(tmp_path, 
         assert not list(work.glob(f"node-{1 - k % 2}/runs/*/site-{k:04d}-*"))
     assert not list(work.glob("node-*/pending/*"))  # each masked input was used once, then deleted
     assert "secure aggregation: unmask" in flower.output
+
+
+def _processes_in(folder: Path) -> list[str]:
+    """Live processes whose command line or working folder lies in ``folder``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = str((proc / "cwd").resolve())
+        except OSError:
+            continue
+        if str(folder) in cmdline or cwd.startswith(str(folder)):
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
+
+
+@pytest.mark.deployment
+def test_flower_local_stops_every_flower_process_on_sigterm_and_on_a_nodes_refusal(tmp_path, synth_root):
+    """`kill` of `secfed flower local` stops the SuperLink, the SuperNodes and what they started (before,
+    Python's default SIGTERM left them all running), and a refusal by one of its own nodes stops the run at
+    once instead of waiting the start timeout (300 s) for a node that will not change its mind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = (tmp_path / "runs").resolve()
+    base = [sys.executable, "-c", "from secfed.cli.main import main; main()", "flower", "local", "--supernodes", "2",
+            "--node-poll", "0.2", *[a for a in SMALL if a not in ("--synth-scale", "0.1")], "--out", str(out)]
+    process = subprocess.Popen([*base, "--name", "killed", "--data-root", str(synth_root)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    logs = out / "killed.flower" / "deployment" / "logs"
+    deadline = time.monotonic() + 120
+    while not (logs / "supernode-1.log").is_file() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # the SuperNodes have started their own processes
+    assert _processes_in(out / "killed.flower")
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 130 and "Traceback" not in output, output
+    assert _processes_in(out / "killed.flower") == []
+    # nodes that refuse the run (here: their data root holds no dataset; the server never reads it) stop it
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    started = time.monotonic()
+    refused = subprocess.run([*base, "--name", "refused", "--data-root", str(empty)], capture_output=True, text=True,
+                             timeout=240, env={**os.environ, "COLUMNS": "250"})
+    assert refused.returncode != 0 and "refused" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+    assert time.monotonic() - started < 120
+    assert _processes_in(out / "refused.flower") == []

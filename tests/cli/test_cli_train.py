@@ -430,3 +430,29 @@ def test_a_distributed_epsilon_is_printed_with_its_collusion_bound() -> None:
     cell = privacy_cell({"epsilon": 2.0, "delta": 1e-5, "mechanism": "skellam", "colluders": 1, "epsilon_server": 2.0})
     assert "≤ 1 colluding clients" in cell
     assert "colluding" not in privacy_cell({"epsilon": 2.0, "delta": 1e-5, "mechanism": "gaussian"})
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_saying_where_and_how_to_resume(synth_root: Path, tmp_path: Path) -> None:
+    """`kill` (a service manager, a CI timeout) gets the interrupted run's message and exit code; Python's
+    default ended the process at once, and `secfed flower local` left its Flower processes running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "killed"
+    command = [sys.executable, "-c", "from secfed.cli.main import main; main()", "train", "--data-root",
+               str(synth_root), *TINY, "--rounds", "50", "--no-local-baseline", "--eval-every", "0",
+               "--out", str(tmp_path), "--name", "killed"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "COLUMNS": "250"})
+    deadline = time.monotonic() + 120
+    while not (run_dir / "config.json").is_file() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 130, output
+    assert re.search(r"interrupted (after round \d+|before the first round finished); continue with: secfed train "
+                     "--resume", " ".join(output.split())), output
+    assert "Traceback" not in output

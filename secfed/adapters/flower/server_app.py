@@ -88,6 +88,9 @@ class Settings:
     phase_timeout: float = 120.0
     poll: float = 0.2
     public_root: Path | None = None  # where the server reads a relative `method.kd_public` (connection file)
+    # stop at a SuperNode's first refusal of hello instead of waiting start_timeout for it to change its mind:
+    # `secfed flower local` starts its nodes itself, so their refusal (policy, data) is final
+    stop_on_refusal: bool = False
 
     @classmethod
     def from_run_config(cls, rc: Mapping[str, Any]) -> Settings:
@@ -96,7 +99,7 @@ class Settings:
                    str(rc["secfed-token"]), Path(cohort) if cohort else None,
                    float(rc.get("secfed-start-timeout", 300.0)), float(rc.get("secfed-train-timeout", 3600.0)),
                    float(rc.get("secfed-phase-timeout", 120.0)), float(rc.get("secfed-poll", 0.2)),
-                   Path(public) if public else None)
+                   Path(public) if public else None, rc.get("secfed-stop-on-refusal", False) is True)
 
 
 def refusals(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -226,6 +229,8 @@ class FlowerRun:
                 f"{', '.join(unheard)} of the cohort did not enrol"
             refused = "".join(f"; SuperNode {n} refused: {printable(why)[:300]}" for n, why in sorted(refusals.items()))
             now = time.monotonic()
+            if refusals and self.settings.stop_on_refusal:
+                raise DeploymentError(f"{waiting}{refused}")
             if now - started > self.settings.start_timeout:
                 raise DeploymentError(f"{waiting} after {self.settings.start_timeout:.0f} s{refused}")
             if now - said > 10:  # a wait for the slowest site says so (found by review: 300 s of silence)
