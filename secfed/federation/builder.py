@@ -22,6 +22,7 @@ from secfed.config import ConfigError, RunConfig
 from secfed.data.errors import DataError
 from secfed.data.images import MAX_IMAGE_BYTES, load_images
 from secfed.data.listing import Resolver
+from secfed.data.overlap import shared_pictures
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
 from secfed.data.synth import DEFAULT_PUBLIC_IMAGES, SynthManifest, cached
@@ -41,7 +42,7 @@ from secfed.privacy.accountant import SampledGaussianAccountant
 from secfed.privacy.dfs import dfs_settings
 from secfed.privacy.dpsgd import ClientDpSgd, dp_compatible
 from secfed.privacy.noise import NoiseSource
-from secfed.privacy.policy import DESIGN_DROPOUT, KD_UPLOAD, DpSgdPlan, PrivacyPlan, resolve
+from secfed.privacy.policy import DESIGN_DROPOUT, KD_UPLOAD, DpSgdPlan, PrivacyPlan, claims_client_level, resolve
 from secfed.privacy.round import ClientPrivacy, ServerPrivacy
 from secfed.seeding import derive_seed
 from secfed.validation import check
@@ -325,6 +326,17 @@ def fingerprint(datasets: Sequence[ReidDataset], root: Path) -> tuple[str, str]:
     return listed.hexdigest(), resolved.hexdigest()
 
 
+def _refuse_shared_pictures(shards: list[ClientShard]) -> None:
+    """An ε protects one client's contribution (or one picture of one client): refused where two clients
+    train on the same picture (overlap.py)."""
+    if shared := shared_pictures(shards):
+        a, b, path_a, path_b = shared[0]
+        raise ConfigError("data.datasets", f"clients {printable(a)} and {printable(b)} train on the same picture "
+                          f"({printable(str(path_a))} and {printable(str(path_b))}; {len(shared)} shared in all), "
+                          "and an ε protects one client's contribution: a person in both is protected only over "
+                          "both. Train each picture at one client (a dataset folder linked or copied under two names?)")
+
+
 def make_shards(cfg: RunConfig, datasets: list[ReidDataset]) -> tuple[list[ClientShard], list[tuple[ReidDataset, tuple[int, ...]]]]:
     """Client shards per the scenario, and which clients each evaluated dataset belongs to."""
     scenario = cfg.data.scenario
@@ -422,6 +434,8 @@ def build(
     split_path = Path(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
     data = resolve_data(cfg, split_path=split_path, root=data_root, progress=progress)
     shards, evaluated = make_shards(cfg, data.trained)
+    if claims_client_level(cfg.privacy, ()) or cfg.privacy.dp_sgd:
+        _refuse_shared_pictures(shards)
     h, w = cfg.data.height, cfg.data.width
     info = dict(data.info)
     info["datasets"] = [_describe(d) for d in data.trained]
@@ -523,6 +537,8 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
     )
     sizes = [int(c["images"]) for c in clients_info]
     weight_scale = 1.0 / sum(sizes)
+    if isinstance(channel, SecureChannel) and not cfg.method.cdw:  # CDW's weights are the clients' secret
+        channel.check_weights_resolved(min(sizes) * weight_scale if cfg.method.aggregation == "weighted" else 1.0)
     reproducible = cfg.privacy.reproducible_noise
     clients: list[ClientSide] = []
     baselines: dict[int, Site] = {}

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from secfed import protocols
-from secfed.config import RunConfig
+from secfed.config import ConfigError, RunConfig
 from secfed.federation import codec
 from secfed.federation.channel import check_uploads, only_shared, zero_sums
 from secfed.federation.messages import Aggregate, Broadcast, Summand, Upload
@@ -41,6 +41,9 @@ RING_BITS = 32
 STATISTICS = "statistics"  # clipped counts of a summand's BatchNorm statistics: "NAME/statistics"
 MIN_DESIGN_DROPOUT = 0.1  # SecAgg+ parameters are chosen for at least this dropout rate
 MIN_COHORT = 2
+# A client's aggregation weight travels in the ring too: at least this many units, so stochastic rounding
+# moves it by < 1/16 and no cohort's weights ever sum to zero
+MIN_WEIGHT_UNITS = 16
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,16 @@ class SecureChannel:
     def scale(self) -> float:
         """Ring units per 1.0 of the model update's segment."""
         return self.quantizer().scale
+
+    def check_weights_resolved(self, smallest: float) -> None:
+        """Refuse a ``secagg.clip`` so coarse that the ``smallest`` aggregation weight a client carries is
+        fewer than MIN_WEIGHT_UNITS ring units (found by review: `--secagg-clip 1e308` rounded every
+        weight to zero, and round 1 stopped with a traceback)."""
+        units = smallest * self.scale
+        if units < MIN_WEIGHT_UNITS:
+            raise ConfigError("secagg.clip", f"{self.clip:g} leaves the smallest client's aggregation weight "
+                              f"({smallest:.3g}) {units:.3g} ring units at {self.num_clients} clients (at least "
+                              f"{MIN_WEIGHT_UNITS} needed): give at most {self.clip * units / MIN_WEIGHT_UNITS:.3g}")
 
     @property
     def needs_model_hash(self) -> bool:

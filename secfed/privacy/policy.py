@@ -98,6 +98,11 @@ REPRODUCIBLE_NOISE = ("NOT PRIVATE: privacy noise and the samples an ε relies o
 # count alone; what holds for the data is replace-one adjacency, group privacy of two add/remove steps.
 PUBLIC_COUNT = ("The {unit} count {n} is treated as public (data.json and the sampling rate show it): for replacing "
                 "one {unit} — the same count — the guarantee is (2ε, (1 + e^ε)·δ).")
+# Whom an ε covers, in people (found by review: nothing said that a person is neither a client nor a picture)
+PERSON_CLIENT = ("The unit is one client: a person whose pictures lie at k clients (seen by two sites' cameras, "
+                 "say) is protected over k clients together — group privacy, about k·ε.")
+PERSON_EXAMPLE = ("DP-SGD's unit is one picture: a person with m pictures is protected over m examples together — "
+                  "group privacy, about m·ε — and composed over every client holding them.")
 NOT_COVERED = ("Not covered by any ε: the training logs' per-round contributor counts, timings, byte counts, "
                "secure-aggregation clip counts (`secagg_clipped`) and evaluation scores, the local-only baselines' "
                "among them (metrics.jsonl labels them `outside_epsilon`).")
@@ -666,14 +671,14 @@ def _closing_statements(cfg: PrivacyConfig, noise: _NoisePlan, dp_sgd: DpSgdPlan
                         dfs_plan: DfsPlan | None) -> list[str]:
     """After the aggregate's mechanism: whom its ε protects against, DP-SGD, where the noise comes from,
     what no ε covers, and DFH's statistics channel."""
-    out = [adversary.statement(noise.mechanism, sampling)] if noise.claims else []
+    out = [adversary.statement(noise.mechanism, sampling), PERSON_CLIENT] if noise.claims else []
     if dp_sgd is not None:
         z = (f"z = {dp_sgd.noise_multiplier:g}" if dp_sgd.noise_multiplier is not None
              else f"z calibrated per client to ε = {dp_sgd.target_epsilon:g}")
         out.append(f"Example-level DP-SGD in every client (Opacus): per-example gradients clipped to "
                    f"{dp_sgd.max_grad_norm:g}, {z}, Poisson batches; each client's (ε, δ) over its own examples "
                    f"(add/remove one example) is accounted separately. {PUBLIC_COUNT.format(unit='example', n='n_k')} "
-                   "BatchNorm is replaced by GroupNorm in every model.")
+                   "BatchNorm is replaced by GroupNorm in every model. " + PERSON_EXAMPLE)
     dfs_noised = dfs is not None and dfs[0] > 0
     if noise.claims or dp_sgd is not None or noise.mechanism == "beta" or dfs_noised:
         out.append(REPRODUCIBLE_NOISE if cfg.reproducible_noise else SECURE_NOISE)

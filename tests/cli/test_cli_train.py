@@ -144,6 +144,10 @@ def test_the_round_line_labels_seen_and_unseen_means_apart(synth_root: Path, tmp
      "--kd"),
     (["--cdw", "--aggregation", "unweighted"], "--cdw"),
     (["--leave-out", "nowhere"], "--leave-out"),
+    # (found by review: a traceback from the splitter; weights rounded to zero stopped round 1 with one)
+    (["--datasets", "campus,campus:market"], "--datasets"),
+    (["--test-datasets", "campus", "--datasets", "campus,plaza"], "--test-datasets"),
+    (["--secagg", "--secagg-clip", "1e308"], "--secagg-clip"),
 ])
 def test_invalid_settings_name_the_flag(synth_root: Path, tmp_path: Path, args: list[str], flag: str) -> None:
     result = invoke(["train", "--data-root", str(synth_root), *TINY, "--out", str(tmp_path), *args])
@@ -421,6 +425,7 @@ def test_each_epsilon_is_printed_with_whom_it_protects_against(synth_root: Path,
     assert "against those who see only the released models (amplified by Poisson client sampling" in text
     assert "against the server: none: central DP trusts the server" in text
     assert "Poisson client sampling amplifies the ε only against those who see only the released models" in text
+    assert "The unit is one client: a person whose pictures lie at k clients" in text  # (review: said nowhere)
 
 
 def test_a_distributed_epsilon_is_printed_with_its_collusion_bound() -> None:
@@ -456,3 +461,20 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_saying_where_and_how_to_resume(synth
     assert re.search(r"interrupted (after round \d+|before the first round finished); continue with: secfed train "
                      "--resume", " ".join(output.split())), output
     assert "Traceback" not in output
+
+
+def test_an_epsilon_is_refused_where_two_clients_train_on_the_same_pictures(synth_root: Path, tmp_path: Path) -> None:
+    """(found by review) A dataset linked (or copied) under a second name trained twice under a printed
+    client-level ε of 4.7 that was 10.7 for its people; a run claiming an ε now refuses shared pictures."""
+    root = tmp_path / "data"
+    root.mkdir()
+    for name in ("campus", "plaza"):
+        (root / name).symlink_to(synth_root / name)
+    shutil.copytree(synth_root / "campus", root / "campus2")
+    dp = ["--clip", "1", "--noise-multiplier", "1", "--aggregation", "unweighted", "--bn-stats", "local"]
+    result = invoke(["train", "--data-root", str(root), "--datasets", "campus:market1501,campus2:market1501,plaza:market1501", *TINY, *dp,
+                     "--out", str(tmp_path), "--name", "twice"])
+    assert result.exit_code == 2, result.output
+    assert re.search(r"--datasets: clients campus and campus2 train on the same picture .*; \d+ shared in all\)",
+                     " ".join(result.output.split())), result.output
+    assert not (tmp_path / "twice").exists()

@@ -130,6 +130,8 @@ def test_dp_sgd_alone_is_allowed_with_shared_bn_because_it_removes_batchnorm() -
     assert plan.dp_sgd.noise_multiplier_for(num_examples=500, batch_size=32, local_epochs=1, rounds=5) == 1.1
     assert plan.dp_sgd.delta_for(500) == default_delta(500)
     assert not plan.claims_epsilon and any("Example-level DP-SGD" in s for s in plan.statements)
+    # whom it covers in people (found by review: a person with m pictures over several cameras was not said)
+    assert any("DP-SGD's unit is one picture: a person with m pictures" in s for s in plan.statements)
 
 
 def test_dp_sgd_target_is_calibrated_per_client_and_delta_checked_per_client() -> None:
