@@ -93,6 +93,7 @@ def test_the_next_round_is_re_derived_from_the_clients_real_step(recorded_run: P
     (["--attack", "membership", "--target", "update"], "use --target dfs"),
     (["--target", "dfs"], "shares no DFS"),
     (["--round", "9"], "cannot be audited"),
+    (["--round", "9", "--attack", "protocol"], "the protocol checks read every round's log; --round applies"),
     (["--client", "nobody"], "no client 'nobody'"),
     (["--client", "²"], "no client '²'"),  # a digit to str.isdigit, not to int(): was a ValueError traceback
     (["--time-limit", "nan"], "'nan' is not a finite number"),  # nan passed click's FloatRange(min=1)
