@@ -1,4 +1,5 @@
-"""MSMT17 (Wei et al., CVPR 2018), read from its list files as torchreid does.
+"""MSMT17 (Wei et al., CVPR 2018), read from its list files; train is ``list_train`` and ``list_val``
+together (the official 32,621-image training set; torchreid adds val only with ``combineall``).
 
 Layout (``MSMT17_V1``; ``MSMT17_V2`` names its image folders ``mask_train_v2``/``mask_test_v2``)::
 

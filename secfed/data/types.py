@@ -40,8 +40,9 @@ def check_sample(sample: Sample) -> None:
 class ReidDataset:
     """A ReID dataset as read from disk.
 
-    ``pid`` values are the dataset's own labels (not relabelled): train ids and test ids are
-    disjoint in every standard protocol, and 0 may be a distractor id in the gallery.
+    ``pid`` values are the dataset's own labels (not relabelled): train and test hold different
+    people in every standard protocol, though their numbers may coincide (MSMT17's both start at 0),
+    and 0 may be a distractor id in the gallery.
     ``skipped`` counts files left out on purpose, by reason (e.g. ``{"junk": 12}``); a loader never
     drops a file without counting it here.
     """
