@@ -44,6 +44,9 @@ def resolve_config(params: dict[str, Any], *, public_root: bool = False) -> tupl
     toml: Path | None = params.get("config")
     try:
         if params.get("resume") is not None:
+            if toml is not None:  # (found by review: ignored without a word)
+                raise click.UsageError("--config cannot be combined with --resume: a resumed run keeps the "
+                                       "configuration saved in its run directory")
             return _resume_config(Path(params["resume"]), overrides)
         cfg = load_toml(toml) if toml is not None else RunConfig()
         cfg = with_overrides(cfg, overrides)
@@ -110,7 +113,25 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
     except ConfigError as exc:
         raise click.UsageError(render(exc, typed=set(overrides), from_file=saved - set(overrides),
                                       toml=str(config_file))) from None
+    _keep_new_rates(config_file, sweep, cfg, overrides)
     return cfg, run_dir, True
+
+
+def _keep_new_rates(config_file: Path, sweep: bool, cfg: RunConfig, overrides: dict[str, Any]) -> None:
+    """A learning rate given with --resume is the run's from then on: written into its configuration, so
+    the next --resume keeps it (found by review: the next one went back to the diverging rate without a
+    word). Threads, device and the data's place stay this machine's choice."""
+    changed = {key for key in overrides if key in ("schedule.lr", "schedule.lr_backbone")}
+    if not changed:
+        return
+    from secfed.federation import checkpoint as ckpt
+
+    whole = json.loads(config_file.read_text())
+    table = whole["config"] if sweep else whole
+    for key in sorted(changed):
+        section, name = key.split(".")
+        table.setdefault(section, {})[name] = cfg.to_dict()[section][name]
+    ckpt.write_run_file(config_file, json.dumps(whole, indent=2) if sweep else json.dumps(table, indent=2, sort_keys=True))
 
 
 def _restore_config(run_dir: Path, config_file: Path) -> None:

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 import threading
 import warnings
@@ -139,18 +140,44 @@ def save_checkpoint(run_dir: Path, round_count: int, state: dict[str, Any], keep
     crc = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:
-        atomic_file.write_with(path, lambda fh: torch.save(content, fh))
+        with named_write_errors(path):
+            atomic_file.write_with(path, lambda fh: torch.save(content, fh))
     finally:
         torch.serialization.set_crc32_options(crc)
     load_checkpoint(path)  # what reached the file system is what was meant, before the previous goes
-    prune_checkpoints(run_dir, keep)
+    prune_checkpoints(run_dir, keep, newest=round_count)
     return path
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints (a finished run keeps one: nothing resumes it)."""
-    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+@contextlib.contextmanager
+def named_write_errors(path: Path):  # type: ignore[no-untyped-def]
+    """A failed write of a run file as a :class:`CheckpointError` naming it and the space left (found by
+    review: a full disk surfaced as torch's "unexpected pos 45457536 vs 45457424" traceback). The file
+    it replaces is untouched (atomic_file)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).split("\n")[0]
+        with contextlib.suppress(OSError):
+            reason += f"; {shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free on its disk"
+        raise CheckpointError(f"{path}: cannot be written ({reason}); the run's files before it are intact, "
+                              "and --resume continues once it can be") from None
+
+
+def prune_checkpoints(run_dir: Path, keep: int, *, newest: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints up to round ``newest`` (the one just written and
+    verified) — a finished run keeps one: nothing resumes it. A file named for a later round is not the
+    run's: it is left, and never counted among those kept (found by review: a stray round-9999.pt made
+    the finished run delete its verified last checkpoint)."""
+    found = [p for p in list_checkpoints(run_dir) if _round_of(p) <= newest]
+    for old in found[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
+
+
+def _round_of(path: Path) -> int:
+    named = _NAME.search(path.name)
+    assert named is not None  # list_checkpoints lists only such names
+    return int(named.group(1))
 
 
 class BackgroundWriter:
@@ -210,6 +237,8 @@ class BackgroundWriter:
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
     folder = Path(run_dir) / CHECKPOINT_DIR
+    if folder.is_symlink():  # a run's checkpoints are its own: a link had a resume write and prune elsewhere
+        raise CheckpointError(f"{folder}: a link; a run keeps its checkpoints in a folder of its own")
     if not folder.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.search(p.name))]
@@ -257,10 +286,17 @@ def load_checkpoint(path: Path, *, follow_link: bool = True) -> dict[str, Any]:
     named = _NAME.search(path.name)
     if named and int(named.group(1)) != rounds:  # renamed: resuming from it would repeat or skip rounds
         raise CorruptCheckpoint(f"{path}: its name says round {int(named.group(1))}, its contents round {rounds}")
-    if _state_digest(rounds, skeleton, [tensor_digest(t) for t in tensors]) != raw.get("digest"):
+    if any(t.layout != torch.strided or t.is_quantized for t in tensors):  # never written by secfed
+        raise CorruptCheckpoint(f"{path}: damaged checkpoint (it holds sparse or quantised tensors)")
+    try:  # a crafted skeleton (200,000 lists deep) recursed in repr and in the walk (found by review)
+        intact = _state_digest(rounds, skeleton, [tensor_digest(t) for t in tensors]) == raw.get("digest")
+        state = _unpack(skeleton, tensors, path) if intact else None
+    except (RecursionError, RuntimeError, ValueError, TypeError) as exc:
+        raise CorruptCheckpoint(f"{path}: damaged checkpoint ({type(exc).__name__} reading its contents)") from None
+    if state is None:
         raise CorruptCheckpoint(f"{path}: damaged checkpoint (its contents do not match the digest it was "
                                 "written with)")
-    return {"format": FORMAT, "version": VERSION, "rounds_done": rounds, **_unpack(skeleton, tensors, path)}
+    return {"format": FORMAT, "version": VERSION, "rounds_done": rounds, **state}
 
 
 def load_newest(run_dir: Path) -> tuple[Path, dict[str, Any]]:
@@ -303,13 +339,19 @@ def disk_usage(run_dir: Path) -> dict[str, int]:
             "run_dir_bytes": size(run_dir)}
 
 
+def write_run_file(path: Path, text: str) -> None:
+    """A run directory's file (config.json, summary.json, …) replaced atomically; a failure names it."""
+    with named_write_errors(path):
+        atomic_file.write_text(path, text)
+
+
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
     """Rewrite a JSON-lines file in one atomic step (used on resume to drop lines past the checkpoint)."""
-    atomic_file.write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    write_run_file(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a") as fh:
+    with named_write_errors(path), open(path, "a") as fh:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
         fh.flush()
         os.fsync(fh.fileno())

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from secfed import atomic_file
 from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import make_shards, resolve_data
@@ -88,13 +87,13 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
     run_dir = Path(run_dir)
     with new_run_dir(run_dir):  # a refusal before any target started leaves nothing behind
         if not resume or not is_sweep(run_dir):
-            atomic_file.write_text(run_dir / SWEEP_FILE, json.dumps(
+            ckpt.write_run_file(run_dir / SWEEP_FILE, json.dumps(
                 {"protocol": "leave-one-domain-out", "targets": names, "config": json.loads(cfg.to_json())}, indent=2))
         targets = _targets(cfg, run_dir, names, resume=resume, reporter=reporter, data_root=data_root)
     mean = {key: statistics.fmean(t[key] for t in targets) for key in ("rank1", "mAP")}
     result = SweepResult(run_dir, [{k: v for k, v in t.items() if k != "privacy"} for t in targets], mean,
                          composed_privacy(targets))
-    atomic_file.write_text(run_dir / RESULT_FILE, json.dumps(result.to_dict(), indent=2))
+    ckpt.write_run_file(run_dir / RESULT_FILE, json.dumps(result.to_dict(), indent=2))
     return result
 
 
@@ -105,14 +104,31 @@ def _targets(cfg: RunConfig, run_dir: Path, names: list[str], *, resume: bool, r
     for name in names:
         sub_dir = run_dir / f"leave-out-{name}"
         summary_file = sub_dir / "summary.json"
-        if resume and summary_file.is_file():
-            summary = json.loads(summary_file.read_text())
+        if resume and (summary_file.exists() or summary_file.is_symlink()):
+            summary = _finished(summary_file, name)
         else:
             sub = cfg.model_copy(deep=True)
             sub.data.leave_out = [name]
             again = resume and (sub_dir / "config.json").is_file() and bool(ckpt.list_checkpoints(sub_dir))
             summary = run(sub, sub_dir, resume=again, reporter=reporter, data_root=data_root).summary
-        scores = next(d for d in summary["unseen"] if d["name"] == name)
+        scores = next(d for d in summary["unseen"] if d.get("name") == name)
         targets.append({"name": name, "rank1": scores["rank1"], "mAP": scores["mAP"], "run": sub_dir.name,
                         "privacy": summary.get("privacy")})
     return targets
+
+
+def _finished(summary_file: Path, name: str) -> dict[str, Any]:
+    """A finished target's summary.json, read as `secfed compare` reads one (typed), scoring ``name`` as
+    its held-out domain (found by review: a damaged file raised, one without the domain raised too)."""
+    from secfed.evaluation.compare import RunUnreadable, load_run
+
+    try:
+        load_run(summary_file.parent)
+    except RunUnreadable as exc:
+        raise ckpt.CheckpointError(f"{exc}; delete {summary_file.parent} and resume to train that target again") from None
+    summary = json.loads(summary_file.read_text())
+    held_out = [d for d in summary.get("unseen", []) if d.get("name") == name]
+    if not held_out or not all(isinstance(held_out[0].get(k), (int, float)) for k in ("rank1", "mAP")):
+        raise ckpt.CheckpointError(f"{summary_file}: scores no held-out domain {name!r}: not this sweep's target; "
+                                   f"delete {summary_file.parent} and resume to train it again")
+    return summary

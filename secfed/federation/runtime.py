@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,7 +49,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from secfed import atomic_file, tracking
+from secfed import tracking
 from secfed.algorithms import method_class
 from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr, train_alone
 from secfed.config import ConfigError, RunConfig, from_dict, settings_that_differ
@@ -272,7 +273,8 @@ def run(
                     on_round_end=on_round_end)
     from secfed.evaluation.plots import plot_history  # here: matplotlib costs a Flower node's every train message 0.5 s
 
-    plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
+    with ckpt.named_write_errors(run_dir / "history.png"):
+        plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
     reporter.finish(summary, run_dir)
     return RunResult(run_dir, summary, fed)
 
@@ -314,14 +316,30 @@ def note_release(fed: Federation, run_dir: Path, round_number: int, *, claimed: 
 
 
 def _notes(log: Path) -> list[dict[str, Any]]:
-    """The release notes of ``log`` that parse and were not withdrawn (none when it does not exist);
-    a torn last line is a round that never began training."""
+    """The release notes of ``log`` that were not withdrawn (none when it does not exist); a torn last
+    line is a round that never began training. Anything else damaged is refused, naming the line: a
+    note skipped would be a release left out of the ε (found by review: a FIFO hung the resume, a
+    folder or bytes that are not UTF-8 raised, a damaged middle line was skipped)."""
+    try:
+        st = log.lstat()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise ckpt.CheckpointError(f"{log}: cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ckpt.CheckpointError(f"{log}: not a regular file; the run's privacy notes are a file it wrote itself")
+    lines = log.read_bytes().split(b"\n")
     notes: list[dict[str, Any]] = []
-    for line in log.read_text(encoding="utf-8").splitlines() if log.exists() else []:
+    for number, raw in enumerate(lines, 1):
         try:
-            note = json.loads(line)
-            key = int(note["release"]), int(note["round"])
+            note = json.loads(raw.decode("utf-8")) if raw.strip() else None
+            key = (int(note["release"]), int(note["round"])) if note is not None else None
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
+            if number == len(lines):  # torn: its round never began training
+                continue
+            raise ckpt.CheckpointError(f"{log}, line {number}: damaged; the rounds this run released cannot be "
+                                       "told, so its ε cannot be accounted: start a new run") from None
+        if key is None:
             continue
         if note.get("retracted") is not True:
             notes.append(note)
@@ -335,9 +353,9 @@ def _notes(log: Path) -> list[dict[str, Any]]:
 
 def start_run_dir(fed: Federation, run_dir: Path) -> None:
     """A fresh run's config.json, data.json and empty metrics.jsonl (whatever the transport)."""
-    atomic_file.write_text(run_dir / "config.json", fed.config.to_json())
+    ckpt.write_run_file(run_dir / "config.json", fed.config.to_json())
     # the machine and software beside the data: floating-point results depend on both
-    atomic_file.write_text(run_dir / "data.json", json.dumps({**fed.data_info, "environment": environment()}, indent=2))
+    ckpt.write_run_file(run_dir / "data.json", json.dumps({**fed.data_info, "environment": environment()}, indent=2))
     ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
 
 
@@ -474,9 +492,9 @@ def drive(fed: Federation, transport: Transport, run_dir: Path, reporter: Report
             if on_round_end is not None:
                 on_round_end(t + 1)
         checkpoints.wait()  # the last checkpoint is on disk and verified: the one before it is no longer needed
-    ckpt.prune_checkpoints(run_dir, keep=1)
+    ckpt.prune_checkpoints(run_dir, keep=1, newest=fed.config.schedule.rounds)
     summary = summarize(fed, history, run_dir, wall)
-    atomic_file.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    ckpt.write_run_file(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
 
@@ -631,7 +649,10 @@ def read_run(path: Path) -> tuple[Path, dict[str, Any], RunConfig]:
     checkpoint, state = ckpt.load_newest(path) if path.is_dir() else (path, ckpt.load_checkpoint(path))
     cfg = saved_config(state, checkpoint)
     saved = checkpoint.parent.parent / "config.json"  # where the checkpoint is a run directory's own
-    if checkpoint.parent.name == ckpt.CHECKPOINT_DIR and saved.is_file():
+    if checkpoint.parent.name == ckpt.CHECKPOINT_DIR and (saved.exists() or saved.is_symlink()):
+        if not stat.S_ISREG(saved.lstat().st_mode):  # (found by review: a folder or FIFO skipped the check)
+            raise ckpt.CheckpointError(f"{saved}: not a regular file; the run's configuration, which its "
+                                       "checkpoints are checked against, must be: restore it")
         try:  # as this secfed reads it: an older file's spelling is not a difference
             raw = json.loads(saved.read_text())
             if not isinstance(raw, dict):

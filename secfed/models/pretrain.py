@@ -38,7 +38,7 @@ import torch
 from secfed import atomic_file
 from secfed.data.synth_pretrain import render_identities
 from secfed.models.recipe import Recipe
-from secfed.models.reid import PretrainedWeightsUnavailable, ReIDModel
+from secfed.models.reid import PretrainedWeightsUnavailable, ReIDModel, imagenet_state_dict
 from secfed.seeding import derive_seed, torch_generator
 
 if TYPE_CHECKING:
@@ -193,9 +193,12 @@ def _file_sha256(path: Path) -> str:
 
 
 def require(choice: str, backbone: str, height: int, width: int) -> None:
-    """Refuse a run that names synthetic weights not built yet before it makes or reads any data."""
+    """Refuse a run that names weights it cannot have — synthetic ones not built yet, ImageNet ones not in
+    torchvision's cache — before it makes or reads any data."""
     if choice == "synthetic" and not weights_path(default_recipe(backbone, height, width)).is_file():
         load(default_recipe(backbone, height, width))  # raises the error that names `secfed pretrain`
+    if choice == "imagenet":
+        imagenet_state_dict(backbone)
 
 
 def describe_initial(choice: str, recipe: Recipe, model: torch.nn.Module) -> dict[str, Any]:

@@ -9,7 +9,11 @@ is decided in one place only: :mod:`secfed.models.sharing`.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal, Union
 
 import torch
@@ -35,17 +39,28 @@ class PretrainedWeightsUnavailable(RuntimeError):
     """Pretrained weights were asked for but could not be had (no cached file and no download)."""
 
 
-def _imagenet_state_dict(name: str) -> dict[str, torch.Tensor]:
+def imagenet_state_dict(name: str) -> dict[str, torch.Tensor]:
+    """torchvision's ImageNet weights from its cache, checked against the SHA-256 prefix their file name
+    carries (as torchvision's ``check_hash``). Never downloaded: the help promises it, and a site may
+    have no network (found by review: torchvision's loader fetched a missing file)."""
     weights = _WEIGHTS[name]
+    filename = weights.url.rsplit("/", 1)[-1]
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / filename
+    advice = f"Put {filename} into {cached.parent}/ (from {weights.url}), or train without --pretrained."
     try:
-        return weights.get_state_dict(progress=False, check_hash=True)
-    except Exception as exc:  # URLError, HTTPError, hash mismatch, disk errors: all mean "not available"
-        hub = torch.hub.get_dir()
-        raise PretrainedWeightsUnavailable(
-            f"ImageNet weights for {name} are not cached and could not be downloaded ({exc}). "
-            f"Put {weights.url.rsplit('/', 1)[-1]} into {hub}/checkpoints/ (from {weights.url}), "
-            "or train without --pretrained."
-        ) from exc
+        data = cached.read_bytes()
+    except OSError as exc:
+        raise PretrainedWeightsUnavailable(f"ImageNet weights for {name} are not cached ({cached}: "
+                                           f"{exc.strerror}); secfed downloads nothing. {advice}") from None
+    prefix = re.search(r"-([0-9a-f]{8,})\.", filename)
+    if prefix and not hashlib.sha256(data).hexdigest().startswith(prefix.group(1)):
+        raise PretrainedWeightsUnavailable(f"{cached}: its SHA-256 does not begin with {prefix.group(1)}, as its "
+                                           f"name says: a damaged or other file. {advice}")
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # not a state dict torch can read without running code
+        raise PretrainedWeightsUnavailable(f"{cached}: not readable as weights ({str(exc).splitlines()[0]}). "
+                                           f"{advice}") from None
 
 
 class Neck(nn.Sequential):
@@ -94,7 +109,7 @@ class ReIDModel(nn.Module):
             raise ValueError(f"unknown backbone {backbone!r}; choose one of {', '.join(BACKBONES)}")
         resnet = getattr(torchvision.models, backbone)(weights=None)
         if pretrained is True:
-            resnet.load_state_dict(_imagenet_state_dict(backbone))
+            resnet.load_state_dict(imagenet_state_dict(backbone))
         feat_dim = resnet.fc.in_features
         resnet.fc = nn.Identity()
         if isinstance(pretrained, Mapping):

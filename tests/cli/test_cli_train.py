@@ -478,3 +478,32 @@ def test_an_epsilon_is_refused_where_two_clients_train_on_the_same_pictures(synt
     assert re.search(r"--datasets: clients campus and campus2 train on the same picture .*; \d+ shared in all\)",
                      " ".join(result.output.split())), result.output
     assert not (tmp_path / "twice").exists()
+
+
+def test_a_learning_rate_given_to_one_resume_is_kept_by_the_next_and_a_config_file_is_refused(
+        trained: tuple[dict, Path], tmp_path: Path) -> None:
+    """(found by review) `--resume RUN --lr X` after a divergence, then a plain `--resume` after another
+    interruption, went back to the diverging rate without a word; `--resume RUN --config other.toml`
+    ignored the file."""
+    from secfed.cli.train import _resume_config
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained[1], run_dir)
+    first, _, _ = _resume_config(run_dir, {"schedule.lr": 0.007})
+    later, _, _ = _resume_config(run_dir, {})
+    assert first.schedule.lr == later.schedule.lr == 0.007
+    assert json.loads((run_dir / "config.json").read_text())["schedule"]["lr"] == 0.007
+    (tmp_path / "other.toml").write_text("[schedule]\nrounds = 5\n")
+    result = invoke(["train", "--resume", str(run_dir), "--config", str(tmp_path / "other.toml")])
+    assert result.exit_code == 2 and "--config cannot be combined with --resume" in result.output, result.output
+
+
+def test_evaluate_refuses_a_run_whose_config_json_is_not_a_file(trained: tuple[dict, Path], tmp_path: Path) -> None:
+    """(found by review) A folder or FIFO in place of config.json skipped the check that the checkpoint
+    is the run's own, and evaluate went on."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained[1], run_dir)
+    (run_dir / "config.json").unlink()
+    (run_dir / "config.json").mkdir()
+    result = invoke(["evaluate", str(run_dir)])
+    assert result.exit_code != 0 and "config.json: not a regular file" in " ".join(result.output.split()), result.output

@@ -125,3 +125,102 @@ def test_when_no_checkpoint_is_intact_the_error_names_every_file(tmp_path: Path)
         _flip(path, path.stat().st_size // 2)
     with pytest.raises(ckpt.CheckpointError, match="round-0002.pt.*round-0001.pt"):
         ckpt.load_newest(tmp_path)
+
+
+def test_a_crafted_newest_checkpoint_is_passed_over_for_the_one_before(tmp_path: Path) -> None:
+    """(found by review) A sparse tensor or a skeleton 200,000 lists deep raised from the digest — a
+    traceback in resume, evaluate and audit, with the intact previous checkpoint never tried."""
+    import sys
+
+    ckpt.save_checkpoint(tmp_path, 1, {"global": torch.zeros(10)})
+    second = ckpt.save_checkpoint(tmp_path, 2, {"global": torch.ones(10)}, keep=3)
+    raw = torch.load(second, weights_only=True)
+    deep: list = []
+    for _ in range(5_000):  # beyond the interpreter's recursion limit, which the reader keeps
+        deep = [deep]
+    for crafted in ({**raw, "tensors": [*raw["tensors"], torch.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,))]},
+                    {**raw, "state": {**raw["state"], "deep": deep}}):
+        done = threading.Event()
+
+        def save(content: dict = crafted) -> None:
+            torch.save(content, second)
+            done.set()
+
+        limit = sys.getrecursionlimit()
+        threading.stack_size(128 * 1024 * 1024)  # the forger's pickling of the deep list recurses
+        sys.setrecursionlimit(50_000)
+        try:
+            writer = threading.Thread(target=save)
+            writer.start()
+            writer.join()
+        finally:
+            threading.stack_size(0)
+            sys.setrecursionlimit(limit)
+        assert done.is_set()
+        with pytest.warns(ckpt.CheckpointWarning, match="round-0002.pt: damaged checkpoint"):
+            path, state = ckpt.load_newest(tmp_path)
+        assert path.name == "round-0001.pt" and torch.equal(state["global"], torch.zeros(10))
+
+
+def test_a_stray_later_checkpoint_never_costs_the_run_its_own(tmp_path: Path) -> None:
+    """(found by review) A round-9999.pt copied into the folder made the finished run prune its verified
+    last checkpoint: only that stray file was left, and nothing loaded."""
+    ckpt.save_checkpoint(tmp_path, 1, {"global": torch.zeros(10)})
+    stray = tmp_path / ckpt.CHECKPOINT_DIR / "round-9999.pt"
+    stray.write_bytes(ckpt.checkpoint_path(tmp_path, 1).read_bytes())
+    ckpt.save_checkpoint(tmp_path, 2, {"global": torch.ones(10)})
+    ckpt.prune_checkpoints(tmp_path, keep=1, newest=2)  # the end of a finished run
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["round-0002.pt", "round-9999.pt"]
+    with pytest.warns(ckpt.CheckpointWarning, match="round-9999.pt: its name says round 9999"):
+        path, _ = ckpt.load_newest(tmp_path)
+    assert path.name == "round-0002.pt"
+
+
+def test_a_write_that_fails_names_the_file_and_keeps_the_one_before(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """(found by review) A full disk surfaced as torch's "unexpected pos …" traceback."""
+    ckpt.save_checkpoint(tmp_path, 1, {"global": torch.zeros(10)})
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 45457536 vs 45457424")
+
+    monkeypatch.setattr(ckpt.torch, "save", full)
+    with pytest.raises(ckpt.CheckpointError, match=r"round-0002.pt: cannot be written \(.*unexpected pos.* MiB free"):
+        ckpt.save_checkpoint(tmp_path, 2, {"global": torch.ones(10)})
+    assert [p.name for p in (tmp_path / ckpt.CHECKPOINT_DIR).iterdir()] == ["round-0001.pt"]
+    (tmp_path / "metrics.jsonl").mkdir()  # a folder where a run file goes
+    with pytest.raises(ckpt.CheckpointError, match="metrics.jsonl: cannot be written"):
+        ckpt.append_jsonl(tmp_path / "metrics.jsonl", {"round": 1})
+
+
+def test_a_linked_checkpoint_folder_is_refused(tmp_path: Path) -> None:
+    """(found by review) A resume wrote and pruned checkpoints in the folder the link named."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ckpt.CHECKPOINT_DIR).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ckpt.CheckpointError, match="checkpoints: a link"):
+        ckpt.list_checkpoints(tmp_path / "run")
+
+
+def test_the_privacy_notes_are_read_whole_or_refused_by_line(tmp_path: Path) -> None:
+    """(found by review) privacy-releases.jsonl as a FIFO hung the resume, as a folder or with bytes that
+    are not UTF-8 raised, and a damaged middle line was skipped — a release left out of the ε. Only a
+    torn last line (its round never began training) is passed over."""
+    import os
+
+    from secfed.federation.runtime import _notes
+
+    log = tmp_path / "privacy-releases.jsonl"
+    log.write_text('{"release": 0, "round": 1}\n{"release": 1, "round": 2}\n{"relea')
+    assert [n["round"] for n in _notes(log)] == [1, 2]
+    log.write_bytes(b'{"release": 0, "round": 1}\n{"release": \xff1, "round": 2}\n{"release": 2, "round": 3}\n')
+    with pytest.raises(ckpt.CheckpointError, match="privacy-releases.jsonl, line 2: damaged"):
+        _notes(log)
+    log.unlink()
+    os.mkfifo(log)
+    with pytest.raises(ckpt.CheckpointError, match="not a regular file"):
+        _notes(log)
+    log.unlink()
+    log.mkdir()
+    with pytest.raises(ckpt.CheckpointError, match="not a regular file"):
+        _notes(log)

@@ -90,3 +90,25 @@ def test_a_clients_epsilon_over_the_sweep_adds_up_over_the_runs_its_data_trained
     assert loo.composed_privacy(unclaimed) is None
     result = loo.SweepResult(Path("."), [{"name": "a"}], {"rank1": 0.1, "mAP": 0.1}, composed)
     assert result.to_dict()["privacy"]["epsilon"] == 5.0
+
+
+def test_a_finished_targets_summary_is_read_typed_or_refused_by_name(tmp_path) -> None:
+    """(found by review) Resuming a sweep trusted each finished target's summary.json: a damaged one and
+    one without the held-out domain raised tracebacks."""
+    import json
+
+    import pytest
+
+    from secfed.federation import checkpoint as ckpt
+    from secfed.federation.leave_one_out import _finished
+
+    target = tmp_path / "leave-out-campus"
+    target.mkdir()
+    summary = {"algorithm": "fedpav", "rounds": 1, "wall_seconds": 1.0, "domains": [{"name": "plaza", "rank1": 0.5}],
+               "unseen": [{"name": "campus", "rank1": 0.25, "mAP": 0.125}]}
+    (target / "summary.json").write_text(json.dumps(summary))
+    assert _finished(target / "summary.json", "campus")["unseen"][0]["mAP"] == 0.125
+    for damaged, why in (("{not json", "cannot be read"), (json.dumps({**summary, "unseen": []}), "scores no held-out")):
+        (target / "summary.json").write_text(damaged)
+        with pytest.raises(ckpt.CheckpointError, match=why):
+            _finished(target / "summary.json", "campus")

@@ -4,7 +4,6 @@ cohorts, clients vanishing under secure aggregation, and ImageNet weights that c
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.error import URLError
 
 import pytest
 import torch
@@ -69,12 +68,34 @@ def test_k_of_n_cohorts_and_dropouts_under_secure_aggregation(tiny_config: RunCo
     assert result.summary["channel"] == "secagg"
 
 
-def test_pretrained_weights_that_cannot_be_had_give_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    def offline(*args: object, **kwargs: object) -> None:
-        raise URLError("no route to host")
+def test_pretrained_weights_come_from_the_cache_only_and_are_checked(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path) -> None:
+    """--pretrained imagenet reads torchvision's cache and downloads nothing, as its help says (found by
+    review: torchvision's loader fetched a missing file); a cached file must match its name's hash."""
+    import hashlib
+    import io
+    from types import SimpleNamespace
 
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    import torchvision
+
+    def download(*args: object, **kwargs: object) -> None:
+        raise AssertionError("secfed tried to download weights")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", download)
+    monkeypatch.setattr(torch.hub, "download_url_to_file", download)
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
     with pytest.raises(reid.PretrainedWeightsUnavailable) as err:
         reid.ReIDModel("resnet18", 3, pretrained=True)
     message = str(err.value)
-    assert "resnet18" in message and "resnet18-" in message and "--pretrained" in message
+    assert "not cached" in message and "resnet18-" in message and "--pretrained" in message
+    buffer = io.BytesIO()
+    torch.save(torchvision.models.resnet18().state_dict(), buffer)
+    name = f"resnet18-{hashlib.sha256(buffer.getvalue()).hexdigest()[:8]}.pth"
+    (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "hub" / "checkpoints" / name).write_bytes(buffer.getvalue())
+    monkeypatch.setitem(reid._WEIGHTS, "resnet18", SimpleNamespace(url=f"https://example.org/{name}"))
+    model = reid.ReIDModel("resnet18", 3, pretrained=True)  # read from the cache, its hash checked
+    assert torch.equal(model.backbone.conv1.weight, torch.load(io.BytesIO(buffer.getvalue()))["conv1.weight"])
+    (tmp_path / "hub" / "checkpoints" / name).write_bytes(buffer.getvalue()[:-1] + b"x")
+    with pytest.raises(reid.PretrainedWeightsUnavailable, match="does not begin with"):
+        reid.ReIDModel("resnet18", 3, pretrained=True)
