@@ -83,7 +83,7 @@ def open_for_audit(path: Path, *, data_root: Path | None = None, device: str | N
     if device is not None:
         cfg.run.device = device
     run_dir = checkpoint.parent.parent
-    fed = build(cfg, run_dir=run_dir, data_root=data_root, train_images=True)
+    fed = build(cfg, run_dir=run_dir, data_root=data_root, train_images=True, saved=True)
     check_data(fed, state, data_root)
     history, rounds_done, _ = restore(fed, state, checkpoint)
     return AuditedRun(run_dir, checkpoint, sha256_file(checkpoint), rounds_done, cfg, fed, history)

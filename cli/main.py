@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import warnings
 
 import rich_click as click
 
@@ -46,10 +47,24 @@ def stop_politely_on_termination() -> None:
     started. Python's default for both ends the process at once: the Flower processes, each leading
     its own process group, were left running (found by review)."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.default_int_handler)
+        signal.signal(sig, _stop_once)
+
+
+def _stop_once(signum: int, frame: object) -> None:
+    """Stop as Ctrl-C does, once: a repeat while the command stops (a closed terminal sends SIGHUP twice)
+    is ignored, so that it cannot cut the cleanup short (found by review)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+def _warning_line(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:
+    """A warning as one line that names it, without Python's source line (found by review: a damaged
+    checkpoint's warning showed the line of runtime.py that loaded it)."""
+    return f"warning: {message}\n"
 
 
 def main() -> None:
+    warnings.formatwarning = _warning_line
     stop_politely_on_termination()
     reuse_freed_memory()  # every round frees and reallocates model-sized vectors: keep them mapped
     cli(prog_name="secfed")

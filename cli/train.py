@@ -239,7 +239,8 @@ def sweep(console: Any, cfg: RunConfig, run_dir: Path, resuming: bool, data_root
     if result.privacy:
         console.print(f"ε over the sweep: each run's ε is its own, but a client's data trains every run except the one "
                       f"holding its domain out; by basic composition a client's ε ≤ {result.privacy['epsilon']:.4g} "
-                      f"(δ ≤ {result.privacy['delta']:.3g}), per domain in leave-one-out.json")
+                      f"(δ ≤ {result.privacy['delta']:.3g}), per domain in leave-one-out.json; a person whose pictures lie at "
+                      "k clients is protected over k of them together (group privacy only)")
     console.print(f"run directory: {run_dir}")
     if json_output:
         emit_json(result.to_dict())

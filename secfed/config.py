@@ -547,10 +547,6 @@ def schema_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
         names = [entry.partition(":")[0] for entry in getattr(d, key)]
         if repeated := sorted({n for n in names if names.count(n) > 1}):
             yield ConfigIssue(f"data.{key}", f"names {', '.join(map(repr, repeated))} more than once")
-    trained = {entry.partition(":")[0] for entry in d.datasets}
-    if both := sorted(trained & {entry.partition(":")[0] for entry in d.test_datasets}):
-        yield ConfigIssue("data.test_datasets", f"{', '.join(map(repr, both))} also in `data.datasets`: an unseen "
-                          "domain is never trained on (`data.leave_out` holds a training domain out)")
     if meth.kd_public is not None and not meth.kd:
         yield ConfigIssue("method.kd_public", "has no effect without `method.kd`")
     if meth.cdw and meth.aggregation == "unweighted":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from secfed.algorithms import Method, Site, base_method, with_options
-from secfed.config import ConfigError, RunConfig
+from secfed.config import ConfigError, ConfigIssue, RunConfig
 from secfed.data.errors import DataError
 from secfed.data.images import MAX_IMAGE_BYTES, load_images
 from secfed.data.listing import Resolver
@@ -326,15 +327,41 @@ def fingerprint(datasets: Sequence[ReidDataset], root: Path) -> tuple[str, str]:
     return listed.hexdigest(), resolved.hexdigest()
 
 
-def _refuse_shared_pictures(shards: list[ClientShard]) -> None:
-    """An ε protects one client's contribution (or one picture of one client): refused where two clients
-    train on the same picture (overlap.py)."""
-    if shared := shared_pictures(shards):
+class SharedPicturesWarning(UserWarning):
+    """A saved run's clients trained on the same pictures under an ε (overlap.py): it does not hold for them."""
+
+
+def asks_for_epsilon(cfg: RunConfig) -> bool:
+    """Whether any ε is claimed: client-level, example-level (DP-SGD) or DFH's identity-level DFS one."""
+    return claims_client_level(cfg.privacy, ()) or cfg.privacy.dp_sgd or cfg.method.dfs_noise > 0
+
+
+def check_overlaps(cfg: RunConfig, shards: list[ClientShard], trained: list[ReidDataset],
+                   unseen: list[ReidDataset], *, saved: bool) -> None:
+    """Refuse (a new run) or warn (``saved``: a run being evaluated or audited) where two clients train on
+    the same picture under an ε, or an unseen domain shares pictures with a trained one (overlap.py)."""
+    problems = []
+    if asks_for_epsilon(cfg) and (shared := shared_pictures([(s.name, (x.path for x in s.samples)) for s in shards])):
         a, b, path_a, path_b = shared[0]
-        raise ConfigError("data.datasets", f"clients {printable(a)} and {printable(b)} train on the same picture "
-                          f"({printable(str(path_a))} and {printable(str(path_b))}; {len(shared)} shared in all), "
-                          "and an ε protects one client's contribution: a person in both is protected only over "
-                          "both. Train each picture at one client (a dataset folder linked or copied under two names?)")
+        problems.append(("data.datasets", f"clients {printable(a)} and {printable(b)} train on the same picture "
+                        f"({printable(str(path_a))} and {printable(str(path_b))}; {len(shared)} shared in all), and an "
+                        "ε protects one client's contribution (one picture of one client): a person in both is "
+                        "protected only over both"))
+    if unseen:
+        groups = [(d.name, (x.path for part in (d.train, d.query, d.gallery) for x in part)) for d in [*trained, *unseen]]
+        crossed = [pair for pair in shared_pictures(groups) if pair[1] in {d.name for d in unseen}
+                   and pair[0] in {d.name for d in trained}]
+        if crossed:
+            a, b, path_a, path_b = crossed[0]
+            same = printable(str(path_b)) + ("" if path_a == path_b else f" is {printable(str(path_a))}")
+            problems.append(("data.test_datasets", f"unseen domain {printable(b)} shares pictures with trained "
+                             f"{printable(a)} ({same}; {len(crossed)} in all): it would be scored as unseen while a "
+                             "client trains on it"))
+    if problems and not saved:
+        raise ConfigError([ConfigIssue(key, why + ". Keep each picture in one place (a dataset folder linked or "
+                                       "copied under two names?)") for key, why in problems])
+    for _, why in problems:
+        warnings.warn(SharedPicturesWarning(f"{why}: this run's ε or unseen scores do not hold for them"), stacklevel=2)
 
 
 def make_shards(cfg: RunConfig, datasets: list[ReidDataset]) -> tuple[list[ClientShard], list[tuple[ReidDataset, tuple[int, ...]]]]:
@@ -418,6 +445,7 @@ def build(
     train_images: bool = True,
     eval_images: bool | Callable[[Federation], Collection[str]] = True,
     images: ImageLoader = load_images,
+    saved: bool = False,
 ) -> Federation:
     """Read data, split it, and create the sites (with their initial models), server and channel.
 
@@ -428,14 +456,14 @@ def build(
     the server holds them: a Flower node's train message scores nothing); a function of the federation
     (its domains still names and owners) decodes only the domains it names — a Flower node's, those
     its sites score. ``images`` decodes a list of samples (a Flower node passes one that keeps what it
-    decoded)."""
+    decoded). ``saved``: a finished run opened to be evaluated or audited — what a new run is refused
+    for (:func:`check_overlaps`) is a warning there, so that the run can still be examined."""
     check(cfg)
     pretrain.require(cfg.model.pretrained, cfg.model.backbone, cfg.data.height, cfg.data.width)  # before any data
     split_path = Path(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
     data = resolve_data(cfg, split_path=split_path, root=data_root, progress=progress)
     shards, evaluated = make_shards(cfg, data.trained)
-    if claims_client_level(cfg.privacy, ()) or cfg.privacy.dp_sgd:
-        _refuse_shared_pictures(shards)
+    check_overlaps(cfg, shards, data.trained, data.unseen, saved=saved)
     h, w = cfg.data.height, cfg.data.width
     info = dict(data.info)
     info["datasets"] = [_describe(d) for d in data.trained]
@@ -537,8 +565,9 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
     )
     sizes = [int(c["images"]) for c in clients_info]
     weight_scale = 1.0 / sum(sizes)
-    if isinstance(channel, SecureChannel) and not cfg.method.cdw:  # CDW's weights are the clients' secret
-        channel.check_weights_resolved(min(sizes) * weight_scale if cfg.method.aggregation == "weighted" else 1.0)
+    if isinstance(channel, SecureChannel):  # CDW's weights are the clients' secret: a nominal share for them
+        channel.check_weights_resolved(1.0 / len(sizes) if cfg.method.cdw else
+                                       min(sizes) * weight_scale if cfg.method.aggregation == "weighted" else 1.0)
     reproducible = cfg.privacy.reproducible_noise
     clients: list[ClientSide] = []
     baselines: dict[int, Site] = {}

@@ -17,7 +17,7 @@ from typing import Any
 
 from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
-from secfed.federation.builder import make_shards, resolve_data
+from secfed.federation.builder import check_overlaps, make_shards, resolve_data
 from secfed.validation import check
 from secfed.federation.runtime import Reporter, new_run_dir, run
 
@@ -61,7 +61,8 @@ def training_domains(cfg: RunConfig) -> list[str]:
     whole = cfg.model_copy(deep=True)
     whole.data.leave_out = []
     trained = resolve_data(whole).trained
-    make_shards(whole, trained)  # every domain a site that can train: refused before any target starts (review)
+    shards, _ = make_shards(whole, trained)  # every domain a site that can train: refused before any target starts
+    check_overlaps(whole, shards, trained, [], saved=False)  # so are pictures shared under an ε (review)
     return [d.name for d in trained]
 
 

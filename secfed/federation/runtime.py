@@ -782,7 +782,7 @@ def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | 
     checkpoint, state, cfg = read_run(path)
     run_dir = checkpoint.parent.parent
     fed = build(cfg, progress=(reporter or SilentReporter()).data_progress, run_dir=run_dir, data_root=data_root,
-                train_images=False)
+                train_images=False, saved=True)
     check_data(fed, state, data_root)
     restore(fed, state, checkpoint)
     return fed, state, checkpoint

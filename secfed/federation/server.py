@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from secfed.algorithms.base import Method
+from secfed.config import ConfigError
 from secfed.federation.messages import MODEL, Aggregate, Broadcast
 from secfed.models.sharing import SharedLayout
 from secfed.privacy.round import ServerPrivacy
@@ -34,8 +35,9 @@ def select_clients(num_clients: int, round_index: int, run_seed: int, clients_pe
 def weighted_mean(weights: torch.Tensor, aggregate: Aggregate, denominator: float | None) -> torch.Tensor:
     """w ← w + Σ w_k·Δ_k / W, W = Σ w_k (the clients' weights, inside the sum) or the privacy plan's fixed one."""
     total = aggregate.weights.get(MODEL, 0.0) if denominator is None else denominator
-    if total <= 0:
-        raise ValueError(f"round {aggregate.round}: the aggregate carries no weight (no client contributed)")
+    if total <= 0:  # clients contributed, yet their weights summed to zero: CDW's, rounded in a coarse ring
+        raise ConfigError("secagg.clip", f"round {aggregate.round + 1}: the clients' aggregation weights summed to "
+                          f"{total:g} in the secure sum: the ring is too coarse for them; lower it")
     return torch.add(weights, aggregate.sums[MODEL], alpha=1.0 / total)
 
 

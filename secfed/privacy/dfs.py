@@ -91,7 +91,8 @@ class DfsPlan:
                 f"DFS get Gaussian noise with z = {self.noise_multiplier:g}: identity-level (ε = {self.epsilon:.4g}, "
                 f"δ = {self.delta:.3g}) per client after {self.rounds} rounds (adjacency: one identity's images in one "
                 "client replaced by another's; the client's number of identities is not protected; the broadcast "
-                "model is treated as public). This ε is separate from, and NOT inside, the printed client-level ε.")
+                "model is treated as public; a person whose pictures lie at k clients is protected over k of them "
+                "together — group privacy only). This ε is separate from, and NOT inside, the printed client-level ε.")
 
 
 def dfs_settings(cfg: RunConfig, method: Method | type[Method]) -> tuple[float, float] | None:

@@ -100,9 +100,11 @@ PUBLIC_COUNT = ("The {unit} count {n} is treated as public (data.json and the sa
                 "one {unit} — the same count — the guarantee is (2ε, (1 + e^ε)·δ).")
 # Whom an ε covers, in people (found by review: nothing said that a person is neither a client nor a picture)
 PERSON_CLIENT = ("The unit is one client: a person whose pictures lie at k clients (seen by two sites' cameras, "
-                 "say) is protected over k clients together — group privacy, about k·ε.")
-PERSON_EXAMPLE = ("DP-SGD's unit is one picture: a person with m pictures is protected over m examples together — "
-                  "group privacy, about m·ε — and composed over every client holding them.")
+                 "say) is protected over k clients together, by group privacy only — (k·ε, k·e^((k−1)·ε)·δ), "
+                 "which at the ε above may be no guarantee at all.")
+PERSON_EXAMPLE = ("DP-SGD's unit is one picture: a person with m pictures is protected over m examples together, by "
+                  "group privacy only — (m·ε, m·e^((m−1)·ε)·δ), which may be no guarantee at all — and composed over "
+                  "every client holding them.")
 NOT_COVERED = ("Not covered by any ε: the training logs' per-round contributor counts, timings, byte counts, "
                "secure-aggregation clip counts (`secagg_clipped`) and evaluation scores, the local-only baselines' "
                "among them (metrics.jsonl labels them `outside_epsilon`).")

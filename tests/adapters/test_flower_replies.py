@@ -258,3 +258,21 @@ def test_hello_stops_at_a_refusal_when_the_nodes_are_the_users_own(tmp_path) -> 
         FlowerRun(grid, Settings(plain, tmp_path / "run", "token", None, start_timeout=300, phase_timeout=1, poll=0.01,
                                  stop_on_refusal=True)).hello()
     assert time.monotonic() - started < 30
+    # Flower's own errors (a node unavailable for a heartbeat) are not the node's word: the run waits on
+    # (found by review: one NODE_UNAVAILABLE stopped a healthy run)
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    calls = []
+
+    def flaky(msg, ctx):
+        calls.append(1)
+        if len(calls) == 1:
+            return Message(Error(ErrorCode.NODE_UNAVAILABLE, "Node Unavailable"), reply_to=msg)
+        return Message(RecordDict({STEP: ConfigRecord({"step": "hello", "sites": [0], "census": json.dumps(CENSUS)})}),
+                       reply_to=msg)
+
+    grid = FakeGrid({2000: (flaky, {}), 2001: (answering, {})})
+    hosts, _ = FlowerRun(grid, Settings(plain, tmp_path / "run", "token", None, start_timeout=60, phase_timeout=1,
+                                        poll=0.01, stop_on_refusal=True)).hello()
+    assert hosts == {2000: [0], 2001: [1]} and len(calls) == 2

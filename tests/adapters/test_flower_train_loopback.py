@@ -95,14 +95,18 @@ def test_flower_local_stops_every_flower_process_on_sigterm_and_on_a_nodes_refus
     out = (tmp_path / "runs").resolve()
     base = [sys.executable, "-c", "from secfed.cli.main import main; main()", "flower", "local", "--supernodes", "2",
             "--node-poll", "0.2", *[a for a in SMALL if a not in ("--synth-scale", "0.1")], "--out", str(out)]
-    process = subprocess.Popen([*base, "--name", "killed", "--data-root", str(synth_root)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen([*base, "--name", "killed", "--data-root", str(synth_root), "--rounds", "50"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     logs = out / "killed.flower" / "deployment" / "logs"
     deadline = time.monotonic() + 120
     while not (logs / "supernode-1.log").is_file() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(3)  # the SuperNodes have started their own processes
+    assert process.poll() is None, process.communicate()[0]  # still running: nothing was stopped yet
     assert _processes_in(out / "killed.flower")
     process.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)  # a second one during the cleanup (review: it left the SuperLink up)
     output = process.communicate(timeout=60)[0]
     assert process.returncode == 130 and "Traceback" not in output, output
     assert _processes_in(out / "killed.flower") == []

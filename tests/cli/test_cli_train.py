@@ -147,6 +147,7 @@ def test_the_round_line_labels_seen_and_unseen_means_apart(synth_root: Path, tmp
     # (found by review: a traceback from the splitter; weights rounded to zero stopped round 1 with one)
     (["--datasets", "campus,campus:market"], "--datasets"),
     (["--test-datasets", "campus", "--datasets", "campus,plaza"], "--test-datasets"),
+    (["--test-datasets", "./campus:market1501", "--datasets", "campus,plaza"], "--test-datasets"),  # (review)
     (["--secagg", "--secagg-clip", "1e308"], "--secagg-clip"),
 ])
 def test_invalid_settings_name_the_flag(synth_root: Path, tmp_path: Path, args: list[str], flag: str) -> None:
@@ -437,6 +438,21 @@ def test_a_distributed_epsilon_is_printed_with_its_collusion_bound() -> None:
     assert "colluding" not in privacy_cell({"epsilon": 2.0, "delta": 1e-5, "mechanism": "gaussian"})
 
 
+def test_a_repeated_termination_signal_does_not_cut_the_cleanup_short() -> None:
+    """(found by review) A closed terminal sends SIGHUP twice; the second raised inside the cleanup."""
+    import subprocess
+    import sys
+
+    probe = ("import os, signal, time\n"
+             "from secfed.cli.main import stop_politely_on_termination\n"
+             "stop_politely_on_termination()\n"
+             "try:\n    os.kill(os.getpid(), signal.SIGHUP); time.sleep(5)\n"
+             "except KeyboardInterrupt:\n    os.kill(os.getpid(), signal.SIGHUP); os.kill(os.getpid(), signal.SIGTERM)\n"
+             "    time.sleep(0.2); print('cleaned up')\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "cleaned up", out.stdout + out.stderr
+
+
 def test_sigterm_stops_a_run_as_ctrl_c_does_saying_where_and_how_to_resume(synth_root: Path, tmp_path: Path) -> None:
     """`kill` (a service manager, a CI timeout) gets the interrupted run's message and exit code; Python's
     default ended the process at once, and `secfed flower local` left its Flower processes running."""
@@ -478,6 +494,13 @@ def test_an_epsilon_is_refused_where_two_clients_train_on_the_same_pictures(synt
     assert re.search(r"--datasets: clients campus and campus2 train on the same picture .*; \d+ shared in all\)",
                      " ".join(result.output.split())), result.output
     assert not (tmp_path / "twice").exists()
+    # DFH's DFS ε and a leave-one-out sweep (before its first target) too (review of the fix)
+    for extra in (["--algorithm", "dfh", "--dfs-noise", "1", "--ids-per-batch", "4"], [*dp, "--leave-one-out"]):
+        result = invoke(["train", "--data-root", str(root), "--datasets",
+                         "campus:market1501,campus2:market1501,plaza:market1501", *TINY, *extra,
+                         "--out", str(tmp_path), "--name", "again"])
+        assert result.exit_code == 2 and "train on the same picture" in result.output, result.output
+        assert not (tmp_path / "again").exists()
 
 
 def test_a_learning_rate_given_to_one_resume_is_kept_by_the_next_and_a_config_file_is_refused(

@@ -155,9 +155,10 @@ def test_a_querys_score_does_not_depend_on_the_queries_scored_beside_it() -> Non
     238 of 2000 draws scored differently with chunk_size=1. Distances are now rounded from float64."""
     rng = np.random.default_rng(0)
     changed = 0
-    for _ in range(300):
-        q = rng.integers(-2, 3, (8, 5)).astype(np.float32)
-        g = rng.integers(-2, 3, (12, 5)).astype(np.float32)
+    for trial in range(300):
+        dtype = np.float32 if trial % 2 else np.float64  # float64 features too (review of the fix)
+        q = rng.integers(-2, 3, (8, 5)).astype(dtype)
+        g = rng.integers(-2, 3, (12, 5)).astype(dtype)
         q[np.abs(q).sum(1) == 0, 0] = g[np.abs(g).sum(1) == 0, 0] = 1
         g_pids = rng.integers(0, 2, 12)
         labels = (np.zeros(8, int), g_pids, np.zeros(8, int), np.ones(12, int))

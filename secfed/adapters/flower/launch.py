@@ -20,6 +20,7 @@ retired it, after its heartbeat expired.)
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -30,13 +31,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from . import certs, zygote
+from . import certs, node, zygote
 
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 # Every SuperNode on this machine trains with the run's torch threads (the thread count is part of
@@ -107,19 +109,62 @@ class _Proc:
     process: subprocess.Popen
     log: Path
 
-    def stop(self, grace: float = 5.0) -> None:
-        if self.process.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
+    def signal(self, sig: int) -> None:
+        """``sig`` to the process and everything it started (its process group)."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
+
+    def stop(self, grace: float = 5.0) -> None:
+        _stop_all([self], grace)
+
+
+def _running_from(folders: Sequence[Path]) -> list[int]:
+    """This user's other processes whose command line names one of ``folders`` (a script in it, or the
+    folder itself as an argument); from Linux's /proc, none elsewhere."""
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                words = (entry / "cmdline").read_bytes().split(b"\0")
+                if entry.stat().st_uid == os.getuid() and any(
+                        w == str(f).encode() or w.startswith(str(f).encode() + b"/") for w in words for f in folders):
+                    found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):  # a zombie (exited, not yet reaped by its parent) is gone
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _stop_all(procs: Sequence[_Proc], grace: float = 5.0) -> None:
+    """SIGTERM to every process group at once, SIGKILL to those still up after ``grace`` seconds. Ctrl-C,
+    SIGTERM and SIGHUP are held meanwhile (found by review: a closed terminal sends two SIGHUPs, and the
+    second, landing in the cleanup, left the SuperLink and the zygote running)."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held) if main else None
+    try:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            for proc in procs:
+                proc.signal(sig)
+            deadline = time.monotonic() + wait
+            for proc in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.process.wait(max(0.0, deadline - time.monotonic()))
+            if all(proc.process.poll() is not None for proc in procs):
                 return
-            try:
-                self.process.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+    finally:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class Loopback:
@@ -215,9 +260,21 @@ class Loopback:
             proc.process.wait(10)
 
     def close(self) -> None:
-        for proc in [*self.nodes, self.superlink, self.zygote]:
-            if proc is not None:
-                proc.stop()
+        _stop_all([proc for proc in [*self.nodes, self.superlink, self.zygote] if proc is not None])
+        # A ServerApp process leaves the SuperLink's process group (found by review: one outlived a SIGTERM
+        # mid-run), and a node's site host its ClientApp's. Every Flower process of this deployment runs a
+        # script of ``bin/``, and a site host names its node's state folder: those still up go too.
+        folders = [self.bin, *(Path(str(c[node.STATE_DIR_KEY])).resolve() for c in self.node_configs
+                               if node.STATE_DIR_KEY in c)]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            strays = _running_from(folders)
+            for pid in strays:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 5.0
+            while strays and time.monotonic() < deadline:
+                strays = [pid for pid in strays if _alive(pid)]
+                time.sleep(0.05)
         if self._zygote_dir is not None:
             shutil.rmtree(self._zygote_dir, ignore_errors=True)
 

@@ -202,6 +202,7 @@ class FlowerRun:
         hosts: dict[int, list[int]] = {}
         censuses: dict[str, list[tuple[int, Census]]] = {}  # one spelling of the census → its nodes
         refusals: dict[int, str] = {}  # why a node answered hello with an error (its policy, its data)
+        refused: set[int] = set()  # of those, the nodes whose own code refused (not "unavailable")
         started = said = time.monotonic()
         while True:
             listed = list(self.grid.get_node_ids())  # asked of the SuperLink once per pass
@@ -210,12 +211,13 @@ class FlowerRun:
             contents = {n: RecordDict({STEP: step, **({CONTROL: challenges[n]} if n in challenges else {})})
                         for n in new}
             replies = collect(self.grid, send(self.grid, contents, timeout=self.settings.phase_timeout),
-                              poll=self.settings.poll, errors=refusals)
+                              poll=self.settings.poll, errors=refusals, refused=refused)
             if challenges:
                 self.flow.accept(replies, challenges)
             self._forget_gone(hosts, censuses, set(listed))
             for n in [m for m in refusals if m in replies or m not in listed]:  # answered since, or gone (review)
                 del refusals[n]
+                refused.discard(n)
             for n, reply in replies.items():
                 self._read_hello(n, reply, hosts, censuses)
             _same_census(censuses)
@@ -227,14 +229,14 @@ class FlowerRun:
                 return {n: s for n, s in hosts.items() if s}, census
             waiting = f"no SuperNode hosts clients {missing}" if missing else \
                 f"{', '.join(unheard)} of the cohort did not enrol"
-            refused = "".join(f"; SuperNode {n} refused: {printable(why)[:300]}" for n, why in sorted(refusals.items()))
+            why = "".join(f"; SuperNode {n} refused: {printable(r)[:300]}" for n, r in sorted(refusals.items()))
             now = time.monotonic()
-            if refusals and self.settings.stop_on_refusal:
-                raise DeploymentError(f"{waiting}{refused}")
+            if refused and self.settings.stop_on_refusal:
+                raise DeploymentError(f"{waiting}{why}")
             if now - started > self.settings.start_timeout:
-                raise DeploymentError(f"{waiting} after {self.settings.start_timeout:.0f} s{refused}")
+                raise DeploymentError(f"{waiting} after {self.settings.start_timeout:.0f} s{why}")
             if now - said > 10:  # a wait for the slowest site says so (found by review: 300 s of silence)
-                _say(f"  waiting: {waiting} yet ({self.settings.start_timeout - (now - started):.0f} s left){refused}")
+                _say(f"  waiting: {waiting} yet ({self.settings.start_timeout - (now - started):.0f} s left){why}")
                 said = now
             time.sleep(1.0)
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from secfed.protocols import (
@@ -309,9 +310,16 @@ def send(grid: Grid, contents: Mapping[int, RecordDict], *, timeout: float, grou
     return Sent({mid: n for mid, n in zip(ids, contents) if mid}, now + timeout, now)
 
 
-def collect(grid: Grid, sent: Sent, *, poll: float = 0.2, errors: dict[int, str] | None = None) -> dict[int, Message]:
+# Error replies a node's own code sent: its ClientApp raised, or a mod (SecAggMod) refused. Flower's
+# others (a node unavailable, a reply not there) say nothing of what the node decided (found by review).
+NODE_REFUSALS = frozenset({ErrorCode.CLIENT_APP_RAISED_EXCEPTION, ErrorCode.MOD_FAILED_PRECONDITION})
+
+
+def collect(grid: Grid, sent: Sent, *, poll: float = 0.2, errors: dict[int, str] | None = None,
+            refused: set[int] | None = None) -> dict[int, Message]:
     """The replies to ``sent`` that arrive before its deadline, by node; errors and silence logged
-    (and each error's reason kept in ``errors``, by node)."""
+    (and each error's reason kept in ``errors``, by node; in ``refused``, the nodes whose own code
+    answered with an error — not the SuperLink's word that a node was unavailable)."""
     pending, deadline = dict(sent.pending), sent.deadline
     replies: dict[int, Message] = {}
     while pending and time.monotonic() < deadline:
@@ -323,6 +331,8 @@ def collect(grid: Grid, sent: Sent, *, poll: float = 0.2, errors: dict[int, str]
                 log.warning("node %s: %s", node, reply.error.reason)
                 if errors is not None:
                     errors[node] = reply.error.reason
+                if refused is not None and reply.error.code in NODE_REFUSALS:
+                    refused.add(node)
             else:
                 replies[node] = reply
         if pending:
