@@ -46,11 +46,17 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 FLOWER_LOG_LINE = re.compile(r"^(?:(?:\d{2}/\d{2}/\d{4} )?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?:)?(DEBUG|INFO)\s*:")
 
 
-def relay(lines: Any, console_out: Any, flower_log: Any) -> None:
+STARTED = re.compile(r"Successfully started run (\d+)")
+
+
+def relay(lines: Any, console_out: Any, flower_log: Any, started: list[str] | None = None) -> None:
     """``flwr run --stream``'s output: Flower's colour codes stripped, its DEBUG and INFO lines to
-    ``flower_log`` (dropped when None), everything else (secfed's lines, warnings, errors) shown."""
+    ``flower_log`` (dropped when None), everything else (secfed's lines, warnings, errors) shown; the
+    run's id, once Flower says it started, appended to ``started``."""
     for line in lines:
         plain = ANSI.sub("", line)
+        if started is not None and (run := STARTED.search(plain)):
+            started.append(run.group(1))
         if FLOWER_LOG_LINE.match(plain):
             if flower_log is not None:
                 flower_log.write(plain)
@@ -171,11 +177,31 @@ def check_flower_config(cfg: RunConfig, connection: Connection, resuming: bool) 
         raise click.UsageError("\n".join(problems))
 
 
+def _stop_remote_run(console: Any, started: list[str], env: dict[str, str], cwd: Path,
+                     connection: Connection) -> None:
+    """Ctrl-C or SIGTERM of ``secfed train --flower``: the run on the SuperLink is stopped too (found by
+    review: ending ``flwr run --stream`` ends only the log stream, and the ServerApp trained on)."""
+    from secfed.adapters.flower.launch import CONNECTION
+
+    if not started:
+        console.print("[yellow]interrupted before the SuperLink started the run[/]")
+        return
+    try:
+        out = subprocess.run(["flwr", "stop", started[-1], CONNECTION], env=env, cwd=cwd, capture_output=True,
+                             text=True, timeout=60)
+        stopped = out.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        stopped = False
+    console.print(f"[yellow]interrupted; run {started[-1]} on the SuperLink at {connection.address} "
+                  + ("was stopped[/]" if stopped else f"could not be stopped: `flwr stop {started[-1]}` it there[/]"))
+
+
 def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, json_output: bool = False,
                     resuming: bool = False, workdir: Path | None = None,
-                    flower_log: Path | None = None) -> dict[str, Any] | None:
+                    flower_log: Path | None = None, stop_remote: bool = True) -> dict[str, Any] | None:
     """Submit the run to the SuperLink and stream its output (Flower's own log lines to ``flower_log``);
-    the summary when the run directory is here."""
+    the summary when the run directory is here. An interrupt stops the run on the SuperLink too
+    (``stop_remote``; `secfed flower local` stops the whole deployment instead)."""
     require_flower()
     from secfed.adapters.flower.launch import CONNECTION, FLOWER_ENV, make_bin, toml_value, write_app
 
@@ -207,13 +233,17 @@ def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, js
         console.print(f"[bold]secfed[/] → Flower SuperLink {connection.address}: run directory {run_dir}")
         process = subprocess.Popen(["flwr", "run", str(app), CONNECTION, "--stream"], env=env, cwd=tmp_path,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        started: list[str] = []
         try:
             with open(flower_log, "a") if flower_log else open(os.devnull, "w") as log:  # noqa: SIM115
-                relay(process.stdout, sys.stderr if json_output else sys.stdout, log)
+                relay(process.stdout, sys.stderr if json_output else sys.stdout, log, started)
             process.wait()
         except KeyboardInterrupt:
             process.terminate()
-            raise
+            if not stop_remote:
+                raise
+            _stop_remote_run(console, started, env, tmp_path, connection)
+            sys.exit(130)
     summary_file = run_dir / "summary.json"
     if process.returncode != 0 or not summary_file.is_file():
         raise click.ClickException(f"the Flower run did not finish (flwr exit code {process.returncode}); "
@@ -288,7 +318,7 @@ def local_command(supernodes: int, insecure: bool, node_poll: float | None, keep
                                     stop_on_refusal=True)
             connection.write(work / "connection.toml")
             train_on_flower(cfg, run_dir, connection, json_output=params["json_output"], workdir=work,
-                            flower_log=fed.logs / "flwr-run.log")
+                            flower_log=fed.logs / "flwr-run.log", stop_remote=False)
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the with block has stopped every Flower process
         human_console(params["json_output"]).print(f"[yellow]interrupted; the SuperLink and SuperNodes are stopped, "
                                                    f"their logs kept in {work / 'deployment' / 'logs'}[/]")

@@ -507,6 +507,28 @@ def test_flowers_colour_codes_and_debug_lines_stay_out_of_secfeds_output():
     assert "Will push ServerApp task output" in log.getvalue()  # ... with the date before the time too
 
 
+def test_an_interrupted_flower_run_is_stopped_on_the_superlink_too(monkeypatch, tmp_path):
+    """(found by review) Ctrl-C or SIGTERM of `secfed train --flower` ended only `flwr run --stream`, the
+    log stream; the ServerApp trained on. The run's id is read from Flower's output and `flwr stop` sent."""
+    import io
+    import subprocess
+
+    from rich.console import Console
+
+    from secfed.cli import flower
+
+    started: list[str] = []
+    flower.relay(["\x1b[92mINFO \x1b[0m: Successfully started run 8437718\n"], io.StringIO(), None, started)
+    assert started == ["8437718"]
+    sent = []
+    monkeypatch.setattr(subprocess, "run", lambda args, **kw: sent.append(args) or subprocess.CompletedProcess(args, 0))
+    shown = io.StringIO()
+    connection = flower.Connection("superlink.example.org:9093", None, None)
+    flower._stop_remote_run(Console(file=shown, width=200), started, {}, tmp_path, connection)
+    assert sent == [["flwr", "stop", "8437718", "loopback"]]
+    assert "run 8437718 on the SuperLink at superlink.example.org:9093 was stopped" in shown.getvalue()
+
+
 def test_a_node_refuses_a_run_that_unmasks_it_or_names_paths_outside_its_data(small_config, tmp_path, synth_root):
     """(found by review: the server writes the run configuration, and a node obeyed `secagg.enabled =
     false` — its uploads then left in the clear — and read and wrote paths the server named)"""
