@@ -20,6 +20,9 @@ them again.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import io
 import json
 import os
 import re
@@ -29,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +50,9 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 FLOWER_LOG_LINE = re.compile(r"^(?:(?:\d{2}/\d{2}/\d{4} )?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?:)?(DEBUG|INFO)\s*:")
 
 
-STARTED = re.compile(r"Successfully started run (\d+)")
+# flwr's own line naming the run it submitted; only its first, whole line counts (found by review: a line of
+# the ServerApp's output — a run folder's name, a node's refusal — could name another run to stop)
+STARTED = re.compile(r"Successfully started run (\d+)\s*")
 
 
 def relay(lines: Any, console_out: Any, flower_log: Any, started: list[str] | None = None) -> None:
@@ -55,7 +61,7 @@ def relay(lines: Any, console_out: Any, flower_log: Any, started: list[str] | No
     run's id, once Flower says it started, appended to ``started``."""
     for line in lines:
         plain = ANSI.sub("", line)
-        if started is not None and (run := STARTED.search(plain)):
+        if started is not None and not started and (run := STARTED.fullmatch(plain)):
             started.append(run.group(1))
         if FLOWER_LOG_LINE.match(plain):
             if flower_log is not None:
@@ -184,7 +190,8 @@ def _stop_remote_run(console: Any, started: list[str], env: dict[str, str], cwd:
     from secfed.adapters.flower.launch import CONNECTION
 
     if not started:
-        console.print("[yellow]interrupted before the SuperLink started the run[/]")
+        console.print(f"[yellow]interrupted before Flower named the run; if the SuperLink at {connection.address} "
+                      "started it, `flwr ls` shows it and `flwr stop RUN_ID` stops it[/]")
         return
     try:
         out = subprocess.run(["flwr", "stop", started[-1], CONNECTION], env=env, cwd=cwd, capture_output=True,
@@ -242,6 +249,9 @@ def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, js
             process.terminate()
             if not stop_remote:
                 raise
+            if not started:  # its id may still wait in the pipe, unread
+                with contextlib.suppress(subprocess.TimeoutExpired, OSError, ValueError):
+                    relay(process.communicate(timeout=10)[0].splitlines(True), io.StringIO(), None, started)
             _stop_remote_run(console, started, env, tmp_path, connection)
             sys.exit(130)
     summary_file = run_dir / "summary.json"
@@ -292,16 +302,42 @@ def local_command(supernodes: int, insecure: bool, node_poll: float | None, keep
     --keep is given.
     """
     require_flower()
-    from secfed.adapters.flower import Cohort
-    from secfed.adapters.flower import node as node_files
-    from secfed.adapters.flower.launch import Loopback
-    from secfed.adapters.flower.sites import own_nodes_policy
     from secfed.cli.train import resolve_config
 
     cfg, run_dir, resuming = resolve_config({**params, "resume": None})
     work = run_dir.parent.resolve() / f"{run_dir.name}.flower"
     work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o700)  # the SuperNodes' state folders lie under it: this user's alone (node.state_dir checks)
+    with _in_use(work, run_dir):
+        _local(work, run_dir, cfg, supernodes, insecure, node_poll, params["json_output"])
+    if not keep:  # reached only when the run finished: a failed run leaves its logs for the user
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _in_use(work: Path, run_dir: Path) -> Iterator[None]:
+    """``work`` held by this command (found by review: a second `secfed flower local` of the same run
+    shared its folders, then stopped the first one's processes and deleted its nodes' state)."""
+    lock = os.open(work / ".in-use", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise click.UsageError(f"{work} is in use by another `secfed flower local` of the run {run_dir}; "
+                                   "choose another --name") from None
+        yield
+    finally:
+        os.close(lock)
+
+
+def _local(work: Path, run_dir: Path, cfg: RunConfig, supernodes: int, insecure: bool, node_poll: float | None,
+           json_output: bool) -> None:
+    """The deployment of `secfed flower local` in ``work``, the run on it, and every process stopped."""
+    from secfed.adapters.flower import Cohort
+    from secfed.adapters.flower import node as node_files
+    from secfed.adapters.flower.launch import Loopback
+    from secfed.adapters.flower.sites import own_nodes_policy
+
     cohort_file, sites, configs = work / "cohort.toml", {}, []
     for i in range(supernodes):
         folder = work / f"node-{i}"
@@ -317,14 +353,12 @@ def local_command(supernodes: int, insecure: bool, node_poll: float | None, keep
             connection = Connection(f"127.0.0.1:{fed.port}", ca, cohort_file, phase_timeout=300.0,
                                     stop_on_refusal=True)
             connection.write(work / "connection.toml")
-            train_on_flower(cfg, run_dir, connection, json_output=params["json_output"], workdir=work,
+            train_on_flower(cfg, run_dir, connection, json_output=json_output, workdir=work,
                             flower_log=fed.logs / "flwr-run.log", stop_remote=False)
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the with block has stopped every Flower process
-        human_console(params["json_output"]).print(f"[yellow]interrupted; the SuperLink and SuperNodes are stopped, "
-                                                   f"their logs kept in {work / 'deployment' / 'logs'}[/]")
+        human_console(json_output).print(f"[yellow]interrupted; the SuperLink and SuperNodes are stopped, "
+                                         f"their logs kept in {work / 'deployment' / 'logs'}[/]")
         sys.exit(130)
-    if not keep:  # reached only when the run finished: a failed run leaves its logs for the user
-        shutil.rmtree(work, ignore_errors=True)
 
 
 @flower_group.command("keys")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -113,25 +114,7 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> tuple[RunConfig,
     except ConfigError as exc:
         raise click.UsageError(render(exc, typed=set(overrides), from_file=saved - set(overrides),
                                       toml=str(config_file))) from None
-    _keep_new_rates(config_file, sweep, cfg, overrides)
     return cfg, run_dir, True
-
-
-def _keep_new_rates(config_file: Path, sweep: bool, cfg: RunConfig, overrides: dict[str, Any]) -> None:
-    """A learning rate given with --resume is the run's from then on: written into its configuration, so
-    the next --resume keeps it (found by review: the next one went back to the diverging rate without a
-    word). Threads, device and the data's place stay this machine's choice."""
-    changed = {key for key in overrides if key in ("schedule.lr", "schedule.lr_backbone")}
-    if not changed:
-        return
-    from secfed.federation import checkpoint as ckpt
-
-    whole = json.loads(config_file.read_text())
-    table = whole["config"] if sweep else whole
-    for key in sorted(changed):
-        section, name = key.split(".")
-        table.setdefault(section, {})[name] = cfg.to_dict()[section][name]
-    ckpt.write_run_file(config_file, json.dumps(whole, indent=2) if sweep else json.dumps(table, indent=2, sort_keys=True))
 
 
 def _restore_config(run_dir: Path, config_file: Path) -> None:
@@ -196,14 +179,15 @@ def train_command(**params: Any) -> None:
     set_threads(cfg.run.threads)
     data_root = Path(cfg.data.root) if resuming and "data.root" in given_overrides(params) else None
     if params["leave_one_out"] or (resuming and is_sweep(run_dir)):
-        sweep(console, cfg, run_dir, resuming, data_root, params["json_output"])
+        sweep(console, cfg, run_dir, resuming, data_root, params["json_output"], given_overrides(params).keys())
         return
     if resuming and not ckpt.list_checkpoints(run_dir):
         console.print(f"[yellow]{run_dir}: no round had finished before the interruption; starting from round 1 "
                       "with its saved configuration.[/]")
     with cli_errors(), RichReporter(human_console(True)) as reporter:
         try:
-            result = run(cfg, run_dir, resume=resuming, reporter=reporter, data_root=data_root)
+            result = run(cfg, run_dir, resume=resuming, reporter=reporter, data_root=data_root,
+                         rates_given=given_overrides(params).keys())
         except KeyboardInterrupt:
             done = ckpt.list_checkpoints(run_dir)
             where = f"after round {int(done[-1].stem.split('-')[1])}" if done else "before the first round finished"
@@ -216,7 +200,7 @@ def train_command(**params: Any) -> None:
 
 
 def sweep(console: Any, cfg: RunConfig, run_dir: Path, resuming: bool, data_root: Path | None,
-          json_output: bool) -> None:
+          json_output: bool, rates_given: Collection[str] = ()) -> None:
     """--leave-one-out: every training domain held out in turn; a table of the held-out scores."""
     from rich.table import Table
 
@@ -225,7 +209,8 @@ def sweep(console: Any, cfg: RunConfig, run_dir: Path, resuming: bool, data_root
 
     with cli_errors(), RichReporter(human_console(True)) as reporter:
         try:
-            result = leave_one_out(cfg, run_dir, resume=resuming, reporter=reporter, data_root=data_root)
+            result = leave_one_out(cfg, run_dir, resume=resuming, reporter=reporter, data_root=data_root,
+                                   rates_given=rates_given)
         except KeyboardInterrupt:
             reporter.console.print(f"[yellow]interrupted; continue with: secfed train --resume {run_dir}[/]")
             sys.exit(130)
@@ -236,11 +221,13 @@ def sweep(console: Any, cfg: RunConfig, run_dir: Path, resuming: bool, data_root
         table.add_row(t["name"], f"{100 * t['rank1']:.1f}", f"{100 * t['mAP']:.1f}", t["run"])
     table.add_row("mean", f"{100 * result.mean['rank1']:.1f}", f"{100 * result.mean['mAP']:.1f}", "", style="bold")
     console.print(table)
-    if result.privacy:
-        console.print(f"ε over the sweep: each run's ε is its own, but a client's data trains every run except the one "
-                      f"holding its domain out; by basic composition a client's ε ≤ {result.privacy['epsilon']:.4g} "
-                      f"(δ ≤ {result.privacy['delta']:.3g}), per domain in leave-one-out.json; a person whose pictures lie at "
-                      "k clients is protected over k of them together (group privacy only)")
+    for key, what in (("client_level", "client-level ε"), ("dfs", "identity-level DFS ε")):
+        if result.privacy and key in result.privacy:
+            composed = result.privacy[key]
+            console.print(f"{what} over the sweep: each run's is its own, but a client's data trains every run except "
+                          f"the one holding its domain out; by basic composition a client's ε ≤ {composed['epsilon']:.4g} "
+                          f"(δ ≤ {composed['delta']:.3g}), per domain in leave-one-out.json; a person whose pictures lie "
+                          "at k clients is protected over k of them together (group privacy only)")
     console.print(f"run directory: {run_dir}")
     if json_output:
         emit_json(result.to_dict())

@@ -141,11 +141,12 @@ class MethodConfig(Section):
     expert_temperature: float = setting(3.0, "--expert-temperature", "FedReID: temperature T of the local "
                                         "expert's KL regularisation.", gt=0)
     dfh_alpha: float = setting(1.0, "--dfh-alpha", "DFH: Dirichlet α of domain hallucinating.", gt=0)
-    dfh_lambda: float = setting(1.0, "--dfh-lambda", "DFH: weight λ of the hallucinated-feature triplet losses.",
-                                ge=0)
+    dfh_lambda: float = setting(1.0, "--dfh-lambda", "DFH: weight λ of the hallucinated-feature triplet losses "
+                                "(the paper's §4.1: 5, which bench/bench_dfh.py uses).", ge=0)
     dfh_hallucinate: Literal["both", "features", "domains"] = setting(
         "both", "--dfh-hallucinate", "DFH ablation: feature and domain hallucinating, or one of them.")
-    triplet_margin: float = setting(0.3, "--triplet-margin", "Margin of the batch-hard triplet loss.", gt=0)
+    triplet_margin: float = setting(0.3, "--triplet-margin", "Margin of the batch-hard triplet loss (DFH's §4.1: "
+                                    "0.5, which bench/bench_dfh.py uses).", gt=0)
     ids_per_batch: int = setting(8, "--ids-per-batch", "P of the P×K identity sampler (DFH).", ge=2)
     dfs_noise: float = setting(0.0, "--dfs-noise", "DFH: Gaussian noise multiplier on the shared domain "
                                "statistics (0: none).", ge=0)

@@ -78,7 +78,7 @@ def test_mlflow_holds_the_same_figures_params_and_artifacts(tracked: Path) -> No
 def test_the_trackers_carry_not_private_and_what_is_outside_the_epsilon() -> None:
     from types import SimpleNamespace
 
-    plan = SimpleNamespace(reproducible_noise=True, statements=["DP-FedAvg, ε ≤ 3"], claims_epsilon=True, dp_sgd=None,
+    plan = SimpleNamespace(reproducible_noise=True, statements=["DP-FedAvg, ε ≤ 3"], claims_epsilon=True, dp_sgd=None, dfs=None,
                            mechanism="gaussian")
     labels = tracking.privacy_labels(SimpleNamespace(plan=plan))
     assert labels["privacy.noise"].startswith("NOT PRIVATE") and "contributors" in labels["privacy.outside_epsilon"]
@@ -94,6 +94,7 @@ def test_the_trackers_carry_not_private_and_what_is_outside_the_epsilon() -> Non
     plan.dfs = SimpleNamespace(noised=True, epsilon=2.5, delta=1e-5)
     dfs = tracking.privacy_labels(SimpleNamespace(plan=plan))
     assert dfs["privacy.noise"] == "cryptographically secure" and "identity-level ε = 2.5" in dfs["privacy.dfs"]
+    assert "privacy.outside_epsilon" in dfs  # its per-site figures are kept out too (found by review)
 
 
 def test_a_claimed_epsilon_keeps_per_client_figures_out_of_the_trackers() -> None:

@@ -32,6 +32,13 @@ without any other client's DFS in the table (the first round; a cohort that has 
 the same way, and so does the local-only baseline, which never sees another client.
 
 Sampling once per round follows Alg. 1, where lines 9–12 stand before the iteration loop.
+
+Departures from the paper, on purpose. §3.1 uploads DFS computed "with corresponding local models"
+after local training; here they are computed with the model the client received, before it trains:
+the feature extractor is then the public broadcast, which the DFS privacy analysis assumes
+(:mod:`secfed.privacy.dfs`), not a model that holds the client's own update. Eq. 3.5 applies FC to the
+pool-5 feature; here FC is FedPav's neck and classifier. The defaults λ = 1 and margin 0.3 are not
+§4.1's 5 and 0.5; ``bench/bench_dfh.py`` runs the paper's.
 """
 
 from __future__ import annotations

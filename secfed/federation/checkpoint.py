@@ -351,7 +351,29 @@ def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with named_write_errors(path), open(path, "a") as fh:
-        fh.write(json.dumps(record, sort_keys=True) + "\n")
+    """``record`` as one more line of ``path``, fsynced. A last line a crash left without its newline is
+    completed when it parses and dropped when it is torn, so the new line never runs into it (found by
+    review: a resumed run appended to a torn note, and the next resume refused the merged line)."""
+    with named_write_errors(path), open(path, "a+b") as fh:
+        _end_the_last_line(fh)
+        fh.write((json.dumps(record, sort_keys=True) + "\n").encode())
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def _end_the_last_line(fh: Any) -> None:
+    size = fh.seek(0, os.SEEK_END)
+    if size == 0:
+        return
+    fh.seek(size - 1)
+    if fh.read(1) == b"\n":
+        return
+    fh.seek(0)
+    data = fh.read()
+    keep = data.rfind(b"\n") + 1
+    try:
+        json.loads(data[keep:].decode("utf-8"))
+    except (ValueError, RecursionError):  # torn: what it began never finished
+        fh.truncate(keep)
+        return
+    fh.write(b"\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import check_overlaps, make_shards, resolve_data
-from secfed.validation import check
 from secfed.federation.runtime import Reporter, new_run_dir, run
+from secfed.privacy.adversary import DFS_GUARANTEE
+from secfed.validation import check
 
 SWEEP_FILE = "sweep.json"
 RESULT_FILE = "leave-one-out.json"
@@ -40,20 +42,30 @@ class SweepResult:
 def composed_privacy(targets: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Each run states its own ε, but a client's data trains every run except the one holding its
     domain out: its ε over the sweep adds up (basic composition: ε and δ sum over the runs it trained
-    in). None when no run claims a client-level ε."""
-    claimed = {t["name"]: t["privacy"] for t in targets if (t.get("privacy") or {}).get("epsilon") is not None}
-    if not claimed:
+    in) — the client-level ε, and DFH's identity-level DFS ε beside it (found by review: the sweep
+    composed only the first, and a DFS-only sweep stated none). None when no run claims either."""
+    client = {t["name"]: (p["epsilon"], p["delta"]) for t in targets
+              if (p := t.get("privacy") or {}).get("epsilon") is not None}
+    dfs = {t["name"]: (g["released_models"], g["delta"]) for t in targets
+           for g in (t.get("privacy") or {}).get("epsilon_against", []) if g.get("guarantee") == DFS_GUARANTEE}
+    if not client and not dfs:
         return None
-    per_domain = {}
-    for name in (t["name"] for t in targets):
-        runs = [p for held_out, p in claimed.items() if held_out != name]
-        per_domain[name] = {"runs": len(runs), "epsilon": sum(p["epsilon"] for p in runs),
-                            "delta": sum(p["delta"] for p in runs)}
-    worst = max(per_domain.values(), key=lambda d: d["epsilon"])
-    return {"composition": "basic: a client's ε and δ add over the runs its data trained in (every run but the "
-                           "one holding its domain out)",
-            "epsilon": worst["epsilon"], "delta": max(d["delta"] for d in per_domain.values()),
-            "per_domain": per_domain}
+    out: dict[str, Any] = {"composition": "basic: a client's ε and δ add over the runs its data trained in (every "
+                                          "run but the one holding its domain out)"}
+    for key, claimed in (("client_level", client), ("dfs", dfs)):
+        if not claimed:
+            continue
+        per_domain = {}
+        for name in (t["name"] for t in targets):
+            runs = [p for held_out, p in claimed.items() if held_out != name]
+            per_domain[name] = {"runs": len(runs), "epsilon": sum(e for e, _ in runs), "delta": sum(d for _, d in runs)}
+        worst = {"epsilon": max(d["epsilon"] for d in per_domain.values()),
+                 "delta": max(d["delta"] for d in per_domain.values()), "per_domain": per_domain}
+        out[key] = worst
+    if "client_level" in out:  # the figures earlier sweeps recorded at the top
+        out.update(epsilon=out["client_level"]["epsilon"], delta=out["client_level"]["delta"],
+                   per_domain=out["client_level"]["per_domain"])
+    return out
 
 
 def training_domains(cfg: RunConfig) -> list[str]:
@@ -62,7 +74,8 @@ def training_domains(cfg: RunConfig) -> list[str]:
     whole.data.leave_out = []
     trained = resolve_data(whole).trained
     shards, _ = make_shards(whole, trained)  # every domain a site that can train: refused before any target starts
-    check_overlaps(whole, shards, trained, [], saved=False)  # so are pictures shared under an ε (review)
+    # so are pictures shared under an ε, and a domain tested on what another trains on (review)
+    check_overlaps(whole, shards, trained, trained, saved=False, unseen_key="data.datasets")
     return [d.name for d in trained]
 
 
@@ -71,7 +84,7 @@ def is_sweep(run_dir: Path) -> bool:
 
 
 def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, reporter: Reporter | None = None,
-                  data_root: Path | None = None) -> SweepResult:
+                  data_root: Path | None = None, rates_given: Collection[str] = ()) -> SweepResult:
     """Train once per held-out training domain and score each on its held-out domain.
 
     ``cfg.data.leave_out`` must be empty (the sweep sets it); at least three training domains are
@@ -90,7 +103,8 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
         if not resume or not is_sweep(run_dir):
             ckpt.write_run_file(run_dir / SWEEP_FILE, json.dumps(
                 {"protocol": "leave-one-domain-out", "targets": names, "config": json.loads(cfg.to_json())}, indent=2))
-        targets = _targets(cfg, run_dir, names, resume=resume, reporter=reporter, data_root=data_root)
+        targets = _targets(cfg, run_dir, names, resume=resume, reporter=reporter, data_root=data_root,
+                           rates_given=rates_given)
     mean = {key: statistics.fmean(t[key] for t in targets) for key in ("rank1", "mAP")}
     result = SweepResult(run_dir, [{k: v for k, v in t.items() if k != "privacy"} for t in targets], mean,
                          composed_privacy(targets))
@@ -99,7 +113,7 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
 
 
 def _targets(cfg: RunConfig, run_dir: Path, names: list[str], *, resume: bool, reporter: Reporter | None,
-             data_root: Path | None) -> list[dict[str, Any]]:
+             data_root: Path | None, rates_given: Collection[str]) -> list[dict[str, Any]]:
     """Each held-out domain's run (resumed or read back when it already finished) and its scores."""
     targets = []
     for name in names:
@@ -111,7 +125,8 @@ def _targets(cfg: RunConfig, run_dir: Path, names: list[str], *, resume: bool, r
             sub = cfg.model_copy(deep=True)
             sub.data.leave_out = [name]
             again = resume and (sub_dir / "config.json").is_file() and bool(ckpt.list_checkpoints(sub_dir))
-            summary = run(sub, sub_dir, resume=again, reporter=reporter, data_root=data_root).summary
+            summary = run(sub, sub_dir, resume=again, reporter=reporter, data_root=data_root,
+                          rates_given=rates_given).summary
         scores = next(d for d in summary["unseen"] if d.get("name") == name)
         targets.append({"name": name, "rank1": scores["rank1"], "mAP": scores["mAP"], "run": sub_dir.name,
                         "privacy": summary.get("privacy")})

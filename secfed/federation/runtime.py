@@ -41,7 +41,7 @@ import shutil
 import stat
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,9 +235,12 @@ def eval_record(fed: Federation, scores: Scores, final: bool) -> dict[str, Any]:
 
 
 def private_logs(fed: Federation) -> bool:
-    """Whether the run claims an ε (client- or example-level): then logs carry only what it covers,
-    plus the aggregate figures listed in OUTSIDE_EPSILON, labelled as such."""
-    return fed.plan.claims_epsilon or fed.plan.dp_sgd is not None
+    """Whether the run claims an ε (client-level, example-level, or DFH's identity-level DFS one): then
+    logs carry only what it covers, plus the aggregate figures listed in OUTSIDE_EPSILON, labelled as
+    such (found by review: under DFS noise alone each site's loss, accuracy and image count still went
+    to the server and into metrics.jsonl)."""
+    dfs = fed.plan.dfs
+    return fed.plan.claims_epsilon or fed.plan.dp_sgd is not None or (dfs is not None and dfs.epsilon is not None)
 
 
 def run(
@@ -248,18 +251,24 @@ def run(
     reporter: Reporter | None = None,
     on_round_end: Callable[[int], None] | None = None,
     data_root: Path | None = None,
+    rates_given: Collection[str] = (),
 ) -> RunResult:
     """Train a federation as configured, in ``run_dir``; with ``resume``, continue from its newest
     checkpoint (or start afresh when no round had finished) and end exactly where an uninterrupted
-    run would have. ``data_root`` reads the data from where it was moved to (checked by fingerprint)."""
+    run would have. ``data_root`` reads the data from where it was moved to (checked by fingerprint).
+    A resumed run trains on with the learning rates its last checkpointed round used, but those in
+    ``rates_given`` (``schedule.lr``, ``schedule.lr_backbone``: given with this resume)."""
     run_dir = Path(run_dir)
     reporter = tracking.attach(reporter or SilentReporter(), cfg.run.log_to, run_dir)  # --log-to
+    path, state = None, None
+    if resume and ckpt.list_checkpoints(run_dir):
+        path, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
+        cfg = rates_to_resume(cfg, state, path, rates_given)
     with new_run_dir(run_dir):  # a refusal found while building (e.g. δ ≥ 1/N) leaves nothing behind
         fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
     history: list[dict[str, Any]] = []
     start, wall = 0, 0.0
-    if resume and ckpt.list_checkpoints(run_dir):
-        path, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
+    if state is not None and path is not None:
         check_same_run(fed, state, path)
         check_data(fed, state, data_root)
         history, start, wall = restore(fed, state, path)
@@ -277,6 +286,22 @@ def run(
         plot_history(history, run_dir / "history.png", title=run_title(cfg, run_dir))
     reporter.finish(summary, run_dir)
     return RunResult(run_dir, summary, fed)
+
+
+RATES = ("schedule.lr", "schedule.lr_backbone")
+
+
+def rates_to_resume(cfg: RunConfig, state: dict[str, Any], path: Path, given: Collection[str]) -> RunConfig:
+    """``cfg`` with the learning rates the checkpoint's rounds trained with, but those ``given`` again:
+    a rate given to one resume (after a divergence) holds for the next (found by review: a plain resume
+    went back to config.json's diverging rate without a word)."""
+    trained_with = saved_config(state, path)
+    adopted = cfg.model_copy(deep=True)
+    for key in RATES:
+        if key not in given:
+            name = key.split(".")[1]
+            setattr(adopted.schedule, name, getattr(trained_with.schedule, name))
+    return adopted
 
 
 RELEASES = "privacy-releases.jsonl"  # write-ahead notes of the rounds that began (runs that claim an ε)

@@ -37,6 +37,7 @@ SKELLAM_SERVER = ("the server sees who uploads and only the noised sum; no ampli
                   "claimed, so the ε holds against it")
 DP_SGD_SERVER = ("the server sees at most this client's update; the batches are drawn inside the client from its "
                  "CSPRNG, so the ε holds against it")
+DFS_GUARANTEE = "identity-level DFS (DFH), per client"
 DFS_SERVER = "the server sees every client's noised DFS; no amplification by sampling is claimed, so the ε holds against it"
 
 
@@ -92,7 +93,7 @@ def dfs(plan: DfsPlan | None, *, reproducible: bool) -> Guarantee | None:
     """DFH's identity-level DFS ε per client (None: no DFS, or unnoised DFS — no ε)."""
     if plan is None or plan.epsilon is None:
         return None
-    return Guarantee("identity-level DFS (DFH), per client", plan.delta, plan.epsilon, plan.epsilon, DFS_SERVER,
+    return Guarantee(DFS_GUARANTEE, plan.delta, plan.epsilon, plan.epsilon, DFS_SERVER,
                      "no amplification by sampling", reproducible)
 
 

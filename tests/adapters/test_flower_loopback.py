@@ -94,3 +94,32 @@ def test_secfed_survives_supernodes_killed_mid_round_and_flowers_secaggplus_halt
         assert got["partitions"] == survivors
         assert got["total"] == exact_sum(survivors)
     shutil.rmtree(tmp_path / "flower", ignore_errors=True)  # keeps only the logs worth reading on failure
+
+
+def test_a_signal_during_the_cleanup_is_held_until_every_process_is_stopped():
+    """(found by review) A second SIGHUP (a closed terminal sends two) cut the cleanup short, and a mask
+    held nothing: the kernel handed the signal to another of the process's threads. Now the cleanup
+    finishes — a process that ignores SIGTERM is killed after the grace — and the signal is raised after."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from secfed.adapters.flower import launch
+
+    child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert child.stdout.readline().strip() == "ready"
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGHUP)).start()  # sent from another thread
+    before = signal.getsignal(signal.SIGHUP)
+    signal.signal(signal.SIGHUP, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch._Proc("stubborn", child, None).stop(grace=1.0)
+        assert child.poll() is not None  # stopped before the held signal was raised
+    finally:
+        signal.signal(signal.SIGHUP, before)
+        child.kill()

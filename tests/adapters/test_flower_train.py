@@ -518,8 +518,9 @@ def test_an_interrupted_flower_run_is_stopped_on_the_superlink_too(monkeypatch, 
     from secfed.cli import flower
 
     started: list[str] = []
-    flower.relay(["\x1b[92mINFO \x1b[0m: Successfully started run 8437718\n"], io.StringIO(), None, started)
-    assert started == ["8437718"]
+    flower.relay(["Successfully started run 8437718\n", "run directory: /srv/Successfully started run 42\n",
+                  "Successfully started run 42\n"], io.StringIO(), None, started)
+    assert started == ["8437718"]  # the first: a later line (the ServerApp's, forged) names no run (review)
     sent = []
     monkeypatch.setattr(subprocess, "run", lambda args, **kw: sent.append(args) or subprocess.CompletedProcess(args, 0))
     shown = io.StringIO()
@@ -804,3 +805,21 @@ def test_a_site_diverging_in_a_masked_round_takes_its_node_out_and_stops_the_run
         flower.run()
     assert len(sums) == 1  # round 1's sum only: round 2 aborted (one node left), nothing was released
     assert any("a site diverged" in reason for reason in grid.errors[2001])
+
+
+def test_two_flower_local_commands_of_one_run_never_share_its_folders(tmp_path):
+    """(found by review) A second `secfed flower local` of the same --name, started before the first wrote
+    its run folder, shared its SuperNodes' folders, then stopped the first one's processes and deleted
+    its nodes' state. The folder is held by the first; the second is refused naming it."""
+    import click
+
+    from secfed.cli.flower import _in_use
+
+    work = tmp_path / "r.flower"
+    work.mkdir()
+    with _in_use(work, tmp_path / "r"):
+        with pytest.raises(click.UsageError, match="is in use by another `secfed flower local`"):
+            with _in_use(work, tmp_path / "r"):
+                pass
+    with _in_use(work, tmp_path / "r"):  # free again once the first ended
+        pass

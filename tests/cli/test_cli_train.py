@@ -507,15 +507,15 @@ def test_a_learning_rate_given_to_one_resume_is_kept_by_the_next_and_a_config_fi
         trained: tuple[dict, Path], tmp_path: Path) -> None:
     """(found by review) `--resume RUN --lr X` after a divergence, then a plain `--resume` after another
     interruption, went back to the diverging rate without a word; `--resume RUN --config other.toml`
-    ignored the file."""
-    from secfed.cli.train import _resume_config
+    ignored the file. A resumed run trains on with the rates its last checkpointed round used."""
+    from secfed.config import RunConfig
+    from secfed.federation.runtime import rates_to_resume
 
+    state = {"config": {**RunConfig().to_dict(), "schedule": {**RunConfig().to_dict()["schedule"], "lr": 0.007}}}
+    assert rates_to_resume(RunConfig(), state, tmp_path / "c.pt", given=()).schedule.lr == 0.007
+    assert rates_to_resume(RunConfig(), state, tmp_path / "c.pt", given=("schedule.lr",)).schedule.lr is None
     run_dir = tmp_path / "run"
     shutil.copytree(trained[1], run_dir)
-    first, _, _ = _resume_config(run_dir, {"schedule.lr": 0.007})
-    later, _, _ = _resume_config(run_dir, {})
-    assert first.schedule.lr == later.schedule.lr == 0.007
-    assert json.loads((run_dir / "config.json").read_text())["schedule"]["lr"] == 0.007
     (tmp_path / "other.toml").write_text("[schedule]\nrounds = 5\n")
     result = invoke(["train", "--resume", str(run_dir), "--config", str(tmp_path / "other.toml")])
     assert result.exit_code == 2 and "--config cannot be combined with --resume" in result.output, result.output

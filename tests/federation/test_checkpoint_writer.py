@@ -224,3 +224,16 @@ def test_the_privacy_notes_are_read_whole_or_refused_by_line(tmp_path: Path) -> 
     log.mkdir()
     with pytest.raises(ckpt.CheckpointError, match="not a regular file"):
         _notes(log)
+
+
+def test_a_line_appended_after_a_crash_never_runs_into_the_torn_one(tmp_path: Path) -> None:
+    """(found by review) A resumed run appended its note straight after a torn one; the next resume
+    refused the merged line. A torn tail is dropped; a whole line without its newline is kept."""
+    from secfed.federation.runtime import _notes
+
+    log = tmp_path / "privacy-releases.jsonl"
+    log.write_text('{"release": 0, "round": 1}\n{"release": 1, "rou')
+    ckpt.append_jsonl(log, {"release": 1, "round": 2})
+    log.write_text(log.read_text() + '{"release": 2, "round": 3}')  # whole, its newline never written
+    ckpt.append_jsonl(log, {"release": 3, "round": 4})
+    assert [n["round"] for n in _notes(log)] == [1, 2, 3, 4]

@@ -90,6 +90,14 @@ def test_a_clients_epsilon_over_the_sweep_adds_up_over_the_runs_its_data_trained
     assert loo.composed_privacy(unclaimed) is None
     result = loo.SweepResult(Path("."), [{"name": "a"}], {"rank1": 0.1, "mAP": 0.1}, composed)
     assert result.to_dict()["privacy"]["epsilon"] == 5.0
+    from secfed.privacy import adversary
+
+    # DFH's identity-level DFS ε composes the same way, and a DFS-only sweep states it (found by review: none)
+    dfs_only = [{"name": n, "privacy": {"epsilon_against": [{"guarantee": adversary.DFS_GUARANTEE, "released_models": e,
+                                                             "delta": 1e-5}]}} for n, e in (("a", 1.0), ("b", 2.0))]
+    composed = loo.composed_privacy(dfs_only)
+    assert "epsilon" not in composed and composed["dfs"]["per_domain"]["a"] == {"runs": 1, "epsilon": 2.0, "delta": 1e-5}
+    assert composed["dfs"]["epsilon"] == 2.0
 
 
 def test_a_finished_targets_summary_is_read_typed_or_refused_by_name(tmp_path) -> None:

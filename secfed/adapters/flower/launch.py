@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -116,7 +116,8 @@ class _Proc:
                 os.killpg(self.process.pid, sig)
 
     def stop(self, grace: float = 5.0) -> None:
-        _stop_all([self], grace)
+        with _signals_held():
+            _stop_all([self], grace)
 
 
 def _running_from(folders: Sequence[Path]) -> list[int]:
@@ -145,26 +146,36 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _stop_all(procs: Sequence[_Proc], grace: float = 5.0) -> None:
-    """SIGTERM to every process group at once, SIGKILL to those still up after ``grace`` seconds. Ctrl-C,
-    SIGTERM and SIGHUP are held meanwhile (found by review: a closed terminal sends two SIGHUPs, and the
-    second, landing in the cleanup, left the SuperLink and the zygote running)."""
-    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP held while the block stops processes, and raised after it (found by
+    review: a closed terminal sends two SIGHUPs, and the second, landing in the cleanup, left the
+    SuperLink and the zygote running). Recorded, not masked: a mask holds only this thread, and the
+    kernel hands a process signal to any other (torch's, here)."""
+    caught: list[int] = []
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held) if main else None
+    previous = {sig: signal.signal(sig, lambda sig, frame: caught.append(sig))
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)} if main else {}
     try:
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            for proc in procs:
-                proc.signal(sig)
-            deadline = time.monotonic() + wait
-            for proc in procs:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.process.wait(max(0.0, deadline - time.monotonic()))
-            if all(proc.process.poll() is not None for proc in procs):
-                return
+        yield
     finally:
-        if previous is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if any(previous[sig] is not signal.SIG_IGN for sig in caught):
+            raise KeyboardInterrupt  # what was held, now that every process is stopped
+
+
+def _stop_all(procs: Sequence[_Proc], grace: float = 5.0) -> None:
+    """SIGTERM to every process group at once, SIGKILL to those still up after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for proc in procs:
+            proc.signal(sig)
+        deadline = time.monotonic() + wait
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.process.wait(max(0.0, deadline - time.monotonic()))
+        if all(proc.process.poll() is not None for proc in procs):
+            return
 
 
 class Loopback:
@@ -260,6 +271,10 @@ class Loopback:
             proc.process.wait(10)
 
     def close(self) -> None:
+        with _signals_held():
+            self._stop_everything()
+
+    def _stop_everything(self) -> None:
         _stop_all([proc for proc in [*self.nodes, self.superlink, self.zygote] if proc is not None])
         # A ServerApp process leaves the SuperLink's process group (found by review: one outlived a SIGTERM
         # mid-run), and a node's site host its ClientApp's. Every Flower process of this deployment runs a
