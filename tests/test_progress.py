@@ -124,7 +124,7 @@ def test_under_an_epsilon_the_bars_name_no_client_and_count_no_cohort(claims_eps
                           width=8), model=SimpleNamespace(backbone="resnet18"))
     fed = SimpleNamespace(config=cfg, domains=[], method=SimpleNamespace(describe=lambda: "FedPav"), clients=[1, 2, 3],
                           layout=SimpleNamespace(size=10), channel=SimpleNamespace(name="plain"),
-                          plan=SimpleNamespace(claims_epsilon=claims_epsilon, dp_sgd=None))
+                          plan=SimpleNamespace(claims_epsilon=claims_epsilon, dp_sgd=None, dfs=None))
     screen = io.StringIO()
     with RichReporter(Console(file=screen, force_terminal=True, width=200)) as reporter:
         reporter.run_started(fed, 0)

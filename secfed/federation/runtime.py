@@ -43,7 +43,7 @@ import time
 import warnings
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -326,6 +326,23 @@ def charge_lost_releases(fed: Federation, run_dir: Path, rounds_done: int) -> No
         warnings.warn(ckpt.CheckpointWarning(
             f"round(s) {', '.join(map(str, lost))} had begun before the interruption and are redone with fresh "
             f"noise; their earlier release is accounted too ({len(lost)} more round(s) in the ε)"), stacklevel=2)
+    _charge_lost_dfs_releases(fed, notes, rounds_done)
+
+
+def _charge_lost_dfs_releases(fed: Federation, notes: list[dict[str, Any]], rounds_done: int) -> None:
+    """DFH's DFS ε counts its releases too: every noted round (a redone one twice) and the rounds still
+    to run (found by review: a round redone after a kill released the DFS twice under a T-round ε)."""
+    dfs = fed.plan.dfs
+    if dfs is None or not dfs.noised:
+        return
+    releases = max(dfs.rounds, len(notes) + fed.config.schedule.rounds - rounds_done)
+    if releases > dfs.rounds:
+        widened = replace(dfs, rounds=releases)
+        statements = tuple(s.replace(dfs.statement(), widened.statement()) for s in fed.plan.statements)
+        fed.plan = replace(fed.plan, dfs=widened, statements=statements)
+        warnings.warn(ckpt.CheckpointWarning(
+            f"DFH's statistics of {releases - dfs.rounds} round(s) were released before the interruption and are "
+            f"released again; the DFS ε counts {releases} releases (ε = {widened.epsilon:.4g})"), stacklevel=2)
 
 
 def note_release(fed: Federation, run_dir: Path, round_number: int, *, claimed: bool,

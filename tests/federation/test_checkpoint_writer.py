@@ -237,3 +237,30 @@ def test_a_line_appended_after_a_crash_never_runs_into_the_torn_one(tmp_path: Pa
     log.write_text(log.read_text() + '{"release": 2, "round": 3}')  # whole, its newline never written
     ckpt.append_jsonl(log, {"release": 3, "round": 4})
     assert [n["round"] for n in _notes(log)] == [1, 2, 3, 4]
+
+
+def test_dfs_released_again_after_a_kill_are_counted_in_the_dfs_epsilon() -> None:
+    """(found by review) A round redone after a kill released DFH's statistics twice, and the DFS ε still
+    counted the planned rounds only."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from secfed.federation.runtime import _charge_lost_dfs_releases
+    from secfed.privacy.dfs import plan_dfs
+
+    @dataclass(frozen=True)
+    class Plan:
+        dfs: object
+        statements: tuple
+
+    dfs = plan_dfs((1.0, 4.0), rounds=4, delta=1e-5)
+    fed = SimpleNamespace(plan=Plan(dfs, ("before", dfs.statement())), config=SimpleNamespace(
+        schedule=SimpleNamespace(rounds=4)))
+    notes = [{"release": i, "round": r} for i, r in enumerate((1, 2, 3))]  # round 3 begun, checkpoint after 2
+    with pytest.warns(ckpt.CheckpointWarning, match="counts 5 releases"):
+        _charge_lost_dfs_releases(fed, notes, rounds_done=2)
+    assert fed.plan.dfs.rounds == 5 and fed.plan.dfs.epsilon > dfs.epsilon
+    assert fed.plan.statements == ("before", fed.plan.dfs.statement())
+    fed.plan = Plan(dfs, ())
+    _charge_lost_dfs_releases(fed, notes[:2], rounds_done=2)  # nothing lost: the plan stands
+    assert fed.plan.dfs is dfs
