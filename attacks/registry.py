@@ -19,7 +19,7 @@ import torch
 
 from secfed.attacks.budget import Budget, Stopwatch
 from secfed.attacks.dfs import DFS_KEY
-from secfed.attacks.evidence import AuditedRun, RoundEvidence, float_update
+from secfed.attacks.evidence import AuditedRun, RoundEvidence, float_update, model_with
 from secfed.attacks.inversion import SimulatedClient
 from secfed.attacks.judge import Judge
 from secfed.attacks.local_training import LocalSteps
@@ -210,34 +210,41 @@ class DfsTarget(Target):
         assert evidence is not None
         if not ctx.shares_dfs:
             return [TargetReport("dfs", None, "this run shares no DFS (only --algorithm dfh does)", False, "not shared")]
-        dfs, source = _latest_dfs(run, evidence, k)
+        dfs, source, weights = _latest_dfs(run, evidence, k)
         exposure = "shared in the clear with the server, which keeps every client's latest and redistributes them"
         if dfs is None:  # the server holds it all the same: never "not shared"
             return [TargetReport("dfs", Verdict.INCONCLUSIVE, f"client {k}'s DFS is with the server, but no recorded "
                                  f"round up to {evidence.round} holds it; audit --round of a round it took part in",
                                  True, exposure)]
-        results, notes = attack_dfs(model=ctx.judge.model, dfs=dfs, judge=ctx.judge, client_images=ctx.where[k],
+        # the DFS were computed with the model of the round that sent them: an earlier round's are read with
+        # that round's broadcast, not the audited round's (found by review: the features did not match)
+        judge = ctx.judge if weights is None else Judge(model_with(run, k, weights), ctx.judge.gallery)
+        results, notes = attack_dfs(model=judge.model, dfs=dfs, judge=judge, client_images=ctx.where[k],
                                     budget=ctx.budget, watch=watch, seed=ctx.seed)
         verdict, reason = target_verdict(results)
         return [TargetReport("dfs", verdict, reason, True, exposure, results,
                              notes=[f"{source} DFS of client {run.fed.clients[k].site.name}"] + notes)]
 
 
-def _latest_dfs(run: AuditedRun, evidence: RoundEvidence, k: int) -> tuple[torch.Tensor | None, str]:
+def _latest_dfs(run: AuditedRun, evidence: RoundEvidence,
+                k: int) -> tuple[torch.Tensor | None, str, torch.Tensor | None]:
     """Client ``k``'s DFS as the server holds it at the audited round: from that round's upload, else
     from the last recorded round (before it) the client took part in — a client outside the audited
-    round's cohort still has its statistics with the server (found by review: reported "not shared")."""
+    round's cohort still has its statistics with the server (found by review: reported "not shared") —
+    with the weights of the broadcast they were computed with (None: the audited round's)."""
     upload = evidence.uploads.get(k)
     if upload is not None and DFS_KEY in upload.shared:
-        return upload.shared[DFS_KEY], evidence.source
+        return upload.shared[DFS_KEY], evidence.source, None
     for t in sorted((r for r in recording.recorded_rounds(run.run_dir) if r < evidence.round), reverse=True):
         try:
-            earlier = recording.read_round(run.run_dir, t, max_bytes=run.max_message_bytes).uploads.get(k)
+            recorded = recording.read_round(run.run_dir, t, max_bytes=run.max_message_bytes)
         except recording.RecordingError:
             continue
+        earlier = recorded.uploads.get(k)
         if earlier is not None and DFS_KEY in earlier.shared:
-            return earlier.shared[DFS_KEY], f"recorded (round {t}, its last before round {evidence.round})"
-    return None, ""
+            return (earlier.shared[DFS_KEY], f"recorded (round {t}, its last before round {evidence.round}), read "
+                    f"with round {t}'s model", recorded.broadcast.weights)
+    return None, "", None
 
 
 # the registry, in the order the audit attacks them

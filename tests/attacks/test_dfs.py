@@ -113,12 +113,14 @@ def test_a_client_outside_the_audited_round_is_audited_on_the_dfs_the_server_sti
     def upload(k: int, t: int) -> Upload:
         return Upload(k, t, {}, {DFS_KEY: torch.full((4, 3), float(10 * t + k))})
 
-    broadcast = Broadcast(0, torch.zeros(3), "layout")
-    recording.write_round(tmp_path, 1, [upload(0, 1), upload(1, 1)], broadcast)
+    broadcast, first = Broadcast(1, torch.ones(3), "layout"), Broadcast(0, torch.zeros(3), "layout")
+    recording.write_round(tmp_path, 1, [upload(0, 1), upload(1, 1)], first)
     recording.write_round(tmp_path, 2, [upload(1, 2)], broadcast)
     run = SimpleNamespace(run_dir=tmp_path, max_message_bytes=64 << 20)
     audited = RoundEvidence(2, "recorded", broadcast, {1: upload(1, 2)}, schedule=None)
-    dfs, source = _latest_dfs(run, audited, 0)
+    dfs, source, weights = _latest_dfs(run, audited, 0)
     assert torch.equal(dfs, upload(0, 1).shared[DFS_KEY]) and "round 1" in source
-    assert _latest_dfs(run, audited, 1)[1] == "recorded"  # its own round's, when it took part
+    # read with the model of the round that computed them (found by review: the audited round's was used)
+    assert torch.equal(weights, first.weights)
+    assert _latest_dfs(run, audited, 1)[1:] == ("recorded", None)  # its own round's, when it took part
     assert _latest_dfs(run, RoundEvidence(1, "recorded", broadcast, {}, schedule=None), 0)[0] is None
