@@ -19,7 +19,7 @@ from typing import Any
 from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import check_overlaps, make_shards, resolve_data
-from secfed.federation.runtime import Reporter, new_run_dir, run
+from secfed.federation.runtime import RATES, Reporter, new_run_dir, run
 from secfed.privacy.adversary import DFS_GUARANTEE
 from secfed.validation import check
 
@@ -100,7 +100,9 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
                           f"{', '.join(names)}): two keep training while one is held out")
     run_dir = Path(run_dir)
     with new_run_dir(run_dir):  # a refusal before any target started leaves nothing behind
-        if not resume or not is_sweep(run_dir):
+        # a rate given to a sweep's resume is the sweep's from then on: targets not begun yet build from this
+        # file (found by review: they went back to the rate given first); begun ones take their checkpoint's
+        if not resume or not is_sweep(run_dir) or set(rates_given) & set(RATES):
             ckpt.write_run_file(run_dir / SWEEP_FILE, json.dumps(
                 {"protocol": "leave-one-domain-out", "targets": names, "config": json.loads(cfg.to_json())}, indent=2))
         targets = _targets(cfg, run_dir, names, resume=resume, reporter=reporter, data_root=data_root,

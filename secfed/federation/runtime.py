@@ -41,6 +41,7 @@ import shutil
 import stat
 import time
 import warnings
+from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -335,7 +336,12 @@ def _charge_lost_dfs_releases(fed: Federation, notes: list[dict[str, Any]], roun
     dfs = fed.plan.dfs
     if dfs is None or not dfs.noised:
         return
-    releases = max(dfs.rounds, len(notes) + fed.config.schedule.rounds - rounds_done)
+    noted = Counter(int(n["round"]) for n in notes)
+    # a round before the checkpoint counts once at least (a run may predate its notes: review of the fix),
+    # each note of one after it was released and is redone, and the rounds still to run count once each
+    releases = (sum(max(1, noted[r]) for r in range(1, rounds_done + 1))
+                + sum(c for r, c in noted.items() if r > rounds_done) + fed.config.schedule.rounds - rounds_done)
+    releases = max(dfs.rounds, releases)
     if releases > dfs.rounds:
         widened = replace(dfs, rounds=releases)
         statements = tuple(s.replace(dfs.statement(), widened.statement()) for s in fed.plan.statements)
@@ -493,8 +499,11 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
     note_release(fed, run_dir, round_number, claimed=claimed)  # before anything noised can leave
     try:
         trained = transport.train(fed, t, cohort, fed.server.broadcast(t), reporter)
-    except BaseException as exc:  # no aggregate exists: nothing noised left; the note is withdrawn
-        note_release(fed, run_dir, round_number, claimed=claimed, withdrawn=True)
+    except BaseException as exc:  # no aggregate exists: nothing noised left; the note is withdrawn — but not
+        # DFH's noised statistics, which leave each client with its upload, before any aggregate (review)
+        dfs = fed.plan.dfs
+        if dfs is None or not dfs.noised:
+            note_release(fed, run_dir, round_number, claimed=claimed, withdrawn=True)
         if isinstance(exc, SiteDiverged):
             raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new) from None
         raise

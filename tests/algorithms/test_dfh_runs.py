@@ -134,3 +134,24 @@ def test_train_dfh_with_leave_out_under_secure_aggregation_and_resume_bit_identi
     for k, client in a["clients"].items():
         assert all(torch.equal(v, b["clients"][k][name]) for name, v in client.items())
     assert resumed["domains"] == summary["domains"] and resumed["unseen"] == summary["unseen"]
+
+
+def test_a_dfs_round_stopped_midway_stays_charged(dfh_config: RunConfig, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """(found by review) A round stopped in training (Ctrl-C, a divergence) withdrew its release note, but
+    the clients' noised DFS leave with their uploads before any aggregate: the redone round released them
+    again, uncounted. Under DFS noise the note stays, and a resume counts the round twice."""
+    from secfed.federation import runtime
+
+    dfh_config.method.dfs_noise = 1.0
+    dfh_config.model.bn_stats = "shared"
+    dfh_config.schedule.rounds = 1
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runtime.InProcess, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runtime.run(dfh_config, tmp_path / "run")
+    notes = runtime._notes(tmp_path / "run" / runtime.RELEASES)
+    assert [n["round"] for n in notes] == [1]  # not withdrawn

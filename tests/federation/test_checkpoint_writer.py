@@ -264,3 +264,10 @@ def test_dfs_released_again_after_a_kill_are_counted_in_the_dfs_epsilon() -> Non
     fed.plan = Plan(dfs, ())
     _charge_lost_dfs_releases(fed, notes[:2], rounds_done=2)  # nothing lost: the plan stands
     assert fed.plan.dfs is dfs
+    # a run whose notes begin late (made before DFS-only runs wrote them): rounds before the checkpoint count
+    # once each, every note after it once more (review of the fix: a second kill went uncharged)
+    fed.plan = Plan(dfs, ())
+    late = [{"release": 3, "round": 4}, {"release": 4, "round": 5}, {"release": 5, "round": 6}]
+    fed.config.schedule.rounds = 6
+    with pytest.warns(ckpt.CheckpointWarning, match="counts 7 releases"):
+        _charge_lost_dfs_releases(fed, late, rounds_done=5)

@@ -120,3 +120,19 @@ def test_a_finished_targets_summary_is_read_typed_or_refused_by_name(tmp_path) -
         (target / "summary.json").write_text(damaged)
         with pytest.raises(ckpt.CheckpointError, match=why):
             _finished(target / "summary.json", "campus")
+
+
+def test_a_rate_given_to_a_sweeps_resume_reaches_the_targets_not_begun(tiny_config, monkeypatch,
+                                                                       tmp_path: Path) -> None:
+    """(found by review) A target of a sweep that had not begun when `--resume --lr X` was given built
+    from the sweep's file, at the rate first given: the sweep's configuration now keeps X."""
+    run_dir = tmp_path / "sweep"
+    monkeypatch.setattr(loo, "_targets", lambda cfg, *a, **k: [{"name": n, "rank1": 0.1, "mAP": 0.1, "run": n,
+                                                                 "privacy": None} for n in ("a", "b", "c")])
+    loo.leave_one_out(tiny_config, run_dir)
+    resumed = tiny_config.model_copy(deep=True)
+    resumed.schedule.lr = 0.007
+    loo.leave_one_out(resumed, run_dir, resume=True, rates_given=("schedule.lr",))
+    assert json.loads((run_dir / loo.SWEEP_FILE).read_text())["config"]["schedule"]["lr"] == 0.007
+    loo.leave_one_out(tiny_config, run_dir, resume=True)  # a plain resume leaves the sweep's file as it is
+    assert json.loads((run_dir / loo.SWEEP_FILE).read_text())["config"]["schedule"]["lr"] == 0.007
