@@ -57,6 +57,7 @@ def _stop_once(signum: int, frame: object) -> None:
         signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
+
 def _warning_line(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:
     """A warning as one line that names it, without Python's source line (found by review: a damaged
     checkpoint's warning showed the line of runtime.py that loaded it)."""

@@ -340,8 +340,9 @@ def check_overlaps(cfg: RunConfig, shards: list[ClientShard], trained: list[Reid
                    unseen: list[ReidDataset], *, saved: bool, unseen_key: str | None = None) -> None:
     """Refuse (a new run) or warn (``saved``: a run being evaluated or audited) where two clients train on
     the same picture under an ε; refuse a new run whose unseen domain holds pictures a client trains on
-    (overlap.py; its own training part too, unused while it is unseen: a trained domain named again). ``unseen_key``: the setting that made them unseen (default: `data.leave_out` for a
-    domain it names, else `data.test_datasets`)."""
+    (overlap.py; its own training part too, unused while it is unseen: a trained domain named again).
+    ``unseen_key``: the setting that made them unseen (default: `data.leave_out` for a domain it names,
+    else `data.test_datasets`)."""
     problems = []
     if asks_for_epsilon(cfg) and (shared := shared_pictures([(s.name, (x.path for x in s.samples)) for s in shards])):
         a, b, path_a, path_b = shared[0]

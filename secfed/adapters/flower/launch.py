@@ -159,8 +159,8 @@ def _signals_held() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, handler in previous.items():  # None: a handler set outside Python, which cannot be put back
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         if any(previous[sig] is not signal.SIG_IGN for sig in caught):
             raise KeyboardInterrupt  # what was held, now that every process is stopped
 
