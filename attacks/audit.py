@@ -134,7 +134,7 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
     if any(TARGETS[t].needs_evidence for t in attacked):
         evidence = _evidence(run, request.round, k, say)
     elif request.round is not None and request.round != run.rounds_done + 1:
-        attacks = ("the weights target is the checkpoint's global model (after round " f"{run.rounds_done})"
+        attacks = (f"the weights target is the checkpoint's global model (after round {run.rounds_done})"
                    if attacked else "the protocol checks read every round's log")  # (review: named weights)
         raise AuditError("--round", f"{attacks}; --round applies to the update, sum and dfs targets")
     cohort = _contributors(run, evidence) if evidence is not None else []

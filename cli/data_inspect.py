@@ -18,13 +18,13 @@ from rich.table import Table
 from secfed.cli.common import cli_errors, emit_json, human_console
 from secfed.cli.data_synth import print_domains
 from secfed.data.errors import DataError
-from secfed.errors import printable
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.synth import SynthManifest
 from secfed.data.synth_report import image_counts, measured, recorded
 from secfed.data.synth_report import summary as synth_summary
 from secfed.data.types import ReidDataset, Sample
 from secfed.data.usable import matched_queries
+from secfed.errors import printable
 
 _SHOWN_FAILURES = 10
 

@@ -194,13 +194,13 @@ def _stop_remote_run(console: Any, started: list[str], env: dict[str, str], cwd:
                       "started it, `flwr ls` shows it and `flwr stop RUN_ID` stops it[/]")
         return
     try:
-        out = subprocess.run(["flwr", "stop", started[-1], CONNECTION], env=env, cwd=cwd, capture_output=True,
+        out = subprocess.run(["flwr", "stop", started[0], CONNECTION], env=env, cwd=cwd, capture_output=True,
                              text=True, timeout=60)
         stopped = out.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         stopped = False
-    console.print(f"[yellow]interrupted; run {started[-1]} on the SuperLink at {connection.address} "
-                  + ("was stopped[/]" if stopped else f"could not be stopped: `flwr stop {started[-1]}` it there[/]"))
+    console.print(f"[yellow]interrupted; run {started[0]} on the SuperLink at {connection.address} "
+                  + ("was stopped[/]" if stopped else f"could not be stopped: `flwr stop {started[0]}` it there[/]"))
 
 
 def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, json_output: bool = False,

@@ -177,17 +177,17 @@ def train_command(**params: Any) -> None:
                         resuming=resuming)
         return
     set_threads(cfg.run.threads)
-    data_root = Path(cfg.data.root) if resuming and "data.root" in given_overrides(params) else None
+    given = given_overrides(params).keys()  # what this command line sets (a resume's rates among them)
+    data_root = Path(cfg.data.root) if resuming and "data.root" in given else None
     if params["leave_one_out"] or (resuming and is_sweep(run_dir)):
-        sweep(console, cfg, run_dir, resuming, data_root, params["json_output"], given_overrides(params).keys())
+        sweep(console, cfg, run_dir, resuming, data_root, params["json_output"], given)
         return
     if resuming and not ckpt.list_checkpoints(run_dir):
         console.print(f"[yellow]{run_dir}: no round had finished before the interruption; starting from round 1 "
                       "with its saved configuration.[/]")
     with cli_errors(), RichReporter(human_console(True)) as reporter:
         try:
-            result = run(cfg, run_dir, resume=resuming, reporter=reporter, data_root=data_root,
-                         rates_given=given_overrides(params).keys())
+            result = run(cfg, run_dir, resume=resuming, reporter=reporter, data_root=data_root, rates_given=given)
         except KeyboardInterrupt:
             done = ckpt.list_checkpoints(run_dir)
             where = f"after round {int(done[-1].stem.split('-')[1])}" if done else "before the first round finished"

@@ -215,12 +215,11 @@ def privacy_labels(fed: Any) -> dict[str, str]:
     """What every output of a run that states an ε must carry beside its numbers (found by review: the
     trackers kept the scalars only, NOT PRIVATE and the figures outside the ε dropped): the noise,
     whom each ε holds against, the plan's statements and, under an ε, what is logged outside it."""
-    from secfed.federation.runtime import OUTSIDE_EPSILON, private_logs
+    from secfed.federation.runtime import OUTSIDE_EPSILON, dfs_noised, private_logs
     from secfed.privacy.adversary import NOT_PRIVATE, RELEASED_MODELS
 
     plan = fed.plan
-    dfs = getattr(plan, "dfs", None)
-    noised = plan.mechanism != "none" or plan.dp_sgd is not None or (dfs is not None and dfs.noised)
+    noised = plan.mechanism != "none" or plan.dp_sgd is not None or dfs_noised(fed)
     labels = {"privacy.noise": NOT_PRIVATE if plan.reproducible_noise else
               "cryptographically secure" if noised else "no noise",
               "privacy.statements": " ".join(plan.statements) or "no privacy mechanism"}
@@ -229,8 +228,9 @@ def privacy_labels(fed: Any) -> dict[str, str]:
                                      "server see summary.json privacy.epsilon_against")
     if plan.dp_sgd is not None:
         labels["privacy.dp_sgd"] = "dp_sgd_epsilon/<site> (example-level) holds against the server too"
-    if dfs is not None and dfs.epsilon is not None:
-        labels["privacy.dfs"] = f"DFH's statistics: identity-level ε = {dfs.epsilon:.3g} per client (δ = {dfs.delta:.2g})"
+    if dfs_noised(fed):
+        labels["privacy.dfs"] = (f"DFH's statistics: identity-level ε = {plan.dfs.epsilon:.3g} per client "
+                                 f"(δ = {plan.dfs.delta:.2g})")
     if private_logs(fed):
         labels["privacy.outside_epsilon"] = ("logged outside the ε, aggregate figures: " + ", ".join(OUTSIDE_EPSILON))
     return labels

@@ -240,8 +240,12 @@ def private_logs(fed: Federation) -> bool:
     logs carry only what it covers, plus the aggregate figures listed in OUTSIDE_EPSILON, labelled as
     such (found by review: under DFS noise alone each site's loss, accuracy and image count still went
     to the server and into metrics.jsonl)."""
-    dfs = fed.plan.dfs
-    return fed.plan.claims_epsilon or fed.plan.dp_sgd is not None or (dfs is not None and dfs.epsilon is not None)
+    return fed.plan.claims_epsilon or fed.plan.dp_sgd is not None or dfs_noised(fed)
+
+
+def dfs_noised(fed: Federation) -> bool:
+    """Whether DFH's statistics leave the clients noised, under an identity-level ε of their own."""
+    return fed.plan.dfs is not None and fed.plan.dfs.noised
 
 
 def run(
@@ -269,7 +273,7 @@ def run(
         fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
     history: list[dict[str, Any]] = []
     start, wall = 0, 0.0
-    if state is not None and path is not None:
+    if state is not None:
         check_same_run(fed, state, path)
         check_data(fed, state, data_root)
         history, start, wall = restore(fed, state, path)
@@ -333,9 +337,9 @@ def charge_lost_releases(fed: Federation, run_dir: Path, rounds_done: int) -> No
 def _charge_lost_dfs_releases(fed: Federation, notes: list[dict[str, Any]], rounds_done: int) -> None:
     """DFH's DFS ε counts its releases too: every noted round (a redone one twice) and the rounds still
     to run (found by review: a round redone after a kill released the DFS twice under a T-round ε)."""
-    dfs = fed.plan.dfs
-    if dfs is None or not dfs.noised:
+    if not dfs_noised(fed):
         return
+    dfs = fed.plan.dfs
     noted = Counter(int(n["round"]) for n in notes)
     # a round before the checkpoint counts once at least (a run may predate its notes: review of the fix),
     # each note of one after it was released and is redone, and the rounds still to run count once each
@@ -501,8 +505,7 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
         trained = transport.train(fed, t, cohort, fed.server.broadcast(t), reporter)
     except BaseException as exc:  # no aggregate exists: nothing noised left; the note is withdrawn — but not
         # DFH's noised statistics, which leave each client with its upload, before any aggregate (review)
-        dfs = fed.plan.dfs
-        if dfs is None or not dfs.noised:
+        if not dfs_noised(fed):
             note_release(fed, run_dir, round_number, claimed=claimed, withdrawn=True)
         if isinstance(exc, SiteDiverged):
             raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new) from None

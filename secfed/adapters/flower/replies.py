@@ -19,11 +19,11 @@ from typing import Any
 
 from flwr.app import RecordDict
 
+from secfed.errors import printable
 from secfed.federation import codec
 from secfed.federation.builder import Census
 from secfed.federation.evaluate import SCORE_KEYS
 from secfed.federation.messages import Upload
-from secfed.errors import printable
 from secfed.protocols import ProtocolError
 
 from .client_app import STEP, UPLOADS
