@@ -605,9 +605,11 @@ def default_results(runs: list[dict[str, Any]], command: str) -> str:
 
 
 def environment_line(env: dict[str, Any], *, commit: bool = True) -> str:
-    """One run's machine in a few words: CPU, cores, torch and its kernels, threads, CUDA (and commit)."""
+    """One run's machine in a few words: CPU, cores, torch and its kernels, threads, CUDA and the GPU
+    (and commit)."""
     cpu = env.get("cpu") or {}
     cuda = f", CUDA {env['cuda']}" if env.get("cuda") else ""
+    cuda += f" on {env['gpu']}" if env.get("gpu") else ""
     return (f"{cpu.get('model', '?')} ({cpu.get('logical_cores', '?')} cores, {env.get('torch_cpu_capability')}), "
             f"torch {env.get('torch')} on {env.get('torch_threads')} threads{cuda}"
             + (f", commit {str(env['commit'])[:7]}" if commit and env.get("commit") else ""))

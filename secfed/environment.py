@@ -51,7 +51,7 @@ def source_commit() -> str | None:
 
 
 def environment() -> dict[str, Any]:
-    """CPU, thread counts, Python/torch/numpy versions, torch's BLAS and the source commit."""
+    """CPU, GPU, thread counts, Python/torch/numpy versions, torch's BLAS and the source commit."""
     import numpy
     import torch
 
@@ -67,6 +67,8 @@ def environment() -> dict[str, Any]:
         "torch_blas": _torch_blas(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels torch dispatches to
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        # Two GPUs of one CUDA version run other kernels (an H100's and an H200's runs are two machines)
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "numpy": numpy.__version__,
         "secfed": secfed.__version__,
         "commit": source_commit(),
@@ -89,5 +91,5 @@ def describe(env: dict[str, Any] | None = None) -> str:
     env = env or environment()
     return (f"{env['cpu']['model']} (torch kernels {env['torch_cpu_capability']}), {env['cpu']['logical_cores']} "
             f"cores, torch {env['torch']} "
-            f"on {env['torch_threads']} threads, numpy {env['numpy']}, Python {env['python']}, "
+            f"on {env['torch_threads']} threads{' on ' + env['gpu'] if env.get('gpu') else ''}, numpy {env['numpy']}, Python {env['python']}, "
             f"secfed {env['commit'] or env['secfed']}")

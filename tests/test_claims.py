@@ -61,6 +61,11 @@ def test_a_seed_is_never_paired_across_two_machines(claims) -> None:
     assert claims.paired(table3, across) == []
     both = across + [run("fedpav+cdw", 0, 0.13, intel), run("fedpav", 0, 0.45, amd)]
     assert sorted(claims.paired(table3, both)) == pytest.approx([3.0, 5.0])
+    # Two GPUs beside the same CPU and CUDA are two machines too (an H100's runs and an H200's)
+    h100 = {**intel, "cuda": "13.0", "gpu": "NVIDIA H100 80GB HBM3"}
+    h200 = {**h100, "gpu": "NVIDIA H200"}
+    assert claims.paired(table3, [run("fedpav", 1, 0.10, h100), run("fedpav+cdw", 1, 0.50, h200)]) == []
+    assert "NVIDIA H200" in claims.machines_line([run("fedpav", 1, 0.10, h200)])
 
 
 def test_the_readme_block_is_rewritten_only_between_its_markers(claims) -> None:
