@@ -243,6 +243,9 @@ def unseen_map(run: dict[str, Any]) -> float:
     return 100 * statistics.fmean(d["mAP"] for d in run["unseen"])
 
 
+FIG7_MIN_ROUNDS = 6  # three evaluations at bench_methods' one every 2 rounds: two changes to take a std of
+
+
 def volatility(run: dict[str, Any]) -> float:
     return 100 * statistics.fmean(bench_methods.volatility(c) for c in run["curves"].values() if len(c) > 2)
 
@@ -791,6 +794,9 @@ def main() -> None:
     if args.tune and not args.spread:
         parser.error("--tune tunes the --spread arms (the claims' own arms are always tuned over --lr-grid)")
     claims = [c for c in CLAIMS if not args.only or c.key in args.only]
+    if args.rounds < FIG7_MIN_ROUNDS and any(c.key == "mm20-fig7" for c in claims) and not args.spread:
+        parser.error(f"--rounds {args.rounds}: MM'20 Fig. 7 measures the changes between ≥ 3 evaluations "
+                     f"(one every 2 rounds): give --rounds ≥ {FIG7_MIN_ROUNDS} or leave mm20-fig7 out (--only)")
     known = arms_of(CLAIMS)
     for arm in args.spread or ():
         method, start = split_arm(arm)

@@ -502,3 +502,15 @@ def test_the_published_claims_regenerate_from_their_runs_at_their_recorded_looks
     for path in (BENCH.parent / "README.md", BENCH / "RESULTS.md"):
         block = path.read_text().split(claims.BEGIN + "\n")[1].split(claims.END)[0]
         assert block == text, path
+
+
+def test_too_few_rounds_for_fig7s_volatility_is_refused_by_name(claims, tmp_path, monkeypatch, capsys) -> None:
+    """`--rounds 2` (one evaluation per run) made a whole command's runs and then a StatisticsError when
+    Fig. 7 took the std of no changes: refused before a run starts, naming the flag and the claim."""
+    # --report: a regression fails at once (no training), as the command would run before it failed
+    monkeypatch.setattr(sys, "argv", ["claims.py", "--report", "--rounds", "2", "--only", "mm20-fig7",
+                                      "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as stopped:
+        claims.main()
+    assert stopped.value.code == 2
+    assert "--rounds 2: MM'20 Fig. 7" in capsys.readouterr().err
