@@ -21,7 +21,6 @@ them again.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import json
 import os
@@ -32,13 +31,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import rich_click as click
 
+from secfed import locking
 from secfed.cli.common import emit_json, human_console
 from secfed.cli.options import FiniteFloatRange, config_options, option_panels
 from secfed.config import RunConfig
@@ -314,20 +313,11 @@ def local_command(supernodes: int, insecure: bool, node_poll: float | None, keep
         shutil.rmtree(work, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _in_use(work: Path, run_dir: Path) -> Iterator[None]:
+def _in_use(work: Path, run_dir: Path) -> contextlib.AbstractContextManager[None]:
     """``work`` held by this command (found by review: a second `secfed flower local` of the same run
     shared its folders, then stopped the first one's processes and deleted its nodes' state)."""
-    lock = os.open(work / ".in-use", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise click.UsageError(f"{work} is in use by another `secfed flower local` of the run {run_dir}; "
-                                   "choose another --name") from None
-        yield
-    finally:
-        os.close(lock)
+    return locking.exclusive(work / ".in-use", busy=lambda: click.UsageError(
+        f"{work} is in use by another `secfed flower local` of the run {run_dir}; choose another --name"))
 
 
 def _local(work: Path, run_dir: Path, cfg: RunConfig, supernodes: int, insecure: bool, node_poll: float | None,

@@ -25,7 +25,6 @@ handling no package does better.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
@@ -34,11 +33,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
+
+from secfed import locking
 
 from . import node
 
@@ -313,52 +314,55 @@ def serve(folder: Path, watch: int, idle: float, handle: Handler) -> str:
     asked to stop; returns why it stopped. ``handle(op, content, context)`` runs one message."""
     global _kept
     me = identity()
-    lock = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held for the host's life: one host per node
-    except OSError:
-        os.close(lock)
-        return "another host serves this node"
-    _kept = {}
-    (folder / SOCKET_NAME).unlink(missing_ok=True)  # left by a host that was killed
-    with _address(folder) as address, socket.socket(socket.AF_UNIX) as listener:
-        node.bind_private(listener, address)
-        listener.listen(4)
-        listener.settimeout(0.5)
-        last = time.monotonic()
+    with ExitStack() as hold:
         try:
-            while True:
-                if not _alive(watch):
-                    return "the SuperNode is gone"
-                if time.monotonic() - last > idle:
-                    return f"idle for {idle:.0f} s"
-                try:
-                    conn, _ = listener.accept()
-                except TimeoutError:
-                    continue
-                with conn:
-                    conn.settimeout(_READ_TIMEOUT)
-                    try:
-                        request, content = _receive(conn)
-                    except (OSError, MemoryError, HostError) as exc:
-                        _log(f"refused a malformed request ({exc})")
-                        continue
-                    if request.get("identity") != me:
-                        _send(conn, {"stale": True})
-                        return "a ClientApp of another secfed build asked"
-                    if request.get("op") == "stop":
-                        _send(conn, {})
-                        return "asked to stop"
-                    conn.settimeout(None)  # the ClientApp waits as long as training takes
-                    try:
-                        _send(conn, *_run(request, content, handle))
-                    except OSError as exc:  # the ClientApp went away: its SuperNode answers for it
-                        _log(f"could not answer {request['op']} ({exc})")
-                last = time.monotonic()
-        finally:
-            (folder / SOCKET_NAME).unlink(missing_ok=True)  # no relay finds this host any more
-            _turn_away(listener)
-            os.close(lock)  # releases the lock
+            hold.enter_context(locking.exclusive(folder / LOCK_NAME))  # for the host's life: one host per node
+        except locking.Held:
+            return "another host serves this node"
+        _kept = {}
+        (folder / SOCKET_NAME).unlink(missing_ok=True)  # left by a host that was killed
+        with _address(folder) as address, socket.socket(socket.AF_UNIX) as listener:
+            node.bind_private(listener, address)
+            listener.listen(4)
+            listener.settimeout(0.5)
+            try:
+                return _answer(listener, watch, idle, handle, me)
+            finally:
+                (folder / SOCKET_NAME).unlink(missing_ok=True)  # no relay finds this host any more
+                _turn_away(listener)
+
+
+def _answer(listener: socket.socket, watch: int, idle: float, handle: Handler, me: str) -> str:
+    """The host's loop: one message per connection on ``listener``; returns why it stopped."""
+    last = time.monotonic()
+    while True:
+        if not _alive(watch):
+            return "the SuperNode is gone"
+        if time.monotonic() - last > idle:
+            return f"idle for {idle:.0f} s"
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        with conn:
+            conn.settimeout(_READ_TIMEOUT)
+            try:
+                request, content = _receive(conn)
+            except (OSError, MemoryError, HostError) as exc:
+                _log(f"refused a malformed request ({exc})")
+                continue
+            if request.get("identity") != me:
+                _send(conn, {"stale": True})
+                return "a ClientApp of another secfed build asked"
+            if request.get("op") == "stop":
+                _send(conn, {})
+                return "asked to stop"
+            conn.settimeout(None)  # the ClientApp waits as long as training takes
+            try:
+                _send(conn, *_run(request, content, handle))
+            except OSError as exc:  # the ClientApp went away: its SuperNode answers for it
+                _log(f"could not answer {request['op']} ({exc})")
+        last = time.monotonic()
 
 
 def _turn_away(listener: socket.socket) -> None:

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import io
 import json
@@ -57,7 +56,6 @@ import math
 import os
 import re
 import secrets
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +63,7 @@ from typing import Any
 
 import torch
 
-from secfed import atomic_file
+from secfed import atomic_file, locking
 from secfed.config import RunConfig
 from secfed.data.errors import DataError
 from secfed.data.images import load_images
@@ -240,26 +238,13 @@ def own_nodes_policy(cfg: RunConfig) -> dict[str, str]:
     return policy
 
 
-@contextlib.contextmanager
-def _locked(lock: Path) -> Iterator[None]:
-    """An exclusive lock on ``lock`` (created) while the block runs: several runs, or two messages of
-    one, may reach a node's records at once (found by review: two claims of one round both passed)."""
-    held = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)  # not open(…, "a"): 0644 let any user hold it (review)
-    try:
-        os.fchmod(held, 0o600)
-        deadline = time.monotonic() + LOCK_WAIT
-        while True:
-            try:
-                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise node.NodeSetupError(f"{lock} stayed locked for {LOCK_WAIT:.0f} s: another message of "
-                                              "this node holds it (or a process that should not)") from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(held)
+def _locked(lock: Path) -> contextlib.AbstractContextManager[None]:
+    """An exclusive lock on ``lock`` while the block runs, waited for at most :data:`LOCK_WAIT`: several
+    runs, or two messages of one, may reach a node's records at once (found by review: two claims of
+    one round both passed)."""
+    return locking.exclusive(lock, LOCK_WAIT, lambda: node.NodeSetupError(
+        f"{lock} stayed locked for {LOCK_WAIT:.0f} s: another message of this node holds it (or a process "
+        "that should not)"))
 
 
 @contextlib.contextmanager

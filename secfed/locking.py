@@ -1,0 +1,42 @@
+"""One exclusive lock on a file, held while a block runs: a node's records, one site host per node,
+one `secfed flower local` per deployment folder.
+
+``flock`` rather than a lock file's existence: the kernel drops the lock when its holder dies, so a
+killed process never leaves a folder locked. Written here, not taken from a package: the standard
+library's ``fcntl`` is the whole mechanism, and the two choices that matter are ours — the lock file
+is this user's alone (0600: one any user could open, any user could hold), and how long to wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+class Held(Exception):
+    """Another process held the lock past the wait."""
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, wait: float = 0.0, busy: Callable[[], Exception] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created 0600) while the block runs, waiting up to ``wait``
+    seconds for another holder; past that, raise ``busy()`` (default :class:`Held` naming the file)."""
+    held = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(held, 0o600)  # a file another run created more widely
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise (busy() if busy else Held(f"{path} is locked by another process")) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(held)  # releases the lock
