@@ -81,6 +81,17 @@ class ServerKey:
         return public_bytes(self.private)
 
 
+def check_distinct(identity_keys: tuple[bytes, ...]) -> None:
+    """ValueError unless every slot of an authenticated session is a distinct identity: one identity in
+    several slots holds each slot's shares, so with t of a victim's neighbour slots it opens the victim's
+    seeds, however t, c and the consistency quorum count slots (found by review)."""
+    first: dict[bytes, int] = {}
+    for i, key in enumerate(identity_keys):
+        if (earlier := first.setdefault(key, i)) != i:
+            raise ValueError(f"identity key of client {i} repeats client {earlier}'s: each slot of an authenticated "
+                             "session must be a distinct identity")
+
+
 @dataclass(frozen=True)
 class SessionConfig:
     """Everything public about one aggregation.
@@ -149,6 +160,7 @@ class SessionConfig:
             for i, key in enumerate(self.identity_keys):
                 if len(key) != PUBLIC_KEY_BYTES:
                     raise ValueError(f"identity key of client {i} must be 32 raw bytes, got {len(key)}")
+            check_distinct(self.identity_keys)
         elif self.identity_keys:
             raise ValueError("identity_keys are only used in authenticated mode")
 

@@ -328,3 +328,18 @@ def test_a_site_drawn_in_a_round_learns_its_cohort_and_the_amplified_epsilon_say
                            reproducible_noise=False)
     assert "not against the other sites under secure aggregation" in adversary.client_level(plan, printed).sentence()
     assert "neither against the other sites" in adversary.statement("gaussian", "poisson")
+
+
+def test_a_session_config_listing_one_identity_in_two_slots_is_refused_on_arrival():
+    """(review: a server listing its friend's identity key in several slots passed every node's cohort
+    check — each key was trusted — and the friend read a victim's input: tests/protocols/
+    test_protocols_malicious_server.py). What reaches a node is decoded and checked, not trusted."""
+    from secfed.adapters.flower import wire
+    from secfed.protocols import SessionConfig, choose_params
+    from secfed.protocols.errors import MalformedMessage
+
+    config = SessionConfig(b"\0" * 16, 0, choose_params(3), 4, input_bound=None,
+                           server_key=bytes(32), identity_keys=(b"a" * 32, b"b" * 32, b"c" * 32))
+    object.__setattr__(config, "identity_keys", (b"a" * 32, b"b" * 32, b"a" * 32))  # as a lying server builds it
+    with pytest.raises(MalformedMessage, match="client 2 repeats client 0's"):
+        wire.decode_session(wire.encode_session(config))

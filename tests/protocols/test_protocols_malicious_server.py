@@ -371,3 +371,52 @@ def test_a_network_attacker_racing_advertisements_needs_client_authentication(ma
                    -keys.pairwise_sign(0, s.peer)) for s in victim.self_mask_shares]
     apply_masks(acc, streams, bits=cfg.ring_bits)
     assert np.array_equal(acc, r.inputs[0])
+
+
+def _one_identity_in_four_slots() -> tuple[bool, tuple[int, ...]]:
+    """A server's friend holds slots 1–4 of a complete 5-client session under one identity key: the
+    round runs, then the friend opens client 0's key seed and self-mask seed from the shares its slots
+    hold and unmasks client 0's captured input. (Whether it equals the input, the survivors.)"""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from secfed.protocols.driver import Phases, Session, WireTransport
+    from secfed.protocols.secagg.messages import MaskedInput
+
+    victim, friend = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    n, params = 5, choose_params(5)
+    s = Session.new(params, dimension=8, ring_bits=32, input_bound=None, identities=[victim] + [friend] * (n - 1))
+    inputs = [np.arange(8, dtype=np.uint32) * 1000 + 7 * i for i in range(n)]
+    transport, captured = WireTransport(s.server, n, None), {}
+    upload = transport.upload
+    transport.upload = lambda i, m: (captured.__setitem__(i, m) if isinstance(m, MaskedInput) else None, upload(i, m))[1]
+    phases = Phases(s.clients, transport, model_hashes=s.model_hashes)
+    out = phases.masked_input(phases.share_keys(phases.reveal(phases.advertise())), lambda i: inputs[i])
+    cfg, advert = s.config, s.server._adverts[0]
+    key_shares = [s.clients[j]._held[0] for j in range(1, n)]
+    self_shares = [s.clients[j]._open_share(0, ShareKind.SELF_MASK, sh.ciphertext)
+                   for j in range(1, n) for sh in captured[0].self_mask_shares if sh.peer == j]
+    key_seed = shamir.recover(key_shares, params.threshold,
+                              lambda z: public_bytes(keys.mask_private_key(cfg, 0, z)) == advert.mask_public, what="s0")
+    self_seed = shamir.recover(self_shares, params.threshold,
+                               lambda z: keys.self_mask_commitment(cfg, 0, z) == advert.self_mask_commitment, what="b0")
+    private = keys.mask_private_key(cfg, 0, key_seed)
+    vector = captured[0].vector.copy()
+    apply_masks(vector, [MaskStream(keys.self_mask_key(cfg, 0, self_seed), -1)] + [
+        MaskStream(keys.pairwise_mask_key(cfg, 0, v, private, s.server._adverts[v].mask_public), -keys.pairwise_sign(0, v))
+        for v in range(1, n)], bits=32)
+    phases.unmask(phases.consistency(out))
+    return bool(np.array_equal(vector, inputs[0])), tuple(s.server.result.survivors)
+
+
+def test_one_identity_in_several_slots_is_refused_before_a_key_is_exchanged(monkeypatch):
+    """(review: SessionConfig checked the identity keys' count and length, not that they differ — a server
+    listing its friend's key in four of five slots, each node's cohort check passing, read client 0's input
+    exactly while the round completed normally)"""
+    from secfed.protocols.secagg import session
+
+    with pytest.raises(ValueError, match="identity key of client 2 repeats client 1's"):
+        _one_identity_in_four_slots()
+    # (a config a lying server sends a Flower node is refused on arrival: tests/adapters/test_flower_secagg.py)
+    # The refusal is what protects the victim: without it the attack is complete
+    monkeypatch.setattr(session, "check_distinct", lambda keys: None)
+    assert _one_identity_in_four_slots() == (True, (0, 1, 2, 3, 4))
