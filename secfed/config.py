@@ -205,7 +205,9 @@ class SecAggConfig(Section):
                                   "--no-authenticated is weaker (honest-but-curious server only, over a transport "
                                   "that authenticates every client).")
     graph: Literal["auto", "complete"] = setting("auto", "--secagg-graph", "auto: SecAgg+ sparse graph where it "
-                                                 "meets the targets; complete: plain SecAgg.")
+                                                 "meets the targets (a deployed node refuses one in "
+                                                 "authenticated mode unless it sets secfed-allow-sparse=true); "
+                                                 "complete: plain SecAgg.")
     dropout_rate: float = setting(0.0, "--dropout-rate", "Simulate clients vanishing mid-round with this "
                                   "probability.", ge=0, lt=1)
     clip: float = setting(8.0, "--secagg-clip", "Per-coordinate range of what clients sum, before quantisation.",

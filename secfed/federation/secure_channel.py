@@ -112,8 +112,9 @@ class SecureChannel:
                      if self.authenticated or p is not protocols.Phase.CONSISTENCY_CHECK)
 
     def session_id(self, round_index: int, attempt: int = 0) -> bytes:
-        """Public and unique per (run, round, attempt), derived from the run seed so a rerun draws the
-        same neighbour graph; the keys stay fresh OS randomness every session."""
+        """Public and unique per (run, round, attempt), derived from the run seed; the keys stay fresh OS
+        randomness every session, and the neighbour graph's seed hashes nonces the clients reveal, so
+        neither repeats in a rerun."""
         return derive_seed(self.run_seed, "secagg/session", round_index, attempt).to_bytes(8, "little") + \
             derive_seed(self.run_seed, "secagg/session-2", round_index, attempt).to_bytes(8, "little")
 

@@ -343,3 +343,34 @@ def test_a_session_config_listing_one_identity_in_two_slots_is_refused_on_arriva
     object.__setattr__(config, "identity_keys", (b"a" * 32, b"b" * 32, b"a" * 32))  # as a lying server builds it
     with pytest.raises(MalformedMessage, match="client 2 repeats client 0's"):
         wire.decode_session(wire.encode_session(config))
+
+
+def test_an_authenticated_session_on_a_sparse_graph_needs_the_nodes_consent(tmp_path):
+    """(review: authenticated mode is for a server that may lie, and on the sparse graph `--secagg-graph
+    auto` chooses from 22 clients such a server learns the sum of a small group of honest clients by
+    declaring the group's outside neighbours dropped — groups of 13–38 at n = 100–1,000 — while every node
+    answered). A node now accepts that only when it says so; the complete graph and unauthenticated
+    sessions (which need consent of their own) are unaffected."""
+    context = Context(1, 7, {node_files.STATE_DIR_KEY: str(tmp_path)}, RecordDict(), {})
+    keys = tuple(bytes([i]) * 32 for i in range(30))
+    sparse = SessionConfig(bytes(16), 0, choose_params(30), 4, input_bound=None, server_key=bytes(32),
+                           identity_keys=keys)
+    assert not sparse.params.complete
+    with pytest.raises(SessionRefused, match="sparse graph .*secfed-allow-sparse=true"):
+        SecAggMod().check_session(context, sparse)
+    # consent, by node config or constructor, leaves the session to the remaining checks (here: the cohort)
+    consenting = Context(1, 7, {node_files.STATE_DIR_KEY: str(tmp_path), "secfed-allow-sparse": "true"}, RecordDict(), {})
+    for mod, ctx in ((SecAggMod(), consenting), (SecAggMod(allow_sparse=True), context)):
+        with pytest.raises(node_files.NodeSetupError, match="secfed-cohort"):
+            mod.check_session(ctx, sparse)
+    complete = replace(sparse, params=choose_params(30, complete=True))
+    with pytest.raises(node_files.NodeSetupError, match="secfed-cohort"):  # past the graph check
+        SecAggMod().check_session(context, complete)
+    # `secfed flower local` runs the user's own server: its nodes accept the graph the user's settings choose
+    from secfed.adapters.flower.sites import own_nodes_policy
+    from secfed.config import RunConfig
+
+    assert own_nodes_policy(RunConfig())["secfed-allow-sparse"] == "true"
+    cfg = RunConfig()
+    cfg.secagg.graph = "complete"
+    assert "secfed-allow-sparse" not in own_nodes_policy(cfg)

@@ -27,8 +27,10 @@ an error reply; the client is then aborted for the round and reveals nothing mor
 Node policy (node config, or the constructor): ``secfed-cohort`` — in authenticated mode every
 identity key of the session must belong to this cohort file, so the server cannot bring in
 identities of its own; unauthenticated sessions are refused unless
-``secfed-allow-unauthenticated`` is true; sessions smaller than ``secfed-min-clients`` (default 2)
-are refused; so are sessions whose parameters withstand fewer colluders than the node assumes,
+``secfed-allow-unauthenticated`` is true; authenticated sessions on a sparse (SecAgg+) graph are
+refused unless ``secfed-allow-sparse`` is true — authenticated mode is for a server that may lie, and
+such a server learns sums over small groups of honest clients on a sparse graph (SECURITY.md);
+sessions smaller than ``secfed-min-clients`` (default 2) are refused; so are sessions whose parameters withstand fewer colluders than the node assumes,
 ⌊``secfed-corrupt-fraction`` · n⌋ (default 0.2, :func:`~secfed.protocols.choose_params`'s), judged by
 :func:`~secfed.protocols.withstands` at a dropout rate of at least 0.1 — the server writes the
 session, so a threshold of 1 would hand one colluding neighbour a node's seeds. ``SecAggMod(
@@ -89,6 +91,7 @@ STATE_RECORD = "secfed.secagg.state"  # in context.state: {"sealed": bytes}
 ALLOW_UNAUTHENTICATED_KEY = "secfed-allow-unauthenticated"
 MIN_CLIENTS_KEY = "secfed-min-clients"
 CORRUPT_FRACTION_KEY = "secfed-corrupt-fraction"
+ALLOW_SPARSE_KEY = "secfed-allow-sparse"
 DROPOUT_FLOOR = 0.1  # the dropout rate a session is judged at, whatever lower rate it declares (the workflow's)
 ENROL, ADVERTISE, SHARE_KEYS, MASKED_INPUT, UNMASK = "enrol", "advertise_keys", "share_keys", "masked_input", "unmask"
 _STATE_MAGIC, _STATE_VERSION = b"SFMS", 1
@@ -110,15 +113,17 @@ class SecAggMod:
 
     Arguments override the node config; leave them out on a SuperNode and set the node config:
     ``secfed-state-dir``, ``secfed-cohort``, ``secfed-allow-unauthenticated``, ``secfed-min-clients``,
-    ``secfed-corrupt-fraction``; ``require_secagg`` (constructor only, see the module docstring).
+    ``secfed-corrupt-fraction``, ``secfed-allow-sparse``; ``require_secagg`` (constructor only, see the
+    module docstring).
     """
 
     def __init__(self, *, state_dir: str | Path | None = None, cohort: node.Cohort | str | Path | None = None,
                  allow_unauthenticated: bool | None = None, min_clients: int | None = None,
-                 corrupt_fraction: float | None = None, require_secagg: bool | None = None) -> None:
+                 corrupt_fraction: float | None = None, allow_sparse: bool | None = None,
+                 require_secagg: bool | None = None) -> None:
         self.state_dir, self.cohort = state_dir, cohort
         self.allow_unauthenticated, self.min_clients = allow_unauthenticated, min_clients
-        self.corrupt_fraction, self.require_secagg = corrupt_fraction, require_secagg
+        self.corrupt_fraction, self.allow_sparse, self.require_secagg = corrupt_fraction, allow_sparse, require_secagg
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         ctl = control(msg.content) if msg.metadata.message_type == MessageType.TRAIN else None
@@ -171,6 +176,15 @@ class SecAggMod:
         if config.n_clients < minimum:
             raise SessionRefused(f"session of {config.n_clients} clients; this node needs at least {minimum}")
         self._check_collusion(context, config)
+        if config.authenticated and not config.params.complete and \
+                not node.yes(self._setting(context, self.allow_sparse, ALLOW_SPARSE_KEY, False)):
+            # Authenticated mode is for a server that may lie; on a sparse graph such a server can
+            # declare a small group's outside neighbours dropped and learn the group's sum (SECURITY.md)
+            raise SessionRefused(
+                f"session on a sparse graph (k = {config.params.degree} of {config.n_clients - 1}) refused: a "
+                "malicious server can learn sums over small groups of honest clients on one (SECURITY.md, "
+                f"'Against a malicious server'); run the server with --secagg-graph complete, or set "
+                f"{ALLOW_SPARSE_KEY}=true to accept that")
         if not config.authenticated:
             allowed = self._setting(context, self.allow_unauthenticated, ALLOW_UNAUTHENTICATED_KEY, False)
             if not node.yes(allowed):

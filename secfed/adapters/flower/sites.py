@@ -75,6 +75,7 @@ from secfed.federation.runtime import prefixed, split_prefixed
 from secfed.privacy.ledger import PrivacyLedger
 
 from . import node
+from .mod import ALLOW_SPARSE_KEY
 
 DATA_ROOT_KEY = "secfed-data-root"
 ALLOW_PLAIN_KEY = "secfed-allow-plain"
@@ -231,6 +232,8 @@ def own_nodes_policy(cfg: RunConfig) -> dict[str, str]:
     read the run's data root and accept the secure-aggregation setting the user chose — a deployed
     node decides both in its own node config."""
     policy = {REPRODUCIBLE_KEY: "true"} if cfg.secagg.enabled else {REPRODUCIBLE_KEY: "true", ALLOW_PLAIN_KEY: "true"}
+    if cfg.secagg.graph == "auto":  # the user's server may choose a sparse graph: the user's own choice
+        policy[ALLOW_SPARSE_KEY] = "true"
     if cfg.data.root is not None:
         policy[DATA_ROOT_KEY] = str(Path(cfg.data.root).expanduser().resolve())
     if cfg.method.kd_public is not None:
