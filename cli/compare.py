@@ -20,9 +20,11 @@ def compare_command(runs: tuple[Path, ...], plot_path: Path, json_output: bool) 
     Reads each run directory's summary.json and metrics.jsonl (nothing is re-evaluated) and writes a
     plot: per-domain bars of rank-1 and mAP, and each run's mean seen-domain rank-1 per round.
     """
+    from rich.markup import escape
     from rich.table import Table
 
-    from secfed.evaluation.compare import RunUnreadable, load_runs, write_plot
+    from secfed.errors import printable
+    from secfed.evaluation.compare import PlotRefused, RunUnreadable, check_plot_path, load_runs, write_plot
     from secfed.evaluation.report import privacy_cell
 
     console = human_console(json_output)
@@ -30,26 +32,36 @@ def compare_command(runs: tuple[Path, ...], plot_path: Path, json_output: bool) 
         compared = load_runs(list(runs))
     except RunUnreadable as exc:
         raise click.BadParameter(str(exc), param_hint="RUN") from None
+    try:
+        check_plot_path(compared, plot_path)  # before anything is printed
+    except PlotRefused as exc:
+        raise click.BadParameter(str(exc), param_hint="--plot") from None
+
+    def shown(text: object) -> str:  # names read from the runs' files: neither markup nor terminal codes
+        return escape(printable(str(text)))
     domains = list(dict.fromkeys(name for r in compared for name in r.domains))
     unseen = list(dict.fromkeys(name for r in compared for name in r.unseen))
     # one column per run, one row per figure: a handful of runs stays readable in 80 columns
     table = Table(title="Runs compared (rank-1 / mAP in %)")
     table.add_column("")
     for run in compared:
-        table.add_column(run.label, justify="right")
+        table.add_column(shown(run.label), justify="right")
     for name in domains + unseen:
-        table.add_row(name + (" (unseen)" if name in unseen else ""),
+        table.add_row(shown(name) + (" (unseen)" if name in unseen else ""),
                       *[_score({**r.domains, **r.unseen}.get(name)) for r in compared])
     table.add_row("mean, seen domains", *[_score(_mean(r.domains)) for r in compared], style="bold")
     if unseen:
         table.add_row("mean, unseen domains", *[_score(_mean(r.unseen)) for r in compared], style="bold")
-    table.add_row("method", *[f"{r.algorithm}, {r.rounds} rounds" for r in compared])
-    table.add_row("privacy", *[privacy_cell(r.privacy) for r in compared])
+    table.add_row("method", *[f"{shown(r.algorithm)}, {r.rounds} rounds" for r in compared])
+    table.add_row("privacy", *[shown(privacy_cell(r.privacy)) for r in compared])
     table.add_row("time", *[f"{r.wall_seconds:.0f} s" for r in compared])
     table.add_row("bytes up / down, all clients", *[f"{_mib(r.bytes_up)} / {_mib(r.bytes_down)}" for r in compared])
     console.print(table)
-    written = write_plot(compared, plot_path)
-    console.print(f"comparison plot: {written}")
+    try:
+        written = write_plot(compared, plot_path)
+    except PlotRefused as exc:
+        raise click.BadParameter(str(exc), param_hint="--plot") from None
+    console.print(f"comparison plot: {shown(written)}")
     if json_output:
         emit_json({"runs": [r.to_dict() for r in compared], "plot": str(written)})
 

@@ -226,3 +226,37 @@ def test_compare_names_summaries_and_logs_of_the_wrong_shape(tracked: Path, tmp_
     (unscored / "metrics.jsonl").write_text(json.dumps({"round": 1, "eval": {"campus": None}}) + "\n")
     assert invoke(["compare", str(unscored), "--plot", str(tmp_path / "unscored.png")]).exit_code == 0
     assert (tmp_path / "unscored.png").is_file()  # (its default, compare.png, would land in the checkout)
+
+
+def test_compare_never_writes_over_a_run_and_shows_names_from_files_as_text(tracked: Path, tmp_path: Path) -> None:
+    """(review: `--plot RUN/summary.json` replaced the run's summary with a PNG and the next compare
+    could not read it; a domain named "[/red]evil" was a rich MarkupError traceback, "[red]x" lost its
+    brackets and terminal codes reached the terminal; a rank-1 of −3.5 showed as −350 %; a domain
+    scored twice showed its later row; p/q/run and s/q/run shared the label q/run)"""
+    run = tmp_path / "run"
+    shutil.copytree(tracked, run)
+    before = (run / "summary.json").read_bytes()
+    for plot, why in ((run / "summary.json", "ending in .png"), (run / "plot.png", "inside the run"),
+                      (tmp_path / "plot.pdf", "ending in .png")):
+        result = invoke(["compare", str(run), "--plot", str(plot)])
+        assert result.exit_code == 2 and "--plot" in result.output and why in result.output, result.output
+    assert (run / "summary.json").read_bytes() == before and not (run / "plot.png").exists()
+    (tmp_path / "afile").write_text("")
+    result = invoke(["compare", str(run), "--plot", str(tmp_path / "afile" / "x.png")])
+    assert result.exit_code == 2 and "cannot write the plot" in result.output
+    summary = json.loads(before)
+    for i, name in enumerate(("[/red]evil", "[red]x", "\x1b]0;pwned\x07")):
+        summary["domains"][i % len(summary["domains"])]["name"] = name
+    (run / "summary.json").write_text(json.dumps(summary))
+    human = invoke(["compare", str(run), "--plot", str(tmp_path / "ok.png")]).output
+    assert "[/red]evil" in human and "[red]x" in human and "\x1b" not in human and "\\x1b]0;pwned" in human
+    last = json.loads(before)["domains"][-1]["name"]
+    for changed, what in (({"rank1": -3.5}, "rank1"), ({"name": last}, "scored twice")):
+        broken = json.loads(before)
+        broken["domains"] = [{**broken["domains"][0], **changed}, *broken["domains"][1:]]
+        (run / "summary.json").write_text(json.dumps(broken))
+        result = invoke(["compare", str(run)])
+        assert result.exit_code == 2 and what in result.output, result.output
+    from secfed.evaluation.compare import labels_for
+
+    assert labels_for([Path("p/q/run"), Path("s/q/run"), Path("a/run2")]) == ["p/q/run", "s/q/run", "run2"]

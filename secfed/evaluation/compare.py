@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Annotated, Any, Callable
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from secfed import atomic_file
+from secfed.errors import printable
 
 
 class RunUnreadable(ValueError):
@@ -53,12 +54,15 @@ Text = Annotated[str, Field(strict=True)]
 SCORES = ("rank1", "mAP", "local_rank1", "local_mAP")
 
 
+Fraction = Annotated[float, Field(strict=True, ge=0.0, le=1.0)]  # a score: rank-1 and mAP lie in [0, 1]
+
+
 class _Scores(BaseModel):
     model_config = ConfigDict(extra="allow")
-    rank1: Number | None = None
-    mAP: Number | None = None
-    local_rank1: Number | None = None
-    local_mAP: Number | None = None
+    rank1: Fraction | None = None
+    mAP: Fraction | None = None
+    local_rank1: Fraction | None = None
+    local_mAP: Fraction | None = None
 
     def scores(self) -> dict[str, float]:
         """The scores present: a mean over the rest would be silently over fewer domains."""
@@ -97,6 +101,13 @@ class _Summary(BaseModel):
     privacy: _Privacy = _Privacy()
     domains: list[_Domain]
     unseen: list[_Domain] = []
+
+    @model_validator(mode="after")
+    def _one_row_per_domain(self) -> _Summary:
+        names = [d.name for d in [*self.domains, *self.unseen]]
+        if twice := sorted({n for n in names if names.count(n) > 1}):  # the later row silently won (review)
+            raise ValueError(f"domains scored twice: {', '.join(twice)}")
+        return self
 
 
 class _Record(BaseModel):
@@ -146,9 +157,11 @@ def _read(model: type[BaseModel] | None, where: object, data: Callable[[], bytes
 
 
 def labels_for(paths: list[Path]) -> list[str]:
-    """Short unique labels: run directory names, with the parent folder where two names collide."""
+    """Short unique labels: run directory names, with the parent folder where two names collide — and
+    the whole path where that still does (p/q/run and s/q/run were both "q/run": found by review)."""
     names = [p.name for p in paths]
-    return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
+    short = [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
+    return [str(p) if short.count(label) > 1 else label for p, label in zip(paths, short)]
 
 
 def load_runs(paths: list[Path]) -> list[ComparedRun]:
@@ -189,8 +202,31 @@ def comparison_figure(runs: list[ComparedRun]) -> Figure:
     return figure
 
 
+class PlotRefused(Exception):
+    """The plot cannot go where it was asked to (the message names the path and why)."""
+
+
+def check_plot_path(runs: list[ComparedRun], out_png: Path) -> None:
+    """Refuse, before anything is drawn, a plot path that would replace what is not a plot: a file
+    not named .png, or anything inside a compared run (found by review: `--plot RUN/summary.json`
+    replaced the run's summary with a PNG)."""
+    out_png = Path(out_png)
+    if out_png.suffix.lower() != ".png":
+        raise PlotRefused(f"{printable(out_png)}: the plot is a PNG; give a path ending in .png")
+    where = out_png.resolve()
+    for run in runs:
+        if where.is_relative_to(run.path.resolve()):
+            raise PlotRefused(f"{printable(out_png)} lies inside the run {printable(run.path)}: write the plot "
+                              "outside every run compared")
+
+
 def write_plot(runs: list[ComparedRun], out_png: Path) -> Path:
+    """The comparison figure as a PNG at ``out_png`` (:func:`check_plot_path`), written whole or not at all."""
+    check_plot_path(runs, out_png)
     png = io.BytesIO()
     comparison_figure(runs).savefig(png, format="png", dpi=100)
-    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
-    return atomic_file.write_bytes(Path(out_png), png.getvalue())
+    try:
+        Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+        return atomic_file.write_bytes(Path(out_png), png.getvalue())
+    except OSError as exc:  # a parent that is a file, a read-only or virtual file system
+        raise PlotRefused(f"{printable(out_png)}: cannot write the plot ({exc.strerror or exc})") from None
