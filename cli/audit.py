@@ -15,6 +15,7 @@ import rich_click as click
 
 from secfed.cli.common import emit_json, human_console, set_threads
 from secfed.cli.options import FiniteFloatRange
+from secfed.config import MAX_THREADS
 
 FAIL_ON = {"leak": ("LEAK",), "inconclusive": ("LEAK", "INCONCLUSIVE")}
 
@@ -48,7 +49,7 @@ class AuditUsageError(click.ClickException):
               help="Exit 1 when a target the run exposes gets this verdict (inconclusive: or LEAK).")
 @click.option("--save-images", is_flag=True, help="Write image grids (victim | reconstruction | nearest match) "
               "under --out. They are as sensitive as the images.")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=1, show_default=True,
               help="torch CPU threads. The attacks optimise tiny batches: one thread ran a ResNet-18 step on two "
               "64×32 images 9× faster than two on a busy 2-core machine (bench/RESULTS.md).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the attacks' "

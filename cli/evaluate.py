@@ -8,13 +8,14 @@ from typing import Any
 import rich_click as click
 
 from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
+from secfed.config import MAX_THREADS
 
 
 @click.command("evaluate")
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--data-root", type=click.Path(file_okay=False, path_type=Path),
               help="Where the run's data is now, if it moved (checked against the run's content fingerprint).")
-@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads.")
+@click.option("--threads", type=click.IntRange(1, MAX_THREADS), help="torch CPU threads.")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON object on stdout; the rest on stderr.")
 def evaluate_command(run: Path, data_root: Path | None, threads: int | None, json_output: bool) -> None:
     """Evaluate RUN (a run directory, or one of its checkpoints) on every evaluation domain.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import secrets
@@ -101,7 +102,9 @@ class Connection:
         if not isinstance(address, str) or not address.rpartition(":")[0] or not port.isdigit() or not 0 < int(port) < 65536:
             raise click.BadParameter(f"{path}: address must be \"host:port\" (port 1–65535), got {address!r}",
                                      param_hint=where)
-        insecure = raw.get("insecure", False) is True
+        insecure = raw.get("insecure", False)
+        if not isinstance(insecure, bool):
+            raise click.BadParameter(f"{path}: insecure must be true or false, got {insecure!r}", param_hint=where)
         certs = raw.get("root-certificates")
         if bool(certs) == insecure:
             raise click.BadParameter(f"{path}: give root-certificates (TLS) or insecure = true, not both or neither",
@@ -111,7 +114,9 @@ class Connection:
             value = raw.get(key)
             if value is None:
                 return None
-            found = (base / str(value)).resolve()
+            if not isinstance(value, str) or not value or "\0" in value:
+                raise click.BadParameter(f"{path}: {key} must be a file's path, got {value!r}", param_hint=where)
+            found = (base / value).resolve()
             if not found.is_file():
                 raise click.BadParameter(f"{path}: {key} = {value!r}: no such file", param_hint=where)
             return found
@@ -120,8 +125,9 @@ class Connection:
         for key in ("phase-timeout", "train-timeout", "start-timeout"):
             if key in raw:
                 value = raw[key]
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                    raise click.BadParameter(f"{path}: {key} must be a positive number of seconds", param_hint=where)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                    raise click.BadParameter(f"{path}: {key} must be a positive, finite number of seconds, "
+                                             f"got {value!r}", param_hint=where)  # nan crashed the ServerApp
                 timeouts[key.replace("-", "_")] = float(value)
         public = raw.get("public-root")
         if public is not None and (not isinstance(public, str) or "\0" in public or not Path(public).is_absolute()):
@@ -130,7 +136,15 @@ class Connection:
         stop = raw.get("stop-on-refusal", False)
         if not isinstance(stop, bool):
             raise click.BadParameter(f"{path}: stop-on-refusal must be true or false, got {stop!r}", param_hint=where)
-        return cls(address, file("root-certificates"), file("cohort"), **timeouts, public_root=public,
+        cohort = file("cohort")
+        if cohort is not None:  # read here, so a broken file is named before anything starts (review)
+            from secfed.adapters.flower.node import Cohort, NodeSetupError
+
+            try:
+                Cohort.load(cohort)
+            except NodeSetupError as exc:
+                raise click.BadParameter(f"{path}: cohort: {exc}", param_hint=where) from None
+        return cls(address, file("root-certificates"), cohort, **timeouts, public_root=public,
                    stop_on_refusal=stop)
 
     def write(self, path: Path) -> Path:
@@ -209,10 +223,12 @@ def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, js
     the summary when the run directory is here. An interrupt stops the run on the SuperLink too
     (``stop_remote``; `secfed flower local` stops the whole deployment instead)."""
     require_flower()
+    from secfed.adapters.flower import node as node_files
     from secfed.adapters.flower.launch import CONNECTION, FLOWER_ENV, make_bin, toml_value, write_app
 
     check_flower_config(cfg, connection, resuming)
     check_reachable(connection)
+    cohort = node_files.Cohort.load(connection.cohort) if connection.cohort else None  # checked by Connection.load
     console = human_console(json_output)
     run_dir = run_dir.resolve()
     with tempfile.TemporaryDirectory(prefix="secfed-flower-", dir=workdir) as tmp:
@@ -228,7 +244,9 @@ def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, js
                         clientapp="secfed.adapters.flower.client_app:app", config={
                             "secfed-config": json.dumps(cfg.to_dict()), "secfed-run-dir": str(run_dir),
                             "secfed-token": secrets.token_hex(16),
-                            "secfed-cohort": str(connection.cohort) if connection.cohort else "",
+                            # the cohort's keys, not its path: the SuperLink may be another machine, whose
+                            # file at that path is not the one the user checked (found by review)
+                            "secfed-cohort-toml": cohort.dumps() if cohort else "",
                             "secfed-phase-timeout": connection.phase_timeout,
                             "secfed-train-timeout": connection.train_timeout,
                             "secfed-start-timeout": connection.start_timeout,
@@ -365,7 +383,7 @@ def keys_command(state_dir: Path, name: str) -> None:
         key = node_files.identity_key(folder)
     except node_files.NodeSetupError as exc:
         raise click.BadParameter(str(exc), param_hint="--state-dir") from None
-    click.echo(f'"{name}" = "{node_files.public_identity(key).hex()}"')
+    click.echo(f'{json.dumps(name)} = "{node_files.public_identity(key).hex()}"')  # TOML, whatever the name holds
 
 
 @flower_group.command("certs")

@@ -27,10 +27,13 @@ LAYOUT = "ROOT/pytorch/{train_all,query,gallery}/<PID>/<image> (FedReIDBench dat
 
 _ORIGINAL_NAME = re.compile(r"^(?:-1|\d+)_c(\d+)", re.ASCII)  # camera is 1-based
 _SMALL_SET_NAME = re.compile(r"^cam_(\d+)_", re.ASCII)  # camera is already 0-based
+_PERSON_FOLDER = re.compile(r"-1|\d+", re.ASCII)
 
 
 def _camera(path: Path) -> int:
     if match := _ORIGINAL_NAME.match(path.name):
+        if int(match[1]) == 0:  # cameras count from 1: c0 would read as −1, the "unlabelled" marker (review)
+            raise DataError(path, "camera c0 in the name: cameras are numbered from 1")
         return int(match[1]) - 1
     if match := _SMALL_SET_NAME.match(path.name):
         return int(match[1])
@@ -40,16 +43,14 @@ def _camera(path: Path) -> int:
 def _read_id_folders(folder: Path, skipped: Counter[str]) -> list[Sample]:
     samples = []
     for person in list_subdirs(folder, skipped):
-        try:
-            pid = int(person.name)
-        except ValueError:
-            raise DataError(person, "folder name is not a person id (an integer)") from None
+        # ASCII digits only: int() reads "+3", "1_0" and "٤" too, merging those folders with people 3, 10 and 4
+        if not _PERSON_FOLDER.fullmatch(person.name):
+            raise DataError(person, "folder name is not a person id (digits, or -1 for junk)")
+        pid = int(person.name)
         images = list_images(person, skipped)
         if pid == -1:
             skipped["junk"] += len(images)
             continue
-        if pid < 0:
-            raise DataError(person, "negative person id (only -1, junk, is allowed)")
         samples.extend(Sample(path, pid, _camera(path)) for path in images)
     return require_some(samples, folder, "images in its person folders (junk, -1, aside)")
 

@@ -95,7 +95,11 @@ def list_subdirs(folder: Path, skipped: Counter[str]) -> list[Path]:
     dirs: list[Path] = []
     with os.scandir(folder) as entries:
         for entry in entries:
-            if entry.is_dir():
+            try:
+                is_dir = entry.is_dir()
+            except OSError as exc:  # a link to itself (found by review: ELOOP traceback), a mount that is gone
+                raise DataError(Path(entry.path), f"cannot be read ({exc.strerror or exc})") from None
+            if is_dir:
                 dirs.append(Path(entry.path))
             else:
                 skipped["not_image"] += 1

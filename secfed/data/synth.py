@@ -41,6 +41,7 @@ from typing import Callable
 from PIL import Image
 
 from secfed.data.errors import DataError
+from secfed.errors import printable
 from secfed.data.synth_camera import Camera, Scene, sample_camera
 from secfed.data.synth_domains import (
     PRESETS,
@@ -189,6 +190,11 @@ class SynthManifest:
                    or name in (".", "..")]
         if strange:  # the folders are read under root: a name must not lead out of it (found by review)
             raise DataError(path, f"malformed manifest: {strange[0]!r} is not a folder name")
+        from secfed.data.registry import FORMATS  # registry reads synthetic folders too: imported late
+
+        if manifest.public is not None and manifest.public.format not in FORMATS:
+            raise DataError(path, f"malformed manifest: the public set's format {printable(manifest.public.format)!r} "
+                                  "is not one secfed reads")  # (found by review: an UnknownFormatError traceback)
         return manifest
 
 

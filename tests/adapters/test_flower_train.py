@@ -470,10 +470,28 @@ def test_settings_a_flower_run_cannot_honour_are_refused_by_name(tmp_path, synth
                            ('address = "h:1"\ninsecure = true\nroot-certificates = "x"\n', "not both"),
                            ('address = "h:1"\ninsecure = true\nport = 3\n', "unknown keys port"),
                            ('address = "h:1"\ninsecure = true\npublic-root = "pub"\n', "public-root must be an absolute"),
-                           ('address = "h:1"\ninsecure = true\nstop-on-refusal = 1\n', "stop-on-refusal must be true")):
+                           ('address = "h:1"\ninsecure = true\nstop-on-refusal = 1\n', "stop-on-refusal must be true"),
+                           # (review: nan passed and crashed the ServerApp; a NUL in a path and a string
+                           # `insecure` were a traceback and silently ignored; a broken cohort file was the
+                           # ServerApp's traceback, read from that path on the SuperLink's machine)
+                           ('address = "h:1"\ninsecure = true\nphase-timeout = nan\n', "positive, finite"),
+                           ('address = "h:1"\ninsecure = true\ntrain-timeout = inf\n', "positive, finite"),
+                           ('address = "h:1"\nroot-certificates = "ca.pem\\u0000x"\n', "must be a file's path"),
+                           ('address = "h:1"\ninsecure = "yes"\n', "insecure must be true or false"),
+                           ('address = "h:1"\ninsecure = true\ncohort = "bad.toml"\n', "cohort: ")):
+        (tmp_path / "bad.toml").write_text("not = [toml")
         connection.write_text(text)
         result = CliRunner().invoke(cli, base, env={"COLUMNS": "250"})
         assert result.exit_code == 2 and expected in result.output, (text, result.output)
+    # The run carries the cohort's keys, which the ServerApp reads without touching a file of its own
+    from secfed.adapters.flower import node as node_files
+    from secfed.adapters.flower.server_app import Settings
+
+    cohort = node_files.Cohort({'a"b': bytes(range(32))})
+    assert node_files.Cohort.loads(cohort.dumps()) == cohort  # a name holding a quote stays TOML
+    settings = Settings.from_run_config({"secfed-config": json.dumps(RunConfig().to_dict()), "secfed-run-dir": "r",
+                                         "secfed-token": "t", "secfed-cohort-toml": cohort.dumps()})
+    assert settings.cohort == cohort
 
 
 def test_a_poisson_epsilon_over_nodes_hosting_several_sites_is_refused_by_name(small_config, tmp_path):

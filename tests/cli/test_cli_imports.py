@@ -25,3 +25,15 @@ def test_the_help_of_every_command_loads_no_torch():
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["codes"] == [0] * len(HELPS)  # every help was printed
     assert seen["heavy"] == []
+
+
+def test_threads_beyond_what_torch_can_start_are_refused_by_name(tmp_path):
+    """(review: `evaluate --threads 99999999999` was an OverflowError traceback, `--threads 100000`
+    "can't start new thread"; train and pretrain already capped it)"""
+    from click.testing import CliRunner
+
+    from secfed.cli.main import cli
+
+    for command in (["evaluate", str(tmp_path)], ["audit", str(tmp_path)]):
+        result = CliRunner().invoke(cli, [*command, "--threads", "99999999999"])
+        assert result.exit_code == 2 and "--threads" in result.output, result.output

@@ -314,6 +314,11 @@ def test_a_synthetic_root_names_only_folders_inside_it_and_its_output_is_no_link
     (root / "manifest.json").write_text('{"version": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(DataError, match="malformed manifest .RecursionError"):
         SynthManifest.load(root)
+    manifest["domains"][0]["name"] = "campus"  # (review: an unknown public format was a traceback in inspect)
+    manifest["public"] = {"folder": "public", "format": "nope", "cameras": [], "pids": [0, 0], "ids": 0, "images": 0}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="format 'nope' is not one secfed reads"):
+        SynthManifest.load(root)
     (tmp_path / "empty").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "empty", target_is_directory=True)
     with pytest.raises(FileExistsError, match="is a symbolic link"):
@@ -368,3 +373,28 @@ def test_names_are_shown_escaped_where_they_could_forge_a_line_or_pass_for_anoth
     assert printable("да\u200cнные") == "да\\u200cнные" and printable("a\u2800b") == "a\\u2800b"
     rendered = ConfigError("data.scenario\x1b", "got Market-1501\x1b[2J\nfake line").render()
     assert "\n" not in rendered and "\x1b" not in rendered and "\\x1b[2J\\nfake line" in rendered
+
+
+def test_fedreidbench_person_folders_are_ascii_digits_and_cameras_count_from_one(tmp_path, layouts):
+    """(review: person folders "+3" and "٤" were read by int() as people 3 and 4 and merged with them;
+    a c0 camera read as −1, the unlabelled marker; a person folder linked to itself was an ELOOP traceback)"""
+    for odd, why in (("+3", "not a person id"), ("\u0664", "not a person id"), ("1_0", "not a person id")):
+        base = tmp_path / f"set{len(why)}{odd.encode().hex()}" / "pytorch"
+        layouts.image(base / "train_all" / "3" / "cam_0_00003_00000.png")
+        layouts.image(base / "train_all" / odd / "cam_0_00003_00001.png")
+        layouts.image(base / "query" / "0" / "cam_0_00000_00000.png")
+        layouts.image(base / "gallery" / "0" / "cam_1_00000_00000.png")
+        with pytest.raises(DataError) as err:
+            load_dataset(base.parent, "fedreidbench")
+        assert err.value.path.name == odd and why in err.value.reason
+    base = tmp_path / "c0" / "pytorch"
+    layouts.image(base / "train_all" / "3" / "0003_c0s1_000151_01.jpg")
+    layouts.image(base / "query" / "0" / "0000_c1s1_000151_01.jpg")
+    layouts.image(base / "gallery" / "0" / "0000_c2s1_000151_01.jpg")
+    with pytest.raises(DataError, match="numbered from 1"):
+        load_dataset(base.parent, "fedreidbench")
+    (base / "train_all" / "3" / "0003_c0s1_000151_01.jpg").rename(base / "train_all" / "3" / "0003_c1s1_000151_01.jpg")
+    (base / "train_all" / "7").symlink_to("7")
+    with pytest.raises(DataError) as err:
+        load_dataset(base.parent, "fedreidbench")
+    assert err.value.path.name == "7" and "cannot be read" in err.value.reason

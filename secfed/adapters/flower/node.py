@@ -20,6 +20,7 @@ fresh folder end up with the same key and a reader never sees half a file.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import socket
@@ -228,28 +229,37 @@ class Cohort:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Cohort:
-        from secfed.config import tomllib
-
         path = Path(path).expanduser()
         try:
-            raw = tomllib.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL in the path
             raise NodeSetupError(f"{path}: cannot read the cohort file ({exc})") from None
+        return cls.loads(text, str(path))
+
+    @classmethod
+    def loads(cls, text: str, where: str = "cohort") -> Cohort:
+        """A cohort from its TOML text (:meth:`dumps`); ``where`` names it in errors."""
+        from secfed.config import tomllib
+
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise NodeSetupError(f"{where}: cannot read the cohort file ({exc})") from None
         table = raw.get("sites")
         if not isinstance(table, dict) or not table:
-            raise NodeSetupError(f"{path}: needs a [sites] table with one `name = \"hex key\"` line per site")
+            raise NodeSetupError(f"{where}: needs a [sites] table with one `name = \"hex key\"` line per site")
         sites = {}
         for name, value in table.items():
             try:
                 sites[name] = bytes.fromhex(value)
             except (TypeError, ValueError):
-                raise NodeSetupError(f"{path}: sites.{name} must be a hex string") from None
+                raise NodeSetupError(f"{where}: sites.{name} must be a hex string") from None
         try:
             return cls(sites)
         except NodeSetupError as exc:
-            raise NodeSetupError(f"{path}: {exc}") from None
+            raise NodeSetupError(f"{where}: {exc}") from None
 
     def dumps(self) -> str:
         lines = ["# secfed cohort: the sites this deployment trusts and their Ed25519 identity keys", "[sites]"]
-        lines += [f'"{name}" = "{key.hex()}"' for name, key in self.sites.items()]
+        lines += [f'{json.dumps(name)} = "{key.hex()}"' for name, key in self.sites.items()]  # a name may hold "
         return "\n".join(lines) + "\n"

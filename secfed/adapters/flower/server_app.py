@@ -66,7 +66,7 @@ from secfed.protocols import ProtocolError
 from . import pulls
 from .client_app import BROADCAST, CLIP_WORD, DIVERGED, STEP
 from .encoding import RING, Encoding
-from .node import Cohort
+from .node import Cohort, NodeSetupError
 from .replies import Expected, MalformedReply, TrainReply, hello_reply, scores_reply, train_reply
 from .wire import CONTROL, PERSONAL, SITES, bytes_array
 from .workflow import NextRound, SecAggWorkflow, collect, exchange, send
@@ -82,7 +82,7 @@ class Settings:
     config: RunConfig
     run_dir: Path
     token: str
-    cohort: Path | None
+    cohort: Cohort | Path | None  # the run config carries the keys (Cohort); a path is read here (embedding)
     start_timeout: float = 300.0
     train_timeout: float = 3600.0
     phase_timeout: float = 120.0
@@ -94,9 +94,9 @@ class Settings:
 
     @classmethod
     def from_run_config(cls, rc: Mapping[str, Any]) -> Settings:
-        cohort, public = str(rc.get("secfed-cohort", "")), str(rc.get("secfed-public-root", ""))
+        cohort, public = str(rc.get("secfed-cohort-toml", "")), str(rc.get("secfed-public-root", ""))
         return cls(from_dict(json.loads(str(rc["secfed-config"]))), Path(str(rc["secfed-run-dir"])),
-                   str(rc["secfed-token"]), Path(cohort) if cohort else None,
+                   str(rc["secfed-token"]), Cohort.loads(cohort, "the run's cohort") if cohort else None,
                    float(rc.get("secfed-start-timeout", 300.0)), float(rc.get("secfed-train-timeout", 3600.0)),
                    float(rc.get("secfed-phase-timeout", 120.0)), float(rc.get("secfed-poll", 0.2)),
                    Path(public) if public else None, rc.get("secfed-stop-on-refusal", False) is True)
@@ -114,18 +114,24 @@ def refusals(cfg: RunConfig) -> list[tuple[str, str]]:
     return out
 
 
+def _cohort(given: Cohort | Path | None) -> Cohort:
+    if given is None:
+        raise DeploymentError("authenticated secure aggregation needs the cohort (`cohort` in the connection file)")
+    return given if isinstance(given, Cohort) else Cohort.load(given)
+
+
 class DeploymentError(RuntimeError):
     """The SuperNodes cannot run this run as they are (which nodes host which sites, who answers)."""
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    settings = Settings.from_run_config(context.run_config)
-    if settings.poll > 0:  # replies' payloads: looked for again at the poll, not after Flower's 1 s, 2 s, …
-        pulls.quicken(pulls.SERVERAPP, settings.poll)
     try:
+        settings = Settings.from_run_config(context.run_config)
+        if settings.poll > 0:  # replies' payloads: looked for again at the poll, not after Flower's 1 s, 2 s, …
+            pulls.quicken(pulls.SERVERAPP, settings.poll)
         FlowerRun(grid, settings).run()
-    except (ConfigError, DataError, DeploymentError, RunDiverged) as exc:  # said, not a traceback (Flower logs
+    except (ConfigError, DataError, DeploymentError, NodeSetupError, RunDiverged) as exc:  # said, not a traceback (Flower logs
         _say(f"secfed: the run stopped: {exc}")  # an exception's with its stack): `secfed train --flower` relays it
 
 
@@ -141,7 +147,7 @@ class FlowerRun:
         if self.cfg.secagg.enabled:
             authenticated = self.cfg.secagg.authenticated
             self.flow = SecAggWorkflow(
-                cohort=Cohort.load(settings.cohort) if authenticated else None, authenticated=authenticated,
+                cohort=_cohort(settings.cohort) if authenticated else None, authenticated=authenticated,
                 dropout_rate=max(0.1, self.cfg.secagg.dropout_rate), complete=self.cfg.secagg.graph == "complete",
                 phase_timeout=settings.phase_timeout, input_timeout=settings.phase_timeout,
                 poll_interval=settings.poll, on_phase=self._phase)
