@@ -157,7 +157,7 @@ def _inspect_synthetic(root: Path, verify: bool, as_json: bool) -> None:
         emit_json(summary)
         return
     console = human_console(json_mode=False)
-    print_domains(rows, f"{printable(root)} (synthetic, seed {manifest.seed}, {manifest.height}×{manifest.width})", console)
+    print_domains(rows, f"{root} (synthetic, seed {manifest.seed}, {manifest.height}×{manifest.width})", console)
     console.print(f"holds {image_counts(rows)}")  # the sentence `data synth` printed after writing them
     if checked is not None:
         console.print(f"verified: all {checked:,} images read by the loaders decode")

@@ -8,6 +8,7 @@ from pathlib import Path
 import rich_click as click
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -29,6 +30,7 @@ from secfed.data.synth import (
 )
 from secfed.data.synth_domains import PRESETS
 from secfed.data.synth_report import Row, image_counts, recorded, summary
+from secfed.errors import printable
 
 # (header, row key): the table of `data synth` and of `data inspect` on a synthetic root
 _COLUMNS = (("domain", "name"), ("role", "role"), ("cams", "cameras"), ("train\nids", "train_ids"),
@@ -38,7 +40,8 @@ _COLUMNS = (("domain", "name"), ("role", "role"), ("cams", "cameras"), ("train\n
 
 def print_domains(rows: list[Row], title: str, console: Console) -> None:
     """One row per folder of a synthetic root; fits 80 columns with every number whole."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    # the title holds a path the user typed or read from disk: neither markup nor terminal codes (review)
+    table = Table(title=escape(printable(title)), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for header, key in _COLUMNS:
         table.add_column(header, justify="left" if key in ("name", "role") else "right", no_wrap=key == "name")
     for row in rows:

@@ -197,3 +197,34 @@ def test_pretrained_runs_take_the_pretrained_learning_rates() -> None:
     assert (schedule_for(cfg, 0).lr_new, schedule_for(cfg, 0).lr_backbone) == (0.05, 0.005)
     cfg.model.pretrained = "none"
     assert (schedule_for(cfg, 0).lr_new, schedule_for(cfg, 0).lr_backbone) == (0.02, 0.02)
+
+
+def test_a_file_that_is_no_backbone_a_fifo_or_a_folder_is_refused_before_anything_trains(
+        built: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(review: a file one tensor short, its digest recomputed, passed as "verified" and the run then
+    died in load_state_dict; a FIFO at the weights path hung pretrain and train for ever; a folder there,
+    or SECFED_CACHE a file, was a traceback after the whole training)"""
+    import os
+
+    _, first = built
+    header, tensors = decode_tensors(Path(first["path"]).read_bytes())
+    monkeypatch.setenv("SECFED_CACHE", str(tmp_path / "cache"))
+    path = pretrain.weights_path(TINY)
+    path.parent.mkdir(parents=True)
+    short = {k: v for k, v in tensors.items() if k != "conv1.weight"}
+    path.write_bytes(pretrain.encode(TINY, short, header["stats"]))
+    with pytest.raises(SyntheticWeightsUnavailable, match="not a resnet18 backbone .missing conv1.weight"):
+        pretrain.load(TINY)
+    monkeypatch.setattr(pretrain, "train", lambda *a, **k: pytest.fail("trained before the path was checked"))
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(SyntheticWeightsUnavailable, match="not a regular file"):
+        pretrain.load(TINY)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(SyntheticWeightsUnavailable, match="cannot be written .* is a folder"):
+        pretrain.build(TINY)
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("SECFED_CACHE", str(tmp_path / "afile"))
+    with pytest.raises(SyntheticWeightsUnavailable, match="cannot be written"):
+        pretrain.build(TINY)

@@ -546,3 +546,36 @@ def test_cli_refuses_non_empty_out(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["data", "synth", str(tmp_path), "--scale", "0.05"])
     assert result.exit_code == 2
     assert "'OUT'" in result.output and str(tmp_path) in result.output
+
+
+def test_a_cache_folder_is_read_not_trusted_and_odd_out_folders_are_named(tmp_path: Path, monkeypatch) -> None:
+    """(review: a cache folder holding another seed's data — or another domain count's — was trained on
+    as named; scales 0.15 and 0.1500001 shared a folder though they make different data; a folder without
+    a manifest was a FileExistsError traceback; `data synth .` made everything and then failed on
+    rmdir('.'); an OUT named 'sy[/b]' was a rich MarkupError after the data was written)"""
+    import shutil
+
+    tiny = dict(domains=1, scale=0.05, height=32, width=16)
+    made, _ = cached(tmp_path, seed=0, **tiny)
+    shutil.copytree(made, tmp_path / made.name.replace("seed0", "seed7"))
+    with pytest.raises(DataError, match="other options than its folder's name"):
+        cached(tmp_path, seed=7, **tiny)
+    (tmp_path / made.name.replace("seed0", "seed8")).mkdir()
+    (tmp_path / made.name.replace("seed0", "seed8") / "stray").write_text("")
+    with pytest.raises(DataError, match="cannot hold the synthetic data"):
+        cached(tmp_path, seed=8, **tiny)
+    monkeypatch.setattr("secfed.data.synth.generate", lambda path, **_: path.mkdir(parents=True))  # names only
+    for scale in (0.15, 0.1500001):
+        with pytest.raises(DataError):
+            cached(tmp_path / "names", seed=0, **{**tiny, "scale": scale})
+    assert sorted(p.name.split("-x")[1] for p in (tmp_path / "names").iterdir()) == ["0.15-32x16", "0.1500001-32x16"]
+    monkeypatch.undo()
+    empty = tmp_path / "here"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    result = CliRunner().invoke(cli, ["data", "synth", ".", "--domains", "1", "--scale", "0.05", "--height", "32",
+                                      "--width", "16"])
+    assert result.exit_code == 2 and "current directory" in result.output and not any(empty.iterdir())
+    result = CliRunner().invoke(cli, ["data", "synth", "sy[/b]", "--domains", "1", "--scale", "0.05", "--height",
+                                      "32", "--width", "16"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "sy[/b]" in result.output, result.output

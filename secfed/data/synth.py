@@ -312,7 +312,9 @@ def generate(out: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, 
     """
     check_options(domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
                   public=public)
-    out = Path(out)
+    out = Path(out).absolute()
+    if out == Path.cwd().absolute():  # it is replaced whole at the end: not the folder a shell stands in (review)
+        raise SynthOptionError("OUT", f"{printable(out)} is the current directory: give a new folder (e.g. ./synth)")
     tmp = _prepare_out(out)
     try:
         offsets = pid_offsets(PRESETS, scale)
@@ -345,13 +347,22 @@ def cached(root: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, h
     """
     check_options(domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
                   public=public)
-    name = f"synth-v{GENERATOR_VERSION}-d{domains}-u{unseen}-p{public}-seed{seed}-x{scale:g}-{height}x{width}"
+    exact = f"{scale:g}" if float(f"{scale:g}") == scale else repr(scale)  # 0.15 and 0.1500001 are two datasets
+    name = f"synth-v{GENERATOR_VERSION}-d{domains}-u{unseen}-p{public}-seed{seed}-x{exact}-{height}x{width}"
     path = Path(root) / name
     if not (path / "manifest.json").is_file():
         try:
             generate(path, domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
                      public=public, progress=progress)
-        except OSError:  # another process got there first (or OUT is unusable: then re-raise)
+        except (OSError, SynthOptionError) as exc:  # another process got there first (or OUT is unusable)
             if not (path / "manifest.json").is_file():
-                raise
-    return path, SynthManifest.load(path)
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise DataError(path, f"cannot hold the synthetic data ({why}); delete it, or set SECFED_CACHE "
+                                      "to a folder of your own") from None
+    manifest = SynthManifest.load(path)
+    made = (manifest.seed, manifest.scale, manifest.height, manifest.width, len(manifest.domains),
+            len(manifest.unseen), manifest.public is not None)
+    if made != (seed, scale, height, width, domains, unseen, public > 0):  # a cache is read, not trusted (review)
+        raise DataError(path / "manifest.json", "holds synthetic data made with other options than its folder's "
+                                                "name says; delete the folder and the data is made again")
+    return path, manifest

@@ -95,6 +95,8 @@ def load(recipe: Recipe, path: Path | None = None) -> dict[str, torch.Tensor]:
 
     path = Path(path) if path is not None else weights_path(recipe)
     rebuild = f"(re)build it with `{recipe.command()}`"
+    if path.exists() and not path.is_file():  # a FIFO would block the read for ever (found by review)
+        raise SyntheticWeightsUnavailable(f"{path}: not a regular file; remove it and {rebuild}")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -113,7 +115,25 @@ def load(recipe: Recipe, path: Path | None = None) -> dict[str, torch.Tensor]:
     if header.get("tensors_sha256") != _tensor_digest(tensors):
         raise SyntheticWeightsUnavailable(f"{path}: refused, its tensors do not match their recorded SHA-256 "
                                           f"(corrupt file); {rebuild}")
+    if misfit := _misfit(recipe.backbone, tensors):  # a file whose digest was recomputed after an edit (review)
+        raise SyntheticWeightsUnavailable(f"{path}: refused, not a {recipe.backbone} backbone ({misfit}); {rebuild}")
     return tensors
+
+
+def _misfit(backbone: str, tensors: dict[str, torch.Tensor]) -> str | None:
+    """Why ``tensors`` cannot be ``backbone``'s state (torchvision's, without its classifier), or None.
+    The recorded digest detects damage only — whoever can write the file can recompute it."""
+    import torchvision
+
+    model = getattr(torchvision.models, backbone)(weights=None)
+    model.fc = torch.nn.Identity()
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    if missing := sorted(set(expected) - set(tensors)):
+        return f"missing {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+    if extra := sorted(set(tensors) - set(expected)):
+        return f"unexpected {extra[0]}" + (f" and {len(extra) - 1} more" if len(extra) > 1 else "")
+    wrong = next((k for k, v in tensors.items() if (tuple(v.shape), v.dtype) != expected[k]), None)
+    return f"{wrong} is {tuple(tensors[wrong].shape)} {tensors[wrong].dtype}" if wrong else None
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator, on_batch: Callable[[], None]) -> Iterator[torch.Tensor]:
@@ -182,9 +202,18 @@ def build(recipe: Recipe, progress: Progress | None = None, *, force: bool = Fal
             return Built(path, recipe, False, None, time.perf_counter() - start, _file_sha256(path))
         except SyntheticWeightsUnavailable as exc:
             refused = str(exc)
+    try:  # where the file goes is checked before minutes of training (found by review: a traceback after)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder")
+    except OSError as exc:
+        raise SyntheticWeightsUnavailable(f"{path}: cannot be written ({exc}); set SECFED_CACHE to a folder "
+                                          "of your own") from None
     backbone, stats = train(recipe, progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_file.write_bytes(path, encode(recipe, backbone, stats), mode=0o644)
+    try:
+        atomic_file.write_bytes(path, encode(recipe, backbone, stats), mode=0o644)
+    except OSError as exc:
+        raise SyntheticWeightsUnavailable(f"{path}: cannot be written ({exc})") from None
     return Built(path, recipe, True, refused, time.perf_counter() - start, _file_sha256(path))
 
 
