@@ -397,7 +397,13 @@ def certs_command(folder: Path, hosts: tuple[str, ...], nodes: int) -> None:
     require_flower()
     from secfed.adapters.flower.certs import make_pki
 
-    pki = make_pki(folder, hosts=hosts, nodes=nodes)
+    try:
+        pki = make_pki(folder, hosts=hosts, nodes=nodes)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--host") from None
+    except OSError as exc:  # files already there (kept), a folder that cannot be made
+        raise click.BadParameter(str(exc) if isinstance(exc, FileExistsError) else
+                                 f"{folder}: cannot write there ({exc.strerror or exc})", param_hint="FOLDER") from None
     click.echo(f"CA certificate      {pki.ca_cert}  (give it to every SuperNode and to `secfed train --flower`)")
     click.echo(f"SuperLink TLS       {pki.server_cert}, {pki.server_key}")
     for private, public in zip(pki.node_private, pki.node_public):

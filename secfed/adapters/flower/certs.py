@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,17 +53,39 @@ def _name(common: str) -> x509.Name:
                       x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
+_DNS_NAME = re.compile(r"(\*\.)?[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.?", re.ASCII)
+
+
 def _alt_name(host: str) -> x509.GeneralName:
+    """An IP address, or a DNS name (an internationalised one as its A-label); ValueError naming a host
+    that is neither (found by review: "", "a b" and "ünï.example" were a traceback or a certificate no
+    client would match)."""
     try:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
-        return x509.DNSName(host)
+        pass
+    try:
+        name = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        name = ""
+    if not _DNS_NAME.fullmatch(name) or len(name) > 253:
+        raise ValueError(f"{host!r} is neither an IP address nor a host name")
+    return x509.DNSName(name)
 
 
-def make_pki(folder: Path, *, hosts: Sequence[str] = ("127.0.0.1", "localhost", "::1"), nodes: int = 0) -> Pki:
-    """CA, SuperLink certificate for ``hosts`` and ``nodes`` SuperNode key pairs in ``folder``."""
+def make_pki(folder: Path, *, hosts: Sequence[str] = ("127.0.0.1", "localhost", "::1"), nodes: int = 0,
+             replace: bool = False) -> Pki:
+    """CA, SuperLink certificate for ``hosts`` and ``nodes`` SuperNode key pairs in ``folder``. Files
+    already there are refused (FileExistsError naming them) unless ``replace``: a CA's private key
+    replaced is every certificate it signed lost (found by review)."""
     folder = Path(folder)
+    names = [_alt_name(h) for h in hosts]  # every host checked before anything is written
+    if not names:
+        raise ValueError("at least one host the SuperLink is reached at")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ours = ["ca.pem", "ca.key", "server.pem", "server.key", *(f"node-{i}.{e}" for i in range(nodes) for e in ("key", "pub"))]
+    if not replace and (there := [n for n in ours if (folder / n).exists()]):
+        raise FileExistsError(f"{folder} already holds {', '.join(there)}: give a new folder (nothing was replaced)")
     now = datetime.datetime.now(datetime.timezone.utc)
     valid = dict(not_valid_before=now - datetime.timedelta(minutes=5),
                  not_valid_after=now + datetime.timedelta(days=VALID_DAYS))
@@ -81,7 +104,7 @@ def make_pki(folder: Path, *, hosts: Sequence[str] = ("127.0.0.1", "localhost", 
     server = (x509.CertificateBuilder().subject_name(_name(hosts[0])).issuer_name(ca.subject)
               .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
               .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"])
-              .add_extension(x509.SubjectAlternativeName([_alt_name(h) for h in hosts]), critical=False)
+              .add_extension(x509.SubjectAlternativeName(names), critical=False)
               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
               .sign(ca_key, hashes.SHA384()))

@@ -232,7 +232,7 @@ class Loopback:
         make_bin(self.bin, node_poll=self.node_poll)
         self.port = free_port()
         if self.tls:
-            self.pki = certs.make_pki(self.workdir / "pki", nodes=self.n)
+            self.pki = certs.make_pki(self.workdir / "pki", nodes=self.n, replace=True)  # its own folder
         self._write_connection()
         cmd = ["flower-superlink", "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
                "--port", str(self.port)]

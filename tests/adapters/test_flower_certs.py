@@ -1,0 +1,36 @@
+"""`secfed flower certs`: a CA, the SuperLink's certificate and SuperNode keys — never over existing ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+from cryptography import x509
+
+from secfed.cli.main import cli
+
+
+def certs(*args: str):
+    return CliRunner().invoke(cli, ["flower", "certs", *args], env={"COLUMNS": "250"})
+
+
+def test_certs_never_replace_a_ca_and_name_a_host_no_certificate_can_hold(tmp_path: Path) -> None:
+    """(review: a second `flower certs` into the same folder silently replaced ca.key — every certificate
+    it had signed lost; --host "" or "ünï.example" and a folder under /proc were tracebacks; "a b" was
+    accepted as a DNS name)"""
+    pki = tmp_path / "pki"
+    assert certs(str(pki), "--nodes", "1").exit_code == 0
+    ca_key = (pki / "ca.key").read_bytes()
+    again = certs(str(pki), "--nodes", "1")
+    assert again.exit_code == 2 and "already holds ca.pem, ca.key" in again.output
+    assert (pki / "ca.key").read_bytes() == ca_key
+    for host in ("", "a b", "x..y"):
+        result = certs(str(tmp_path / "bad"), "--host", host)
+        assert result.exit_code == 2 and "--host" in result.output and "neither an IP" in result.output, host
+    assert not (tmp_path / "bad").exists()
+    assert certs(str(tmp_path / "idn"), "--host", "ünï.example", "--host", "10.0.0.1").exit_code == 0
+    server = x509.load_pem_x509_certificate((tmp_path / "idn" / "server.pem").read_bytes())
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["xn--n-nga1b.example"]
+    result = certs("/proc/secfed-certs")
+    assert result.exit_code == 2 and "cannot write there" in result.output
