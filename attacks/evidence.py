@@ -82,11 +82,12 @@ def open_for_audit(path: Path, *, data_root: Path | None = None, device: str | N
     checkpoint, state, cfg = read_run(path)  # a damaged newest checkpoint: the one before it, with a warning
     if device is not None:
         cfg.run.device = device
-    run_dir = checkpoint.parent.parent
+    run_dir = ckpt.run_dir_of(checkpoint)
     fed = build(cfg, run_dir=run_dir, data_root=data_root, train_images=True, saved=True)
     check_data(fed, state, data_root)
     history, rounds_done, _ = restore(fed, state, checkpoint)
-    return AuditedRun(run_dir, checkpoint, sha256_file(checkpoint), rounds_done, cfg, fed, history)
+    # a checkpoint kept outside a run directory has no recorded rounds: its own folder holds none
+    return AuditedRun(run_dir or checkpoint.parent, checkpoint, sha256_file(checkpoint), rounds_done, cfg, fed, history)
 
 
 def client_index(run: AuditedRun, client: str | None) -> int:

@@ -24,6 +24,7 @@ def evaluate_command(run: Path, data_root: Path | None, threads: int | None, jso
     algorithm)."""
     from secfed.cli.progress import RichReporter
     from secfed.cli.train import print_domains
+    from secfed.federation import checkpoint as ckpt
     from secfed.federation.evaluate import evaluate_final
     from secfed.federation.runtime import domain_row, open_run, privacy_summary
 
@@ -42,7 +43,8 @@ def evaluate_command(run: Path, data_root: Path | None, threads: int | None, jso
         else:
             row["train_images"] = sum(images[k] for k in domain.client_ids)
             seen.append(row)
-    summary = {"run_dir": str(checkpoint.parent.parent), "checkpoint": str(checkpoint), "rounds": int(state["rounds_done"]),
+    run_dir = ckpt.run_dir_of(checkpoint)
+    summary = {"run_dir": str(run_dir) if run_dir else None, "checkpoint": str(checkpoint), "rounds": int(state["rounds_done"]),
                "algorithm": fed.method.describe(), "domains": seen, "unseen": unseen,
                "privacy": privacy_summary(fed, int(state["rounds_done"]))}
     print_domains(console, seen, unseen)

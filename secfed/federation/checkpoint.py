@@ -235,6 +235,14 @@ class BackgroundWriter:
                 self.wait()
 
 
+def run_dir_of(checkpoint: Path) -> Path | None:
+    """The run directory ``checkpoint`` belongs to — the folder above its ``checkpoints/`` — or None for
+    a checkpoint kept elsewhere, whose folder above is nobody's run (found by review: evaluating a copied
+    checkpoint wrote splits.json into an unrelated folder)."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINT_DIR else None
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     folder = Path(run_dir) / CHECKPOINT_DIR
     if folder.is_symlink():  # a run's checkpoints are its own: a link had a resume write and prune elsewhere

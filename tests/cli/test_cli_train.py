@@ -90,6 +90,16 @@ def test_evaluate_reproduces_the_final_scores_under_the_same_keys(trained: tuple
         assert set(other) == shared, "train --json and evaluate --json use the same keys"
         for key in ("rank1", "mAP", "local_rank1", "train_images"):
             assert other[key] == pytest.approx(d[key])
+    # A checkpoint copied out of its run belongs to no run directory: the folder above it is nobody's (review:
+    # it was reported as the run and a seeded split's splits.json was written into it)
+    loose = run_dir.parent / "loose" / "sub"
+    loose.mkdir(parents=True)
+    newest = sorted((run_dir / "checkpoints").glob("round-*.pt"))[-1]
+    shutil.copy(newest, loose / newest.name)
+    result = invoke(["evaluate", str(loose / newest.name), "--json", "--threads", "2"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["run_dir"] is None, result.output
+    assert sorted(p.name for p in loose.parent.iterdir()) == ["sub"]
+    shutil.rmtree(loose.parent)
 
 
 def test_one_log_line_per_round_on_stderr(synth_root: Path, tmp_path: Path) -> None:
