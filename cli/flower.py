@@ -172,14 +172,42 @@ def require_flower() -> None:
 
 
 def check_reachable(connection: Connection, timeout: float = 5.0) -> None:
-    """Fail early, naming the address, when nothing listens there (flwr's own error is vaguer)."""
+    """Fail early, naming the address, when nothing listens there, and naming the certificate when TLS
+    does not verify (flwr says only "unavailable" for either: found by review)."""
     host, _, port = connection.address.rpartition(":")
+    host = host.strip("[]")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
     except OSError as exc:
         raise click.ClickException(
             f"--flower: the SuperLink at {connection.address} (the connection file's address) cannot be reached: "
             f"{exc.strerror or exc}. Is the SuperLink running, listening there?") from None
+    with sock:
+        if connection.root_certificates is not None:
+            _check_tls(sock, host, connection)
+
+
+def _check_tls(sock: socket.socket, host: str, connection: Connection) -> None:
+    """A TLS handshake as flwr's gRPC makes it: the SuperLink's certificate checked against the
+    connection file's root-certificates and the address's host."""
+    import ssl
+
+    where = f"the SuperLink at {connection.address}"
+    try:
+        context = ssl.create_default_context(cafile=str(connection.root_certificates))
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise click.ClickException(f"--flower: root-certificates = {connection.root_certificates} holds no CA "
+                                   f"certificate ({exc})") from None
+    context.set_alpn_protocols(["h2"])  # gRPC's
+    try:
+        with context.wrap_socket(sock, server_hostname=host):
+            pass
+    except ssl.SSLCertVerificationError as exc:
+        raise click.ClickException(f"--flower: {where} presents a certificate that root-certificates = "
+                                   f"{connection.root_certificates} does not verify: {exc.verify_message}") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise click.ClickException(f"--flower: no TLS session with {where} ({exc}): is it started with TLS, "
+                                   "not --insecure?") from None
 
 
 def check_flower_config(cfg: RunConfig, connection: Connection, resuming: bool) -> None:

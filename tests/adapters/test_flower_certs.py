@@ -34,3 +34,46 @@ def test_certs_never_replace_a_ca_and_name_a_host_no_certificate_can_hold(tmp_pa
     assert names.get_values_for_type(x509.DNSName) == ["xn--n-nga1b.example"]
     result = certs("/proc/secfed-certs")
     assert result.exit_code == 2 and "cannot write there" in result.output
+
+
+def test_a_superlink_certificate_that_does_not_verify_is_named_before_the_run_starts(tmp_path: Path) -> None:
+    """(review: another CA, an expired certificate or one for another host all ended in flwr's "Connection
+    to the SuperLink is unavailable"; the cause was only in the SuperLink's log)"""
+    import socket
+    import ssl
+    import threading
+
+    import click
+    import pytest
+
+    from secfed.adapters.flower.certs import make_pki
+    from secfed.cli.flower import Connection, check_reachable
+
+    ours, theirs = make_pki(tmp_path / "ours", hosts=("127.0.0.1",)), make_pki(tmp_path / "theirs")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(ours.server_cert, ours.server_key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server.wrap_socket(conn, server_side=True).close()
+            except (ssl.SSLError, OSError):
+                conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        check_reachable(Connection(f"127.0.0.1:{port}", ours.ca_cert, None))  # the right CA: passes
+        (tmp_path / "garbage.pem").write_text("not a certificate")
+        for ca, said in ((theirs.ca_cert, "does not verify"), (tmp_path / "garbage.pem", "holds no CA certificate")):
+            with pytest.raises(click.ClickException, match=said):
+                check_reachable(Connection(f"127.0.0.1:{port}", ca, None))
+        with pytest.raises(click.ClickException, match="does not verify: .*(mismatch|match)"):
+            check_reachable(Connection(f"localhost:{port}", ours.ca_cert, None))  # made for 127.0.0.1 alone
+    finally:
+        listener.close()

@@ -24,8 +24,9 @@ from secfed.protocols import MalformedMessage
 NODE = Expected(hosted=(1, 3), trains=(1,), names=frozenset({"plaza"}), baselines=frozenset({"plaza", "gate"}))
 SHAPE = json.dumps([["model", 1000, "float", 8.0, [[990, 10]]], ["ring", 10, "ring", None]])
 SCORE = {"rank1": 0.5, "rank5": 0.7, "rank10": 0.8, "mAP": 0.4}
-CENSUS = {"info": {"fingerprint": "f" * 64, "clients": [{"id": 0}, {"id": 1}]}, "global_classes": 4,
-          "domains": [["campus", [0]]]}
+CENSUS = {"info": {"fingerprint": "f" * 64, "clients": [{"id": 0, "name": "a", "images": 9, "classes": 2},
+                                                        {"id": 1, "name": "b", "images": 9, "classes": 2}]},
+          "global_classes": 4, "domains": [["campus", [0]]]}
 
 
 def _train(**fields) -> RecordDict:
@@ -129,8 +130,18 @@ def test_hello_and_scores_replies_are_checked_too() -> None:
     hello = RecordDict({STEP: ConfigRecord({"sites": [0], "census": json.dumps(CENSUS)})})
     sites, census = hello_reply(2, hello)
     assert sites == [0] and census.info["fingerprint"] == "f" * 64
+    # (review: counts the server sizes its heads by were read unchecked — a list for a client, no classes,
+    # a negative or a 10^12 identity count: TypeError, KeyError, RuntimeError or 128 TB asked of the SuperLink)
+    def counts(**changed) -> str:
+        clients = [{**CENSUS["info"]["clients"][0], **changed}, CENSUS["info"]["clients"][1]]
+        return json.dumps({**CENSUS, "info": {**CENSUS["info"], "clients": clients}})
+
     for broken in ({"sites": [0]}, {"sites": [0], "census": json.dumps({"global_classes": 1})},
-                   {"sites": [0], "census": json.dumps({**CENSUS, "info": {}})}):
+                   {"sites": [0], "census": json.dumps({**CENSUS, "info": {}})},
+                   {"sites": [0], "census": json.dumps({**CENSUS, "info": {**CENSUS["info"], "clients": [[1, 2]]}})},
+                   {"sites": [0], "census": counts(classes=None)}, {"sites": [0], "census": counts(classes=10)},
+                   {"sites": [0], "census": counts(images=10**12, classes=10**12)},
+                   {"sites": [0], "census": json.dumps({**CENSUS, "global_classes": -5})}):
         with pytest.raises(MalformedReply, match="SuperNode 2: malformed hello reply"):
             hello_reply(2, RecordDict({STEP: ConfigRecord(broken)}))
     scores = RecordDict({STEP: ConfigRecord({"scores": json.dumps([[0, "global", "campus", SCORE]])})})

@@ -186,7 +186,28 @@ def hello_reply(node: int, content: RecordDict) -> tuple[list[int], Census]:
         census = Census.from_dict(_json(out, "census", dict))
         if not isinstance(census.info.get("fingerprint"), str) or not isinstance(census.info.get("clients"), list):
             raise TypeError("the census needs the data's fingerprint and its clients")
+        _check_counts(census)
         return [int(k) for k in out["sites"]], census
+
+
+CENSUS_MAX_CLASSES = 1_000_000  # identities the server's heads may hold: 2 GB of classifier at a 512-wide neck
+
+
+def _check_counts(census: Census) -> None:
+    """The counts the server sizes its models by (found by review: a negative identity count raised in
+    torch, and 10^12 asked the SuperLink for 128 TB — every node must send the same census, so all of
+    them colluding, or one in unauthenticated mode)."""
+    classes = 0
+    for i, c in enumerate(census.info["clients"]):
+        counts = [c.get(k) if isinstance(c, dict) else None for k in ("images", "classes")]
+        if not (isinstance(c, dict) and isinstance(c.get("name"), str) and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in counts) and counts[1] <= counts[0]):
+            raise TypeError(f"client {i} of the census needs its name and its image and identity counts "
+                            "(1 ≤ identities ≤ images)")
+        classes += counts[1]
+    if not 1 <= census.global_classes <= CENSUS_MAX_CLASSES or classes > CENSUS_MAX_CLASSES:
+        raise ValueError(f"the census counts {max(classes, census.global_classes):,} identities (at most "
+                         f"{CENSUS_MAX_CLASSES:,} are sized for)")
 
 
 def scores_reply(node: int, content: RecordDict, hosted: Iterable[int]) -> dict[tuple[int, str, str], Any]:
