@@ -257,6 +257,11 @@ def test_compare_never_writes_over_a_run_and_shows_names_from_files_as_text(trac
         (run / "summary.json").write_text(json.dumps(broken))
         result = invoke(["compare", str(run)])
         assert result.exit_code == 2 and what in result.output, result.output
+    (run / "summary.json").write_bytes(before)
+    with (run / "metrics.jsonl").open("r+b") as log:  # sparse: no disk used
+        log.truncate((1 << 30) + 1)
+    result = invoke(["compare", str(run)])
+    assert result.exit_code == 2 and "more than a secfed run writes" in result.output
     from secfed.evaluation.compare import labels_for
 
     assert labels_for([Path("p/q/run"), Path("s/q/run"), Path("a/run2")]) == ["p/q/run", "s/q/run", "run2"]

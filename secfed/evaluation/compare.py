@@ -22,6 +22,10 @@ from secfed import atomic_file
 from secfed.errors import printable
 
 
+MAX_SUMMARY_BYTES = 64 << 20  # a summary of thousands of domains is a few MB
+MAX_METRICS_BYTES = 1 << 30  # a round's record is a few kB: 100,000s of rounds fit
+
+
 class RunUnreadable(ValueError):
     """A path given to ``secfed compare`` is not a finished run directory."""
 
@@ -126,9 +130,12 @@ def load_run(path: Path) -> ComparedRun:
     if not summary_file.exists():
         raise RunUnreadable(f"{path}: no summary.json — the run has not finished (continue it with "
                             f"secfed train --resume {path})")
-    for file in (summary_file, metrics_file):
+    for file, limit in ((summary_file, MAX_SUMMARY_BYTES), (metrics_file, MAX_METRICS_BYTES)):
         if file.exists() and not file.is_file():  # a FIFO would block the reader for ever (found by review)
             raise RunUnreadable(f"{file}: not a regular file")
+        if file.exists() and file.stat().st_size > limit:  # read whole: a sparse 16 GB file was a MemoryError (review)
+            raise RunUnreadable(f"{file}: {file.stat().st_size:,} bytes, more than a secfed run writes "
+                                f"({limit:,} at most are read)")
     summary = _read(_Summary, summary_file, summary_file.read_bytes, "a secfed summary")
     lines = _read(None, metrics_file, metrics_file.read_bytes, "").splitlines() if metrics_file.exists() else []
     history = [_read(_Record, f"{metrics_file} line {i}", lambda: line, "a secfed round record").model_dump()

@@ -282,6 +282,7 @@ def load_checkpoint(path: Path, *, follow_link: bool = True) -> dict[str, Any]:
         # (torch's own advice to retry with weights_only=False is the wrong one for a file from elsewhere)
         reason = ("it holds objects other than tensors and plain data, which secfed never writes: not loaded"
                   if "Weights only load failed" in str(exc) else str(exc).split("\n")[0])
+        reason = reason or (f"empty file ({type(exc).__name__})" if st.st_size == 0 else type(exc).__name__)
         raise CheckpointError(f"{path}: not a readable secfed checkpoint ({reason})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a secfed checkpoint")

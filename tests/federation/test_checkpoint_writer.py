@@ -271,3 +271,11 @@ def test_dfs_released_again_after_a_kill_are_counted_in_the_dfs_epsilon() -> Non
     fed.config.schedule.rounds = 6
     with pytest.warns(ckpt.CheckpointWarning, match="counts 7 releases"):
         _charge_lost_dfs_releases(fed, late, rounds_done=5)
+
+
+def test_an_empty_file_is_named_as_one(tmp_path: Path) -> None:
+    """(review: `secfed evaluate` of an empty file said "not a readable secfed checkpoint ()")"""
+    empty = tmp_path / "round-0001.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(ckpt.CheckpointError, match=r"not a readable secfed checkpoint \(empty file"):
+        ckpt.load_checkpoint(empty)
