@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -579,3 +580,7 @@ def test_a_cache_folder_is_read_not_trusted_and_odd_out_folders_are_named(tmp_pa
     result = CliRunner().invoke(cli, ["data", "synth", "sy[/b]", "--domains", "1", "--scale", "0.05", "--height",
                                       "32", "--width", "16"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "sy[/b]" in result.output, result.output
+    bad = os.fsdecode(b"bad\xff")
+    result = CliRunner().invoke(cli, ["data", "synth", bad, "--domains", "1", "--scale", "0.05", "--height", "32",
+                                      "--width", "16"])
+    assert result.exit_code == 2 and "not valid UTF-8" in result.output and not (empty / bad).exists()

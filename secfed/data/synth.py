@@ -313,6 +313,10 @@ def generate(out: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, 
     check_options(domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
                   public=public)
     out = Path(out).absolute()
+    try:  # the loaders refuse names that are not UTF-8: refused before the data is made, not after (review)
+        str(out).encode("utf-8")
+    except UnicodeEncodeError:
+        raise SynthOptionError("OUT", f"{printable(out)}: the name is not valid UTF-8; rename it") from None
     if out == Path.cwd().absolute():  # it is replaced whole at the end: not the folder a shell stands in (review)
         raise SynthOptionError("OUT", f"{printable(out)} is the current directory: give a new folder (e.g. ./synth)")
     tmp = _prepare_out(out)
