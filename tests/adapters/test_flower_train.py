@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from secfed.adapters.flower import Cohort
 from secfed.adapters.flower import node as node_files
 from secfed.adapters.flower.client_app import BROADCAST, STEP, app as client_app
-from secfed.adapters.flower.server_app import FlowerRun, Settings
+from secfed.adapters.flower.server_app import DeploymentError, FlowerRun, Settings
 from secfed.adapters.flower import site_host
 from secfed.adapters.flower import sites as sites_module
 from secfed.adapters.flower.sites import NodeSites, own_nodes_policy
@@ -841,3 +841,18 @@ def test_two_flower_local_commands_of_one_run_never_share_its_folders(tmp_path):
                 pass
     with _in_use(work, tmp_path / "r"):  # free again once the first ended
         pass
+
+
+def test_a_node_refusing_the_session_by_its_policy_stops_the_run_by_name(small_config, tmp_path, capsys):
+    """(review: 22 nodes refusing the sparse graph `--secagg-graph auto` chose — or any node whose policy
+    refuses the sessions the server writes — made every round abort with nothing released, and the run
+    "finished"; here a node needing 5 clients in a session of 2)"""
+    cfg = small_config
+    cfg.secagg.enabled = True
+    cfg.run.local_baseline = False
+    grid, cohort = flower_nodes(tmp_path, 2, cfg, node_config=lambda p: {"secfed-min-clients": 5} if p else {})
+    with pytest.raises(DeploymentError, match="SuperNode 2001 refuses the secure aggregation session by its "
+                                              "policy: session of 2 clients; this node needs at least 5"):
+        FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
+                                 poll=0.01)).run()
+    assert "round 2" not in capsys.readouterr().out  # stopped at the first refusal

@@ -103,6 +103,11 @@ class SessionRefused(ProtocolError):
     small), or a masked input was asked for twice: the node takes no part."""
 
 
+class PolicyRefused(SessionRefused):
+    """The session breaks this node's policy (:meth:`SecAggMod.check_session`): the next session the
+    server writes the same way is refused too, so the server stops rather than retry."""
+
+
 def enrol_payload(run_id: int, node_id: int, nonce: bytes) -> bytes:
     """What a node signs to prove it holds the identity it enrols with."""
     return transcript("flower-enrol", run_id, node_id, nonce)
@@ -174,13 +179,13 @@ class SecAggMod:
     def check_session(self, context: Context, config: SessionConfig) -> None:
         minimum = int(self._setting(context, self.min_clients, MIN_CLIENTS_KEY, 2))  # type: ignore[arg-type]
         if config.n_clients < minimum:
-            raise SessionRefused(f"session of {config.n_clients} clients; this node needs at least {minimum}")
+            raise PolicyRefused(f"session of {config.n_clients} clients; this node needs at least {minimum}")
         self._check_collusion(context, config)
         if config.authenticated and not config.params.complete and \
                 not node.yes(self._setting(context, self.allow_sparse, ALLOW_SPARSE_KEY, False)):
             # Authenticated mode is for a server that may lie; on a sparse graph such a server can
             # declare a small group's outside neighbours dropped and learn the group's sum (SECURITY.md)
-            raise SessionRefused(
+            raise PolicyRefused(
                 f"session on a sparse graph (k = {config.params.degree} of {config.n_clients - 1}) refused: a "
                 "malicious server can learn sums over small groups of honest clients on one (SECURITY.md, "
                 f"'Against a malicious server'); run the server with --secagg-graph complete, or set "
@@ -188,13 +193,13 @@ class SecAggMod:
         if not config.authenticated:
             allowed = self._setting(context, self.allow_unauthenticated, ALLOW_UNAUTHENTICATED_KEY, False)
             if not node.yes(allowed):
-                raise SessionRefused(f"unauthenticated session refused (set {ALLOW_UNAUTHENTICATED_KEY}=true to allow "
+                raise PolicyRefused(f"unauthenticated session refused (set {ALLOW_UNAUTHENTICATED_KEY}=true to allow "
                                      "a server trusted to follow the protocol)")
             return
         cohort = self.trusted(context)
         strangers = [i for i, key in enumerate(config.identity_keys) if key not in cohort]
         if strangers:
-            raise SessionRefused(f"session lists identity keys this node does not trust (clients {strangers})")
+            raise PolicyRefused(f"session lists identity keys this node does not trust (clients {strangers})")
 
     def _check_collusion(self, context: Context, config: SessionConfig) -> None:
         """The session must withstand the colluders this node assumes (see the module docstring)."""
@@ -202,7 +207,7 @@ class SecAggMod:
                                CORRUPT_FRACTION_KEY, below=1.0)
         params, assumed = config.params, math.floor(fraction * config.n_clients)
         if not withstands(params, assumed, dropout_floor=DROPOUT_FLOOR):
-            raise SessionRefused(
+            raise PolicyRefused(
                 f"session (k = {params.degree}, threshold {params.threshold}, bound {params.collusion_bound}) does not "
                 f"withstand {assumed} colluding clients, as this node assumes ({CORRUPT_FRACTION_KEY}={fraction} of "
                 f"{config.n_clients})")
