@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import math
 import os
 import re
 import secrets
@@ -99,7 +98,8 @@ class Connection:
                                      param_hint=where)
         address = raw.get("address")
         port = address.rpartition(":")[2] if isinstance(address, str) else ""
-        if not isinstance(address, str) or not address.rpartition(":")[0] or not port.isdigit() or not 0 < int(port) < 65536:
+        if not isinstance(address, str) or not _HOST.fullmatch(address.rpartition(":")[0]) or not port.isdigit() \
+                or not port.isascii() or not 0 < int(port) < 65536:  # the host goes into flwr's TOML: no quotes
             raise click.BadParameter(f"{path}: address must be \"host:port\" (port 1–65535), got {address!r}",
                                      param_hint=where)
         insecure = raw.get("insecure", False)
@@ -125,8 +125,8 @@ class Connection:
         for key in ("phase-timeout", "train-timeout", "start-timeout"):
             if key in raw:
                 value = raw[key]
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                    raise click.BadParameter(f"{path}: {key} must be a positive, finite number of seconds, "
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+                    raise click.BadParameter(f"{path}: {key} must be a positive number of seconds below 10⁹, "
                                              f"got {value!r}", param_hint=where)  # nan crashed the ServerApp
                 timeouts[key.replace("-", "_")] = float(value)
         public = raw.get("public-root")
@@ -161,6 +161,9 @@ class Connection:
             lines.append("stop-on-refusal = true")
         path.write_text("\n".join(lines) + "\n")
         return path
+
+
+_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]", re.ASCII)  # a name, an IPv4 or a bracketed IPv6 address
 
 
 def require_flower() -> None:
@@ -411,7 +414,11 @@ def keys_command(state_dir: Path, name: str) -> None:
         key = node_files.identity_key(folder)
     except node_files.NodeSetupError as exc:
         raise click.BadParameter(str(exc), param_hint="--state-dir") from None
-    click.echo(f'{json.dumps(name)} = "{node_files.public_identity(key).hex()}"')  # TOML, whatever the name holds
+    try:
+        line = f'{node_files.toml_key(name)} = "{node_files.public_identity(key).hex()}"'  # TOML, whatever the name
+    except node_files.NodeSetupError as exc:
+        raise click.BadParameter(str(exc), param_hint="--name") from None
+    click.echo(line)
 
 
 @flower_group.command("certs")

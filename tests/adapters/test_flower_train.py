@@ -474,8 +474,10 @@ def test_settings_a_flower_run_cannot_honour_are_refused_by_name(tmp_path, synth
                            # (review: nan passed and crashed the ServerApp; a NUL in a path and a string
                            # `insecure` were a traceback and silently ignored; a broken cohort file was the
                            # ServerApp's traceback, read from that path on the SuperLink's machine)
-                           ('address = "h:1"\ninsecure = true\nphase-timeout = nan\n', "positive, finite"),
-                           ('address = "h:1"\ninsecure = true\ntrain-timeout = inf\n', "positive, finite"),
+                           ('address = "h:1"\ninsecure = true\nphase-timeout = nan\n', "below 10⁹"),
+                           ('address = "h:1"\ninsecure = true\ntrain-timeout = inf\n', "below 10⁹"),
+                           ('address = "h:1"\ninsecure = true\ntrain-timeout = ' + "9" * 400 + "\n", "below 10⁹"),
+                           ('address = "h\\"x\\n:1"\ninsecure = true\n', "address must be"),
                            ('address = "h:1"\nroot-certificates = "ca.pem\\u0000x"\n', "must be a file's path"),
                            ('address = "h:1"\ninsecure = "yes"\n', "insecure must be true or false"),
                            ('address = "h:1"\ninsecure = true\ncohort = "bad.toml"\n', "cohort: ")):
@@ -487,8 +489,10 @@ def test_settings_a_flower_run_cannot_honour_are_refused_by_name(tmp_path, synth
     from secfed.adapters.flower import node as node_files
     from secfed.adapters.flower.server_app import Settings
 
-    cohort = node_files.Cohort({'a"b': bytes(range(32))})
-    assert node_files.Cohort.loads(cohort.dumps()) == cohort  # a name holding a quote stays TOML
+    cohort = node_files.Cohort({'a"b': bytes(range(32)), "lab\U0001F52C\n": bytes(range(1, 33))})
+    assert node_files.Cohort.loads(cohort.dumps()) == cohort  # a quote, a newline, beyond the BMP: still TOML
+    with pytest.raises(node_files.NodeSetupError, match="not valid Unicode"):
+        node_files.Cohort({"bad\udcff": bytes(32)})  # (review: such names were written as surrogate escapes)
     settings = Settings.from_run_config({"secfed-config": json.dumps(RunConfig().to_dict()), "secfed-run-dir": "r",
                                          "secfed-token": "t", "secfed-cohort-toml": cohort.dumps()})
     assert settings.cohort == cohort

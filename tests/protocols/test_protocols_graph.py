@@ -211,6 +211,7 @@ def test_where_the_quorum_alone_misses_the_target_the_graph_is_sized_for_the_res
             # the miss is the quorum's, and no (k, t) avoids it: even at its least bound b = c (t ≤ c + 1)
             least = GraphParams(n, n - 1, p.corrupt_bound + 1, corrupt_bound=p.corrupt_bound, dropout_rate=0.1)
             assert quorum >= g._quorum_failure(least) > 2.0**-20
-    assert [n for n in range(22, 38) if choose_params(n).correctness_failure > 2.0**-20] == \
-        [*range(22, 36), 37]
+    missed = {n: math.log2(choose_params(n).correctness_failure) for n in range(22, 38)}
+    assert [n for n, bits in missed.items() if bits > -20] == [*range(22, 36), 37]
+    assert (round(max(missed.values()), 1), round(min(b for b in missed.values() if b > -20), 1)) == (-12.1, -19.8)
     assert all(choose_params(n).correctness_failure <= 2.0**-20 for n in range(38, 130))

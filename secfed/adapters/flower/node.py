@@ -201,6 +201,17 @@ def open_state(key: bytes, sealed: bytes, *, purpose: str, run_id: int, node_id:
 # ---- the cohort the deployment trusts ---------------------------------------------------------------
 
 
+def toml_key(name: str) -> str:
+    """``name`` as a quoted TOML key: JSON's escapes are TOML's, but a character beyond the BMP must stay
+    itself, not a surrogate pair TOML refuses (found by review: "lab🔬"); NodeSetupError for a name that
+    is no Unicode text (a lone surrogate from undecodable bytes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NodeSetupError(f"site name {name!r} is not valid Unicode text") from None
+    return json.dumps(name, ensure_ascii=False)
+
+
 @dataclass(frozen=True)
 class Cohort:
     """The sites a deployment trusts: name → Ed25519 public identity key (32 bytes).
@@ -214,6 +225,8 @@ class Cohort:
     sites: Mapping[str, bytes]
 
     def __post_init__(self) -> None:
+        for name in self.sites:
+            toml_key(name)  # a name TOML cannot hold is refused here, not when the file is read back
         keys = list(self.sites.values())
         if len(set(keys)) != len(keys):
             raise NodeSetupError("cohort lists one identity key under two names")
@@ -261,5 +274,5 @@ class Cohort:
 
     def dumps(self) -> str:
         lines = ["# secfed cohort: the sites this deployment trusts and their Ed25519 identity keys", "[sites]"]
-        lines += [f'{json.dumps(name)} = "{key.hex()}"' for name, key in self.sites.items()]  # a name may hold "
+        lines += [f'{toml_key(name)} = "{key.hex()}"' for name in self.sites for key in (self.sites[name],)]
         return "\n".join(lines) + "\n"
