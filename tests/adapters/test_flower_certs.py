@@ -24,14 +24,18 @@ def test_certs_never_replace_a_ca_and_name_a_host_no_certificate_can_hold(tmp_pa
     again = certs(str(pki), "--nodes", "1")
     assert again.exit_code == 2 and "already holds ca.pem, ca.key" in again.output
     assert (pki / "ca.key").read_bytes() == ca_key
-    for host in ("", "a b", "x..y"):
+    # (review of the fix: a CN of a 74-character host raised; "*.com", "127.1", "0x7f000001" and "-a-.example"
+    # made certificates no client matches; a trailing dot too)
+    for host in ("", "a b", "x..y", "*.com", "127.1", "0x7f000001", "-a-.example"):
         result = certs(str(tmp_path / "bad"), "--host", host)
         assert result.exit_code == 2 and "--host" in result.output and "neither an IP" in result.output, host
     assert not (tmp_path / "bad").exists()
-    assert certs(str(tmp_path / "idn"), "--host", "ünï.example", "--host", "10.0.0.1").exit_code == 0
+    long = ".".join(["label"] * 12) + ".example"  # 79 characters
+    assert certs(str(tmp_path / "idn"), "--host", "ünï.example", "--host", "10.0.0.1", "--host", "sl.example.",
+                 "--host", long, "--host", "secfed_superlink").exit_code == 0
     server = x509.load_pem_x509_certificate((tmp_path / "idn" / "server.pem").read_bytes())
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert names.get_values_for_type(x509.DNSName) == ["xn--n-nga1b.example"]
+    assert names.get_values_for_type(x509.DNSName) == ["xn--n-nga1b.example", "sl.example", long, "secfed_superlink"]
     result = certs("/proc/secfed-certs")
     assert result.exit_code == 2 and "cannot write there" in result.output
 

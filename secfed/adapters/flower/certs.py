@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from secfed import atomic_file
+from secfed import atomic_file, locking
 
 VALID_DAYS = 3650
 
@@ -53,7 +54,12 @@ def _name(common: str) -> x509.Name:
                       x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
-_DNS_NAME = re.compile(r"(\*\.)?[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.?", re.ASCII)
+# Labels of letters, digits, hyphens inside and underscores (container names use them); a wildcard only
+# over two labels or more; the last label not a number (127.1 and 0x7f000001 are addresses no resolver
+# reads as names: found by review)
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_DNS_NAME = re.compile(rf"(?:\*\.(?={_LABEL}\.{_LABEL}))?(?:{_LABEL}\.)*{_LABEL}", re.ASCII)
+_NUMBER = re.compile(r"[0-9]+|0[xX][0-9A-Fa-f]*", re.ASCII)
 
 
 def _alt_name(host: str) -> x509.GeneralName:
@@ -64,11 +70,11 @@ def _alt_name(host: str) -> x509.GeneralName:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
         pass
-    try:
-        name = host.encode("idna").decode("ascii")
+    try:  # a trailing dot (the root) is dropped: clients match the name without it (found by review)
+        name = host.removesuffix(".").encode("idna").decode("ascii")
     except UnicodeError:
         name = ""
-    if not _DNS_NAME.fullmatch(name) or len(name) > 253:
+    if not _DNS_NAME.fullmatch(name) or len(name) > 253 or _NUMBER.fullmatch(name.rsplit(".", 1)[-1]):
         raise ValueError(f"{host!r} is neither an IP address nor a host name")
     return x509.DNSName(name)
 
@@ -84,8 +90,13 @@ def make_pki(folder: Path, *, hosts: Sequence[str] = ("127.0.0.1", "localhost", 
         raise ValueError("at least one host the SuperLink is reached at")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     ours = ["ca.pem", "ca.key", "server.pem", "server.key", *(f"node-{i}.{e}" for i in range(nodes) for e in ("key", "pub"))]
-    if not replace and (there := [n for n in ours if (folder / n).exists()]):
-        raise FileExistsError(f"{folder} already holds {', '.join(there)}: give a new folder (nothing was replaced)")
+    with locking.exclusive(folder / ".pki.lock", wait=60):  # two commands at once: the second sees the first's files
+        if not replace and (there := [n for n in ours if os.path.lexists(folder / n)]):
+            raise FileExistsError(f"{folder} already holds {', '.join(there)}: give a new folder (nothing was replaced)")
+        return _write_pki(folder, names, nodes)
+
+
+def _write_pki(folder: Path, names: list[x509.GeneralName], nodes: int) -> Pki:
     now = datetime.datetime.now(datetime.timezone.utc)
     valid = dict(not_valid_before=now - datetime.timedelta(minutes=5),
                  not_valid_after=now + datetime.timedelta(days=VALID_DAYS))
@@ -101,7 +112,7 @@ def make_pki(folder: Path, *, hosts: Sequence[str] = ("127.0.0.1", "localhost", 
           .sign(ca_key, hashes.SHA384()))
 
     server_key = ec.generate_private_key(ec.SECP384R1())
-    server = (x509.CertificateBuilder().subject_name(_name(hosts[0])).issuer_name(ca.subject)
+    server = (x509.CertificateBuilder().subject_name(_name("secfed SuperLink")).issuer_name(ca.subject)  # the SAN names it
               .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
               .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"])
               .add_extension(x509.SubjectAlternativeName(names), critical=False)
