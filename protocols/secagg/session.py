@@ -20,6 +20,7 @@ from functools import cached_property
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ..crypto import PUBLIC_KEY_BYTES, encode_parts, public_bytes, transcript
+from ..edwards import weak_identity_key
 from ..errors import OverflowRefused
 from ..quantize import largest_cohort
 from ..quantize import ring_bits as bits_for_sum
@@ -160,6 +161,8 @@ class SessionConfig:
             for i, key in enumerate(self.identity_keys):
                 if len(key) != PUBLIC_KEY_BYTES:
                     raise ValueError(f"identity key of client {i} must be 32 raw bytes, got {len(key)}")
+                if weak := weak_identity_key(bytes(key)):
+                    raise ValueError(f"identity key of client {i} is {weak}: it can stand for no one identity")
             check_distinct(self.identity_keys)
         elif self.identity_keys:
             raise ValueError("identity_keys are only used in authenticated mode")

@@ -229,7 +229,7 @@ def test_only_weighted_mean_strategies_are_accepted():
 def test_session_config_bytes_round_trip_and_refuse_damage():
     params = GraphParams.explicit(5, 4, 2, corrupt_bound=1, dropout_rate=0.1)
     config = SessionConfig(bytes(range(16)), 3, params, 11, input_bound=1000, server_key=bytes([9]) * 32,
-                           identity_keys=tuple(bytes([i]) * 32 for i in range(5)))
+                           identity_keys=identity_keys(5))
     data = encode_session(config)
     assert decode_session(data) == config and decode_session(data).digest == config.digest
     for cut in range(len(data)):
@@ -241,6 +241,13 @@ def test_session_config_bytes_round_trip_and_refuse_damage():
         decode_session(data[:7] + b"\x01" + data[8:])
     with pytest.raises(MalformedMessage, match="needs 14 bits"):
         decode_session(data[:6] + b"\x01" + data[7:])  # a 1-bit ring cannot hold the bound
+
+
+def identity_keys(n: int) -> tuple[bytes, ...]:
+    """n real Ed25519 public keys (a session refuses made-up bytes: small-order points, no points)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return tuple(Ed25519PrivateKey.generate().public_key().public_bytes_raw() for _ in range(n))
 
 
 def _session(params: GraphParams) -> SessionConfig:
@@ -339,8 +346,8 @@ def test_a_session_config_listing_one_identity_in_two_slots_is_refused_on_arriva
     from secfed.protocols.errors import MalformedMessage
 
     config = SessionConfig(b"\0" * 16, 0, choose_params(3), 4, input_bound=None,
-                           server_key=bytes(32), identity_keys=(b"a" * 32, b"b" * 32, b"c" * 32))
-    object.__setattr__(config, "identity_keys", (b"a" * 32, b"b" * 32, b"a" * 32))  # as a lying server builds it
+                           server_key=bytes(32), identity_keys=(keys := identity_keys(3)))
+    object.__setattr__(config, "identity_keys", (*keys[:2], keys[0]))  # as a lying server builds it
     with pytest.raises(MalformedMessage, match="client 2 repeats client 0's"):
         wire.decode_session(wire.encode_session(config))
 
@@ -352,7 +359,7 @@ def test_an_authenticated_session_on_a_sparse_graph_needs_the_nodes_consent(tmp_
     answered). A node now accepts that only when it says so; the complete graph and unauthenticated
     sessions (which need consent of their own) are unaffected."""
     context = Context(1, 7, {node_files.STATE_DIR_KEY: str(tmp_path)}, RecordDict(), {})
-    keys = tuple(bytes([i]) * 32 for i in range(30))
+    keys = identity_keys(30)
     sparse = SessionConfig(bytes(16), 0, choose_params(30), 4, input_bound=None, server_key=bytes(32),
                            identity_keys=keys)
     assert not sparse.params.complete
@@ -374,3 +381,25 @@ def test_an_authenticated_session_on_a_sparse_graph_needs_the_nodes_consent(tmp_
     cfg = RunConfig()
     cfg.secagg.graph = "complete"
     assert "secfed-allow-sparse" not in own_nodes_policy(cfg)
+
+
+def test_an_identity_key_that_can_stand_for_no_one_is_refused_by_the_session_and_the_cohort():
+    """(review: OpenSSL verifies signatures under any 32 bytes that decode — the neutral point written
+    01 00…00 and ee ff…ff 7f passed as two distinct identities, and under a point of small order a
+    signature anyone can make verifies). Known answers: libsodium's blocklist of small-order encodings."""
+    from secfed.protocols.edwards import weak_identity_key
+
+    small_order = ["01" + "00" * 31, "00" * 32, "ec" + "ff" * 30 + "7f",
+                   "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
+                   "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"]
+    for key in small_order:
+        assert "small order" in weak_identity_key(bytes.fromhex(key)), key
+    assert "non-canonical" in weak_identity_key(bytes.fromhex("ee" + "ff" * 30 + "7f"))  # y = p + 1: the neutral point
+    assert "non-canonical" in weak_identity_key(bytes.fromhex("01" + "00" * 30 + "80"))  # x = 0 with the sign bit
+    assert all(weak_identity_key(k) is None for k in identity_keys(50))
+    for key in (bytes.fromhex("01" + "00" * 31), bytes.fromhex("ee" + "ff" * 30 + "7f")):
+        with pytest.raises(ValueError, match="can stand for no one identity"):
+            SessionConfig(bytes(16), 0, choose_params(3), 4, input_bound=None, server_key=bytes(32),
+                          identity_keys=(*identity_keys(2), key))
+        with pytest.raises(node_files.NodeSetupError, match="identity key is a"):
+            node_files.Cohort({"a": identity_keys(1)[0], "weak": key})

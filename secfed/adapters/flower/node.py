@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secfed.protocols.crypto import open_sealed, seal, transcript
+from secfed.protocols.edwards import weak_identity_key
 
 STATE_DIR_KEY = "secfed-state-dir"
 COHORT_KEY = "secfed-cohort"
@@ -233,6 +234,8 @@ class Cohort:
         for name, key in self.sites.items():
             if len(key) != 32:
                 raise NodeSetupError(f"cohort site {name!r}: identity key must be 32 bytes, got {len(key)}")
+            if weak := weak_identity_key(key):  # (found by review: two encodings of the neutral point enrolled)
+                raise NodeSetupError(f"cohort site {name!r}: identity key is {weak}")
 
     def name_of(self, key: bytes) -> str | None:
         return next((name for name, k in self.sites.items() if k == key), None)
