@@ -49,7 +49,7 @@ class AuditError(ValueError):
 
 @dataclass
 class AuditedRun:
-    run_dir: Path
+    run_dir: Path | None  # None: a checkpoint kept outside any run — no recorded rounds, no run folder
     checkpoint: Path
     checkpoint_sha256: str
     rounds_done: int
@@ -86,8 +86,9 @@ def open_for_audit(path: Path, *, data_root: Path | None = None, device: str | N
     fed = build(cfg, run_dir=run_dir, data_root=data_root, train_images=True, saved=True)
     check_data(fed, state, data_root)
     history, rounds_done, _ = restore(fed, state, checkpoint)
-    # a checkpoint kept outside a run directory has no recorded rounds: its own folder holds none
-    return AuditedRun(run_dir or checkpoint.parent, checkpoint, sha256_file(checkpoint), rounds_done, cfg, fed, history)
+    # a checkpoint kept outside a run has no recorded rounds: the folder it sits in may be another run's
+    # (found by review: a copy in run B's folder was audited against B's recorded uploads)
+    return AuditedRun(run_dir, checkpoint, sha256_file(checkpoint), rounds_done, cfg, fed, history)
 
 
 def client_index(run: AuditedRun, client: str | None) -> int:
@@ -121,6 +122,11 @@ class RoundEvidence:
 
     def start(self, client_id: int) -> torch.Tensor:
         return self.personal.get(client_id, self.broadcast).weights
+
+
+def audit_name(run: AuditedRun) -> str:
+    """What an audit is called: its run's folder name, or a loose checkpoint's file name."""
+    return run.run_dir.resolve().name if run.run_dir else run.checkpoint.resolve().stem
 
 
 def read_recorded(run: AuditedRun, round_number: int) -> RoundEvidence:
@@ -218,7 +224,7 @@ def model_with(run: AuditedRun, client_id: int, weights: torch.Tensor) -> torch.
 
 
 def run_facts(run: AuditedRun) -> dict[str, Any]:
-    return {"run_dir": str(run.run_dir), "checkpoint": str(run.checkpoint), "checkpoint_sha256": run.checkpoint_sha256,
+    return {"run_dir": str(run.run_dir) if run.run_dir else None, "name": audit_name(run), "checkpoint": str(run.checkpoint), "checkpoint_sha256": run.checkpoint_sha256,
             "rounds_done": run.rounds_done, "algorithm": run.fed.method.describe(),
             "channel": run.fed.channel.name, "clients": [{"id": c.site.id, "name": c.site.name,
                                                          "images": c.site.num_examples} for c in run.fed.clients],

@@ -70,7 +70,7 @@ def verdict_rows(report: AuditReport) -> list[tuple[str, str, str, str]]:
 
 def markdown(report: AuditReport, grids: dict[str, Path]) -> str:
     run = report.run
-    lines = [f"# secfed audit — {Path(run['run_dir']).name}", ""]
+    lines = [f"# secfed audit — {run['name']}", ""]
     lines += ["| target | verdict | exposed | why |", "|---|---|---|---|"]
     for target, verdict, exposed, why in verdict_rows(report):
         lines.append(f"| {target} | **{verdict}** | {exposed} | {why.replace('|', '/')} |")
@@ -80,7 +80,7 @@ def markdown(report: AuditReport, grids: dict[str, Path]) -> str:
     if report.statements:
         lines.append("")
     b = report.budget
-    lines.append(f"Run `{run['run_dir']}` · checkpoint `{Path(run['checkpoint']).name}` (sha256 "
+    lines.append(f"Run `{run['run_dir'] or 'none: a checkpoint kept outside any run'}` · checkpoint `{Path(run['checkpoint']).name}` (sha256 "
                  f"`{run['checkpoint_sha256'][:16]}…`) after round {run['rounds_done']} · {run['algorithm']} · "
                  f"channel {run['channel']}.  ")
     if report.round is not None:

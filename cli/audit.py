@@ -82,7 +82,7 @@ def audit_command(run: Path, attack: str, target: str | None, round_: int | None
         raise AuditUsageError(str(exc)) from None
     except (ConfigError, DataError, PretrainedWeightsUnavailable) as exc:
         raise AuditUsageError(f"{run}: {exc}") from None
-    folder = out or Path("audits") / f"{Path(report.run['run_dir']).name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = out or Path("audits") / f"{report.run['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
     paths = write_report(report, folder, save_images=save_images)
     console.print(verdict_table(report))
     for statement in report.statements:

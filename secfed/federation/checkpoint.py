@@ -239,8 +239,11 @@ def run_dir_of(checkpoint: Path) -> Path | None:
     """The run directory ``checkpoint`` belongs to — the folder above its ``checkpoints/`` — or None for
     a checkpoint kept elsewhere, whose folder above is nobody's run (found by review: evaluating a copied
     checkpoint wrote splits.json into an unrelated folder)."""
-    checkpoint = Path(checkpoint)
-    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINT_DIR else None
+    folder = Path(checkpoint).resolve().parent  # as typed, "round-0002.pt" from inside checkpoints/ had no parent
+    run = folder.parent
+    # a folder named checkpoints/ is a run's only beside the run's config.json (review: evaluating a copy in
+    # ~/backup/checkpoints/ wrote splits.json into ~/backup)
+    return run if folder.name == CHECKPOINT_DIR and os.path.lexists(run / "config.json") else None
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

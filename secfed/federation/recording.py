@@ -79,8 +79,10 @@ def write_round(run_dir: Path, round_number: int, uploads: list[Upload], broadca
         list(pool.map(store, files))  # list(): the first error is raised here
 
 
-def recorded_rounds(run_dir: Path) -> list[int]:
-    """The rounds whose uploads the run recorded (1-based), in order."""
+def recorded_rounds(run_dir: Path | None) -> list[int]:
+    """The rounds whose uploads the run recorded (1-based), in order (none without a run directory)."""
+    if run_dir is None:
+        return []
     folder = Path(run_dir) / FOLDER
     if not folder.is_dir():
         return []

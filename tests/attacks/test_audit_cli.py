@@ -124,3 +124,33 @@ def test_the_time_limit_holds_from_the_command_s_start_across_every_target(recor
     assert report["seconds"]["wall"] <= limit + SLACK
     skipped = [t for t in report["targets"] if t["reason"].startswith("not attacked")]
     assert all(t["verdict"] == "INCONCLUSIVE" for t in skipped)  # not attacked is never safe
+
+
+def test_a_checkpoint_kept_outside_its_run_is_audited_without_anyone_elses_recordings(recorded_run: Path,
+                                                                                      tmp_path: Path) -> None:
+    """(review: a checkpoint copied into another run's folder was audited against that run's recorded
+    uploads — "round 2: recorded uploads" — and a folder named checkpoints/ without a config.json beside it
+    was taken for a run, its parent receiving splits.json; typed from inside checkpoints/, a run's own
+    checkpoint skipped its config.json check)"""
+    import os
+
+    from secfed.attacks.evidence import open_for_audit
+
+    newest = ckpt.latest_checkpoint(recorded_run)
+    stray = recorded_run / "from-elsewhere.pt"  # a loose checkpoint lying in a run that recorded its uploads
+    stray.write_bytes(newest.read_bytes())
+    try:
+        audited = open_for_audit(stray)
+        assert audited.run_dir is None and recording.recorded_rounds(audited.run_dir) == []
+    finally:
+        stray.unlink()
+    backup = tmp_path / "backup" / "checkpoints"
+    backup.mkdir(parents=True)
+    (backup / newest.name).write_bytes(newest.read_bytes())
+    assert ckpt.run_dir_of(backup / newest.name) is None  # no config.json beside it: nobody's run
+    here = os.getcwd()
+    os.chdir(newest.parent)
+    try:
+        assert ckpt.run_dir_of(Path(newest.name)) == recorded_run.resolve()
+    finally:
+        os.chdir(here)
