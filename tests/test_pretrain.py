@@ -228,3 +228,13 @@ def test_a_file_that_is_no_backbone_a_fifo_or_a_folder_is_refused_before_anythin
     monkeypatch.setenv("SECFED_CACHE", str(tmp_path / "afile"))
     with pytest.raises(SyntheticWeightsUnavailable, match="cannot be written"):
         pretrain.build(TINY)
+    # a folder that exists but takes no file (review of the fix: an immutable one failed after the training;
+    # root ignores permission bits, so the refusal is simulated where the probe writes)
+    monkeypatch.setenv("SECFED_CACHE", str(tmp_path / "readonly"))
+
+    def refused(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(pretrain.tempfile, "TemporaryFile", refused)
+    with pytest.raises(SyntheticWeightsUnavailable, match="cannot be written .*not permitted"):
+        pretrain.build(TINY)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import re
@@ -556,7 +557,7 @@ def test_a_cache_folder_is_read_not_trusted_and_odd_out_folders_are_named(tmp_pa
     rmdir('.'); an OUT named 'sy[/b]' was a rich MarkupError after the data was written)"""
     import shutil
 
-    tiny = dict(domains=1, scale=0.05, height=32, width=16)
+    tiny = dict(domains=1, scale=0.05, height=32, width=16, public=8)
     made, _ = cached(tmp_path, seed=0, **tiny)
     shutil.copytree(made, tmp_path / made.name.replace("seed0", "seed7"))
     with pytest.raises(DataError, match="other options than its folder's name"):
@@ -565,6 +566,14 @@ def test_a_cache_folder_is_read_not_trusted_and_odd_out_folders_are_named(tmp_pa
     (tmp_path / made.name.replace("seed0", "seed8") / "stray").write_text("")
     with pytest.raises(DataError, match="cannot hold the synthetic data"):
         cached(tmp_path, seed=8, **tiny)
+    for key, value in (("version", 2), ("public", None)):  # (review of the fix: neither was compared)
+        manifest = json.loads((made / "manifest.json").read_text())
+        manifest[key] = value if key == "version" else {**manifest["public"], "images": 4}
+        stale = tmp_path / "stale" / made.name
+        shutil.copytree(made, stale, dirs_exist_ok=True)
+        (stale / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(DataError, match="other options"):
+            cached(tmp_path / "stale", seed=0, **tiny)
     monkeypatch.setattr("secfed.data.synth.generate", lambda path, **_: path.mkdir(parents=True))  # names only
     for scale in (0.15, 0.1500001):
         with pytest.raises(DataError):
@@ -577,6 +586,11 @@ def test_a_cache_folder_is_read_not_trusted_and_odd_out_folders_are_named(tmp_pa
     result = CliRunner().invoke(cli, ["data", "synth", ".", "--domains", "1", "--scale", "0.05", "--height", "32",
                                       "--width", "16"])
     assert result.exit_code == 2 and "current directory" in result.output and not any(empty.iterdir())
+    (tmp_path / "link").symlink_to(tmp_path)  # the current folder spelled through .. or a link (review of the fix)
+    for spelled in ("../here", str(tmp_path / "link" / "here")):
+        result = CliRunner().invoke(cli, ["data", "synth", spelled, "--domains", "1", "--scale", "0.05",
+                                          "--height", "32", "--width", "16"])
+        assert result.exit_code == 2 and "current directory" in result.output and empty.is_dir(), spelled
     result = CliRunner().invoke(cli, ["data", "synth", "sy[/b]", "--domains", "1", "--scale", "0.05", "--height",
                                       "32", "--width", "16"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "sy[/b]" in result.output, result.output

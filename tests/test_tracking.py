@@ -262,6 +262,18 @@ def test_compare_never_writes_over_a_run_and_shows_names_from_files_as_text(trac
         log.truncate((1 << 30) + 1)
     result = invoke(["compare", str(run)])
     assert result.exit_code == 2 and "more than a secfed run writes" in result.output
+    (run / "metrics.jsonl").write_text("")
+    # (review of the fix: "$\\foo{$" in a name raised in matplotlib's maths; a --plot link to itself raised
+    # RuntimeError; one run given twice, or as ".", was two columns, one labelled "")
+    maths = json.loads(before)
+    maths["domains"][0]["name"] = "$\\foo{$"
+    (run / "summary.json").write_text(json.dumps(maths))
+    assert invoke(["compare", str(run), "--plot", str(tmp_path / "maths.png")]).exit_code == 0
+    (tmp_path / "loop.png").symlink_to("loop.png")
+    result = invoke(["compare", str(run), "--plot", str(tmp_path / "loop.png")])
+    assert result.exit_code == 2 and "cannot be followed" in result.output
+    result = invoke(["compare", str(run), str(run / ".." / "run")])
+    assert result.exit_code == 2 and "the same run given twice" in result.output
     from secfed.evaluation.compare import labels_for
 
     assert labels_for([Path("p/q/run"), Path("s/q/run"), Path("a/run2")]) == ["p/q/run", "s/q/run", "run2"]

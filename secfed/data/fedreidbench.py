@@ -41,12 +41,14 @@ def _camera(path: Path) -> int:
 
 
 def _read_id_folders(folder: Path, skipped: Counter[str]) -> list[Sample]:
-    samples = []
+    samples, seen = [], {}
     for person in list_subdirs(folder, skipped):
         # ASCII digits only: int() reads "+3", "1_0" and "٤" too, merging those folders with people 3, 10 and 4
         if not _PERSON_FOLDER.fullmatch(person.name):
             raise DataError(person, "folder name is not a person id (digits, or -1 for junk)")
         pid = int(person.name)
+        if (other := seen.setdefault(pid, person)) != person:  # "2" and "0002": one person in two folders (review)
+            raise DataError(person, f"person {pid} again (also folder {other.name}): one folder per person")
         images = list_images(person, skipped)
         if pid == -1:
             skipped["junk"] += len(images)

@@ -192,8 +192,9 @@ class SynthManifest:
             raise DataError(path, f"malformed manifest: {strange[0]!r} is not a folder name")
         from secfed.data.registry import FORMATS  # registry reads synthetic folders too: imported late
 
-        if manifest.public is not None and manifest.public.format not in FORMATS:
-            raise DataError(path, f"malformed manifest: the public set's format {printable(manifest.public.format)!r} "
+        if manifest.public is not None and (not isinstance(manifest.public.format, str)
+                                            or manifest.public.format not in FORMATS):
+            raise DataError(path, f"malformed manifest: the public set's format {printable(str(manifest.public.format))!r} "
                                   "is not one secfed reads")  # (found by review: an UnknownFormatError traceback)
         return manifest
 
@@ -312,12 +313,16 @@ def generate(out: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, 
     """
     check_options(domains=domains, seed=seed, scale=scale, height=height, width=width, unseen=unseen,
                   public=public)
-    out = Path(out).absolute()
+    if Path(out).is_symlink():  # (a link is refused by _prepare_out; resolving below would follow it)
+        raise FileExistsError(f"{out} is a symbolic link; give a new or empty directory")
+    # its folder resolved (.. and links), its own name kept: "d/../d" and a link to the current folder were
+    # renamed onto paths that no longer existed (found by review)
+    out = Path(out).absolute().parent.resolve() / Path(out).absolute().name
     try:  # the loaders refuse names that are not UTF-8: refused before the data is made, not after (review)
         str(out).encode("utf-8")
     except UnicodeEncodeError:
         raise SynthOptionError("OUT", f"{printable(out)}: the name is not valid UTF-8; rename it") from None
-    if out == Path.cwd().absolute():  # it is replaced whole at the end: not the folder a shell stands in (review)
+    if out == Path.cwd().resolve():  # it is replaced whole at the end: not the folder a shell stands in (review)
         raise SynthOptionError("OUT", f"{printable(out)} is the current directory: give a new folder (e.g. ./synth)")
     tmp = _prepare_out(out)
     try:
@@ -364,9 +369,12 @@ def cached(root: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, h
                 raise DataError(path, f"cannot hold the synthetic data ({why}); delete it, or set SECFED_CACHE "
                                       "to a folder of your own") from None
     manifest = SynthManifest.load(path)
-    made = (manifest.seed, manifest.scale, manifest.height, manifest.width, len(manifest.domains),
-            len(manifest.unseen), manifest.public is not None)
-    if made != (seed, scale, height, width, domains, unseen, public > 0):  # a cache is read, not trusted (review)
+    made = (manifest.version, manifest.seed, manifest.scale, manifest.height, manifest.width,
+            [d.name for d in (*manifest.domains, *manifest.unseen)], len(manifest.domains),
+            manifest.public.images if manifest.public is not None else 0)
+    asked = (GENERATOR_VERSION, seed, scale, height, width, [p.name for p in PRESETS[:domains + unseen]], domains,
+             public)
+    if made != asked:  # a cache is read, not trusted (found by review, twice: seed, then version and public count)
         raise DataError(path / "manifest.json", "holds synthetic data made with other options than its folder's "
                                                 "name says; delete the folder and the data is made again")
     return path, manifest

@@ -172,8 +172,18 @@ def labels_for(paths: list[Path]) -> list[str]:
 
 
 def load_runs(paths: list[Path]) -> list[ComparedRun]:
+    """The runs at ``paths``, each once (the same run under two spellings is refused), labelled by their
+    resolved folders (``.`` was labelled "": found by review)."""
+    resolved = [Path(p).resolve() for p in paths]
+    if twice := [str(p) for p, r in zip(paths, resolved) if resolved.count(r) > 1]:
+        raise RunUnreadable(f"{printable(twice[0])}: the same run given twice ({', '.join(map(printable, twice))})")
     runs = [load_run(p) for p in paths]
-    return [replace(r, label=label) for r, label in zip(runs, labels_for(paths))]
+    return [replace(r, label=label) for r, label in zip(runs, labels_for(resolved))]
+
+
+def _text(name: str) -> str:
+    """A name drawn as itself: matplotlib reads $…$ as maths (found by review: "$\\foo{$" raised)."""
+    return name.replace("$", r"\$")
 
 
 def comparison_figure(runs: list[ComparedRun]) -> Figure:
@@ -188,9 +198,9 @@ def comparison_figure(runs: list[ComparedRun]) -> Figure:
         for i, run in enumerate(runs):
             scores = {**run.domains, **run.unseen}
             values = [100 * scores.get(d, {}).get(metric, float("nan")) for d in domains]
-            ax.bar([j + i * width for j in range(len(domains))], values, width, label=run.label)
+            ax.bar([j + i * width for j in range(len(domains))], values, width, label=_text(run.label))
         ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(domains))])
-        ax.set_xticklabels([d + (" (unseen)" if any(d in r.unseen for r in runs) else "") for d in domains])
+        ax.set_xticklabels([_text(d) + (" (unseen)" if any(d in r.unseen for r in runs) else "") for d in domains])
         ax.set_ylabel(title)
     axes[0].legend(fontsize="small")
     for run in runs:
@@ -201,7 +211,7 @@ def comparison_figure(runs: list[ComparedRun]) -> Figure:
             if seen:
                 rounds.append(record["round"])
                 means.append(100 * sum(seen) / len(seen))
-        axes[2].plot(rounds, means, marker="o", label=run.label)
+        axes[2].plot(rounds, means, marker="o", label=_text(run.label))
     axes[2].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[2].set_xlabel("round")
     axes[2].set_ylabel("mean seen-domain rank-1 (%)")
@@ -220,7 +230,10 @@ def check_plot_path(runs: list[ComparedRun], out_png: Path) -> None:
     out_png = Path(out_png)
     if out_png.suffix.lower() != ".png":
         raise PlotRefused(f"{printable(out_png)}: the plot is a PNG; give a path ending in .png")
-    where = out_png.resolve()
+    try:
+        where = out_png.resolve()
+    except (OSError, RuntimeError) as exc:  # a link to itself (found by review: a RuntimeError traceback)
+        raise PlotRefused(f"{printable(out_png)}: cannot be followed ({exc})") from None
     for run in runs:
         if where.is_relative_to(run.path.resolve()):
             raise PlotRefused(f"{printable(out_png)} lies inside the run {printable(run.path)}: write the plot "

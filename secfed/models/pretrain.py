@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -206,6 +207,8 @@ def build(recipe: Recipe, progress: Progress | None = None, *, force: bool = Fal
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
             raise IsADirectoryError(f"{path} is a folder")
+        with tempfile.TemporaryFile(dir=path.parent):  # writable, not only there (review: a read-only folder)
+            pass
     except OSError as exc:
         raise SyntheticWeightsUnavailable(f"{path}: cannot be written ({exc}); set SECFED_CACHE to a folder "
                                           "of your own") from None

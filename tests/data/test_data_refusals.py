@@ -394,6 +394,11 @@ def test_fedreidbench_person_folders_are_ascii_digits_and_cameras_count_from_one
     with pytest.raises(DataError, match="numbered from 1"):
         load_dataset(base.parent, "fedreidbench")
     (base / "train_all" / "3" / "0003_c0s1_000151_01.jpg").rename(base / "train_all" / "3" / "0003_c1s1_000151_01.jpg")
+    (base / "train_all" / "0003").mkdir()  # (review of the fix: "2" and "0002" merged into one person)
+    layouts.image(base / "train_all" / "0003" / "0003_c1s1_000152_01.jpg")
+    with pytest.raises(DataError, match="person 3 again"):
+        load_dataset(base.parent, "fedreidbench")
+    shutil.rmtree(base / "train_all" / "0003")
     (base / "train_all" / "7").symlink_to("7")
     with pytest.raises(DataError) as err:
         load_dataset(base.parent, "fedreidbench")
