@@ -489,10 +489,11 @@ def test_settings_a_flower_run_cannot_honour_are_refused_by_name(tmp_path, synth
     from secfed.adapters.flower import node as node_files
     from secfed.adapters.flower.server_app import Settings
 
-    cohort = node_files.Cohort({'a"b': bytes(range(32)), "lab\U0001F52C\n": bytes(range(1, 33))})
+    keys = [node_files.public_identity(node_files.identity_key(tmp_path / f"id-{i}")) for i in range(2)]
+    cohort = node_files.Cohort({'a"b': keys[0], "lab\U0001F52C\n": keys[1]})
     assert node_files.Cohort.loads(cohort.dumps()) == cohort  # a quote, a newline, beyond the BMP: still TOML
     with pytest.raises(node_files.NodeSetupError, match="not valid Unicode"):
-        node_files.Cohort({"bad\udcff": bytes(32)})  # (review: such names were written as surrogate escapes)
+        node_files.Cohort({"bad\udcff": keys[0]})  # (review: such names were written as surrogate escapes)
     settings = Settings.from_run_config({"secfed-config": json.dumps(RunConfig().to_dict()), "secfed-run-dir": "r",
                                          "secfed-token": "t", "secfed-cohort-toml": cohort.dumps()})
     assert settings.cohort == cohort
