@@ -224,7 +224,8 @@ def model_with(run: AuditedRun, client_id: int, weights: torch.Tensor) -> torch.
 
 
 def run_facts(run: AuditedRun) -> dict[str, Any]:
-    return {"run_dir": str(run.run_dir) if run.run_dir else None, "name": audit_name(run), "checkpoint": str(run.checkpoint), "checkpoint_sha256": run.checkpoint_sha256,
+    return {"run_dir": str(run.run_dir) if run.run_dir else None, "name": audit_name(run),
+            "checkpoint": str(run.checkpoint), "checkpoint_sha256": run.checkpoint_sha256,
             "rounds_done": run.rounds_done, "algorithm": run.fed.method.describe(),
             "channel": run.fed.channel.name, "clients": [{"id": c.site.id, "name": c.site.name,
                                                          "images": c.site.num_examples} for c in run.fed.clients],

@@ -80,7 +80,8 @@ def markdown(report: AuditReport, grids: dict[str, Path]) -> str:
     if report.statements:
         lines.append("")
     b = report.budget
-    lines.append(f"Run `{run['run_dir'] or 'none: a checkpoint kept outside any run'}` · checkpoint `{Path(run['checkpoint']).name}` (sha256 "
+    lines.append(f"Run `{run['run_dir'] or 'none: a checkpoint kept outside any run'}` · "
+                 f"checkpoint `{Path(run['checkpoint']).name}` (sha256 "
                  f"`{run['checkpoint_sha256'][:16]}…`) after round {run['rounds_done']} · {run['algorithm']} · "
                  f"channel {run['channel']}.  ")
     if report.round is not None:

@@ -44,7 +44,8 @@ def evaluate_command(run: Path, data_root: Path | None, threads: int | None, jso
             row["train_images"] = sum(images[k] for k in domain.client_ids)
             seen.append(row)
     run_dir = ckpt.run_dir_of(checkpoint)
-    summary = {"run_dir": str(run_dir) if run_dir else None, "checkpoint": str(checkpoint), "rounds": int(state["rounds_done"]),
+    summary = {"run_dir": str(run_dir) if run_dir else None, "checkpoint": str(checkpoint),
+               "rounds": int(state["rounds_done"]),
                "algorithm": fed.method.describe(), "domains": seen, "unseen": unseen,
                "privacy": privacy_summary(fed, int(state["rounds_done"]))}
     print_domains(console, seen, unseen)

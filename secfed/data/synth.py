@@ -192,10 +192,11 @@ class SynthManifest:
             raise DataError(path, f"malformed manifest: {strange[0]!r} is not a folder name")
         from secfed.data.registry import FORMATS  # registry reads synthetic folders too: imported late
 
+        # (found by review: an unknown format was an UnknownFormatError traceback, a list one a TypeError)
         if manifest.public is not None and (not isinstance(manifest.public.format, str)
                                             or manifest.public.format not in FORMATS):
-            raise DataError(path, f"malformed manifest: the public set's format {printable(str(manifest.public.format))!r} "
-                                  "is not one secfed reads")  # (found by review: an UnknownFormatError traceback)
+            raise DataError(path, "malformed manifest: the public set's format "
+                                  f"{printable(str(manifest.public.format))!r} is not one secfed reads")
         return manifest
 
 

@@ -89,10 +89,12 @@ def make_pki(folder: Path, *, hosts: Sequence[str] = ("127.0.0.1", "localhost", 
     if not names:
         raise ValueError("at least one host the SuperLink is reached at")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    ours = ["ca.pem", "ca.key", "server.pem", "server.key", *(f"node-{i}.{e}" for i in range(nodes) for e in ("key", "pub"))]
+    ours = ["ca.pem", "ca.key", "server.pem", "server.key",
+            *(f"node-{i}.{e}" for i in range(nodes) for e in ("key", "pub"))]
     with locking.exclusive(folder / ".pki.lock", wait=60):  # two commands at once: the second sees the first's files
         if not replace and (there := [n for n in ours if os.path.lexists(folder / n)]):
-            raise FileExistsError(f"{folder} already holds {', '.join(there)}: give a new folder (nothing was replaced)")
+            raise FileExistsError(f"{folder} already holds {', '.join(there)}: give a new folder "
+                                  "(nothing was replaced)")
         return _write_pki(folder, names, nodes)
 
 
@@ -112,7 +114,8 @@ def _write_pki(folder: Path, names: list[x509.GeneralName], nodes: int) -> Pki:
           .sign(ca_key, hashes.SHA384()))
 
     server_key = ec.generate_private_key(ec.SECP384R1())
-    server = (x509.CertificateBuilder().subject_name(_name("secfed SuperLink")).issuer_name(ca.subject)  # the SAN names it
+    # the subject is a fixed name: the SAN holds the hosts (a long first host overflowed the CN: review)
+    server = (x509.CertificateBuilder().subject_name(_name("secfed SuperLink")).issuer_name(ca.subject)
               .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
               .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"])
               .add_extension(x509.SubjectAlternativeName(names), critical=False)

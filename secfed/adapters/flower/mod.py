@@ -30,8 +30,9 @@ identities of its own; unauthenticated sessions are refused unless
 ``secfed-allow-unauthenticated`` is true; authenticated sessions on a sparse (SecAgg+) graph are
 refused unless ``secfed-allow-sparse`` is true — authenticated mode is for a server that may lie, and
 such a server learns sums over small groups of honest clients on a sparse graph (SECURITY.md);
-sessions smaller than ``secfed-min-clients`` (default 2) are refused; so are sessions whose parameters withstand fewer colluders than the node assumes,
-⌊``secfed-corrupt-fraction`` · n⌋ (default 0.2, :func:`~secfed.protocols.choose_params`'s), judged by
+sessions smaller than ``secfed-min-clients`` (default 2) are refused — the smallest crowd a node's
+input hides in against a lying server, which may write a session of just the group it wants; so are
+sessions whose parameters withstand fewer colluders than the node assumes, ⌊``secfed-corrupt-fraction`` · n⌋ (default 0.2, :func:`~secfed.protocols.choose_params`'s), judged by
 :func:`~secfed.protocols.withstands` at a dropout rate of at least 0.1 — the server writes the
 session, so a threshold of 1 would hand one colluding neighbour a node's seeds. ``SecAggMod(
 require_secagg=True)`` refuses a train message that does not run the protocol (or rides on an

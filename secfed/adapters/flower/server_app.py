@@ -132,8 +132,8 @@ def main(grid: Grid, context: Context) -> None:
         if settings.poll > 0:  # replies' payloads: looked for again at the poll, not after Flower's 1 s, 2 s, …
             pulls.quicken(pulls.SERVERAPP, settings.poll)
         FlowerRun(grid, settings).run()
-    except (ConfigError, DataError, DeploymentError, NodeSetupError, RunDiverged) as exc:  # said, not a traceback (Flower logs
-        _say(f"secfed: the run stopped: {exc}")  # an exception's with its stack): `secfed train --flower` relays it
+    except (ConfigError, DataError, DeploymentError, NodeSetupError, RunDiverged) as exc:  # said, not a traceback
+        _say(f"secfed: the run stopped: {exc}")  # (Flower logs an exception's stack): `secfed train --flower` relays it
 
 
 class FlowerRun:
