@@ -181,7 +181,11 @@ def _evidence(run: AuditedRun, requested: int | None, k: int, say: Callable[[str
         cohort = sorted(set(next_cohort(run)) | {k})
         say(f"round {chosen}: re-deriving the uploads of {len(cohort)} client(s) from the checkpoint")
         return rederive_next(run, cohort)
-    shown = ", ".join(map(str, recorded)) if recorded else "none (the run did not use --record-uploads)"
+    # (found by review: a checkpoint outside its run, or a run without its config.json, was said to be
+    # a run without --record-uploads — a fact about a run directory the audit did not read)
+    shown = ", ".join(map(str, recorded)) if recorded else (
+        "none (the run did not use --record-uploads)" if run.run_dir is not None else
+        "none readable (no run directory: the checkpoint is not in a run's checkpoints/ beside its config.json)")
     raise AuditError("--round", f"round {chosen} cannot be audited: recorded rounds: {shown}; the checkpoint keeps "
                      f"the state after round {run.rounds_done}, so round {nxt} can be re-derived")
 

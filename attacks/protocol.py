@@ -101,10 +101,11 @@ def _same_model(model_hashes: Mapping[int, Mapping[int, bytes | None]], authenti
                                "round completed" if authenticated else " (--no-authenticated)"))
         return Finding("same-model", "pass", f"every recorded round ({len(split)}) has one model hash across its clients")
     if authenticated:
-        return Finding("same-model", "pass", "uploads were not recorded; authenticated secure aggregation "
+        return Finding("same-model", "pass", "no recorded uploads read; authenticated secure aggregation "
                        "compares the clients' own model hashes in every round and aborts on a mismatch, "
                        "and every round completed")
-    return Finding("same-model", "not-checked", "no recorded uploads (--record-uploads) and no "
+    return Finding("same-model", "not-checked", "no recorded uploads read (--record-uploads keeps them in the run "
+                   "directory) and no "
                    "authenticated secure aggregation: nothing shows every client got the same model")
 
 

@@ -861,3 +861,27 @@ def test_a_node_refusing_the_session_by_its_policy_stops_the_run_by_name(small_c
         FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
                                  poll=0.01)).run()
     assert "round 2" not in capsys.readouterr().out  # stopped at the first refusal
+
+
+def test_a_policy_refusal_of_the_next_session_said_while_this_one_runs_stops_the_run(small_config, tmp_path,
+                                                                                      monkeypatch):
+    """(review of the fix: a node refusing the pipelined next session — its advertisement riding on this
+    session's unmask — only logged it; the next round aborted with nothing released and the run "finished")"""
+    from secfed.adapters.flower.mod import PolicyRefused, SecAggMod
+
+    cfg = small_config
+    cfg.secagg.enabled = True
+    cfg.run.local_baseline = False
+    cfg.schedule.rounds = 2
+    first = SecAggMod.check_session
+
+    def from_the_second_session(self, context, config):  # a policy the second session breaks
+        if config.round >= 1:
+            raise PolicyRefused(f"round {config.round} refused")
+        return first(self, context, config)
+
+    monkeypatch.setattr(SecAggMod, "check_session", from_the_second_session)
+    grid, cohort = flower_nodes(tmp_path, 2, cfg)
+    with pytest.raises(DeploymentError, match="refuses the secure aggregation session by its policy: round 1 refused"):
+        FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
+                                 poll=0.01)).run()

@@ -142,6 +142,9 @@ def test_a_checkpoint_kept_outside_its_run_is_audited_without_anyone_elses_recor
     try:
         audited = open_for_audit(stray)
         assert audited.run_dir is None and recording.recorded_rounds(audited.run_dir) == []
+        result = CliRunner().invoke(cli, ["audit", str(stray), "--attack", "inversion", "--target", "update",
+                                          "--round", "1", "--budget", "quick", "--out", str(tmp_path / "a")])
+        assert result.exit_code == 2 and "none readable (no run directory" in result.output, result.output
     finally:
         stray.unlink()
     backup = tmp_path / "backup" / "checkpoints"

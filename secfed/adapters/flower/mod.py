@@ -95,6 +95,7 @@ CORRUPT_FRACTION_KEY = "secfed-corrupt-fraction"
 ALLOW_SPARSE_KEY = "secfed-allow-sparse"
 DROPOUT_FLOOR = 0.1  # the dropout rate a session is judged at, whatever lower rate it declares (the workflow's)
 ENROL, ADVERTISE, SHARE_KEYS, MASKED_INPUT, UNMASK = "enrol", "advertise_keys", "share_keys", "masked_input", "unmask"
+REFUSED = "refused"  # a NEXT record's stage when the node refused the next session
 _STATE_MAGIC, _STATE_VERSION = b"SFMS", 1
 _NONCE_BYTES = 16
 
@@ -107,6 +108,15 @@ class SessionRefused(ProtocolError):
 class PolicyRefused(SessionRefused):
     """The session breaks this node's policy (:meth:`SecAggMod.check_session`): the next session the
     server writes the same way is refused too, so the server stops rather than retry."""
+
+
+def refusal_reason(exc: Exception) -> str:
+    """What a node answers when it refuses a message (an error reply's reason); a policy refusal begins
+    with :data:`POLICY_REFUSAL`."""
+    return f"secfed secure aggregation refused: {type(exc).__name__}: {exc}"
+
+
+POLICY_REFUSAL = refusal_reason(PolicyRefused(""))  # the prefix a server recognises a node's policy by
 
 
 def enrol_payload(run_id: int, node_id: int, nonce: bytes) -> bytes:
@@ -150,8 +160,7 @@ class SecAggMod:
             reply = run.step(msg, ctl, stage, call_next)
         except (ProtocolError, ReplyRefused, node.NodeSetupError) as exc:
             run.abort()
-            return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION,
-                                 f"secfed secure aggregation refused: {type(exc).__name__}: {exc}"), reply_to=msg)
+            return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION, refusal_reason(exc)), reply_to=msg)
         if stage == UNMASK and NEXT in msg.content:
             self._advertise_next(msg, reply, context)
         return reply
@@ -168,6 +177,9 @@ class SecAggMod:
         except (ProtocolError, node.NodeSetupError) as exc:
             run.abort()
             log.warning("next session refused: %s: %s", type(exc).__name__, exc)
+            # said in the reply: a policy refusal must reach the server, which stops the run on it when the
+            # next round aborts (found by review: swallowed here, the run "finished" with a lost round)
+            reply.content[NEXT] = ConfigRecord({"stage": REFUSED, "reason": refusal_reason(exc)[:2000]})
             return
         reply.content[NEXT] = ConfigRecord({"stage": ADVERTISE})
         put_message(reply.content, data, NEXT_PAYLOAD)

@@ -66,7 +66,7 @@ from secfed.protocols import ProtocolError
 from . import pulls
 from .client_app import BROADCAST, CLIP_WORD, DIVERGED, STEP
 from .encoding import RING, Encoding
-from .mod import PolicyRefused
+from .mod import POLICY_REFUSAL
 from .node import Cohort, NodeSetupError
 from .replies import Expected, MalformedReply, TrainReply, hello_reply, scores_reply, train_reply
 from .wire import CONTROL, PERSONAL, SITES, bytes_array
@@ -430,10 +430,9 @@ class FlowerRun:
         the run stops naming it (found by review: 22 nodes refusing the sparse graph `--secagg-graph auto`
         chose aborted every round, and the run "finished" having released nothing)."""
         for n, reason in sorted(self.flow.errors.items()):
-            if f"{PolicyRefused.__name__}: " in reason:
-                said = reason[reason.index(f"{PolicyRefused.__name__}: ") + len(PolicyRefused.__name__) + 2:]
+            if reason.startswith(POLICY_REFUSAL):  # a node's own refusal, as its mod words it (not any text)
                 raise DeploymentError(f"SuperNode {n} refuses the secure aggregation session by its policy: "
-                                      f"{printable(said[:500])}")
+                                      f"{printable(reason[len(POLICY_REFUSAL):][:500])}")
 
     def _stop_if_diverged(self, fed: Federation, hosts: Mapping[int, list[int]],
                           drawn: Mapping[int, list[int]]) -> None:

@@ -62,7 +62,7 @@ from secfed.protocols import (
 from secfed.protocols.crypto import verify
 
 from .encoding import Encoding
-from .mod import ADVERTISE, ENROL, MASKED_INPUT, SHARE_KEYS, UNMASK, enrol_payload
+from .mod import ADVERTISE, ENROL, MASKED_INPUT, POLICY_REFUSAL, REFUSED, SHARE_KEYS, UNMASK, enrol_payload
 from .node import Cohort
 from .wire import (
     CONTROL,
@@ -174,6 +174,7 @@ class SecAggWorkflow:
         self.on_phase = on_phase
         self.identities: dict[int, bytes] = {}  # node id → enrolled identity key
         self.errors: dict[int, str] = {}  # node id → why it refused a message, since the last aggregate began
+        self._refused_next: dict[int, str] = {}  # policy refusals of the next session, seen in this one
         self._next: _Prepared | None = None  # advertised with the last unmask, for the next aggregate
 
     # ---- enrolment --------------------------------------------------------------------------------
@@ -231,7 +232,9 @@ class SecAggWorkflow:
         content = {m.metadata.dst_node_id: m.content for m in messages}
         if len(content) != len(messages):
             raise ValueError("aggregate takes one message per node")
-        self.errors = {}
+        # a node's policy refusal of this session, said while the last one ran (a refused advertisement alone,
+        # or riding on its unmask), counts as this session's (found by review: lost, the run "finished")
+        self.errors, self._refused_next = self._refused_next, {}
         nodes = sorted(content)
         identities = self.enrol(grid, nodes) if self.authenticated else {}
         if self.authenticated:
@@ -248,8 +251,13 @@ class SecAggWorkflow:
         if advertised is None or not advertised.fits(nodes, encoding, round):
             advertised = None  # keys advertised for another cohort or encoding: advertise afresh
         follow = self._prepare(next_round) if next_round is not None else None
-        return _Session(self, grid, advertised or self._new_session(nodes, encoding, round), content, digest,
-                        str(round), advertised is not None, follow).run()
+        try:
+            return _Session(self, grid, advertised or self._new_session(nodes, encoding, round), content, digest,
+                            str(round), advertised is not None, follow).run()
+        finally:
+            if follow is not None:  # refusals of the next session's advertisement sent alone land here
+                self._refused_next |= {n: r for n, r in self.errors.items()
+                                       if n in follow.nodes and r.startswith(POLICY_REFUSAL)}
 
     def _new_session(self, nodes: list[int], encoding: Encoding, round: int) -> _Prepared:
         """A fresh session among ``nodes`` (enrolled ones, in authenticated mode), nothing advertised yet."""
@@ -430,6 +438,11 @@ class _Session:
         try:
             alone = control(reply.content) is not None and control(reply.content).get("stage") == ADVERTISE
             ctl = reply.content.config_records.get(NEXT) if NEXT in reply.content else None
+            if not alone and ctl is not None and ctl.get("stage") == REFUSED:
+                reason = str(ctl.get("reason", ""))[:2000]
+                if reason.startswith(POLICY_REFUSAL):
+                    self.flow._refused_next[node] = reason
+                raise MalformedMessage(f"node {node} refused the next session: {reason}")
             if not alone and (ctl is None or ctl.get("stage") != ADVERTISE):
                 raise MalformedMessage(f"node {node} sent no advertisement for the next session")
             self.follow.receive(node, get_message(reply.content, NEXT_PAYLOAD if not alone else PAYLOAD))
