@@ -32,9 +32,12 @@ refused unless ``secfed-allow-sparse`` is true — authenticated mode is for a s
 such a server learns sums over small groups of honest clients on a sparse graph (SECURITY.md);
 sessions smaller than ``secfed-min-clients`` (default 2) are refused — the smallest crowd a node's
 input hides in against a lying server, which may write a session of just the group it wants; so are
-sessions whose parameters withstand fewer colluders than the node assumes, ⌊``secfed-corrupt-fraction`` · n⌋ (default 0.2, :func:`~secfed.protocols.choose_params`'s), judged by
+sessions whose parameters withstand fewer colluders than the node assumes, ⌊``secfed-corrupt-fraction``
+· n⌋ (default 0.2, :func:`~secfed.protocols.choose_params`'s), judged by
 :func:`~secfed.protocols.withstands` at a dropout rate of at least 0.1 — the server writes the
-session, so a threshold of 1 would hand one colluding neighbour a node's seeds. ``SecAggMod(
+session, so a threshold of 1 would hand one colluding neighbour a node's seeds. A refusal by this
+policy (:class:`PolicyRefused`) stops secfed's Flower server: the next session would be refused too.
+``SecAggMod(
 require_secagg=True)`` refuses a train message that does not run the protocol (or rides on an
 enrolment) instead of passing it to the app, whose reply would leave unmasked — for your own ClientApp, all of whose train messages
 run it (secfed's own sends some that do not, and holds its own policy: adapters/flower/sites.py).
