@@ -188,6 +188,23 @@ def check_reachable(connection: Connection, timeout: float = 5.0) -> None:
     with sock:
         if connection.root_certificates is not None:
             _check_tls(sock, host, connection)
+        elif _speaks_tls(sock, host):  # (found by review: `insecure = true` against TLS was only "unavailable")
+            raise click.ClickException(f"--flower: the SuperLink at {connection.address} speaks TLS, and the "
+                                       "connection file says insecure = true: give root-certificates instead")
+
+
+def _speaks_tls(sock: socket.socket, host: str) -> bool:
+    """Whether a TLS handshake with no certificate checked completes: a plaintext SuperLink refuses one."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # only asks whether it speaks TLS
+    context.set_alpn_protocols(["h2"])
+    try:
+        with context.wrap_socket(sock, server_hostname=host):
+            return True
+    except (ssl.SSLError, OSError):
+        return False
 
 
 def _check_tls(sock: socket.socket, host: str, connection: Connection) -> None:

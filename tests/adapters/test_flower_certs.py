@@ -79,5 +79,7 @@ def test_a_superlink_certificate_that_does_not_verify_is_named_before_the_run_st
                 check_reachable(Connection(f"127.0.0.1:{port}", ca, None))
         with pytest.raises(click.ClickException, match="does not verify: .*(mismatch|match)"):
             check_reachable(Connection(f"localhost:{port}", ours.ca_cert, None))  # made for 127.0.0.1 alone
+        with pytest.raises(click.ClickException, match="speaks TLS, and the connection file says insecure"):
+            check_reachable(Connection(f"127.0.0.1:{port}", None, None))  # insecure = true against TLS
     finally:
         listener.close()
