@@ -136,15 +136,7 @@ class Connection:
         stop = raw.get("stop-on-refusal", False)
         if not isinstance(stop, bool):
             raise click.BadParameter(f"{path}: stop-on-refusal must be true or false, got {stop!r}", param_hint=where)
-        cohort = file("cohort")
-        if cohort is not None:  # read here, so a broken file is named before anything starts (review)
-            from secfed.adapters.flower.node import Cohort, NodeSetupError
-
-            try:
-                Cohort.load(cohort)
-            except NodeSetupError as exc:
-                raise click.BadParameter(f"{path}: cohort: {exc}", param_hint=where) from None
-        return cls(address, file("root-certificates"), cohort, **timeouts, public_root=public,
+        return cls(address, file("root-certificates"), file("cohort"), **timeouts, public_root=public,
                    stop_on_refusal=stop)
 
     def write(self, path: Path) -> Path:
@@ -275,8 +267,11 @@ def train_on_flower(cfg: RunConfig, run_dir: Path, connection: Connection, *, js
     from secfed.adapters.flower.launch import CONNECTION, FLOWER_ENV, make_bin, toml_value, write_app
 
     check_flower_config(cfg, connection, resuming)
+    try:  # read once, here, before anything reaches the SuperLink: its keys travel with the run (review)
+        cohort = node_files.Cohort.load(connection.cohort) if connection.cohort else None
+    except node_files.NodeSetupError as exc:
+        raise click.BadParameter(f"cohort: {exc}", param_hint="--flower") from None
     check_reachable(connection)
-    cohort = node_files.Cohort.load(connection.cohort) if connection.cohort else None  # checked by Connection.load
     console = human_console(json_output)
     run_dir = run_dir.resolve()
     with tempfile.TemporaryDirectory(prefix="secfed-flower-", dir=workdir) as tmp:
@@ -454,8 +449,8 @@ def certs_command(folder: Path, hosts: tuple[str, ...], nodes: int) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--host") from None
     except OSError as exc:  # files already there (kept), a folder that cannot be made
-        raise click.BadParameter(str(exc) if isinstance(exc, FileExistsError) else
-                                 f"{folder}: cannot write there ({exc.strerror or exc})", param_hint="FOLDER") from None
+        why = str(exc) if isinstance(exc, FileExistsError) else f"{folder}: cannot write there ({exc.strerror or exc})"
+        raise click.BadParameter(why, param_hint="FOLDER") from None
     click.echo(f"CA certificate      {pki.ca_cert}  (give it to every SuperNode and to `secfed train --flower`)")
     click.echo(f"SuperLink TLS       {pki.server_cert}, {pki.server_key}")
     for private, public in zip(pki.node_private, pki.node_public):

@@ -91,5 +91,6 @@ def describe(env: dict[str, Any] | None = None) -> str:
     env = env or environment()
     return (f"{env['cpu']['model']} (torch kernels {env['torch_cpu_capability']}), {env['cpu']['logical_cores']} "
             f"cores, torch {env['torch']} "
-            f"on {env['torch_threads']} threads{' on ' + env['gpu'] if env.get('gpu') else ''}, numpy {env['numpy']}, Python {env['python']}, "
+            f"on {env['torch_threads']} threads{' on ' + env['gpu'] if env.get('gpu') else ''}, "
+            f"numpy {env['numpy']}, Python {env['python']}, "
             f"secfed {env['commit'] or env['secfed']}")

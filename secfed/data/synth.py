@@ -41,7 +41,6 @@ from typing import Callable
 from PIL import Image
 
 from secfed.data.errors import DataError
-from secfed.errors import printable
 from secfed.data.synth_camera import Camera, Scene, sample_camera
 from secfed.data.synth_domains import (
     PRESETS,
@@ -53,6 +52,7 @@ from secfed.data.synth_domains import (
     plan_public,
 )
 from secfed.data.synth_shot import CameraRig, ShotRenderer
+from secfed.errors import printable
 from secfed.seeding import numpy_rng
 
 GENERATOR_VERSION = 3  # bump whenever the same seed would write different pixels (cache keys use it)

@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from secfed import atomic_file
 from secfed.errors import printable
 
-
 MAX_SUMMARY_BYTES = 64 << 20  # a summary of thousands of domains is a few MB
 MAX_METRICS_BYTES = 1 << 30  # a round's record is a few kB: 100,000s of rounds fit
 
@@ -55,10 +54,8 @@ class ComparedRun:
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]  # a JSON number (not a string, not a bool)
 Count = Annotated[int, Field(strict=True, ge=0, le=1 << 62)]
 Text = Annotated[str, Field(strict=True)]
-SCORES = ("rank1", "mAP", "local_rank1", "local_mAP")
-
-
 Fraction = Annotated[float, Field(strict=True, ge=0.0, le=1.0)]  # a score: rank-1 and mAP lie in [0, 1]
+SCORES = ("rank1", "mAP", "local_rank1", "local_mAP")
 
 
 class _Scores(BaseModel):
@@ -133,9 +130,9 @@ def load_run(path: Path) -> ComparedRun:
     for file, limit in ((summary_file, MAX_SUMMARY_BYTES), (metrics_file, MAX_METRICS_BYTES)):
         if file.exists() and not file.is_file():  # a FIFO would block the reader for ever (found by review)
             raise RunUnreadable(f"{file}: not a regular file")
-        if file.exists() and file.stat().st_size > limit:  # read whole: a sparse 16 GB file was a MemoryError (review)
-            raise RunUnreadable(f"{file}: {file.stat().st_size:,} bytes, more than a secfed run writes "
-                                f"({limit:,} at most are read)")
+        size = file.stat().st_size if file.exists() else 0  # read whole: a sparse 16 GB file was a MemoryError
+        if size > limit:
+            raise RunUnreadable(f"{file}: {size:,} bytes, more than a secfed run writes ({limit:,} at most are read)")
     summary = _read(_Summary, summary_file, summary_file.read_bytes, "a secfed summary")
     lines = _read(None, metrics_file, metrics_file.read_bytes, "").splitlines() if metrics_file.exists() else []
     history = [_read(_Record, f"{metrics_file} line {i}", lambda: line, "a secfed round record").model_dump()

@@ -702,9 +702,9 @@ def read_run(path: Path) -> tuple[Path, dict[str, Any], RunConfig]:
         raise ckpt.CheckpointError(f"{path}: no such run directory or checkpoint")
     checkpoint, state = ckpt.load_newest(path) if path.is_dir() else (path, ckpt.load_checkpoint(path))
     cfg = saved_config(state, checkpoint)
-    run_dir = ckpt.run_dir_of(checkpoint)
-    saved = run_dir / "config.json" if run_dir else None  # where the checkpoint is a run directory's own
-    if saved is not None and (saved.exists() or saved.is_symlink()):
+    run_dir = ckpt.run_dir_of(checkpoint)  # set only beside the run's config.json (exists, or a link)
+    if run_dir is not None:
+        saved = run_dir / "config.json"
         if not stat.S_ISREG(saved.lstat().st_mode):  # (found by review: a folder or FIFO skipped the check)
             raise ckpt.CheckpointError(f"{saved}: not a regular file; the run's configuration, which its "
                                        "checkpoints are checked against, must be: restore it")
@@ -836,8 +836,7 @@ def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | 
     checkpoint state, checkpoint path)."""
     checkpoint, state, cfg = read_run(path)
     fed = build(cfg, progress=(reporter or SilentReporter()).data_progress, run_dir=ckpt.run_dir_of(checkpoint),
-                data_root=data_root,
-                train_images=False, saved=True)
+                data_root=data_root, train_images=False, saved=True)
     check_data(fed, state, data_root)
     restore(fed, state, checkpoint)
     return fed, state, checkpoint

@@ -31,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,14 +122,21 @@ def load(recipe: Recipe, path: Path | None = None) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _misfit(backbone: str, tensors: dict[str, torch.Tensor]) -> str | None:
-    """Why ``tensors`` cannot be ``backbone``'s state (torchvision's, without its classifier), or None.
-    The recorded digest detects damage only — whoever can write the file can recompute it."""
+@lru_cache(maxsize=None)
+def _backbone_layout(backbone: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name → (shape, dtype) of torchvision's ``backbone`` without its classifier: built once per process
+    (a run's early check and its model both load the weights)."""
     import torchvision
 
     model = getattr(torchvision.models, backbone)(weights=None)
     model.fc = torch.nn.Identity()
-    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+
+
+def _misfit(backbone: str, tensors: dict[str, torch.Tensor]) -> str | None:
+    """Why ``tensors`` cannot be ``backbone``'s state (torchvision's, without its classifier), or None.
+    The recorded digest detects damage only — whoever can write the file can recompute it."""
+    expected = _backbone_layout(backbone)
     if missing := sorted(set(expected) - set(tensors)):
         return f"missing {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
     if extra := sorted(set(tensors) - set(expected)):

@@ -226,12 +226,11 @@ class Cohort:
     sites: Mapping[str, bytes]
 
     def __post_init__(self) -> None:
-        for name in self.sites:
-            toml_key(name)  # a name TOML cannot hold is refused here, not when the file is read back
         keys = list(self.sites.values())
         if len(set(keys)) != len(keys):
             raise NodeSetupError("cohort lists one identity key under two names")
         for name, key in self.sites.items():
+            toml_key(name)  # a name TOML cannot hold is refused here, not when the file is read back
             if len(key) != 32:
                 raise NodeSetupError(f"cohort site {name!r}: identity key must be 32 bytes, got {len(key)}")
             if weak := weak_identity_key(key):  # (found by review: two encodings of the neutral point enrolled)
@@ -277,5 +276,5 @@ class Cohort:
 
     def dumps(self) -> str:
         lines = ["# secfed cohort: the sites this deployment trusts and their Ed25519 identity keys", "[sites]"]
-        lines += [f'{toml_key(name)} = "{key.hex()}"' for name in self.sites for key in (self.sites[name],)]
+        lines += [f'{toml_key(name)} = "{key.hex()}"' for name, key in self.sites.items()]
         return "\n".join(lines) + "\n"
