@@ -1,11 +1,12 @@
 """Secure aggregation cost: secfed.protocols at scale, against raw AES-CTR and Flower's SecAgg+ helpers.
 
-    .venv/bin/python bench/bench_secagg.py [--sections client,keystream,full,server,flower-overflow,gil]
+    .venv/bin/python bench/bench_secagg.py [--sections client,keystream,full,server,flower-overflow,gil,identities]
         client:    [--dims 1000000] [--clients 10,100] [--variants secagg,secaggplus]
                    [--modes authenticated,unauthenticated] [--repeats 1] [--flower auto|all|none] [--full]
         keystream: [--keystream-neighbours 9,38,99] [--keystream-repeats 25] (at the first of --dims)
         full:      [--full-clients 100,1000,10000] [--full-modes unauthenticated] [--full-dim 1000]
         server:    [--server-clients 10000] [--server-dim 1000000] [--server-mode authenticated]
+        identities: [--server-clients 10000]
         common:    [--dropout 0.1] [--corrupt-fraction 0.2] [--seed 0]
 
 Sections (default: client):
@@ -33,6 +34,9 @@ Sections (default: client):
   quantize/dequantize.
 * ``gil`` — whether AES-CTR, BLAKE3, SHA-256, Ed25519 verification and numpy's add release the GIL
   (a pure-Python thread keeps running during one long call), the premise of the thread pool.
+* ``identities`` — building an authenticated SessionConfig of n clients: every identity key checked
+  (canonical, not of small order: :mod:`secfed.protocols.edwards`) and all distinct; fresh keys, then
+  the same keys again (cached), and one key's check.
 
 Flower (``flwr``, dev extra): its SecAgg+ helpers composed as in its secaggplus mod and workflow
 (SECP384R1 ECDH, Fernet, Shamir via pycryptodome on padded secrets, numpy RandomState masks on
@@ -51,7 +55,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from secagg import client, flower_overflow, full, gil, keystream, server  # noqa: E402
+from secagg import client, flower_overflow, full, gil, identities, keystream, server  # noqa: E402
 from secagg.common import load  # noqa: E402
 
 from secfed.environment import describe  # noqa: E402
@@ -92,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.sections = [s.strip() for s in args.sections.split(",")]
-    known = ("client", "keystream", "full", "server", "flower-overflow", "gil")
+    known = ("client", "keystream", "full", "server", "flower-overflow", "gil", "identities")
     for s in args.sections:
         if s not in known:
             ap.error(f"--sections: unknown section {s!r} ({', '.join(known)})")
@@ -122,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 SECTIONS = {"client": client.section_client, "keystream": keystream.section_keystream, "full": full.section_full,
             "server": server.section_server, "flower-overflow": flower_overflow.section_flower_overflow,
-            "gil": gil.section_gil}
+            "gil": gil.section_gil, "identities": identities.section_identities}
 
 
 def main() -> None:

@@ -32,3 +32,11 @@ def test_full_and_server_sections_run_and_check_the_sum(capsys):
     assert len(rows) == 4 and all(" exact " in row for row in rows), out
     assert out.count("growth: round CPU ∝ n^") == 2
     assert "server peak resident memory:" in out and "close unmask" in out
+
+
+def test_the_identities_section_checks_a_session_of_real_keys(capsys):
+    """The cost of refusing identity keys that can stand for no one (bench/RESULTS.md), at a toy size."""
+    bench = load_bench()
+    bench.SECTIONS["identities"](bench.parse_args(["--sections", "identities", "--server-clients", "20"]))
+    out = capsys.readouterr().out
+    assert "keys unseen" in out and "keys seen (cached)" in out and "one key checked" in out
