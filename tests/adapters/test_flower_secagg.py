@@ -373,6 +373,14 @@ def test_an_authenticated_session_on_a_sparse_graph_needs_the_nodes_consent(tmp_
     complete = replace(sparse, params=choose_params(30, complete=True))
     with pytest.raises(node_files.NodeSetupError, match="secfed-cohort"):  # past the graph check
         SecAggMod().check_session(context, complete)
+    # What SECURITY.md says the refusal is worth: with the default secfed-min-clients (2) a lying server's
+    # complete session of the victim and one friend passes every policy check (on to the cohort's)
+    pair = SessionConfig(bytes(16), 0, choose_params(2, complete=True), 4, input_bound=None, server_key=bytes(32),
+                         identity_keys=keys[:2])
+    with pytest.raises(node_files.NodeSetupError, match="secfed-cohort"):
+        SecAggMod().check_session(context, pair)
+    with pytest.raises(SessionRefused, match="needs at least 5"):
+        SecAggMod(min_clients=5).check_session(context, pair)
     # `secfed flower local` runs the user's own server: its nodes accept the graph the user's settings choose
     from secfed.adapters.flower.sites import own_nodes_policy
     from secfed.config import RunConfig
@@ -387,8 +395,15 @@ def test_an_identity_key_that_can_stand_for_no_one_is_refused_by_the_session_and
     """(review: OpenSSL verifies signatures under any 32 bytes that decode — the neutral point written
     01 00…00 and ee ff…ff 7f passed as two distinct identities, and under a point of small order a
     signature anyone can make verifies). Known answers: libsodium's blocklist of small-order encodings."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     from secfed.protocols.edwards import weak_identity_key
 
+    # The attack the check stops: under the neutral point, written either way, a signature nobody made —
+    # R the neutral point, S = 0 — verifies for any message, so anyone could speak for such a slot
+    forged = bytes.fromhex("01" + "00" * 31) + bytes(32)
+    for neutral in ("01" + "00" * 31, "ee" + "ff" * 30 + "7f"):
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(neutral)).verify(forged, b"any advertisement")
     small_order = ["01" + "00" * 31, "00" * 32, "ec" + "ff" * 30 + "7f",
                    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
                    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"]
