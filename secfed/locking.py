@@ -1,5 +1,6 @@
 """One exclusive lock on a file, held while a block runs: a node's records, one site host per node,
-one `secfed flower local` per deployment folder.
+one `secfed flower local` per deployment folder; and a lock that marks a folder as being written
+(``data synth``'s temporary folder), so what a killed writer left can be told from a live one's.
 
 ``flock`` rather than a lock file's existence: the kernel drops the lock when its holder dies, so a
 killed process never leaves a folder locked. Written here, not taken from a package: the standard
@@ -40,3 +41,33 @@ def exclusive(path: Path, wait: float = 0.0, busy: Callable[[], Exception] | Non
         yield
     finally:
         os.close(held)  # releases the lock
+
+
+def create_held(path: Path) -> int:
+    """Create ``path`` already locked and return its descriptor, which holds the lock until closed. The
+    file is made under another name, locked, then renamed: no one finds ``path`` unlocked while its
+    maker lives (:func:`abandoned` would take a folder being written for a dead one's)."""
+    draft = path.with_name(f"{path.name}.{os.getpid()}")
+    held = os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        os.rename(draft, path)
+    except BaseException:
+        os.close(held)
+        raise
+    return held
+
+
+def abandoned(path: Path) -> bool:
+    """True if ``path`` (made by :func:`create_held`) exists and its maker is gone: no one holds its lock."""
+    try:
+        probe = os.open(path, os.O_RDONLY)
+    except OSError:  # none (a folder not made that way, or being made): not ours to judge
+        return False
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(probe)

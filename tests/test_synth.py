@@ -598,3 +598,27 @@ def test_a_cache_folder_is_read_not_trusted_and_odd_out_folders_are_named(tmp_pa
     result = CliRunner().invoke(cli, ["data", "synth", bad, "--domains", "1", "--scale", "0.05", "--height", "32",
                                       "--width", "16"])
     assert result.exit_code == 2 and "not valid UTF-8" in result.output and not (empty / bad).exists()
+
+
+def test_what_a_killed_run_left_is_removed_and_a_live_runs_folder_is_not(tmp_path: Path) -> None:
+    """(found by review: a SIGKILLed `data synth` left OUT.tmp-* for good) A killed writer's lock is gone
+    with it; a live writer's folder, a folder made otherwise and a look-alike name are left alone."""
+    from secfed import locking
+    out = tmp_path / "out"
+    killed, live, other = (tmp_path / f"out.tmp-{h}" for h in ("0badc0de", "00c0ffee", "12345678"))
+    for folder in (killed, live, other, tmp_path / "out.tmp-mine"):
+        folder.mkdir()
+    os.close(locking.create_held(killed / ".writing"))  # its maker died: the lock went with it
+    held = locking.create_held(live / ".writing")
+    (tmp_path / "out.tmp-mine" / ".writing").touch()
+    try:
+        generate(out, domains=1, scale=0.05, height=32, width=16, progress=_stop_at_once)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tmp-00c0ffee", "out.tmp-12345678", "out.tmp-mine"]
+
+
+def _stop_at_once(domain: str, done: int, total: int) -> None:
+    raise KeyboardInterrupt

@@ -24,7 +24,8 @@ not depend on domain 2, an unseen domain is the very domain that ``domains`` one
 train on, and the public set is the same whatever the domains. Person ids are unique across all
 of them: a domain's ids follow from the preset order, the public set's come after all nine
 presets'. Output is written into ``OUT.tmp-XXXX`` and renamed into place at the end,
-so an interrupted run leaves no half-written dataset behind.
+so an interrupted run leaves no half-written dataset behind; the folder a killed run leaves is
+removed by the next run into the same OUT (a live run's is locked while written).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Callable
 
 from PIL import Image
 
+from secfed import locking
 from secfed.data.errors import DataError
 from secfed.data.synth_camera import Camera, Scene, sample_camera
 from secfed.data.synth_domains import (
@@ -239,8 +241,13 @@ def check_options(*, domains: int, seed: int, scale: float, height: int, width: 
     _check_int("width", width, WIDTH_RANGE, " pixels")
 
 
-def _prepare_out(out: Path) -> Path:
-    """Refuse a non-empty OUT or a link; return a fresh temporary folder beside it."""
+_WRITING = ".writing"  # in OUT.tmp-XXXXXXXX: locked while generate() writes the folder, removed before the rename
+_TMP_NAME = re.compile(r"\.tmp-[0-9a-f]{8}")
+
+
+def _prepare_out(out: Path) -> tuple[Path, int]:
+    """Refuse a non-empty OUT or a link; remove what killed runs left beside it; return a fresh
+    temporary folder beside it and the descriptor that marks it as being written."""
     if out.is_symlink():  # the finished folder is renamed onto OUT: a link would be replaced, or stop it (review)
         raise FileExistsError(f"{out} is a symbolic link; give the folder itself")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -248,15 +255,26 @@ def _prepare_out(out: Path) -> Path:
         raise FileExistsError(f"{out} is {what}; give a new or empty directory")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned(out)
         while True:  # not tempfile.mkdtemp: its 0700 mode would stick to the dataset; mkdir honours the umask
             tmp = out.parent / f"{out.name}.tmp-{secrets.token_hex(4)}"
             try:
                 tmp.mkdir()
-                return tmp
+                return tmp, locking.create_held(tmp / _WRITING)
             except FileExistsError:
                 continue
     except OSError as exc:  # a read-only or missing mount, a file in the way
         raise SynthOptionError("OUT", f"cannot make {out}: {exc.strerror or exc}") from None
+
+
+def _remove_abandoned(out: Path) -> None:
+    """The OUT.tmp-* folders a killed ``generate`` left (found by review: a SIGKILLed ``data synth`` left
+    them for good); a live writer's holds its lock, and a folder without one is not touched."""
+    prefix = out.name + ".tmp-"
+    for tmp in out.parent.iterdir():
+        if tmp.name.startswith(prefix) and _TMP_NAME.fullmatch(tmp.name[len(out.name):]) \
+                and locking.abandoned(tmp / _WRITING):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write_shots(root: Path, name: str, shots: tuple[Shot, ...], folders: dict[str, str],
@@ -325,7 +343,7 @@ def generate(out: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, 
         raise SynthOptionError("OUT", f"{printable(out)}: the name is not valid UTF-8; rename it") from None
     if out == Path.cwd().resolve():  # it is replaced whole at the end: not the folder a shell stands in (review)
         raise SynthOptionError("OUT", f"{printable(out)} is the current directory: give a new folder (e.g. ./synth)")
-    tmp = _prepare_out(out)
+    tmp, writing = _prepare_out(out)
     try:
         offsets = pid_offsets(PRESETS, scale)
         written = [_write_domain(tmp, seed, index, scale, offsets[index], (height, width), progress)
@@ -339,10 +357,13 @@ def generate(out: Path, *, domains: int = 4, seed: int = 0, scale: float = 1.0, 
         (tmp / "manifest.json").write_text(manifest.to_json())
         if out.is_dir():
             out.rmdir()  # it was checked empty; fails loudly if someone wrote into it meanwhile
+        os.unlink(tmp / _WRITING)  # the lock stays held (the descriptor) until the folder is OUT
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(writing)
     return manifest
 
 

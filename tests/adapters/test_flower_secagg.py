@@ -418,3 +418,28 @@ def test_an_identity_key_that_can_stand_for_no_one_is_refused_by_the_session_and
                           identity_keys=(*identity_keys(2), key))
         with pytest.raises(node_files.NodeSetupError, match="identity key is a"):
             node_files.Cohort({"a": identity_keys(1)[0], "weak": key})
+
+
+def test_what_a_node_refuses_with_names_none_of_its_paths(tmp_path):
+    """(found by review: a node's error text — its state folder, its site files — reached the server's
+    log as Flower's reply reason) The server learns why; the node's own log keeps where."""
+    from secfed.adapters.flower.client_app import said_in_public
+    from secfed.adapters.flower.mod import refusal_reason
+    where = tmp_path / "alice" / "sites" / "site-0.json"
+    client = ClientApp(mods=[said_in_public, SecAggMod(state_dir=tmp_path)])
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        raise node_files.NodeSetupError(f"{where}: not a readable site state; see ~/secfed/host.log")
+
+    grid = FakeGrid({1000: (client, {})})
+    [reply] = grid.send_and_receive([Message(RecordDict({"arrays": initial_arrays()}), dst_node_id=1000,
+                                             message_type=MessageType.TRAIN)])
+    assert reply.has_error() and "NodeSetupError" in reply.error.reason
+    assert "not a readable site state" in reply.error.reason and "alice" not in reply.error.reason
+    assert "secfed/host.log" not in reply.error.reason
+    said = refusal_reason(node_files.NodeSetupError(f"lost the site host in {tmp_path} (EOF)"))
+    assert str(tmp_path) not in said and said.startswith("secfed secure aggregation refused: NodeSetupError")
+    # what is not a path stays: ratios, addresses, the JSON a diverged site leaves with
+    kept = 'k = 9 of 38/2; superlink 10.0.0.1:9092 and https://ca/x; ["site-3", "loss nan"]'
+    assert node_files.public_text(kept) == kept

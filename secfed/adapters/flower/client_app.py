@@ -40,8 +40,10 @@ import logging
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.constant import ErrorCode
 
 from . import node, site_host
 from .encoding import RING_RECORD
@@ -57,8 +59,27 @@ UPLOADS = "secfed.uploads"  # ArrayRecord: "site-K" → codec bytes of an Upload
 CLIP_WORD = 1  # the ring vector ends with one word: how many coordinates the node's sites clipped
 DIVERGED = "secfed: a site diverged: "  # then JSON [where, cause]: a node leaving a masked round says why
 
-app = ClientApp(mods=[SecAggMod()])
 log = logging.getLogger("secfed.flower")
+
+
+def said_in_public(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower mod, outermost: what the app raises reaches the server as an error reply that names no
+    path of this machine (:func:`node.public_text`; Flower's own reply carries the whole text, which
+    named a node's folders — found by review). The SuperNode's log keeps the whole text, and the
+    traceback of anything but a setup error."""
+    try:
+        return call_next(msg, context)
+    except node.NodeSetupError as exc:
+        log.error("%s: %s", type(exc).__name__, exc)
+        failed: Exception = exc
+    except Exception as exc:  # noqa: BLE001 — answered, as Flower answers it, but in words fit to send
+        log.exception("the ClientApp failed")
+        failed = exc
+    reason = f"{type(failed).__name__}: {node.public_text(str(failed))}"
+    return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=msg)
+
+
+app = ClientApp(mods=[said_in_public, SecAggMod()])
 
 
 @app.train()

@@ -115,8 +115,8 @@ class PolicyRefused(SessionRefused):
 
 def refusal_reason(exc: Exception) -> str:
     """What a node answers when it refuses a message (an error reply's reason); a policy refusal begins
-    with :data:`POLICY_REFUSAL`."""
-    return f"secfed secure aggregation refused: {type(exc).__name__}: {exc}"
+    with :data:`POLICY_REFUSAL`. It names no path of the node's (:func:`node.public_text`)."""
+    return f"secfed secure aggregation refused: {type(exc).__name__}: {node.public_text(str(exc))}"
 
 
 POLICY_REFUSAL = refusal_reason(PolicyRefused(""))  # the prefix a server recognises a node's policy by
@@ -163,6 +163,7 @@ class SecAggMod:
             reply = run.step(msg, ctl, stage, call_next)
         except (ProtocolError, ReplyRefused, node.NodeSetupError) as exc:
             run.abort()
+            log.warning("refused: %s: %s", type(exc).__name__, exc)  # the whole text, paths too, stays here
             return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION, refusal_reason(exc)), reply_to=msg)
         if stage == UNMASK and NEXT in msg.content:
             self._advertise_next(msg, reply, context)

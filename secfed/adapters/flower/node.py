@@ -23,6 +23,7 @@ import functools
 import json
 import math
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -45,6 +46,18 @@ SEALING_KEY_BYTES = 32
 
 class NodeSetupError(ValueError):
     """A node's state folder, key or cohort file is missing or unusable; names the path."""
+
+
+# An absolute path or one under ~ (not a URL's //, not a ratio such as 1/2): what a node's error text
+# names on its own machine. The server gets the text without them (public_text); the node's log keeps them.
+_LOCAL_PATH = re.compile(r"(?<![\w:/.~-])~?/[^\s:'\"`,;()\[\]{}<>]+")
+PATH_SAID = "<a path on the node>"
+
+
+def public_text(text: str) -> str:
+    """``text`` as a node says it to the server: every local path replaced by :data:`PATH_SAID` (found
+    by review: a node's refusal carried its folders, e.g. its user name, to the server's log)."""
+    return _LOCAL_PATH.sub(PATH_SAID, text)
 
 
 def yes(value: object) -> bool:
