@@ -574,6 +574,8 @@ def assemble(cfg: RunConfig, census: Census, public_paths: list[Path], *, shards
     if isinstance(channel, SecureChannel):  # CDW's weights are the clients' secret: a nominal share for them
         channel.check_weights_resolved(1.0 / len(sizes) if cfg.method.cdw else
                                        min(sizes) * weight_scale if cfg.method.aggregation == "weighted" else 1.0)
+        if cfg.model.bn_stats == "shared":
+            channel.check_statistics_resolved()
     reproducible = cfg.privacy.reproducible_noise
     clients: list[ClientSide] = []
     baselines: dict[int, Site] = {}

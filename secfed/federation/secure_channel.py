@@ -46,6 +46,9 @@ MIN_COHORT = 2
 # ever sum to zero and stochastic rounding (unbiased) moves each by less than a quarter (16 refused an
 # MSMT17-sized by-identity split of 1,041 clients at the default clip: found by review)
 MIN_WEIGHT_UNITS = 4
+# The coarsest ring unit BatchNorm statistics may get: a round's change of a running mean or variance
+# below it is rounded away (unbiased, but noise). 4096 — the default — gives 0.019 at 10,000 clients.
+MAX_STATS_UNIT = 0.1
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,15 @@ class SecureChannel:
             raise ConfigError("secagg.clip", f"{self.clip:g} leaves the smallest client's aggregation weight "
                               f"({smallest:.3g}) {units:.3g} ring units at {self.num_clients} clients (at least "
                               f"{MIN_WEIGHT_UNITS} needed): give at most {_round_down(self.clip * units / MIN_WEIGHT_UNITS)}")
+
+    def check_statistics_resolved(self) -> None:
+        """Refuse a ``secagg.stats_clip`` whose ring unit is coarser than MAX_STATS_UNIT at this cohort
+        (found by review: `--secagg-stats-clip 1e308` rounded every BatchNorm statistic to zero, silently)."""
+        unit = 1.0 / self.quantizer(self.stats_clip).scale
+        if unit > MAX_STATS_UNIT:
+            raise ConfigError("secagg.stats_clip", f"{self.stats_clip:g} leaves BatchNorm statistics a ring unit of "
+                              f"{unit:.3g} at {self.num_clients} clients (at most {MAX_STATS_UNIT:g}): give at most "
+                              f"{_round_down(self.stats_clip * MAX_STATS_UNIT / unit)}")
 
     @property
     def needs_model_hash(self) -> bool:

@@ -159,6 +159,7 @@ def test_the_round_line_labels_seen_and_unseen_means_apart(synth_root: Path, tmp
     (["--test-datasets", "campus", "--datasets", "campus,plaza"], "--test-datasets"),
     (["--test-datasets", "./campus:market1501", "--datasets", "campus,plaza"], "--test-datasets"),  # (review)
     (["--secagg", "--secagg-clip", "1e308"], "--secagg-clip"),
+    (["--secagg", "--secagg-stats-clip", "1e308"], "--secagg-stats-clip"),  # (review: statistics rounded to 0)
 ])
 def test_invalid_settings_name_the_flag(synth_root: Path, tmp_path: Path, args: list[str], flag: str) -> None:
     result = invoke(["train", "--data-root", str(synth_root), *TINY, "--out", str(tmp_path), *args])
