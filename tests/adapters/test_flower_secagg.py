@@ -443,3 +443,21 @@ def test_what_a_node_refuses_with_names_none_of_its_paths(tmp_path):
     # what is not a path stays: ratios, addresses, the JSON a diverged site leaves with
     kept = 'k = 9 of 38/2; superlink 10.0.0.1:9092 and https://ca/x; ["site-3", "loss nan"]'
     assert node_files.public_text(kept) == kept
+
+
+def test_two_live_nodes_proving_one_identity_are_named_and_a_restart_is_not(deployment, tmp_path):
+    """(found by review: two SuperNodes run from one copied state folder displaced each other at every
+    enrolment, and the run waited out its start timeout without saying why)"""
+    import shutil
+
+    from secfed.adapters.flower import IdentityClash
+    grid, cohort = deployment(4, strangers=1)
+    shutil.copy(tmp_path / "node0" / node_files.IDENTITY_FILE, tmp_path / "node3" / node_files.IDENTITY_FILE)
+    flow = SecAggWorkflow(cohort=cohort)
+    assert flow.enrol(grid, [1000, 1001]) == {1000: cohort.sites["site-0"], 1001: cohort.sites["site-1"]}
+    # node 1003 proving site-0's key looks like site-0's SuperNode restarted under a new id: it takes over
+    assert flow.enrol(grid, [1003]) == {1003: cohort.sites["site-0"]} and 1000 not in flow.identities
+    with pytest.raises(IdentityClash, match="1003 and 1000 both prove site-0"):  # ... until the old one answers
+        flow.enrol(grid, [1000])
+    with pytest.raises(IdentityClash, match="site-0"):  # two at once, on a fresh server
+        SecAggWorkflow(cohort=cohort).enrol(grid, [1000, 1002, 1003])

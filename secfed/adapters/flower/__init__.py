@@ -23,7 +23,7 @@ _WHERE = {
     "Cohort": "node", "NodeSetupError": "node",
     "Encoding": "encoding", "ReplyRefused": "encoding",
     "SecAggMod": "mod", "SessionRefused": "mod",
-    "SecAggResult": "workflow", "SecAggWorkflow": "workflow",
+    "SecAggResult": "workflow", "SecAggWorkflow": "workflow", "IdentityClash": "workflow",
     "SecAggStrategy": "strategy", "is_weighted_mean": "strategy",
 }
 __all__ = sorted(_WHERE)

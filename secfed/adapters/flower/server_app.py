@@ -70,7 +70,7 @@ from .mod import POLICY_REFUSAL
 from .node import Cohort, NodeSetupError
 from .replies import Expected, MalformedReply, TrainReply, hello_reply, scores_reply, train_reply
 from .wire import CONTROL, PERSONAL, SITES, bytes_array
-from .workflow import NextRound, SecAggWorkflow, collect, exchange, send
+from .workflow import IdentityClash, NextRound, SecAggWorkflow, collect, exchange, send
 
 log = logging.getLogger("secfed.flower")
 app = ServerApp()
@@ -132,7 +132,7 @@ def main(grid: Grid, context: Context) -> None:
         if settings.poll > 0:  # replies' payloads: looked for again at the poll, not after Flower's 1 s, 2 s, …
             pulls.quicken(pulls.SERVERAPP, settings.poll)
         FlowerRun(grid, settings).run()
-    except (ConfigError, DataError, DeploymentError, NodeSetupError, RunDiverged) as exc:  # said, not a traceback
+    except (ConfigError, DataError, DeploymentError, IdentityClash, NodeSetupError, RunDiverged) as exc:  # said
         _say(f"secfed: the run stopped: {exc}")  # (Flower logs an exception's stack): `secfed train --flower` relays it
 
 

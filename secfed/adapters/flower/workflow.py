@@ -18,6 +18,8 @@ Ed25519 identity from the cohort file by signing a fresh nonce bound to the run 
 the session's identity keys are those. Nodes outside the cohort take no part. The challenge can ride
 on the run's first app message (:meth:`SecAggWorkflow.challenges` / :meth:`~SecAggWorkflow.accept`:
 ``secfed train --flower`` sends it with its hello), so enrolment costs no round trip of its own.
+A node that restarted comes back under a new node id and takes its identity over; two live nodes
+proving one identity raise :class:`IdentityClash`.
 
 Pipelining (``aggregate(..., next_round=NextRound(nodes, encoding, round))``): when the caller
 knows the next aggregation's nodes and encoding at this one's unmask, the next session's key
@@ -79,6 +81,12 @@ from .wire import (
 )
 
 log = logging.getLogger("secfed.flower")
+
+class IdentityClash(RuntimeError):
+    """Two live SuperNodes prove one site's identity key: a copied state folder, or a stolen key. The
+    server cannot tell which is the site, so neither speaks for it (found by review: the two displaced
+    each other at every enrolment, and the run waited until its start timeout without saying why)."""
+
 
 @dataclass(frozen=True, eq=False)
 class SecAggResult:
@@ -173,6 +181,7 @@ class SecAggWorkflow:
         self.poll_interval = poll_interval
         self.on_phase = on_phase
         self.identities: dict[int, bytes] = {}  # node id → enrolled identity key
+        self._displaced: dict[int, bytes] = {}  # node id → the identity a newer node proved since
         self.errors: dict[int, str] = {}  # node id → why it refused a message, since the last aggregate began
         self._refused_next: dict[int, str] = {}  # policy refusals of the next session, seen in this one
         self._next: _Prepared | None = None  # advertised with the last unmask, for the next aggregate
@@ -199,7 +208,9 @@ class SecAggWorkflow:
                 if n not in self.identities}
 
     def accept(self, replies: Mapping[int, Message], challenges: Mapping[int, ConfigRecord]) -> None:
-        """Enrol the nodes whose replies prove an identity of the cohort for their challenge."""
+        """Enrol the nodes whose replies prove an identity of the cohort for their challenge. A node
+        proving an identity another live node proves raises :class:`IdentityClash`."""
+        proven: dict[bytes, int] = {}  # in these replies: identity → node
         for n, reply in replies.items():
             if n not in challenges:
                 continue
@@ -213,10 +224,18 @@ class SecAggWorkflow:
             except ProtocolError as exc:
                 log.warning("node %s not enrolled: %s", n, exc)
                 continue
-            # A site whose SuperNode restarted comes back under a new node id: the newest proof wins.
-            for old in [m for m, k in self.identities.items() if k == key]:
-                log.info("node %s now holds %s's identity (was node %s)", n, self.cohort.name_of(key), old)
-                del self.identities[old]
+            # A site whose SuperNode restarted comes back under a new node id: the newest proof wins. Only a
+            # live node answers a challenge, so one displaced proving again, or two proving at once, are two.
+            holder = proven.get(key, next((m for m, k in self.identities.items() if k == key and m != n), None))
+            if holder is not None and (key in proven or self._displaced.get(n) == key):
+                raise IdentityClash(f"SuperNodes {holder} and {n} both prove {self.cohort.name_of(key)}'s identity "
+                                    "key: two SuperNodes run with one identity (a copied state folder, or a stolen "
+                                    "key). Stop one; give the site a new key (secfed flower keys) unless it was a copy")
+            proven[key] = n
+            if holder is not None:
+                log.info("node %s now holds %s's identity (was node %s)", n, self.cohort.name_of(key), holder)
+                del self.identities[holder]
+                self._displaced[holder] = key
             self.identities[n] = key
 
     # ---- one aggregation --------------------------------------------------------------------------
