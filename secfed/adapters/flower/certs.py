@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import idna
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -74,6 +75,14 @@ def _alt_name(host: str) -> x509.GeneralName:
         name = host.removesuffix(".").encode("idna").decode("ascii")
     except UnicodeError:
         name = ""
+    if name and not host.isascii():  # IDNA 2003 (Python's codec, ssl) and 2008 (browsers, idna) differ on ß,
+        try:                         # ς and the joiners: faß.de is fass.de to one, xn--fa-hia.de to the other
+            strict = idna.encode(host.removesuffix("."), uts46=True).decode("ascii")
+        except idna.IDNAError:
+            strict = name
+        if strict != name:
+            raise ValueError(f"{host!r} is {name} under IDNA 2003 and {strict} under IDNA 2008, and clients differ "
+                             "in which they use: give the one they connect to (its ASCII form)")
     if not _DNS_NAME.fullmatch(name) or len(name) > 253 or _NUMBER.fullmatch(name.rsplit(".", 1)[-1]):
         raise ValueError(f"{host!r} is neither an IP address nor a host name")
     return x509.DNSName(name)
