@@ -550,8 +550,11 @@ def schema_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
         names = [entry.partition(":")[0] for entry in getattr(d, key)]
         if repeated := sorted({n for n in names if names.count(n) > 1}):
             yield ConfigIssue(f"data.{key}", f"names {', '.join(map(repr, repeated))} more than once")
-    if meth.kd_public is not None and not meth.kd:
-        yield ConfigIssue("method.kd_public", "has no effect without `method.kd`")
+    for key in ("kd_public", "kd_epochs", "kd_lr", "kd_images"):  # (review: ignored without a word)
+        if not meth.kd and getattr(meth, key) != MethodConfig.model_fields[key].default:
+            yield ConfigIssue(f"method.{key}", "has no effect without `method.kd`")
+    if meth.kd_images == 1:  # (review: a traceback from the distiller)
+        yield ConfigIssue("method.kd_images", "distillation needs at least 2 public images (0: all of them)")
     if meth.cdw and meth.aggregation == "unweighted":
         yield ConfigIssue("method.cdw", "cosine distance weights are aggregation weights; `method.aggregation` "
                           "unweighted contradicts them")

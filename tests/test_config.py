@@ -149,10 +149,16 @@ def test_a_method_declares_its_own_settings_and_refusals(monkeypatch: pytest.Mon
     cfg.schedule.rounds = 1
     check(cfg)
     other = RunConfig()
-    assert other.method.kd_epochs  # a non-default value is not needed: any truthy value is Picky's alone
+    other.method.kd = True
+    check(other)  # Picky's setting at its default under another method: nothing said
+    other.method.kd_epochs = 3  # another value (found by review: a default of 3 was never compared)
     with pytest.raises(ConfigError, match="applies to `?method.algorithm`? picky") as caught:
         check(other)
     assert caught.value.key == "method.kd_epochs"
+    other.method.expert_temperature = 5.0  # FedReID's own, and so refused under FedPav
+    with pytest.raises(ConfigError) as caught:
+        check(other)
+    assert sorted(issue.key for issue in caught.value.issues) == ["method.expert_temperature", "method.kd_epochs"]
 
 
 

@@ -37,9 +37,11 @@ def method_issues(cfg: RunConfig) -> list[ConfigIssue]:
     if cfg.privacy.dp_sgd and method.dp_sgd_unsupported:
         issues.append(ConfigIssue("privacy.dp_sgd", f"method {name!r} does not support `privacy.dp_sgd`: "
                                   f"{method.dp_sgd_unsupported}"))
-    for other in METHODS.values():
+    defaults = type(cfg.method).model_fields
+    for other in METHODS.values():  # given a value of its own (not its default) for another method: said
         issues += [ConfigIssue(f"method.{key}", f"applies to `method.algorithm` {other.name}")
-                   for key in other.own_settings if other is not method and getattr(cfg.method, key)]
+                   for key in other.own_settings
+                   if other is not method and getattr(cfg.method, key) != defaults[key].default]
     return issues + method.config_issues(cfg)
 
 

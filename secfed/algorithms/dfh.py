@@ -43,6 +43,7 @@ pool-5 feature; here FC is FedPav's neck and classifier. The defaults λ = 1 and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -178,10 +179,14 @@ def hallucinated_loss(features: torch.Tensor, labels: torch.Tensor, targets: Tar
 # ---- the method ------------------------------------------------------------------------------------
 
 
+MAX_DFS_NOISE_LOG10 = 30  # the DFS are float32 (≤ 3.4e38): noise beyond 1e30 leaves them nothing but noise
+
+
 class DFH(Method):
     name = "dfh"
     dp_sgd_unsupported = "its batch-hard triplet losses couple the examples of a batch, so they are not per-example"
-    own_settings = ("dfs_noise",)
+    own_settings = ("dfs_noise", "dfs_clip", "dfh_alpha", "dfh_lambda", "dfh_hallucinate", "triplet_margin",
+                    "ids_per_batch")
     shared_in_clear = (DFS,)
 
     @classmethod
@@ -197,6 +202,12 @@ class DFH(Method):
             issues.append(ConfigIssue("method.dfs_noise", "the DFS mechanism treats the feature extractor as public, "
                                       "but local BatchNorm statistics come from the client's own images; use "
                                       "`model.bn_stats` shared"))
+        z, clip = cfg.method.dfs_noise, cfg.method.dfs_clip
+        if z > 0 and math.log10(2 * math.sqrt(2) * z) + 2 * math.log10(clip) > MAX_DFS_NOISE_LOG10:
+            # (found by review: C² overflowed mid-round, after local training and a printed ε)
+            key = "method.dfs_noise" if math.log10(z) > 2 * math.log10(clip) else "method.dfs_clip"
+            issues.append(ConfigIssue(key, f"noise z = {z:g} at clip C = {clip:g} has a standard deviation "
+                                      f"2z·√2·C² beyond 1e{MAX_DFS_NOISE_LOG10} on the float32 statistics"))
         return issues
 
     def build_model(self, num_classes: int) -> nn.Module:

@@ -44,6 +44,7 @@ class FedReID(Method):
     name = "fedreid"
     shared_prefixes = ("backbone.",)
     learning_rates = (0.1, 0.01)  # the paper's: mapping network, embedding
+    own_settings = ("expert_temperature",)
     dp_sgd_unsupported = ("its expert distillation trains two models jointly and calls them outside the model's "
                           "forward pass, so Opacus gets no per-example gradients of it")
 

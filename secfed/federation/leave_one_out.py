@@ -93,6 +93,10 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
     if cfg.data.leave_out:
         raise ConfigError("data.leave_out", "cannot be combined with a leave-one-out sweep, which holds out each "
                           "training domain in turn")
+    if cfg.data.validation:  # (found by review: validation mode scores no unseen domain — the sweep
+        # trained its first target whole and stopped with a traceback, looking for the held-out score)
+        raise ConfigError("data.validation", "cannot be combined with a leave-one-out sweep: validation mode scores "
+                          "the training domains' held-out images, never the held-out domain a sweep scores")
     check(cfg)
     names = training_domains(cfg)
     if len(names) < 3:

@@ -39,6 +39,8 @@ DP_SGD_SERVER = ("the server sees at most this client's update; the batches are 
                  "CSPRNG, so the ε holds against it")
 DFS_GUARANTEE = "identity-level DFS (DFH), per client"
 DFS_SERVER = "the server sees every client's noised DFS; no amplification by sampling is claimed, so the ε holds against it"
+DFS_AUDIENCE = "whoever sees the DFS (every client, through the broadcast)"
+DFS_ONLY = "the DFS channel alone: not the model updates, nor the released models"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class Guarantee:
     server_note: str  # why the server's ε is what it is
     released_note: str  # what the released-models ε assumes
     not_private: bool  # reproducible noise: the figures hold against nobody who knows the run seed
+    # who the first figure holds against; a DFS ε is not one "those who see only the released models" get
+    # (found by review: the models of a DFH run carry no ε at all)
+    audience: str = RELEASED_MODELS
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,7 +65,7 @@ class Guarantee:
         """The printed line: both figures, labelled, and NOT PRIVATE first where it applies."""
         server = self.server_note if self.server is None else f"ε = {self.server:.3g} ({self.server_note})"
         return (f"{NOT_PRIVATE + ': ' if self.not_private else ''}{self.guarantee}: ε = {self.released_models:.3g} "
-                f"against {RELEASED_MODELS} ({self.released_note}); against the server: {server}; "
+                f"against {self.audience} ({self.released_note}); against the server: {server}; "
                 f"δ = {self.delta:.2g}")
 
 
@@ -93,8 +98,8 @@ def dfs(plan: DfsPlan | None, *, reproducible: bool) -> Guarantee | None:
     """DFH's identity-level DFS ε per client (None: no DFS, or unnoised DFS — no ε)."""
     if plan is None or plan.epsilon is None:
         return None
-    return Guarantee(DFS_GUARANTEE, plan.delta, plan.epsilon, plan.epsilon, DFS_SERVER,
-                     "no amplification by sampling", reproducible)
+    return Guarantee(DFS_GUARANTEE, plan.delta, plan.epsilon, plan.epsilon, DFS_SERVER, DFS_ONLY, reproducible,
+                     audience=DFS_AUDIENCE)
 
 
 def statement(mechanism: str, sampling: str) -> str:

@@ -92,7 +92,8 @@ class DfsPlan:
                 f"δ = {self.delta:.3g}) per client after {self.rounds} rounds (adjacency: one identity's images in one "
                 "client replaced by another's; the client's number of identities is not protected; the broadcast "
                 "model is treated as public; a person whose pictures lie at k clients is protected over k of them "
-                "together — group privacy only). This ε is separate from, and NOT inside, the printed client-level ε.")
+                "together — group privacy only). This ε covers the DFS channel alone — not the model updates, nor the "
+                "released models; a client-level ε, where one is printed, is separate from it.")
 
 
 def dfs_settings(cfg: RunConfig, method: Method | type[Method]) -> tuple[float, float] | None:

@@ -20,6 +20,7 @@ from secfed.config import ConfigError, PrivacyConfig, RunConfig
 from secfed.validation import check
 from secfed.data.samplers import identity_batches
 from secfed.federation.messages import MODEL, Aggregate, Contribution, Summand
+from secfed.privacy import adversary
 from secfed.privacy.accountant import gaussian_epsilon
 from secfed.privacy.dfs import DFS, IFS, domain_statistics
 from secfed.privacy.noise import NoiseSource
@@ -111,8 +112,12 @@ def test_statement_says_the_dfs_channel_is_outside_the_printed_epsilon() -> None
     assert noised.dfs.delta == noised.delta  # the same δ as the client-level ε
     eps = gaussian_epsilon(2.0, 1.0, RUN["rounds"], noised.delta)
     [line] = [s for s in noised.statements if s.startswith("DFH")]
-    assert f"ε = {eps:.4g}" in line and "NOT inside, the printed client-level ε" in line and "L2 ≤ 1.5" in line
-    assert noised.dfs.epsilon == pytest.approx(eps)
+    assert f"ε = {eps:.4g}" in line and "DFS channel alone — not the model updates, nor the released" in line
+    assert "L2 ≤ 1.5" in line and noised.dfs.epsilon == pytest.approx(eps)
+    # its printed line names whom it holds against: whoever sees the DFS, not "only the released models" (found
+    # by review: a DFH run's models carry no ε at all)
+    sentence = adversary.dfs(noised.dfs, reproducible=False).sentence()
+    assert f"ε = {eps:.3g} against whoever sees the DFS" in sentence and "only the released models" not in sentence
 
     assert not any(s.startswith("DFH") for s in resolve(PrivacyConfig(), **RUN).statements)
 

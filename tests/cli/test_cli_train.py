@@ -160,6 +160,14 @@ def test_the_round_line_labels_seen_and_unseen_means_apart(synth_root: Path, tmp
     (["--test-datasets", "./campus:market1501", "--datasets", "campus,plaza"], "--test-datasets"),  # (review)
     (["--secagg", "--secagg-clip", "1e308"], "--secagg-clip"),
     (["--secagg", "--secagg-stats-clip", "1e308"], "--secagg-stats-clip"),  # (review: statistics rounded to 0)
+    # (review: a traceback from the distiller; another method's settings ignored without a word)
+    (["--kd", "--kd-images", "1"], "--kd-images"),
+    (["--kd-lr", "0.1"], "--kd-lr"),
+    (["--expert-temperature", "5"], "--expert-temperature"),
+    (["--triplet-margin", "0.9"], "--triplet-margin"),
+    # (review: the DFS noise's C² overflowed mid-round, after training and a printed ε)
+    (["--algorithm", "dfh", "--ids-per-batch", "2", "--dfs-noise", "1", "--dfs-clip", "1e200"], "--dfs-clip"),
+    (["--algorithm", "dfh", "--ids-per-batch", "2", "--dfs-noise", "1e300"], "--dfs-noise"),
 ])
 def test_invalid_settings_name_the_flag(synth_root: Path, tmp_path: Path, args: list[str], flag: str) -> None:
     result = invoke(["train", "--data-root", str(synth_root), *TINY, "--out", str(tmp_path), *args])

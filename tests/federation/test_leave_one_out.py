@@ -61,6 +61,10 @@ def test_leave_one_out_refuses_a_held_out_list_and_too_few_domains(synth_root: P
     two = _invoke(["--data-root", str(synth_root), *TINY, "--out", str(tmp_path), "--leave-one-out",
                    "--datasets", ",".join(names[:2])])
     assert two.exit_code == 2 and "--datasets" in two.output and "at least three" in two.output
+    # validation mode scores no held-out domain (review: the first target trained, then a traceback)
+    tuning = _invoke(["--data-root", str(synth_root), *TINY, "--out", str(tmp_path), "--leave-one-out",
+                      "--validation", "0.3"])
+    assert tuning.exit_code == 2 and "--validation" in tuning.output and "Traceback" not in tuning.output
     # a domain with one training image: refused before the first target trains (review: the first ran to
     # its end, then the second stopped on it)
     import shutil

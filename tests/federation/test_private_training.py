@@ -287,7 +287,7 @@ def test_summary_says_whom_each_epsilon_protects_against_and_not_private(two_sit
     assert privacy == json.loads(json.dumps(result.summary["privacy"]))
     client_level, *per_client = privacy["epsilon_against"]
     assert set(client_level) == {"guarantee", "delta", "released_models", "server", "server_note", "released_note",
-                                 "not_private"}
+                                 "not_private", "audience"}
     assert client_level["released_models"] == privacy["epsilon"] and client_level["server"] is None
     assert privacy["epsilon_server"] is None and "central DP trusts the server" in client_level["server_note"]
     assert len(per_client) == 2 and all(g["server"] == g["released_models"] for g in per_client)  # 0: not sampled
