@@ -95,11 +95,14 @@ class DataConfig(Section):
     synth_scale: float = setting(1.0, "--synth-scale", f"Synthetic default: {SCALE_HELP[0].lower()}{SCALE_HELP[1:]}",
                                  ge=SCALE_RANGE[0], le=SCALE_RANGE[1])
     synth_unseen: int = setting(0, "--synth-unseen", "Synthetic default: extra domains never trained on, "
-                                "evaluated as unseen targets.", ge=UNSEEN_RANGE[0], le=UNSEEN_RANGE[1])
+                                "evaluated as unseen targets (their camera styles, not their people or cameras, "
+                                "are in the synthetic KD public and pretraining sets).",
+                                ge=UNSEEN_RANGE[0], le=UNSEEN_RANGE[1])
     test_datasets: list[str] = setting([], "--test-datasets", "NAME[:FORMAT] folders under --data-root evaluated "
                                        "as unseen domains (never trained on).")
     leave_out: list[str] = setting([], "--leave-out", "Domains held out of training and evaluated as unseen "
-                                   "targets (FedDG protocol).")
+                                   "targets (FedDG protocol; a synthetic one's camera style, not its people or "
+                                   "cameras, is in the synthetic KD public and pretraining sets).")
     validation: float = setting(0.0, "--validation", "Tuning only: hold out this fraction of each training "
                                 "domain's training identities as its query/gallery (no test set, no unseen domains "
                                 "are scored); 0: off.", ge=0, lt=1)
