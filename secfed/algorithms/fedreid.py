@@ -3,7 +3,7 @@
     model   feature embedding network φ (the backbone; its pool-5 output is the ReID feature) +
             mapping network δ (FC → BN → ReLU → Dropout → FC over the client's identities)
     shared  φ only (Eq. 7–8): the mapping network and the expert never leave the client; only φ's
-            update goes through the secure sum, weighted n_k/n as FedPav (Eq. 5 is the plain mean
+            update goes through the secure sum, weighted n_k/n as FedPav (Eq. 8 is the plain mean
             of the S-fraction; `method.aggregation` unweighted gives it)
     client  Eq. 10: the expert starts each round from the client's latest local model (what it
             trained last round, before aggregation); the client model from the global φ beside its
