@@ -195,9 +195,19 @@ def main(argv: list[str] | None = None) -> int:
         print(describe(), flush=True)
         claims.prepare_data(args.arms)
         jobs = [claims.Job(a, s, factors[a]) for s in range(args.seeds) for a in args.arms]
-        rows += claims.execute(jobs, rows, results, args, time.monotonic())
-        (args.out / "command.txt").write_text(command + "\n")
+        made = claims.execute(jobs, rows, results, args, time.monotonic())
+        rows += made
+        if made:
+            claims.note_command(args.out, command)
     mine = [r for r in at_factors(rows, factors, args.rounds) if r["seed"] < args.seeds]
+    # this machine's runs only (found by review: a folder holding another machine's runs "reproduced" them)
+    machines = sorted({claims.machine_of(r) for r in mine})
+    if not args.report:
+        here = claims.this_machine(args.device, args.threads)
+        mine, machines = [r for r in mine if claims.machine_of(r) == here], [here]
+    elif len(machines) > 1:
+        parser.error(f"--out {args.out} holds runs of {len(machines)} machines ({'; '.join(m or 'unrecorded' for m in machines)}): "
+                     "a check compares one machine's runs; give a folder of one machine's")
     compared = comparisons(published, mine, args.arms)
     text, outside = report(compared, published, mine, command)
     (args.out / "check.md").write_text(text + "\n")

@@ -64,11 +64,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import io
 import json
 import math
 import multiprocessing
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -175,10 +177,13 @@ def run_arm(job: Job, device: str, threads: int, rounds: int = 16) -> dict[str, 
 
     from secfed.federation.runtime import run
 
+    from secfed.federation.builder import resolve_device
+
     torch.set_num_threads(threads)
     cfg = arm_config(job.arm, job.seed, device, rounds)
     scale_learning_rates(cfg, job.lr_scale)
     head = {"arm": job.arm, "seed": job.seed, "rounds": rounds, "lr_scale": job.lr_scale,
+            "device": resolve_device(device).type,
             "validation": job.validation, "lr": cfg.schedule.lr, "lr_backbone": cfg.schedule.lr_backbone,
             **({"kd": KD_REVISION} if uses_kd(job.arm) else {})}
     with tempfile.TemporaryDirectory() as tmp:
@@ -322,7 +327,7 @@ def decide(differences: list[float], threshold: float, margin: float, looks: int
     return "undecided"
 
 
-def record_looks(path: Path, seeds: dict[str, int]) -> dict[str, int]:
+def record_looks(path: Path, seeds: dict[str, int], *, fewer: bool = False) -> dict[str, int]:
     """Add today's look at each claim to ``path`` (OUT/looks.json: per claim label, the numbers of
     paired seeds at which a report has decided it) and return each claim's number of looks.
 
@@ -330,7 +335,9 @@ def record_looks(path: Path, seeds: dict[str, int]) -> dict[str, int]:
     seeds to be decided is not looked at). A report at a number of seeds already recorded is the same
     look again; any other number is a new look — raising the seeds after an undecided look and
     deciding again is a second look, and the interval of each is widened to keep the 95 % over all
-    (:func:`confidence`)."""
+    (:func:`confidence`). A look at fewer seeds than an earlier one is refused unless ``fewer``
+    (``--new-look``): it is a look too, and widens every later interval (found by review: a report at
+    --seeds 5 after 10 turned a reproduced claim undecided for good, without a word)."""
     recorded: dict[str, list[int]] = {}
     if path.exists():
         try:
@@ -340,6 +347,12 @@ def record_looks(path: Path, seeds: dict[str, int]) -> dict[str, int]:
         if not isinstance(recorded, dict) or not all(
                 isinstance(ns, list) and all(type(n) is int and n > 0 for n in ns) for ns in recorded.values()):
             raise SystemExit(f"{path}: not a looks file: each claim must map to a list of seed counts ≥ 1")
+    shrunk = {label: n for label, n in seeds.items() if n not in recorded.get(label, [n]) and n < max(recorded[label])}
+    if shrunk and not fewer:
+        raise SystemExit(f"{path}: " + "; ".join(f"{label} was decided at {max(recorded[label])} seeds" for label in shrunk)
+                         + f" — a report at fewer ({', '.join(map(str, sorted(set(shrunk.values()))))}) is another look, "
+                         "which widens every later interval of the claim: pass --new-look to take it, or give --seeds "
+                         "as before")
     for label, n in seeds.items():
         recorded[label] = sorted({*recorded.get(label, []), n})
     atomic_file.write_text(path, json.dumps(recorded, indent=1, sort_keys=True) + "\n")
@@ -348,8 +361,24 @@ def record_looks(path: Path, seeds: dict[str, int]) -> dict[str, int]:
 
 def machine_of(run: dict[str, Any]) -> str:
     """The machine a run ran on (:func:`environment_line` without the commit; "" for a run made before
-    environments were recorded)."""
-    return environment_line(run["environment"], commit=False) if "environment" in run else ""
+    environments were recorded), and its CPU where a run on a GPU machine trained there (found by
+    review: a CPU run and a CUDA run on one GPU machine paired as one machine's)."""
+    if "environment" not in run:
+        return ""
+    env = run["environment"]
+    gpu_machine = bool(env.get("gpu") or env.get("cuda"))
+    # recorded since 2026-11-29; every earlier run on a GPU machine trained on its GPU
+    device = run.get("device") or ("cuda" if gpu_machine else "cpu")
+    return environment_line(env, commit=False) + (", trained on its CPU" if gpu_machine and device == "cpu" else "")
+
+
+def this_machine(device: str, threads: int) -> str:
+    """:func:`machine_of` a run this process would make now on ``device`` with ``threads`` threads."""
+    from secfed.federation.builder import resolve_device
+
+    env = environment()
+    env["torch_threads"] = threads  # what run_arm sets in its worker
+    return machine_of({"environment": env, "device": resolve_device(device).type})
 
 
 def paired(claim: Claim, runs: Iterable[dict[str, Any]]) -> list[float]:
@@ -615,7 +644,14 @@ def environment_line(env: dict[str, Any], *, commit: bool = True) -> str:
     cuda += f" on {env['gpu']}" if env.get("gpu") else ""
     return (f"{cpu.get('model', '?')} ({cpu.get('logical_cores', '?')} cores, {env.get('torch_cpu_capability')}), "
             f"torch {env.get('torch')} on {env.get('torch_threads')} threads{cuda}"
-            + (f", commit {str(env['commit'])[:7]}" if commit and env.get("commit") else ""))
+            + (f", commit {short_commit(env['commit'])}" if commit and env.get("commit") else ""))
+
+
+def short_commit(commit: Any) -> str:
+    """A recorded commit in 7 digits, "-dirty" kept: a run of uncommitted code is not that commit's (found
+    by review: the footers cut the suffix off)."""
+    text = str(commit or "")
+    return text[:7] + ("-dirty" if text.endswith("-dirty") else "")
 
 
 def machines_line(runs: list[dict[str, Any]]) -> str:
@@ -624,7 +660,7 @@ def machines_line(runs: list[dict[str, Any]]) -> str:
     for r in runs:
         if "environment" in r:
             found = commits.setdefault(machine_of(r), [])
-            commit = str(r["environment"].get("commit") or "")[:7]
+            commit = short_commit(r["environment"].get("commit"))
             if commit and commit not in found:
                 found.append(commit)
     return "; ".join(f"{machine}" + (f", commit{'s' if len(c) > 1 else ''} {', '.join(c)}" if c else "")
@@ -675,21 +711,68 @@ def known_arm(arm: Any) -> bool:
 
 def load(path: Path) -> list[dict[str, Any]]:
     """The finished runs in ``path`` that ran today's methods (:func:`current`), in order; rows of an
-    arm this bench does not know are set aside with a line on stderr naming them."""
+    arm this bench does not know, damaged rows and a second row of one run are set aside with a line on
+    stderr naming them (found by review: a line cut by a kill was skipped without a word; a missing seed,
+    an empty domain list or a NaN score were tracebacks; a duplicated row counted twice in the spread)."""
     if not path.exists():
         return []
+    rows, seen = [], set()
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill: that run is redone
+            print(f"{path}:{number}: not a whole run (cut short by a kill?): set aside, the run is redone",
+                  file=sys.stderr)
+            continue
+        if not isinstance(row, dict) or not known_arm(row.get("arm")):
+            continue
+        damage = row_damage(row)
+        key = (job_of(row), machine_of(row)) if damage is None else None
+        if damage is None and key in seen:
+            damage = "a second row of a run already read (the first is kept)"
+        if damage is not None:
+            print(f"{path}:{number}: set aside: {damage}", file=sys.stderr)
+            continue
+        seen.add(key)
+        rows.append(row)
+    unknown = sorted({str(r.get("arm")) for r in _rows_of(path) if not known_arm(r.get("arm"))})
+    if unknown:
+        print(f"{path}: set aside the runs of arms this bench does not know: {', '.join(unknown)}", file=sys.stderr)
+    return [r for r in rows if current(r)]
+
+
+def _rows_of(path: Path) -> list[dict[str, Any]]:
     rows = []
     for line in path.read_text().splitlines():
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a kill: that run is redone
-            continue
-    rows = [r for r in rows if isinstance(r, dict)]
-    known = [r for r in rows if known_arm(r.get("arm"))]
-    if len(known) < len(rows):
-        unknown = sorted({str(r.get("arm")) for r in rows if not known_arm(r.get("arm"))})
-        print(f"{path}: set aside the runs of arms this bench does not know: {', '.join(unknown)}", file=sys.stderr)
-    return [r for r in known if current(r)]
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def row_damage(row: dict[str, Any]) -> str | None:
+    """What is wrong with a run's row, in words (None: nothing) — what the tables read of it."""
+    seed = row.get("seed")
+    if type(seed) is not int or seed < 0:
+        return f"seed {seed!r} is not a whole number ≥ 0"
+    scale = row.get("lr_scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        return f"lr_scale {scale!r} is not a number > 0"
+    for field in ("domains", "unseen"):
+        entries = row.get(field, [])
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
+                                                    for e in entries):
+            return f"{field} is not a list of named domains"
+        for e in entries:
+            bad = [k for k, v in e.items() if k != "name" and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                               or not math.isfinite(v))]
+            if bad:
+                return f"{field} {e['name']!r}: {', '.join(bad)} not a finite number"
+    validation = row.get("validation", False)
+    if not isinstance(validation, bool):
+        return f"validation {validation!r} is not true or false"
+    if row["arm"].startswith("lodo:") and not validation:
+        return None if row.get("unseen") else "no held-out domain score"
+    return None if row.get("domains") else "no domain scores"
 
 
 def recorded_command(folder: Path) -> str:
@@ -703,8 +786,22 @@ def recorded_command(folder: Path) -> str:
     return " then ".join(line for line in lines if line and not line.startswith("#")) or "?"
 
 
+def note_command(folder: Path, command: str) -> None:
+    """Add ``command`` to ``folder``'s command.txt, which names every command that made its runs (found
+    by review: a rerun that made nothing overwrote it, naming itself as the maker of runs it never made)."""
+    path = folder / "command.txt"
+    lines = path.read_text().splitlines() if path.exists() else []
+    if not lines or lines[-1].strip() != command:
+        atomic_file.write_text(path, "".join(line + "\n" for line in [*lines, command]))
+
+
 def append(path: Path, row: dict[str, Any]) -> None:
+    """Add one run to ``path``, on a line of its own even after a line a kill cut short (found by review:
+    the redone run was glued onto the fragment, and lost too)."""
+    cut = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
     with path.open("a") as f:
+        if cut:
+            f.write("\n")
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -778,6 +875,9 @@ def main() -> None:
     parser.add_argument("--max-minutes", type=float, help="stop handing out runs after this long")
     parser.add_argument("--publish", action="store_true", help="rewrite README.md's and RESULTS.md's claims blocks")
     parser.add_argument("--report", action="store_true", help="run nothing: decide from the runs already in --out")
+    parser.add_argument("--new-look", action="store_true",
+                        help="decide a claim at fewer seeds than an earlier report did (another look: it widens "
+                             "every later interval of that claim)")
     parser.add_argument("--at-defaults", action="store_true",
                         help="with --report: decide from the runs at factor 1, printing the grid's choice beside them")
     parser.add_argument("--spread", nargs="+", metavar="ARM@START",
@@ -815,14 +915,17 @@ def main() -> None:
         print(describe(), flush=True)
         prepare_data(arms_of(claims))  # once, before the workers race for it
         started = time.monotonic()
-        rows += execute(grid_jobs(arms_of(claims), args.lr_grid, args.grid_seeds), rows, results, args, started)
+        tuned = execute(grid_jobs(arms_of(claims), args.lr_grid, args.grid_seeds), rows, results, args, started)
+        rows += tuned
     starts = [a for a in dict.fromkeys(r["arm"] for r in rows) if split_arm(a)[1]]  # --spread's arms, if any ran
     chosen = choose(rows, arms_of(claims), args.lr_grid)
     (args.out / "grid.json").write_text(json.dumps(chosen, indent=1) + "\n")
     print("learning-rate factors: " + "; ".join(f"{a} ×{g['chosen']:g}" for a, g in chosen.items()), flush=True)
     if not args.report:
-        rows += execute(claim_jobs(claims, args.seeds, chosen), rows, results, args, started)
-        (args.out / "command.txt").write_text(command + "\n")
+        made = execute(claim_jobs(claims, args.seeds, chosen), rows, results, args, started)
+        rows += made
+        if tuned or made:
+            note_command(args.out, command)
         print(f"the command's runs took {(time.monotonic() - started) / 60:.1f} minutes (wall)", flush=True)
     runs, factors = claim_runs(rows, claims, args.seeds, {} if args.at_defaults else chosen)
     others = [r for r in claim_tests(rows, claims, args.seeds) if job_of(r).lr_scale != factors[r["arm"]]]
@@ -838,10 +941,14 @@ def measure_spread(args: argparse.Namespace, rows: list[dict[str, Any]], results
         prepare_data(args.spread)
         started = time.monotonic()
         chosen: dict[str, dict[str, Any]] = {}
+        made: list[dict[str, Any]] = []
         if args.tune:
-            rows = rows + execute(grid_jobs(args.spread, args.lr_grid, args.grid_seeds), rows, results, args, started)
-            chosen = choose(rows, args.spread, args.lr_grid)
-        rows = rows + execute(spread_jobs(args.spread, args.seeds, chosen), rows, results, args, started)
+            made += execute(grid_jobs(args.spread, args.lr_grid, args.grid_seeds), rows, results, args, started)
+            chosen = choose(rows + made, args.spread, args.lr_grid)
+        made += execute(spread_jobs(args.spread, args.seeds, chosen), rows + made, results, args, started)
+        rows = rows + made
+        if made:
+            note_command(args.out, "python bench/claims.py " + " ".join(sys.argv[1:]))
     print(spread(started_runs(rows, args.spread)))
     chosen = {a: g for a, g in choose(rows, args.spread, args.lr_grid).items() if g["validation_mAP"]}
     if chosen:
@@ -870,17 +977,34 @@ def spread_runs(rows: list[dict[str, Any]], arms: Iterable[str]) -> list[dict[st
     return [r for r in started_runs(rows, arms) if job_of(r).lr_scale == 1.0]
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM ends this process as Ctrl-C does, through the pool's ``with`` (which terminates the
+    workers): found by review, a SIGTERMed command left its workers training, reparented to init."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def to_run(jobs: list[Job], rows: list[dict[str, Any]], here: str) -> tuple[list[Job], int]:
+    """The jobs ``rows`` hold no run of made on the machine ``here`` (:func:`machine_of`), and how many
+    of them another machine's rows hold. Found by review: a folder holding another machine's runs
+    "resumed" with nothing to do, and a second-machine check passed on the first machine's runs."""
+    done = {job_of(r) for r in rows if machine_of(r) == here}
+    elsewhere = {job_of(r) for r in rows} - done
+    todo = [j for j in jobs if j not in done]
+    return todo, sum(j in elsewhere for j in todo)
+
+
 def execute(jobs: list[Job], rows: list[dict[str, Any]], results: Path, args: argparse.Namespace,
             started: float) -> list[dict[str, Any]]:
     """Run the jobs not yet in ``rows`` on the worker pool, appending each to ``results`` as it ends
     (until ``--max-minutes`` from ``started``); the new rows."""
-    done = {job_of(r) for r in rows}
-    todo = [j for j in jobs if j not in done]
+    todo, elsewhere = to_run(jobs, rows, this_machine(args.device, args.threads))
     print(f"{len(jobs) - len(todo)} of {len(jobs)} runs done, {len(todo)} to go on {args.workers} worker(s) × "
-          f"{args.threads} thread(s), device {args.device}", flush=True)
+          f"{args.threads} thread(s), device {args.device}"
+          + (f" ({elsewhere} of them made on another machine: not reused)" if elsewhere else ""), flush=True)
     new: list[dict[str, Any]] = []
     if not todo:
         return new
+    exit_on_sigterm()
     context = multiprocessing.get_context("spawn")
     with context.Pool(args.workers, maxtasksperchild=1) as pool:
         pending_runs = [pool.apply_async(run_arm, (job, args.device, args.threads, args.rounds)) for job in todo]
@@ -907,7 +1031,7 @@ def publish(runs: list[dict[str, Any]], claims: list[Claim], command: str, args:
             grid: dict[str, dict[str, Any]], factors: dict[str, float], other_factors: list[dict[str, Any]],
             spread_only: list[dict[str, Any]], started_grid: dict[str, dict[str, Any]]) -> None:
     started = started_by_start(spread_only, started_grid)[0]
-    looks = record_looks(args.out / "looks.json", look_seeds(runs, claims, started))
+    looks = record_looks(args.out / "looks.json", look_seeds(runs, claims, started), fewer=args.new_look)
     text = publication(runs, claims, command, grid, factors, spread_only, started_grid, other_factors, looks)
     (args.out / "claims.md").write_text(text + "\n")
     figure(runs, claims, args.out / "claims.png", started, looks)

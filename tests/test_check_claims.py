@@ -118,6 +118,14 @@ def test_the_command_compares_what_it_finds_and_refuses_what_it_cannot(check, tm
     (out / "command.txt").write_text("python bench/check_claims.py fedpav --seeds 3 --threads 2\n")
     assert check.main(args) == 0
     assert "; `python bench/check_claims.py fedpav --seeds 3 --threads 2`." in (out / "check.md").read_text()
+    # a folder of two machines' runs is not one machine's check (found by review: another machine's runs
+    # were reported as this machine's)
+    amd = {"cpu": {"model": "AMD EPYC", "logical_cores": 2}, "torch": "2.13.0", "torch_threads": 2}
+    with (out / "runs.jsonl").open("a") as f:
+        f.write(json.dumps({**run("fedpav", 0, 0.31, 0.415), "environment": amd}) + "\n")
+    with pytest.raises(SystemExit) as stopped:
+        check.main(args)
+    assert stopped.value.code == 2 and "holds runs of 2 machines" in capsys.readouterr().err
     published_args = ["--published", str(published)]
     for bad, named in ((["nope", *published_args, "--out", str(out)], "nope"),
                        (["fedpav+kd", *published_args, "--out", str(out)], "fedpav+kd: --published"),  # old KD only
