@@ -46,9 +46,11 @@ def compare_command(runs: tuple[Path, ...], plot_path: Path, json_output: bool) 
     table.add_column("")
     for run in compared:
         table.add_column(shown(run.label), justify="right")
-    for name in domains + unseen:
-        table.add_row(shown(name) + (" (unseen)" if name in unseen else ""),
-                      *[_score({**r.domains, **r.unseen}.get(name)) for r in compared])
+    # a domain one run trains on and another holds out is two rows: each run's score in its own role
+    # (found by review: one row per name showed a run's unseen score as seen, and another's seen as unseen)
+    for name, held_out in [(n, False) for n in domains] + [(n, True) for n in unseen]:
+        table.add_row(shown(name) + (" (unseen)" if held_out else ""),
+                      *[_score((r.unseen if held_out else r.domains).get(name)) for r in compared])
     table.add_row("mean, seen domains", *[_score(_mean(r.domains)) for r in compared], style="bold")
     if unseen:
         table.add_row("mean, unseen domains", *[_score(_mean(r.unseen)) for r in compared], style="bold")

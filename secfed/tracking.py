@@ -107,16 +107,19 @@ class TensorBoardTracker:
         self.log_dir = Path(run_dir) / "tensorboard"
         self.writer: Any = None
         self.config: dict[str, Any] = {}
+        self.start_round = 0
 
     def start(self, config: Mapping[str, Any], start_round: int) -> None:
         # purge_step: events written after the checkpoint we resume from are dropped, not duplicated
         self.writer = self._writer_class(str(self.log_dir), purge_step=start_round + 1 if start_round else None)
         self.config = flat_config(config)
+        self.start_round = start_round
         if not start_round:
             self.writer.add_text("config", "```json\n" + json.dumps(config, indent=2) + "\n```", 0)
 
     def label(self, labels: Mapping[str, str]) -> None:
-        self.writer.add_text("privacy", "\n\n".join(f"**{k}**: {v}" for k, v in labels.items()), 0)
+        # at the step the run (re)started from: a resume's labels stand beside the first run's
+        self.writer.add_text("privacy", "\n\n".join(f"**{k}**: {v}" for k, v in labels.items()), self.start_round)
 
     def log_round(self, round_number: int, scalars: Mapping[str, float]) -> None:
         for name, value in scalars.items():
@@ -255,8 +258,8 @@ class TrackingReporter:
         self.unseen = tuple(d.name for d in fed.domains if d.unseen)
         for tracker in self.trackers:
             tracker.start(fed.config.to_dict(), start_round)
-            if not start_round:  # a resumed run's tracker has them already
-                tracker.label(privacy_labels(fed))
+            # a resume labels again: its plan may count redone rounds (found by review: the DFS ε before them)
+            tracker.label(privacy_labels(fed))
         self.inner.run_started(fed, start_round)
 
     def round_done(self, record: dict[str, Any]) -> None:

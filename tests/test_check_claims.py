@@ -115,6 +115,7 @@ def test_the_command_compares_what_it_finds_and_refuses_what_it_cannot(check, tm
     written = (out / "check.md").read_text()
     assert "| fedpav: seen rank-1 | 10, 30.90 (0.88) |" in written and "| 3, 31.00 |" in written  # seeds 0–2 only
     assert "; `?`." in written  # no record of the command that made the runs: not the re-print's own
+    assert "the ranges are ±" in written and "a shift smaller than that passes unseen" in written  # its power (review)
     (out / "command.txt").write_text("python bench/check_claims.py fedpav --seeds 3 --threads 2\n")
     assert check.main(args) == 0
     assert "; `python bench/check_claims.py fedpav --seeds 3 --threads 2`." in (out / "check.md").read_text()

@@ -165,6 +165,25 @@ def test_compare_prints_each_run_and_writes_the_plot(tracked: Path, tmp_path: Pa
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_compare_shows_each_runs_score_in_its_own_role_when_a_domain_is_seen_by_one_and_unseen_by_another(
+        tracked: Path, tmp_path: Path) -> None:
+    """(found by review: rows keyed by name alone showed a run's unseen score as seen, another's seen as
+    unseen)"""
+    other = tmp_path / "other"
+    shutil.copytree(tracked, other)
+    summary = json.loads((other / "summary.json").read_text())
+    held = {**summary["domains"][0], "rank1": 0.125, "mAP": 0.25}  # this run held the domain out
+    summary["domains"], summary["unseen"] = summary["domains"][1:], [held]
+    (other / "summary.json").write_text(json.dumps(summary))
+    seen = json.loads((tracked / "summary.json").read_text())["domains"][0]
+    lines = invoke(["compare", str(tracked), str(other)]).output.splitlines()
+    [as_seen] = [line for line in lines if f" {held['name']} " in line and "(unseen)" not in line]
+    [as_unseen] = [line for line in lines if f"{held['name']} (unseen)" in line]
+    mine = f"{100 * seen['rank1']:.1f} / {100 * seen['mAP']:.1f}"
+    assert mine in as_seen and "12.5 / 25.0" not in as_seen
+    assert "12.5 / 25.0" in as_unseen and mine not in as_unseen
+
+
 def test_compare_names_a_run_that_is_missing_or_unfinished(tracked: Path, tmp_path: Path) -> None:
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()

@@ -186,18 +186,20 @@ def _text(name: str) -> str:
 def comparison_figure(runs: list[ComparedRun]) -> Figure:
     """Per metric (rank-1, mAP) grouped bars by domain, one colour per run, and each run's mean
     seen-domain rank-1 per evaluated round."""
-    domains = list(dict.fromkeys(name for r in runs for name in [*r.domains, *r.unseen]))
+    # (name, held out): a domain one run trains on and another holds out is two groups (found by review)
+    domains = [(n, False) for n in dict.fromkeys(n for r in runs for n in r.domains)] + \
+        [(n, True) for n in dict.fromkeys(n for r in runs for n in r.unseen)]
     figure = Figure(figsize=(max(6.0, 1.2 * len(domains) * max(1, len(runs)) ** 0.5 + 2), 9.0))
     FigureCanvasAgg(figure)
     axes = figure.subplots(3, 1)
     width = 0.8 / max(1, len(runs))
     for ax, (metric, title) in zip(axes[:2], (("rank1", "rank-1 (%)"), ("mAP", "mAP (%)"))):
         for i, run in enumerate(runs):
-            scores = {**run.domains, **run.unseen}
-            values = [100 * scores.get(d, {}).get(metric, float("nan")) for d in domains]
+            values = [100 * (run.unseen if held_out else run.domains).get(d, {}).get(metric, float("nan"))
+                      for d, held_out in domains]
             ax.bar([j + i * width for j in range(len(domains))], values, width, label=_text(run.label))
         ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(domains))])
-        ax.set_xticklabels([_text(d) + (" (unseen)" if any(d in r.unseen for r in runs) else "") for d in domains])
+        ax.set_xticklabels([_text(d) + (" (unseen)" if held_out else "") for d, held_out in domains])
         ax.set_ylabel(title)
     axes[0].legend(fontsize="small")
     for run in runs:

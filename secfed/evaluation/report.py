@@ -16,6 +16,7 @@ from rich.table import Table
 
 from secfed.evaluation.communication import communication_cost, format_bytes
 from secfed.evaluation.metrics import RetrievalScores
+from secfed.privacy.adversary import DFS_GUARANTEE
 
 Scores = RetrievalScores | Mapping[str, float]
 
@@ -224,7 +225,19 @@ def _pick(scores: Scores | None, key: str, domain: str, which: str) -> float | N
 
 def privacy_cell(privacy: Mapping[str, Any]) -> str:
     """A run summary's privacy in one cell: the client-level ε against the released models and against
-    the server (NOT PRIVATE first under reproducible noise), or why there is none."""
+    the server (NOT PRIVATE first under reproducible noise), or why there is none; and DFH's DFS ε
+    (found by review: a DFH run with one read "no client-level DP" alone)."""
+    return _model_cell(privacy) + "".join(
+        f"; DFS: identity-level ε = {g['released_models']:.3g} (δ = {g['delta']:.2g}) vs whoever sees the DFS"
+        for g in privacy.get("epsilon_against", ()) if isinstance(g, Mapping)
+        and g.get("guarantee") == DFS_GUARANTEE and _real(g.get("released_models")) and _real(g.get("delta")))
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _model_cell(privacy: Mapping[str, Any]) -> str:
     if "epsilon" in privacy:
         server = privacy.get("epsilon_server")
         return (("NOT PRIVATE: " if "NOT PRIVATE" in privacy.get("noise", "") else "")

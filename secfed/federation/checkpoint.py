@@ -366,7 +366,8 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """``record`` as one more line of ``path``, fsynced. A last line a crash left without its newline is
     completed when it parses and dropped when it is torn, so the new line never runs into it (found by
     review: a resumed run appended to a torn note, and the next resume refused the merged line)."""
-    with named_write_errors(path), open(path, "a+b") as fh:
+    # this user's alone, as every file of the run (found by review: the release notes were 0644)
+    with named_write_errors(path), open(path, "a+b", opener=lambda name, flags: os.open(name, flags, 0o600)) as fh:
         _end_the_last_line(fh)
         fh.write((json.dumps(record, sort_keys=True) + "\n").encode())
         fh.flush()

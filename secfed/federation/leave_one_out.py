@@ -19,7 +19,7 @@ from typing import Any
 from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import check_overlaps, make_shards, resolve_data
-from secfed.federation.runtime import RATES, Reporter, new_run_dir, run
+from secfed.federation.runtime import RATES, Reporter, held_run_dir, new_run_dir, run
 from secfed.privacy.adversary import DFS_GUARANTEE
 from secfed.validation import check
 
@@ -103,7 +103,8 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
         raise ConfigError("data.datasets", f"leave-one-out needs at least three training domains (got "
                           f"{', '.join(names)}): two keep training while one is held out")
     run_dir = Path(run_dir)
-    with new_run_dir(run_dir):  # a refusal before any target started leaves nothing behind
+    # a refusal before any target started leaves nothing behind; one process at a time
+    with new_run_dir(run_dir), held_run_dir(run_dir, fresh=not resume, marker=SWEEP_FILE):
         # a rate given to a sweep's resume is the sweep's from then on: targets not begun yet build from this
         # file (found by review: they went back to the rate given first); begun ones take their checkpoint's
         if not resume or not is_sweep(run_dir) or set(rates_given) & set(RATES):
@@ -111,10 +112,10 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
                 {"protocol": "leave-one-domain-out", "targets": names, "config": json.loads(cfg.to_json())}, indent=2))
         targets = _targets(cfg, run_dir, names, resume=resume, reporter=reporter, data_root=data_root,
                            rates_given=rates_given)
-    mean = {key: statistics.fmean(t[key] for t in targets) for key in ("rank1", "mAP")}
-    result = SweepResult(run_dir, [{k: v for k, v in t.items() if k != "privacy"} for t in targets], mean,
-                         composed_privacy(targets))
-    ckpt.write_run_file(run_dir / RESULT_FILE, json.dumps(result.to_dict(), indent=2))
+        mean = {key: statistics.fmean(t[key] for t in targets) for key in ("rank1", "mAP")}
+        result = SweepResult(run_dir, [{k: v for k, v in t.items() if k != "privacy"} for t in targets], mean,
+                             composed_privacy(targets))
+        ckpt.write_run_file(run_dir / RESULT_FILE, json.dumps(result.to_dict(), indent=2))
     return result
 
 
@@ -130,8 +131,8 @@ def _targets(cfg: RunConfig, run_dir: Path, names: list[str], *, resume: bool, r
         else:
             sub = cfg.model_copy(deep=True)
             sub.data.leave_out = [name]
-            again = resume and (sub_dir / "config.json").is_file() and bool(ckpt.list_checkpoints(sub_dir))
-            summary = run(sub, sub_dir, resume=again, reporter=reporter, data_root=data_root,
+            # resumed, a target without a checkpoint starts afresh in its folder (run's resume does that)
+            summary = run(sub, sub_dir, resume=resume, reporter=reporter, data_root=data_root,
                           rates_given=rates_given).summary
         scores = next(d for d in summary["unseen"] if d.get("name") == name)
         targets.append({"name": name, "rank1": scores["rank1"], "mAP": scores["mAP"], "run": sub_dir.name,

@@ -50,7 +50,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from secfed import tracking
+from secfed import locking, tracking
 from secfed.algorithms import method_class
 from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr, train_alone
 from secfed.config import ConfigError, RunConfig, from_dict, settings_that_differ
@@ -264,13 +264,21 @@ def run(
     A resumed run trains on with the learning rates its last checkpointed round used, but those in
     ``rates_given`` (``schedule.lr``, ``schedule.lr_backbone``: given with this resume)."""
     run_dir = Path(run_dir)
+    # a refusal found while building (e.g. δ ≥ 1/N) leaves nothing behind; one process at a time
+    with new_run_dir(run_dir), held_run_dir(run_dir, fresh=not resume):
+        return _run_held(cfg, run_dir, resume=resume, reporter=reporter, on_round_end=on_round_end,
+                         data_root=data_root, rates_given=rates_given)
+
+
+def _run_held(cfg: RunConfig, run_dir: Path, *, resume: bool, reporter: Reporter | None,
+              on_round_end: Callable[[int], None] | None, data_root: Path | None,
+              rates_given: Collection[str]) -> RunResult:
     reporter = tracking.attach(reporter or SilentReporter(), cfg.run.log_to, run_dir)  # --log-to
     path, state = None, None
     if resume and ckpt.list_checkpoints(run_dir):
         path, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
         cfg = rates_to_resume(cfg, state, path, rates_given)
-    with new_run_dir(run_dir):  # a refusal found while building (e.g. δ ≥ 1/N) leaves nothing behind
-        fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
+    fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
     history: list[dict[str, Any]] = []
     start, wall = 0, 0.0
     if state is not None:
@@ -281,7 +289,10 @@ def run(
     else:
         start_run_dir(fed, run_dir)
     ckpt.remove_stale_writes(run_dir)
+    planned = fed.plan
     charge_lost_releases(fed, run_dir, start)  # also when a round was lost before the first checkpoint
+    if fed.plan is not planned:  # data.json says what the summary will (found by review: the DFS ε before it)
+        restate_privacy(fed, run_dir)
     reporter.run_started(fed, start)
     summary = drive(fed, InProcess(run_dir), run_dir, reporter, history=history, start=start, wall=wall,
                     on_round_end=on_round_end)
@@ -328,15 +339,26 @@ def charge_lost_releases(fed: Federation, run_dir: Path, rounds_done: int) -> No
                 "example-level ε cannot account them: start a new run (this one's ε would leave them out)")
     lost = fed.server.privacy.charge_lost_releases(notes)
     if lost:
+        target = fed.config.privacy.target_epsilon
+        # z was derived for the planned rounds: a round released twice ends the ε above the target (found by
+        # review: a resumed run printed ε 5.68 under --target-epsilon 5, nowhere said to exceed it)
+        over = (f"the ε ends above --target-epsilon {target:g}, for which z was derived over "
+                f"{fed.config.schedule.rounds} releases" if target is not None else "")
         warnings.warn(ckpt.CheckpointWarning(
             f"round(s) {', '.join(map(str, lost))} had begun before the interruption and are redone with fresh "
-            f"noise; their earlier release is accounted too ({len(lost)} more round(s) in the ε)"), stacklevel=2)
+            f"noise; their earlier release is accounted too ({len(lost)} more round(s) in the ε)"
+            + (f"; {over}" if over else "")), stacklevel=2)
+        if over:
+            fed.plan = replace(fed.plan, statements=(*fed.plan.statements, f"Interrupted: {over[0].upper() + over[1:]}, and "
+                               f"{len(lost)} round(s) begun before an interruption were released twice."))
     _charge_lost_dfs_releases(fed, notes, rounds_done)
 
 
-def _charge_lost_dfs_releases(fed: Federation, notes: list[dict[str, Any]], rounds_done: int) -> None:
+def _charge_lost_dfs_releases(fed: Federation, notes: list[dict[str, Any]], rounds_done: int, *,
+                              say: bool = True) -> None:
     """DFH's DFS ε counts its releases too: every noted round (a redone one twice) and the rounds still
-    to run (found by review: a round redone after a kill released the DFS twice under a T-round ε)."""
+    to run (found by review: a round redone after a kill released the DFS twice under a T-round ε).
+    ``say``: warn (a resume); `secfed evaluate` widens its figure silently, as the run's summary did."""
     if not dfs_noised(fed):
         return
     dfs = fed.plan.dfs
@@ -350,9 +372,10 @@ def _charge_lost_dfs_releases(fed: Federation, notes: list[dict[str, Any]], roun
         widened = replace(dfs, rounds=releases)
         statements = tuple(s.replace(dfs.statement(), widened.statement()) for s in fed.plan.statements)
         fed.plan = replace(fed.plan, dfs=widened, statements=statements)
-        warnings.warn(ckpt.CheckpointWarning(
-            f"DFH's statistics of {releases - dfs.rounds} round(s) were released before the interruption and are "
-            f"released again; the DFS ε counts {releases} releases (ε = {widened.epsilon:.4g})"), stacklevel=2)
+        if say:
+            warnings.warn(ckpt.CheckpointWarning(
+                f"DFH's statistics of {releases - dfs.rounds} round(s) were released before the interruption and are "
+                f"released again; the DFS ε counts {releases} releases (ε = {widened.epsilon:.4g})"), stacklevel=2)
 
 
 def note_release(fed: Federation, run_dir: Path, round_number: int, *, claimed: bool,
@@ -403,12 +426,41 @@ def _notes(log: Path) -> list[dict[str, Any]]:
     return notes
 
 
+def restate_privacy(fed: Federation, run_dir: Path) -> None:
+    """data.json's privacy section rewritten from the plan a resume widened (the rest kept as written)."""
+    fed.data_info["privacy"] = fed.plan.to_dict()
+    try:
+        written = json.loads((run_dir / "data.json").read_text())
+    except (OSError, ValueError):
+        written = {"environment": environment()}
+    written = written if isinstance(written, dict) else {"environment": environment()}
+    ckpt.write_run_file(run_dir / "data.json", json.dumps({**written, "privacy": fed.data_info["privacy"]}, indent=2))
+
+
 def start_run_dir(fed: Federation, run_dir: Path) -> None:
     """A fresh run's config.json, data.json and empty metrics.jsonl (whatever the transport)."""
     ckpt.write_run_file(run_dir / "config.json", fed.config.to_json())
     # the machine and software beside the data: floating-point results depend on both
     ckpt.write_run_file(run_dir / "data.json", json.dumps({**fed.data_info, "environment": environment()}, indent=2))
     ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
+
+
+LOCK_FILE = ".lock"  # in a run directory: held (flock) by the one process training in it
+
+
+@contextmanager
+def held_run_dir(run_dir: Path, *, fresh: bool, marker: str = "config.json") -> Iterator[None]:
+    """Hold ``run_dir`` for this process while the body runs: a second ``secfed train`` (or resume) into it
+    is refused at once, naming it (found by review: two resumes of one run both trained rounds 2–4 and
+    the ε printed counted 5 of the 7 noised releases). ``fresh``: a run starting, refused where one
+    already started (its ``marker`` is there) — the second of two fresh runs racing past the CLI's check."""
+    busy = lambda: ConfigError("run.out", f"{run_dir} is in use by another secfed process (a training or a "  # noqa: E731
+                               "resume of it): wait for it to end, or give another --name")
+    with locking.exclusive(run_dir / LOCK_FILE, busy=busy):
+        if fresh and (run_dir / marker).exists():
+            raise ConfigError("run.name", f"{run_dir} already holds a run: continue it with --resume {run_dir}, or "
+                              "give another --name")
+        yield
 
 
 @contextmanager
@@ -421,8 +473,10 @@ def new_run_dir(run_dir: Path) -> Iterator[None]:
         made = next((p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()), None)
         was_empty = made is None and run_dir.is_dir() and not any(run_dir.iterdir())
         run_dir.mkdir(parents=True, exist_ok=True)
-        if made is not None:  # made here: this user's alone (a folder the user made keeps its mode): every site's state and the trackers' files
-            run_dir.chmod(0o700)  # (found by review: the trackers wrote 0644 beside the run's 0600 files)
+        if made is not None or was_empty:  # made here, or empty: this user's alone (a folder holding files keeps
+            # its mode): every site's state and the trackers' files (found by review: the trackers wrote 0644
+            # beside the run's 0600 files, and into an empty folder made 0755 beforehand too)
+            run_dir.chmod(0o700)
     except (OSError, ValueError) as exc:  # a file in the way, a read-only or missing mount, a NUL in the path
         raise ConfigError("run.out", f"cannot make the run directory {str(run_dir)!r}: "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
@@ -839,4 +893,8 @@ def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | 
                 data_root=data_root, train_images=False, saved=True)
     check_data(fed, state, data_root)
     restore(fed, state, checkpoint)
+    run_dir = ckpt.run_dir_of(checkpoint)
+    if run_dir is not None:  # the DFS ε the run's summary states, redone rounds counted (found by review: 9.01
+        # against the summary's 10.73 after a kill and a resume)
+        _charge_lost_dfs_releases(fed, _notes(run_dir / RELEASES), int(state["rounds_done"]), say=False)
     return fed, state, checkpoint

@@ -155,3 +155,13 @@ def test_a_dfs_round_stopped_midway_stays_charged(dfh_config: RunConfig, tmp_pat
         runtime.run(dfh_config, tmp_path / "run")
     notes = runtime._notes(tmp_path / "run" / runtime.RELEASES)
     assert [n["round"] for n in notes] == [1]  # not withdrawn
+    # the resume counts round 1 twice, and every output says the same DFS ε (found by review: data.json,
+    # the trackers and `secfed evaluate` kept the planned figure while summary.json had the wider one)
+    monkeypatch.undo()
+    with pytest.warns(UserWarning, match="the DFS ε counts 2 releases"):
+        result = runtime.run(dfh_config, tmp_path / "run", resume=True)
+    [stated] = [g for g in result.summary["privacy"]["epsilon_against"] if "DFS" in g["guarantee"]]
+    written = json.loads((tmp_path / "run" / "data.json").read_text())["privacy"]
+    assert written["dfs"]["rounds"] == 2 and "after 2 rounds" in " ".join(written["statements"])
+    fed, _, _ = runtime.open_run(tmp_path / "run")
+    assert fed.plan.dfs.rounds == 2 and fed.plan.dfs.epsilon == pytest.approx(stated["released_models"])

@@ -155,3 +155,14 @@ def test_tables_fit_80_columns_without_truncating_numbers() -> None:
     assert max(len(line) for line in text.splitlines()) <= 80
     for number in ("34.3", "50.0", "60.0", "32.1", "16.4", "23.1", "11.9"):
         assert number in text, number
+
+
+def test_the_privacy_cell_carries_the_dfs_epsilon_and_ignores_a_damaged_one() -> None:
+    """(found by review: `secfed compare` said "no client-level DP" alone for a DFH run whose summary
+    states an identity-level DFS ε)"""
+    from secfed.evaluation.report import privacy_cell
+    from secfed.privacy.adversary import DFS_GUARANTEE
+
+    dfs = {"guarantee": DFS_GUARANTEE, "released_models": 10.73, "delta": 1e-5}
+    cell = privacy_cell({"mechanism": "none", "epsilon_against": [dfs, {**dfs, "released_models": "9"}, 3]})
+    assert cell == "no client-level DP; DFS: identity-level ε = 10.7 (δ = 1e-05) vs whoever sees the DFS"

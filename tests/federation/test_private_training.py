@@ -90,25 +90,31 @@ def test_a_round_lost_with_its_checkpoint_is_accounted_again_when_redone(two_sit
     rounds). Each round now notes itself before it trains (privacy-releases.jsonl, fsynced), and the
     resume accounts every noted round its checkpoint does not count, saying which."""
     cfg = _dp_fedavg(two_site_config)
+    cfg.privacy.noise_multiplier, cfg.privacy.target_epsilon, cfg.privacy.delta = None, 8.0, 1e-5
     cfg.schedule.rounds = 3
     cfg.run.local_baseline = False
     run_dir = tmp_path / "dp"
     _interrupted(cfg, run_dir, after=2)
     (run_dir / "checkpoints" / "round-0002.pt").unlink()  # killed before round 2's checkpoint was written
-    with pytest.warns(UserWarning, match=r"round\(s\) 2 had begun before the interruption"):
+    with pytest.warns(UserWarning, match=r"round\(s\) 2 had begun before the interruption.*above --target-epsilon 8"):
         result = run(cfg, run_dir, resume=True)
     assert result.summary["privacy"]["accounted_rounds"] == 4  # rounds 1, 2 (lost), 2 and 3
+    # and the statement says the ε is above the target it was derived for (found by review: said nowhere)
+    assert result.summary["privacy"]["epsilon"] > 8.0
+    assert any(s.startswith("Interrupted: The ε ends above --target-epsilon 8") for s in
+               result.summary["privacy"]["statements"])
     assert result.summary["privacy"]["epsilon"] == pytest.approx(_uninterrupted_epsilon(result.federation.plan, 4),
                                                                  rel=1e-12)
     notes = _release_notes(run_dir)
     assert [(n["release"], n["round"]) for n in notes] == [(0, 1), (1, 2), (2, 2), (3, 3)]
+    assert (run_dir / "privacy-releases.jsonl").stat().st_mode & 0o777 == 0o600  # (review: it was 0644)
 
 
 def test_a_round_lost_before_the_first_checkpoint_is_accounted_by_a_fresh_start_too(
         two_site_config: RunConfig, tmp_path: Path) -> None:
-    """A sweep restarts a target whose first checkpoint never reached the disk without --resume: that
-    start accounts the lost round as well (before, only a resume did, and the log got a duplicate
-    index that later resumes skipped)."""
+    """A resume of a run whose first checkpoint never reached the disk starts afresh (a sweep's target
+    too): that start accounts the lost round as well (before, only a resume from a checkpoint did, and
+    the log got a duplicate index that later resumes skipped)."""
     cfg = _dp_fedavg(two_site_config)
     cfg.schedule.rounds = 1
     cfg.run.local_baseline = False
@@ -117,7 +123,7 @@ def test_a_round_lost_before_the_first_checkpoint_is_accounted_by_a_fresh_start_
     _interrupted(cfg, run_dir, after=1)
     (run_dir / "checkpoints" / "round-0001.pt").unlink()
     with pytest.warns(UserWarning, match=r"round\(s\) 1 had begun"):
-        result = run(cfg, run_dir)
+        result = run(cfg, run_dir, resume=True)
     assert result.summary["privacy"]["accounted_rounds"] == 2
     assert [(n["release"], n["round"]) for n in _release_notes(run_dir)] == [(0, 1), (1, 1)]
 

@@ -57,6 +57,7 @@ from secfed.federation.runtime import (
     SiteDiverged,
     Trained,
     drive,
+    held_run_dir,
     new_run_dir,
     run_title,
     start_run_dir,
@@ -185,12 +186,16 @@ class FlowerRun:
     # ---- the run ----------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        # a refusal found while enrolling or building leaves nothing behind; one process at a time
+        with new_run_dir(self.settings.run_dir), held_run_dir(self.settings.run_dir, fresh=True):
+            return self._run_held()
+
+    def _run_held(self) -> dict[str, Any]:
         cfg, run_dir = self.cfg, self.settings.run_dir
-        with new_run_dir(run_dir):  # a refusal found while enrolling or building leaves nothing behind
-            public = server_public(cfg, self.settings.public_root)  # its own; refused before asking the nodes
-            hosts, census = self.hello()
-            fed = build_from_census(cfg, census, public)  # the server's view: what the nodes enrolled, no site data
-            fed.server.privacy.plan.check_layout([len(sites) for sites in hosts.values()])  # the sum runs among nodes
+        public = server_public(cfg, self.settings.public_root)  # its own; refused before asking the nodes
+        hosts, census = self.hello()
+        fed = build_from_census(cfg, census, public)  # the server's view: what the nodes enrolled, no site data
+        fed.server.privacy.plan.check_layout([len(sites) for sites in hosts.values()])  # the sum runs among nodes
         start_run_dir(fed, run_dir)
         _say(f"secfed on Flower: {fed.method.describe()} · {len(fed.clients)} clients on {len(hosts)} SuperNodes · "
              f"channel {fed.channel.name}" + (" (authenticated)" if cfg.secagg.enabled and cfg.secagg.authenticated else ""))
