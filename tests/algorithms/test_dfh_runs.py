@@ -82,7 +82,7 @@ def test_the_upload_leaving_a_client_carries_the_four_dfs_vectors_and_no_identit
     noised = build(dfh_config, run_dir=tmp_path).clients[2].privacy
     assert noised.plan.dfs is not None and noised.plan.dfs.noise_multiplier == 0.5
     # reproducible noise here: the DFS statement says NOT PRIVATE first (issue 20 item 7)
-    assert any(s.startswith("NOT PRIVATE") and "DFH:" in s and "NOT inside" in s for s in noised.plan.statements)
+    assert any(s.startswith("NOT PRIVATE") and "DFH:" in s and "DFS channel alone" in s for s in noised.plan.statements)
     out = noised.upload(Contribution({"model": upload.summed["model"]}, shared={IFS: ifs.float()}), client_id=2,
                         round_index=0)
     assert set(out.shared) == {DFS} and out.shared[DFS].shape == (4, dim)
