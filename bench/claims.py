@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import io
 import json
 import math
@@ -716,7 +715,7 @@ def load(path: Path) -> list[dict[str, Any]]:
     an empty domain list or a NaN score were tracebacks; a duplicated row counted twice in the spread)."""
     if not path.exists():
         return []
-    rows, seen = [], set()
+    rows, seen, unknown = [], set(), set()
     for number, line in enumerate(path.read_text().splitlines(), 1):
         try:
             row = json.loads(line)
@@ -724,7 +723,10 @@ def load(path: Path) -> list[dict[str, Any]]:
             print(f"{path}:{number}: not a whole run (cut short by a kill?): set aside, the run is redone",
                   file=sys.stderr)
             continue
-        if not isinstance(row, dict) or not known_arm(row.get("arm")):
+        if not isinstance(row, dict):
+            continue
+        if not known_arm(row.get("arm")):
+            unknown.add(str(row.get("arm")))
             continue
         damage = row_damage(row)
         key = (job_of(row), machine_of(row)) if damage is None else None
@@ -735,18 +737,10 @@ def load(path: Path) -> list[dict[str, Any]]:
             continue
         seen.add(key)
         rows.append(row)
-    unknown = sorted({str(r.get("arm")) for r in _rows_of(path) if not known_arm(r.get("arm"))})
     if unknown:
-        print(f"{path}: set aside the runs of arms this bench does not know: {', '.join(unknown)}", file=sys.stderr)
+        print(f"{path}: set aside the runs of arms this bench does not know: {', '.join(sorted(unknown))}",
+              file=sys.stderr)
     return [r for r in rows if current(r)]
-
-
-def _rows_of(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            rows.append(json.loads(line))
-    return [r for r in rows if isinstance(r, dict)]
 
 
 def row_damage(row: dict[str, Any]) -> str | None:
