@@ -80,15 +80,23 @@ class InversionOutput:
 
 
 class _Trunk(nn.Module):
-    """The shared part of the model as a function of images: its output is where the free gradient lives."""
+    """The shared part of the model as a function of images: its output is where the free gradient lives —
+    the logits when the classifier is shared, else the input of the first module a client keeps: the
+    neck's output where the neck is shared (FedPav; DFH, whose retrieval feature is the pool-5 output
+    before it — found by review: every DFH audit stopped with the neck's parameters unused), the
+    backbone's where it is not (FedReID's mapping network)."""
 
-    def __init__(self, model: nn.Module, logits: bool) -> None:
+    def __init__(self, model: nn.Module, logits: bool, neck_shared: bool) -> None:
         super().__init__()
         self.model = model
         self.logits = logits
+        self.neck_shared = neck_shared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x) if self.logits else self.model.embed(x)
+        if self.logits:
+            return self.model(x)
+        features = self.model.backbone(x)
+        return self.model.neck(features) if self.neck_shared else features
 
 
 def image_box(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +144,7 @@ class _Simulator:
                 m.eval()  # the free trunk gradient absorbs dropout masks
         names = set(problem.layout.names)
         self.logits = any(n.startswith("classifier.") for n in names)
-        self.trunk = _Trunk(model, self.logits)
+        self.trunk = _Trunk(model, self.logits, any(n.startswith("neck.") for n in names))
         self.trainable = [s.name for s in problem.layout.segments if s.trainable]
         self.const = {f"model.{k}": v.detach() for k, v in model.state_dict().items() if k not in self.trainable}
         self.bns = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)

@@ -106,13 +106,16 @@ def deep_inversion(model: nn.Module, *, images: int, image_shape: tuple[int, int
     try:
         def objective(x: torch.Tensor) -> tuple[torch.Tensor, float]:
             feature = model.embed(x)
+            # the head's forward before the BatchNorm terms are taken: a head with BatchNorm of its own
+            # (FedReID's mapping network) left its term to the next step's loss, whose graph was freed —
+            # every FedReID audit stopped with a traceback (found by review)
+            logits = head(feature) if head is not None and targets is not None else None
             bn = matcher.take()
             loss = TV_WEIGHT * total_variation(x) + L2_WEIGHT * x.square().mean()
             residual = float(bn.detach()) if bn is not None else 1.0
             if bn is not None:
                 loss = loss + BN_WEIGHT * bn
-            if head is not None and targets is not None:
-                logits = head(feature)
+            if logits is not None:
                 loss = loss + CE_WEIGHT * F.cross_entropy(logits, targets.to(logits.device))
                 accuracy.append(float((logits.argmax(1).cpu() == targets).float().mean()))
             return loss, residual

@@ -980,8 +980,10 @@ def exit_on_sigterm() -> None:
 def to_run(jobs: list[Job], rows: list[dict[str, Any]], here: str) -> tuple[list[Job], int]:
     """The jobs ``rows`` hold no run of made on the machine ``here`` (:func:`machine_of`), and how many
     of them another machine's rows hold. Found by review: a folder holding another machine's runs
-    "resumed" with nothing to do, and a second-machine check passed on the first machine's runs."""
-    done = {job_of(r) for r in rows if machine_of(r) == here}
+    "resumed" with nothing to do, and a second-machine check passed on the first machine's runs. A
+    tuning run counts wherever it ran: the grid is chosen once, and folders that copied another
+    machine's grid (their command.txt says so) keep its choice (review of the fix)."""
+    done = {job_of(r) for r in rows if machine_of(r) == here or job_of(r).validation}
     elsewhere = {job_of(r) for r in rows} - done
     todo = [j for j in jobs if j not in done]
     return todo, sum(j in elsewhere for j in todo)

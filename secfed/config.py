@@ -555,7 +555,7 @@ def schema_issues(cfg: RunConfig) -> Iterable[ConfigIssue]:
             yield ConfigIssue(f"data.{key}", f"names {', '.join(map(repr, repeated))} more than once")
     for key in ("kd_public", "kd_epochs", "kd_lr", "kd_images"):  # (review: ignored without a word)
         if not meth.kd and getattr(meth, key) != MethodConfig.model_fields[key].default:
-            yield ConfigIssue(f"method.{key}", "has no effect without `method.kd`")
+            yield ConfigIssue(f"method.{key}", "has no effect without `method.kd`", unused=True)
     if meth.kd_images == 1:  # (review: a traceback from the distiller)
         yield ConfigIssue("method.kd_images", "distillation needs at least 2 public images (0: all of them)")
     if meth.cdw and meth.aggregation == "unweighted":

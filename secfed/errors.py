@@ -65,10 +65,14 @@ def _shown(text: str, i: int) -> bool:
 
 @dataclass(frozen=True)
 class ConfigIssue:
-    """One invalid setting: ``key`` (``schedule.rounds``) and what is wrong with it."""
+    """One invalid setting: ``key`` (``schedule.rounds``) and what is wrong with it. ``unused``: a value
+    the configuration never reads (another method's setting, KD's without KD) — refused for a new run,
+    let stand in a saved one, whose secfed accepted it (found by review: yesterday's runs could no
+    longer be evaluated, audited or resumed)."""
 
     key: str
     message: str
+    unused: bool = False
 
 
 _KEY_REF = re.compile(r"`([a-z_]+\.[a-z_]+)`")

@@ -1,5 +1,6 @@
 """One exclusive lock on a file, held while a block runs: a node's records, one site host per node,
-one `secfed flower local` per deployment folder; and a lock that marks a folder as being written
+one `secfed flower local` per deployment folder; a run directory held by the one process training in
+it; and a lock that marks a folder as being written
 (``data synth``'s temporary folder), so what a killed writer left can be told from a live one's.
 
 ``flock`` rather than a lock file's existence: the kernel drops the lock when its holder dies, so a
@@ -41,6 +42,21 @@ def exclusive(path: Path, wait: float = 0.0, busy: Callable[[], Exception] | Non
         yield
     finally:
         os.close(held)  # releases the lock
+
+
+@contextlib.contextmanager
+def exclusive_folder(folder: Path, busy: Callable[[], Exception]) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` itself (its own inode: nothing is written into it, so a
+    killed holder leaves nothing behind) while the block runs; held by another process: ``busy()``."""
+    held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy() from None
+        yield
+    finally:
+        os.close(held)
 
 
 def create_held(path: Path) -> int:

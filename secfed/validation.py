@@ -20,11 +20,13 @@ from secfed.errors import raise_issues
 from secfed.privacy.policy import static_issues
 
 
-def check(cfg: RunConfig) -> None:
+def check(cfg: RunConfig, *, saved: bool = False) -> None:
     """Every rule that spans settings; raises :class:`~secfed.errors.ConfigError` listing every violation.
-    (An unknown method is one of them; the privacy rules then read the default method's declarations.)"""
+    (An unknown method is one of them; the privacy rules then read the default method's declarations.)
+    ``saved``: a run's own configuration (resumed, evaluated, audited): a setting it never reads stands."""
     method = METHODS.get(cfg.method.algorithm, Method)
-    raise_issues([*method_issues(cfg), *schema_issues(cfg), *static_issues(cfg, method)])
+    issues = [*method_issues(cfg), *schema_issues(cfg), *static_issues(cfg, method)]
+    raise_issues(i for i in issues if not (saved and i.unused))
 
 
 def run_config(*, toml: Path | None = None, overrides: Mapping[str, Any] | None = None) -> RunConfig:

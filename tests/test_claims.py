@@ -82,6 +82,10 @@ def test_a_run_another_machine_made_is_run_again_here_and_the_command_is_noted(c
     rows += [{"arm": "fedpav", "seed": 2, "environment": {**intel, "cpu": {"model": "AMD EPYC", "logical_cores": 2}}}]
     jobs = [claims.Job("fedpav", s) for s in range(4)]
     assert claims.to_run(jobs, rows, here) == ([claims.Job("fedpav", 2), claims.Job("fedpav", 3)], 1)
+    # a tuning run counts wherever it ran: the grid is chosen once (folders copied the H100's grid)
+    amd = {**intel, "cpu": {"model": "AMD EPYC", "logical_cores": 2}}
+    tuned = [{"arm": "fedpav", "seed": 10_000, "lr_scale": 2.0, "validation": True, "environment": amd}]
+    assert claims.to_run([claims.Job("fedpav", 10_000, 2.0, True)], tuned, here) == ([], 0)
     claims.note_command(tmp_path, "python bench/claims.py --seeds 2")
     claims.note_command(tmp_path, "python bench/claims.py --seeds 2")  # the same command resumed: once
     claims.note_command(tmp_path, "python bench/claims.py --seeds 4")

@@ -159,6 +159,16 @@ def test_a_method_declares_its_own_settings_and_refusals(monkeypatch: pytest.Mon
     with pytest.raises(ConfigError) as caught:
         check(other)
     assert sorted(issue.key for issue in caught.value.issues) == ["method.expert_temperature", "method.kd_epochs"]
+    # a run's own saved configuration (resumed, evaluated, audited) keeps such values: its secfed accepted
+    # them (found by review: runs made the day before could no longer be evaluated, audited or resumed)
+    check(other, saved=True)
+    other.method.kd, other.method.kd_lr = False, 0.5
+    check(other, saved=True)
+    # a setting that is wrong stays refused:
+    other.method.kd_images = 1
+    other.method.kd = True
+    with pytest.raises(ConfigError, match="at least 2 public images"):
+        check(other, saved=True)
 
 
 

@@ -39,7 +39,7 @@ def method_issues(cfg: RunConfig) -> list[ConfigIssue]:
                                   f"{method.dp_sgd_unsupported}"))
     defaults = type(cfg.method).model_fields
     for other in METHODS.values():  # given a value of its own (not its default) for another method: said
-        issues += [ConfigIssue(f"method.{key}", f"applies to `method.algorithm` {other.name}")
+        issues += [ConfigIssue(f"method.{key}", f"applies to `method.algorithm` {other.name}", unused=True)
                    for key in other.own_settings
                    if other is not method and getattr(cfg.method, key) != defaults[key].default]
     return issues + method.config_issues(cfg)

@@ -452,6 +452,7 @@ def build(
     eval_images: bool | Callable[[Federation], Collection[str]] = True,
     images: ImageLoader = load_images,
     saved: bool = False,
+    resumed: bool = False,
 ) -> Federation:
     """Read data, split it, and create the sites (with their initial models), server and channel.
 
@@ -463,8 +464,9 @@ def build(
     (its domains still names and owners) decodes only the domains it names — a Flower node's, those
     its sites score. ``images`` decodes a list of samples (a Flower node passes one that keeps what it
     decoded). ``saved``: a finished run opened to be evaluated or audited — what a new run is refused
-    for (:func:`check_overlaps`) is a warning there, so that the run can still be examined."""
-    check(cfg)
+    for (:func:`check_overlaps`) is a warning there, so that the run can still be examined. ``resumed``: the
+    configuration is the run's own (a setting it never reads stands, as in a saved one)."""
+    check(cfg, saved=saved or resumed)
     pretrain.require(cfg.model.pretrained, cfg.model.backbone, cfg.data.height, cfg.data.width)  # before any data
     split_path = Path(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
     data = resolve_data(cfg, split_path=split_path, root=data_root, progress=progress)

@@ -19,7 +19,7 @@ from typing import Any
 from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import check_overlaps, make_shards, resolve_data
-from secfed.federation.runtime import RATES, Reporter, held_run_dir, new_run_dir, run
+from secfed.federation.runtime import RATES, Reporter, claimed_run_dir, run
 from secfed.privacy.adversary import DFS_GUARANTEE
 from secfed.validation import check
 
@@ -97,14 +97,14 @@ def leave_one_out(cfg: RunConfig, run_dir: Path, *, resume: bool = False, report
         # trained its first target whole and stopped with a traceback, looking for the held-out score)
         raise ConfigError("data.validation", "cannot be combined with a leave-one-out sweep: validation mode scores "
                           "the training domains' held-out images, never the held-out domain a sweep scores")
-    check(cfg)
+    check(cfg, saved=resume)
     names = training_domains(cfg)
     if len(names) < 3:
         raise ConfigError("data.datasets", f"leave-one-out needs at least three training domains (got "
                           f"{', '.join(names)}): two keep training while one is held out")
     run_dir = Path(run_dir)
     # a refusal before any target started leaves nothing behind; one process at a time
-    with new_run_dir(run_dir), held_run_dir(run_dir, fresh=not resume, marker=SWEEP_FILE):
+    with claimed_run_dir(run_dir, fresh=not resume, marker=SWEEP_FILE):
         # a rate given to a sweep's resume is the sweep's from then on: targets not begun yet build from this
         # file (found by review: they went back to the rate given first); begun ones take their checkpoint's
         if not resume or not is_sweep(run_dir) or set(rates_given) & set(RATES):

@@ -265,7 +265,7 @@ def run(
     ``rates_given`` (``schedule.lr``, ``schedule.lr_backbone``: given with this resume)."""
     run_dir = Path(run_dir)
     # a refusal found while building (e.g. δ ≥ 1/N) leaves nothing behind; one process at a time
-    with new_run_dir(run_dir), held_run_dir(run_dir, fresh=not resume):
+    with claimed_run_dir(run_dir, fresh=not resume):
         return _run_held(cfg, run_dir, resume=resume, reporter=reporter, on_round_end=on_round_end,
                          data_root=data_root, rates_given=rates_given)
 
@@ -278,7 +278,7 @@ def _run_held(cfg: RunConfig, run_dir: Path, *, resume: bool, reporter: Reporter
     if resume and ckpt.list_checkpoints(run_dir):
         path, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
         cfg = rates_to_resume(cfg, state, path, rates_given)
-    fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root)
+    fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root, resumed=resume)
     history: list[dict[str, Any]] = []
     start, wall = 0, 0.0
     if state is not None:
@@ -445,51 +445,45 @@ def start_run_dir(fed: Federation, run_dir: Path) -> None:
     ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
 
 
-LOCK_FILE = ".lock"  # in a run directory: held (flock) by the one process training in it
-
-
 @contextmanager
-def held_run_dir(run_dir: Path, *, fresh: bool, marker: str = "config.json") -> Iterator[None]:
-    """Hold ``run_dir`` for this process while the body runs: a second ``secfed train`` (or resume) into it
-    is refused at once, naming it (found by review: two resumes of one run both trained rounds 2–4 and
-    the ε printed counted 5 of the 7 noised releases). ``fresh``: a run starting, refused where one
-    already started (its ``marker`` is there) — the second of two fresh runs racing past the CLI's check."""
-    busy = lambda: ConfigError("run.out", f"{run_dir} is in use by another secfed process (a training or a "  # noqa: E731
-                               "resume of it): wait for it to end, or give another --name")
-    with locking.exclusive(run_dir / LOCK_FILE, busy=busy):
-        if fresh and (run_dir / marker).exists():
-            raise ConfigError("run.name", f"{run_dir} already holds a run: continue it with --resume {run_dir}, or "
-                              "give another --name")
-        yield
+def claimed_run_dir(run_dir: Path, *, fresh: bool, marker: str = "config.json") -> Iterator[None]:
+    """Make ``run_dir`` (and its parents) and hold it for this process while the body runs.
 
-
-@contextmanager
-def new_run_dir(run_dir: Path) -> Iterator[None]:
-    """Make ``run_dir`` (and its parents); if the body raises before a run started in it (wrote a
-    config.json), remove what this made — the topmost folder it created, or the contents of a
-    ``run_dir`` that was empty — so a refused run leaves no directory behind. A folder that already
-    held something, or where a run started (it can be resumed), is never touched."""
+    One process at a time: the folder itself is locked (flock on its own inode: nothing is written into
+    it, so a killed run leaves nothing behind), and a second ``secfed train`` or resume into it is refused
+    at once, naming it (found by review: two resumes of one run both trained rounds 2–4, and the ε printed
+    counted 5 of the 7 noised releases). ``fresh``: a run starting, refused where one already started (its
+    ``marker`` is there) — the second of two fresh runs racing past the CLI's check. If the body raises
+    before a run started in it (wrote a config.json), what this made is removed, the lock still held — the
+    topmost folder it created, or the contents of a ``run_dir`` that was empty — so a refused run leaves
+    no directory behind; a folder that already held something, or where a run started (it can be
+    resumed), is never touched. Made here or empty, the folder is this user's alone."""
     try:
         made = next((p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()), None)
         was_empty = made is None and run_dir.is_dir() and not any(run_dir.iterdir())
         run_dir.mkdir(parents=True, exist_ok=True)
-        if made is not None or was_empty:  # made here, or empty: this user's alone (a folder holding files keeps
-            # its mode): every site's state and the trackers' files (found by review: the trackers wrote 0644
-            # beside the run's 0600 files, and into an empty folder made 0755 beforehand too)
+        if made is not None or was_empty:  # every site's state and the trackers' files (found by review: the
+            # trackers wrote 0644 beside the run's 0600 files, and into an empty folder made 0755 beforehand too)
             run_dir.chmod(0o700)
     except (OSError, ValueError) as exc:  # a file in the way, a read-only or missing mount, a NUL in the path
         raise ConfigError("run.out", f"cannot make the run directory {str(run_dir)!r}: "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        yield
-    except Exception:
-        if not any(run_dir.rglob("config.json")):
-            if made is not None:
-                shutil.rmtree(made, ignore_errors=True)
-            elif was_empty:
-                for child in run_dir.iterdir():
-                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
-        raise
+    busy = lambda: ConfigError("run.out", f"{run_dir} is in use by another secfed process (a training or a "  # noqa: E731
+                               "resume of it): wait for it to end, or give another --name")
+    with locking.exclusive_folder(run_dir, busy):
+        try:
+            if fresh and (run_dir / marker).exists():
+                raise ConfigError("run.name", f"{run_dir} already holds a run: continue it with --resume {run_dir}, "
+                                  "or give another --name")
+            yield
+        except Exception:
+            if not any(run_dir.rglob("config.json")):
+                if made is not None:
+                    shutil.rmtree(made, ignore_errors=True)
+                elif was_empty:
+                    for child in run_dir.iterdir():
+                        shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+            raise
 
 
 @dataclass

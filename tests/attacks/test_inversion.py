@@ -88,3 +88,31 @@ def test_too_many_images_for_the_budget_is_modelled_as_one_step_and_said(two_peo
                              max_dummies=tiny.max_dummies, stopwatch=Stopwatch(5.0))
     assert not out.exact_model and out.dummies == 4
     assert any("approximation" in note for note in out.notes)
+
+
+@pytest.mark.parametrize("algorithm", ["dfh", "fedreid"])
+def test_every_method_s_model_can_be_attacked(toy_config: RunConfig, algorithm: str) -> None:
+    """(found by review: every DFH audit stopped with "a differentiated tensor appears not to have been
+    used" — the free gradient sat at the pool-5 feature, before DFH's shared neck; every FedReID audit of
+    the weights stopped with "backward through the graph a second time" — its head's BatchNorm term was
+    left to the next step) Gradient inversion's simulation runs on DFH's model, deep inversion with
+    FedReID's mapping network as the head."""
+    from secfed.attacks.model_inversion import deep_inversion
+
+    toy_config.method.algorithm = algorithm
+    method = base_method(toy_config)
+    torch.manual_seed(0)
+    model = method.build_model(2)
+    if algorithm == "dfh":
+        layout = method.layout(model)
+        start = layout.flatten(model.state_dict())
+        problem = InversionProblem(model, layout, layout.unflatten(start), layout.unflatten(torch.zeros_like(start)),
+                                   [SimulatedClient(LocalSteps(0.01, 0.01, 0.9, 5e-4, 2, 1, 2))])
+        neck_out = model.neck(model.backbone(torch.zeros(2, 3, 32, 16))).shape[1]
+        residual, _ = fit_residual(problem, (3, 32, 16), [[torch.randn(2, 3, 32, 16)]], [[torch.randn(2, neck_out)]])
+        assert residual == residual  # a number: the simulation ran through the shared neck
+    else:
+        head = torch.nn.Sequential(model.neck, model.classifier)
+        out = deep_inversion(model, images=2, image_shape=(3, 32, 16), iterations=3, restarts=1,
+                             stopwatch=Stopwatch(30), head=head, targets=torch.tensor([0, 1]))
+        assert out.iterations == 3 and out.images.shape == (2, 3, 32, 16)

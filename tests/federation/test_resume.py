@@ -230,11 +230,10 @@ def test_one_process_at_a_time_trains_in_a_run_directory(tiny_config: RunConfig,
     from secfed import locking
     from secfed.config import ConfigError
     from secfed.data.errors import DataError
-    from secfed.federation.runtime import LOCK_FILE
 
     run_dir = tmp_path / "busy"
     run_dir.mkdir()
-    with locking.exclusive(run_dir / LOCK_FILE):  # another process is training here
+    with locking.exclusive_folder(run_dir, busy=RuntimeError):  # another process is training here
         for resume in (False, True):
             with pytest.raises(ConfigError, match="in use by another secfed process") as refused:
                 run(tiny_config, run_dir, resume=resume)
@@ -253,3 +252,6 @@ def test_one_process_at_a_time_trains_in_a_run_directory(tiny_config: RunConfig,
     with pytest.raises(ConfigError, match="already holds a run: continue it with --resume") as refused:
         run(tiny_config, run_dir)
     assert refused.value.key == "run.name" and (run_dir / "config.json").exists()
+    # the lock is the folder's own: a run killed while it held it left nothing in it (review of the fix: a
+    # lock file left behind made the folder "not empty" for a fresh start and config-less for --resume)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json"]

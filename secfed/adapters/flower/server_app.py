@@ -56,9 +56,8 @@ from secfed.federation.runtime import (
     SilentReporter,
     SiteDiverged,
     Trained,
+    claimed_run_dir,
     drive,
-    held_run_dir,
-    new_run_dir,
     run_title,
     start_run_dir,
 )
@@ -187,7 +186,7 @@ class FlowerRun:
 
     def run(self) -> dict[str, Any]:
         # a refusal found while enrolling or building leaves nothing behind; one process at a time
-        with new_run_dir(self.settings.run_dir), held_run_dir(self.settings.run_dir, fresh=True):
+        with claimed_run_dir(self.settings.run_dir, fresh=True):
             return self._run_held()
 
     def _run_held(self) -> dict[str, Any]:
