@@ -118,9 +118,11 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
     say(f"opened {run.checkpoint} (after round {run.rounds_done})")
     k = client_index(run, request.client)
     shares_dfs = DFS in run.fed.method.shared_in_clear
-    if request.target == "dfs" and not shares_dfs:
-        raise AuditError("--target", f"this run ({run.fed.method.describe()}) shares no DFS: domain feature "
-                         "statistics are shared only by --algorithm dfh, so there is nothing to attack")
+    if (request.target == "dfs" or request.attack == "membership") and not shares_dfs:  # (review: --attack
+        # membership exited 0 with "n/a" alone, so a --fail-on gate passed without a test)
+        raise AuditError("--target" if request.target == "dfs" else "--attack", f"this run "
+                         f"({run.fed.method.describe()}) shares no DFS: domain feature statistics are shared only by "
+                         "--algorithm dfh, so there is nothing to attack")
     statements = []
     if budget.lower_bound:
         statements.append("quick budget: every verdict below is a LOWER BOUND on leakage; NO-LEAK and INCONCLUSIVE "
@@ -149,15 +151,19 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
     if attacked and not total.expired:
         judge.embedding  # embed the gallery now: no attack then starts a step it cannot finish in time
 
-    context = AuditContext(run, evidence, k, cohort, judge, weights_judge, where, budget, request.seed, shares_dfs)
+    context = AuditContext(run, evidence, k, cohort, judge, weights_judge, where, budget, request.seed, shares_dfs,
+                           request.attack)
     for i, target in enumerate(attacked):
         if total.expired and (target != "dfs" or shares_dfs):  # a DFS-less run's dfs is "not applicable"
             reports.extend(TARGETS[target].out_of_time(run, budget))
             say(f"target {target}: not attacked, the time limit was reached")
             continue
-        weight = TARGETS[target].share / sum(TARGETS[t].share for t in attacked[i:])
+        # a run sharing no DFS answers "dfs" at once: its share is the others' (found by review: every
+        # FedPav audit left a third of its time unused, its weights target the weaker for it)
+        later = [t for t in attacked[i:] if t != "dfs" or shares_dfs]
+        weight = TARGETS[target].share / sum(TARGETS[t].share for t in later) if target in later else 0.0
         watch = total.share(weight)
-        say(f"target {target}: {watch.remaining:.0f} s")
+        say(f"target {target}: {max(0.0, watch.remaining):.0f} s")
         reports.extend(TARGETS[target].attack(context, watch))
     site = run.fed.clients[k].site
     return AuditReport(request, budget, run_facts(run), None if evidence is None else evidence.round,

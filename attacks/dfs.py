@@ -39,7 +39,7 @@ from scipy.stats import mannwhitneyu
 from scipy.stats import t as t_dist
 from torch import nn
 
-from secfed.attacks.verdict import LeakTest
+from secfed.attacks.verdict import ALPHA, LeakTest, no_test
 from secfed.data.transforms import normalize
 
 DFS_KEY = "dfs"
@@ -189,6 +189,10 @@ def membership(dfs: DomainStatistics, names: list[str], means: torch.Tensor, var
     test = LeakTest(True, hits, len(pos), max(fpr, 1 / (len(neg) + 1)), float(mw.pvalue),
                     f"member identities above the non-members' {100 * (1 - FPR):g}th percentile; p: Mann–Whitney, "
                     "members' scores against non-members'")
+    smallest = 1 / math.comb(len(pos) + len(neg), len(pos))  # the test's smallest p: every member above all others
+    if smallest >= ALPHA:  # (found by review: one member among ten showed "p 0.091" as if it had been a test)
+        test = no_test(f"no power: with {len(pos)} member(s) and {len(neg)} non-members the Mann–Whitney test's "
+                       f"smallest p is {smallest:.2g} ≥ {ALPHA}")
     order = sorted(range(n), key=lambda i: -s[i])
     best_residual, linked, best_k = math.inf, [], 1
     for k in range(1, min(LINK_MAX, n) + 1):

@@ -98,7 +98,7 @@ def _same_model(model_hashes: Mapping[int, Mapping[int, bytes | None]], authenti
             return Finding("same-model", "pass" if authenticated else "not-checked",
                            "the recorded uploads carry no model hash" + (
                                "; authenticated secure aggregation compared them in-protocol and every "
-                               "round completed" if authenticated else " (--no-authenticated)"))
+                               "round completed" if authenticated else "; no authenticated secure aggregation compared them"))
         return Finding("same-model", "pass", f"every recorded round ({len(split)}) has one model hash across its clients")
     if authenticated:
         return Finding("same-model", "pass", "no recorded uploads read; authenticated secure aggregation "

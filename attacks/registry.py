@@ -64,6 +64,7 @@ class AuditContext:
     budget: Budget
     seed: int
     shares_dfs: bool
+    attack: str = "all"  # --attack: which attacks a target runs (inversion, membership, all)
 
 
 class Target:
@@ -220,7 +221,9 @@ class DfsTarget(Target):
         # that round's broadcast, not the audited round's (found by review: the features did not match)
         judge = ctx.judge if weights is None else Judge(model_with(run, k, weights), ctx.judge.gallery)
         results, notes = attack_dfs(model=judge.model, dfs=dfs, judge=judge, client_images=ctx.where[k],
-                                    budget=ctx.budget, watch=watch, seed=ctx.seed)
+                                    budget=ctx.budget, watch=watch, seed=ctx.seed,
+                                    membership=ctx.attack in ("all", "membership"),
+                                    inversion=ctx.attack in ("all", "inversion"))
         verdict, reason = target_verdict(results)
         return [TargetReport("dfs", verdict, reason, True, exposure, results,
                              notes=[f"{source} DFS of client {run.fed.clients[k].site.name}"] + notes)]

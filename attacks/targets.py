@@ -121,7 +121,8 @@ def attack_update(*, model: nn.Module, layout: SharedLayout, start: torch.Tensor
                              reconstruction=(out.bn_residual, RECONSTRUCTION_FIT))
     result = AttackResult(
         "inversion:gradient", target, verdict, reason, out.residual, "1 − cos(simulated, observed update)",
-        INVERSION_FIT, True, out.bn_residual, RECONSTRUCTION_FIT, out.iterations, out.restarts,
+        INVERSION_FIT, True, reconstruction_residual=out.bn_residual, reconstruction_threshold=RECONSTRUCTION_FIT,
+        iterations=out.iterations, restarts=out.restarts,
         assumptions={**assumptions, "model": "unrolled local steps" if out.exact_model
                      else "one-step approximation of the local steps", "probe_seeded": seed_features is not None},
         metrics={"dummies": out.dummies, "bn_residual": out.bn_residual, "residual_per_restart": out.residual_per_restart,
@@ -209,7 +210,7 @@ def attack_weights(*, model: nn.Module, judge: Judge, client_images: Sequence[in
         verdict, reason = decide(tests, out.residual, MODEL_INVERSION_FIT, complete=True)
         results.append(_timed(AttackResult(
             "inversion:model", "weights", verdict, reason, out.residual, "relative BatchNorm-statistics mismatch",
-            MODEL_INVERSION_FIT, True, out.iterations, out.restarts, assumptions={**base, "head": "none"},
+            MODEL_INVERSION_FIT, True, iterations=out.iterations, restarts=out.restarts, assumptions={**base, "head": "none"},
             metrics=_image_summary(rows), tests=tests, per_image=rows,
             images=_grid_images(judge, out.images, rows)), w))
     elif unconditional:
@@ -231,7 +232,8 @@ def attack_weights(*, model: nn.Module, judge: Judge, client_images: Sequence[in
         verdict, reason = decide(tests, out.residual, MODEL_INVERSION_FIT, complete=True)
         results.append(_timed(AttackResult(
             "inversion:model+head", "weights", verdict, reason, out.residual,
-            "relative BatchNorm-statistics mismatch", MODEL_INVERSION_FIT, True, out.iterations, out.restarts,
+            "relative BatchNorm-statistics mismatch", MODEL_INVERSION_FIT, True, iterations=out.iterations,
+            restarts=out.restarts,
             assumptions={**base, "head": head_source, "targets": names},
             metrics={"target_accuracy": out.target_accuracy, **_image_summary(rows)}, tests=tests, per_image=rows,
             images=_grid_images(judge, out.images, rows)), w))
@@ -242,10 +244,20 @@ def attack_weights(*, model: nn.Module, judge: Judge, client_images: Sequence[in
 
 
 def attack_dfs(*, model: nn.Module, dfs: torch.Tensor, judge: Judge, client_images: Sequence[int], budget: Budget,
-               watch: Stopwatch, seed: int = 0) -> tuple[list[AttackResult], list[str]]:
-    """Membership/linkage of identities and inversion of μ̂, for one client's shared DFS."""
+               watch: Stopwatch, seed: int = 0, membership: bool = True,
+               inversion: bool = True) -> tuple[list[AttackResult], list[str]]:
+    """Membership/linkage of identities and inversion of μ̂, for one client's shared DFS (those asked for:
+    found by review, --attack membership ran and reported the inversion too, and the reverse)."""
     stats = DomainStatistics.from_shared(dfs)
     client_images = list(client_images)
+    results = _dfs_membership(model, stats, judge, client_images) if membership else []
+    if inversion:
+        results.append(_dfs_inversion(model, stats, judge, client_images, budget, watch, seed))
+    return results, []
+
+
+def _dfs_membership(model: nn.Module, stats: DomainStatistics, judge: Judge,
+                    client_images: list[int]) -> list[AttackResult]:
     members = {judge.ids[i] for i in client_images}
     # candidates: the client's identities and every distractor identity with a name (not junk)
     candidates = [i for i in range(len(judge.ids)) if judge.ids[i] in members or ":test/" in judge.ids[i]]
@@ -257,7 +269,7 @@ def attack_dfs(*, model: nn.Module, dfs: torch.Tensor, judge: Judge, client_imag
     outcome = membership(stats, names, means, variances, counts, members)
     tests = {"membership": outcome.test, "linkage": outcome.link_test}
     verdict, reason = decide(tests, outcome.residual, DFS_FIT, complete=False)
-    results = [_timed(AttackResult(
+    return [_timed(AttackResult(
         "membership:dfs", "dfs", verdict, reason, outcome.residual,
         "relative mismatch of the DFS rebuilt from the linked identities", DFS_FIT, False,
         assumptions={"adversary": "the server and every client (DFS travel in the clear)",
@@ -269,6 +281,10 @@ def attack_dfs(*, model: nn.Module, dfs: torch.Tensor, judge: Judge, client_imag
                  "linked": outcome.linked, "linked_members": [n for n in outcome.linked if n in members]},
         tests=tests), w)]
 
+
+def _dfs_inversion(model: nn.Module, stats: DomainStatistics, judge: Judge, client_images: list[int],
+                   budget: Budget, watch: Stopwatch, seed: int) -> AttackResult:
+    members = {judge.ids[i] for i in client_images}
     w = Stopwatch(watch.remaining)
     device = next(model.parameters()).device
 
@@ -283,10 +299,9 @@ def attack_dfs(*, model: nn.Module, dfs: torch.Tensor, judge: Judge, client_imag
     rows, tests = judge.judge_images(out.images, client_images, identities=[members] * len(out.images),
                                      use_embedding=False)
     verdict, reason = decide(tests, out.residual, FEATURE_FIT, complete=False)
-    results.append(_timed(AttackResult(
+    return _timed(AttackResult(
         "inversion:dfs", "dfs", verdict, reason, out.residual, "1 − cos(pool-5 feature, μ̂)", FEATURE_FIT, False,
-        out.iterations, out.restarts, assumptions={"adversary": "the server and every client",
+        iterations=out.iterations, restarts=out.restarts, assumptions={"adversary": "the server and every client",
                                                     "inverted": "μ̂ (the mean of the client's identity means)"},
-        metrics=_image_summary(rows), tests=tests, per_image=rows, images=_grid_images(judge, out.images, rows)), w))
-    return results, []
+        metrics=_image_summary(rows), tests=tests, per_image=rows, images=_grid_images(judge, out.images, rows)), w)
 

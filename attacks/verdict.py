@@ -27,7 +27,7 @@ scores. The image-level match is a threshold test, calibrated on negatives
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -88,6 +88,9 @@ class AttackResult:
     residual_kind: str
     fit_threshold: float | None
     complete: bool  # whether the attack models the whole target (only then may it say NO-LEAK)
+    # the rest by name only (found by review: iterations and restarts given in order landed in the
+    # reconstruction residual's fields, and audit.json said "fitted": false of fitted attacks)
+    _: KW_ONLY
     # what the reconstructions themselves reproduce (gradient inversion: the update's batch statistics)
     reconstruction_residual: float | None = None
     reconstruction_threshold: float | None = None

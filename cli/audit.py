@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +23,18 @@ FAIL_ON = {"leak": ("LEAK",), "inconclusive": ("LEAK", "INCONCLUSIVE")}
 
 class AuditUsageError(click.ClickException):
     exit_code = 2
+
+
+def _check_writable(folder: Path, named: str) -> None:
+    """Refuse a report folder that cannot be written before the attacks run, not after (found by review:
+    `--out /proc/nope` spent the whole audit, then stopped with a traceback and lost it)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except (OSError, ValueError) as exc:
+        raise AuditUsageError(f"{named}: cannot write the report into {folder}: "
+                              f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
 @click.command("audit")
@@ -75,6 +88,7 @@ def audit_command(run: Path, attack: str, target: str | None, round_: int | None
     console = human_console(json_output)
     log = human_console(True)
     set_threads(threads)
+    _check_writable(out or Path("audits"), "--out" if out else "the current folder's audits/")
     request = AuditRequest(run, attack, target, round_, client, budget, time_limit, device, data_root, seed)
     try:
         report = run_audit(request, progress=lambda message: log.print(f"[dim]{message}[/]"), started=started)
@@ -83,8 +97,11 @@ def audit_command(run: Path, attack: str, target: str | None, round_: int | None
     except (ConfigError, DataError, PretrainedWeightsUnavailable) as exc:
         raise AuditUsageError(f"{run}: {exc}") from None
     folder = out or Path("audits") / f"{report.run['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
-    paths = write_report(report, folder, save_images=save_images)
-    console.print(verdict_table(report))
+    console.print(verdict_table(report))  # before the files: a folder that fails now still shows the verdicts
+    try:
+        paths = write_report(report, folder, save_images=save_images)
+    except OSError as exc:
+        raise AuditUsageError(f"cannot write the report into {folder}: {exc.strerror or exc}") from None
     for statement in report.statements:
         console.print(f"[yellow]{statement}[/]")
     console.print(f"report: {paths['markdown']} · {paths['json']}")

@@ -259,8 +259,18 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 def latest_checkpoint(run_dir: Path) -> Path:
     found = list_checkpoints(run_dir)
     if not found:
-        raise CheckpointError(f"{run_dir}: no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}")
+        raise no_checkpoint(run_dir)
     return found[-1]
+
+
+def no_checkpoint(run_dir: Path) -> CheckpointError:
+    """Why ``run_dir`` has nothing to open: no checkpoint, or it is a leave-one-out sweep, whose runs are
+    its leave-out-* folders (found by review: a sweep's folder was called a run without a checkpoint)."""
+    runs = sorted(p for p in Path(run_dir).glob("leave-out-*") if p.is_dir())
+    if runs:
+        return CheckpointError(f"{run_dir}: a leave-one-out sweep; give one of its runs: "
+                               + ", ".join(str(r) for r in runs))
+    return CheckpointError(f"{run_dir}: no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}")
 
 
 def load_checkpoint(path: Path, *, follow_link: bool = True) -> dict[str, Any]:
@@ -317,7 +327,7 @@ def load_newest(run_dir: Path) -> tuple[Path, dict[str, Any]]:
     names every file and what is wrong with it."""
     found = list_checkpoints(run_dir)
     if not found:
-        raise CheckpointError(f"{run_dir}: no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}")
+        raise no_checkpoint(run_dir)
     failures: list[str] = []
     for path in reversed(found):
         try:

@@ -64,6 +64,8 @@ def test_a_quick_audit_writes_its_report_and_gates_on_the_verdict(recorded_run: 
     # the run shares no DFS; nothing else is NO-LEAK at toy budgets, so --fail-on inconclusive fails the gate
     assert code == 1, output
     assert verdicts["sum"] != "LEAK"  # negative control: the sum of three clients' hundreds of steps
+    # a run that shares no DFS gives its dfs target no time: the others share it (review: a third went unused)
+    assert "target dfs: 0 s" in output, output
     assert report["source"] == "recorded" and report["round"] == 1 and report["lower_bound"] is True
     checkpoint = Path(report["run"]["checkpoint"])
     assert report["run"]["checkpoint_sha256"] == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
@@ -92,6 +94,7 @@ def test_the_next_round_is_re_derived_from_the_clients_real_step(recorded_run: P
 @pytest.mark.parametrize("args,message", [
     (["--attack", "membership", "--target", "update"], "use --target dfs"),
     (["--target", "dfs"], "shares no DFS"),
+    (["--attack", "membership"], "--attack: this run"),  # (review: exit 0 with "n/a" alone; a gate passed)
     (["--round", "9"], "cannot be audited"),
     (["--round", "9", "--attack", "protocol"], "the protocol checks read every round's log; --round applies"),
     (["--client", "nobody"], "no client 'nobody'"),
@@ -103,6 +106,13 @@ def test_requests_the_run_cannot_answer_are_usage_errors(recorded_run: Path, tmp
     code, _, output = _audit(str(recorded_run), "--out", str(tmp_path / "x"), *args)
     assert code == 2 and message in output, output
     assert "Traceback" not in output
+
+
+def test_a_report_folder_that_cannot_be_written_is_refused_before_the_attacks(recorded_run: Path) -> None:
+    """(found by review: `--out /proc/nope` spent the whole audit, then stopped with a traceback)"""
+    code, _, output = _audit(str(recorded_run), "--out", "/proc/nope", "--time-limit", "30")
+    assert code == 2 and "--out: cannot write the report into /proc/nope" in output, output
+    assert "Traceback" not in output and "target update" not in output  # refused before any attack ran
 
 
 def test_a_missing_run_is_a_usage_error(tmp_path: Path) -> None:

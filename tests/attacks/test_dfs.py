@@ -61,6 +61,10 @@ def test_statistics_of_other_people_link_no_member(client_and_population) -> Non
     membership = next(r for r in results if r.attack == "membership:dfs")
     assert membership.verdict is not Verdict.LEAK
     assert not set(membership.metrics["linked_members"])
+    # only the attack asked for runs (found by review: --attack membership reported the inversion too)
+    alone, _ = attack_dfs(model=judge.model, dfs=_dfs_of(judge, strangers), judge=judge, client_images=members,
+                          budget=TINY, watch=Stopwatch(5.0), inversion=False)
+    assert [r.attack for r in alone] == ["membership:dfs"]
 
 
 def test_the_inversion_of_the_dfs_never_grades_itself_on_its_own_pictures(people) -> None:
@@ -124,3 +128,19 @@ def test_a_client_outside_the_audited_round_is_audited_on_the_dfs_the_server_sti
     assert torch.equal(weights, first.weights)
     assert _latest_dfs(run, audited, 1)[1:] == ("recorded", None)  # its own round's, when it took part
     assert _latest_dfs(run, RoundEvidence(1, "recorded", broadcast, {}, schedule=None), 0)[0] is None
+
+
+def test_a_membership_test_that_cannot_reach_significance_says_so() -> None:
+    """(found by review: one member among ten non-members — the smallest Mann–Whitney p 1/11 — showed
+    "p 0.091" as if a test had been run) It is no test: not measurable, and why."""
+    from secfed.attacks.dfs import DomainStatistics, membership
+
+    torch.manual_seed(0)
+    means, variances = torch.randn(11, 8).double(), torch.rand(11, 8).double() + 0.5
+    names = [f"p{i}" for i in range(11)]
+    dfs = DomainStatistics.from_identities(means[:1], variances[:1])
+    outcome = membership(dfs, names, means, variances, [4] * 11, {"p0"})
+    assert not outcome.test.measurable and "no power" in outcome.test.statistic and "0.091" in outcome.test.statistic
+    many = membership(DomainStatistics.from_identities(means[:4], variances[:4]), names, means, variances, [4] * 11,
+                      {"p0", "p1", "p2", "p3"})
+    assert many.test.measurable  # four among eleven: the smallest p is 1/330

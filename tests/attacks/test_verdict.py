@@ -101,3 +101,17 @@ def test_without_power_the_verdict_says_why_and_an_image_match_is_a_leak_of_its_
                              complete=True)
     assert verdict is Verdict.LEAK and "victim's own picture" in reason
     assert match.to_dict()["p_value"] is None and match.to_dict()["rule"] == "threshold"
+
+
+def test_an_attack_result_takes_its_effort_by_name_only() -> None:
+    """(found by review: three attacks gave iterations and restarts in order, which landed in the
+    reconstruction residual's fields — audit.json said "fitted": false of fitted attacks and "0 × 0")"""
+    import pytest
+
+    from secfed.attacks.verdict import AttackResult, Verdict
+
+    head = ("inversion:model", "weights", Verdict.NO_LEAK, "fitted", 0.05, "residual", 0.1, True)
+    with pytest.raises(TypeError):
+        AttackResult(*head, 120, 1)
+    result = AttackResult(*head, iterations=120, restarts=1)
+    assert result.fitted and (result.iterations, result.restarts) == (120, 1)

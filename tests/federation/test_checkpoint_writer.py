@@ -279,3 +279,11 @@ def test_an_empty_file_is_named_as_one(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     with pytest.raises(ckpt.CheckpointError, match=r"not a readable secfed checkpoint \(empty file"):
         ckpt.load_checkpoint(empty)
+
+
+def test_a_sweep_folder_names_its_runs_instead_of_a_missing_checkpoint(tmp_path: Path) -> None:
+    """(found by review: `secfed audit` of a leave-one-out sweep's folder said it had no checkpoint)"""
+    for name in ("leave-out-campus", "leave-out-plaza"):
+        (tmp_path / name).mkdir()
+    with pytest.raises(ckpt.CheckpointError, match="a leave-one-out sweep; give one of its runs: .*leave-out-campus"):
+        ckpt.load_newest(tmp_path)
