@@ -346,7 +346,8 @@ def record_looks(path: Path, seeds: dict[str, int], *, fewer: bool = False) -> d
         if not isinstance(recorded, dict) or not all(
                 isinstance(ns, list) and all(type(n) is int and n > 0 for n in ns) for ns in recorded.values()):
             raise SystemExit(f"{path}: not a looks file: each claim must map to a list of seed counts ≥ 1")
-    shrunk = {label: n for label, n in seeds.items() if n not in recorded.get(label, [n]) and n < max(recorded[label])}
+    shrunk = {label: n for label, n in seeds.items() if recorded.get(label) and n not in recorded[label]
+              and n < max(recorded[label])}
     if shrunk and not fewer:
         raise SystemExit(f"{path}: " + "; ".join(f"{label} was decided at {max(recorded[label])} seeds" for label in shrunk)
                          + f" — a report at fewer ({', '.join(map(str, sorted(set(shrunk.values()))))}) is another look, "

@@ -441,8 +441,17 @@ def test_what_a_node_refuses_with_names_none_of_its_paths(tmp_path):
     said = refusal_reason(node_files.NodeSetupError(f"lost the site host in {tmp_path} (EOF)"))
     assert str(tmp_path) not in said and said.startswith("secfed secure aggregation refused: NodeSetupError")
     # what is not a path stays: ratios, addresses, the JSON a diverged site leaves with
-    kept = 'k = 9 of 38/2; superlink 10.0.0.1:9092 and https://ca/x; ["site-3", "loss nan"]'
+    kept = 'k = 9 of 38/2; superlink 10.0.0.1:9092 and https://ca/x; ["site-3", "loss nan"] and/or'
     assert node_files.public_text(kept) == kept
+    # (review of the fix) relative paths, a folder with a space (the node's own roots), file: and PATH-like
+    # lists, and a path inside a JSON string, whose escaped quote must survive
+    import json
+    said = node_files.public_text("cannot read ../../home/alice/key.pem; /Users/Alice Smith/secfed: denied; "
+                                  "cohort file:/home/alice/cohort.toml; PYTHONPATH=/opt/x:/home/alice/lib",
+                                  roots=["/Users/Alice Smith"])
+    assert "alice" not in said.lower() and "Smith" not in said and said.count(node_files.PATH_SAID) == 6, said
+    where = json.loads(node_files.public_text(json.dumps(["site-3", 'cannot open /srv/a"b/c'])))
+    assert where[0] == "site-3" and "/srv" not in where[1]
 
 
 def test_two_live_nodes_proving_one_identity_are_named_and_a_restart_is_not(deployment, tmp_path):
@@ -457,7 +466,11 @@ def test_two_live_nodes_proving_one_identity_are_named_and_a_restart_is_not(depl
     assert flow.enrol(grid, [1000, 1001]) == {1000: cohort.sites["site-0"], 1001: cohort.sites["site-1"]}
     # node 1003 proving site-0's key looks like site-0's SuperNode restarted under a new id: it takes over
     assert flow.enrol(grid, [1003]) == {1003: cohort.sites["site-0"]} and 1000 not in flow.identities
-    with pytest.raises(IdentityClash, match="1003 and 1000 both prove site-0"):  # ... until the old one answers
+    # ... and the old one answering again is a rolling restart's for a grace: the new one keeps the identity
+    # (review of the fix: the run stopped); past the grace, two live nodes stop the run
+    assert flow.enrol(grid, [1000]) == {} and flow.identities[1003] == cohort.sites["site-0"]
+    flow.clash_grace = 0.0
+    with pytest.raises(IdentityClash, match="1003 and 1000 both prove site-0"):
         flow.enrol(grid, [1000])
     with pytest.raises(IdentityClash, match="site-0"):  # two at once, on a fresh server
-        SecAggWorkflow(cohort=cohort).enrol(grid, [1000, 1002, 1003])
+        SecAggWorkflow(cohort=cohort, clash_grace=0.0).enrol(grid, [1000, 1002, 1003])

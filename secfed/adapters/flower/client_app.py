@@ -75,7 +75,7 @@ def said_in_public(msg: Message, context: Context, call_next: ClientAppCallable)
     except Exception as exc:  # noqa: BLE001 — answered, as Flower answers it, but in words fit to send
         log.exception("the ClientApp failed")
         failed = exc
-    reason = f"{type(failed).__name__}: {node.public_text(str(failed))}"
+    reason = f"{type(failed).__name__}: {node.public_text(str(failed), node.private_roots(context.node_config))}"
     return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=msg)
 
 

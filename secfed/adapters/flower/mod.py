@@ -49,7 +49,7 @@ import json
 import logging
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -113,10 +113,11 @@ class PolicyRefused(SessionRefused):
     server writes the same way is refused too, so the server stops rather than retry."""
 
 
-def refusal_reason(exc: Exception) -> str:
+def refusal_reason(exc: Exception, roots: Sequence[str] = ()) -> str:
     """What a node answers when it refuses a message (an error reply's reason); a policy refusal begins
-    with :data:`POLICY_REFUSAL`. It names no path of the node's (:func:`node.public_text`)."""
-    return f"secfed secure aggregation refused: {type(exc).__name__}: {node.public_text(str(exc))}"
+    with :data:`POLICY_REFUSAL`. It names no path of the node's (:func:`node.public_text`; ``roots``: its
+    folders, :func:`node.private_roots`)."""
+    return f"secfed secure aggregation refused: {type(exc).__name__}: {node.public_text(str(exc), roots)}"
 
 
 POLICY_REFUSAL = refusal_reason(PolicyRefused(""))  # the prefix a server recognises a node's policy by
@@ -164,7 +165,8 @@ class SecAggMod:
         except (ProtocolError, ReplyRefused, node.NodeSetupError) as exc:
             run.abort()
             log.warning("refused: %s: %s", type(exc).__name__, exc)  # the whole text, paths too, stays here
-            return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION, refusal_reason(exc)), reply_to=msg)
+            return Message(Error(ErrorCode.MOD_FAILED_PRECONDITION,
+                                 refusal_reason(exc, node.private_roots(context.node_config))), reply_to=msg)
         if stage == UNMASK and NEXT in msg.content:
             self._advertise_next(msg, reply, context)
         return reply
@@ -183,7 +185,8 @@ class SecAggMod:
             log.warning("next session refused: %s: %s", type(exc).__name__, exc)
             # said in the reply: a policy refusal must reach the server, which stops the run on it when the
             # next round aborts (found by review: swallowed here, the run "finished" with a lost round)
-            reply.content[NEXT] = ConfigRecord({"stage": REFUSED, "reason": refusal_reason(exc)[:2000]})
+            reason = refusal_reason(exc, node.private_roots(context.node_config))
+            reply.content[NEXT] = ConfigRecord({"stage": REFUSED, "reason": reason[:2000]})
             return
         reply.content[NEXT] = ConfigRecord({"stage": ADVERTISE})
         put_message(reply.content, data, NEXT_PAYLOAD)

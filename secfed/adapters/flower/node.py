@@ -19,6 +19,7 @@ fresh folder end up with the same key and a reader never sees half a file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -27,7 +28,7 @@ import re
 import socket
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,16 +49,42 @@ class NodeSetupError(ValueError):
     """A node's state folder, key or cohort file is missing or unusable; names the path."""
 
 
-# An absolute path or one under ~ (not a URL's //, not a ratio such as 1/2): what a node's error text
-# names on its own machine. The server gets the text without them (public_text); the node's log keeps them.
-_LOCAL_PATH = re.compile(r"(?<![\w:/.~-])~?/[^\s:'\"`,;()\[\]{}<>]+")
+# A path: absolute, under ~ or relative with ./ or ../ — what a node's error text names on its own machine.
+# The server gets the text without them (public_text); the node's log keeps them.
+_PATH = re.compile(r"(?:~|\.{1,2})?/[^\s:'\"`,;()\[\]{}<>\\]+")
 PATH_SAID = "<a path on the node>"
 
 
-def public_text(text: str) -> str:
-    """``text`` as a node says it to the server: every local path replaced by :data:`PATH_SAID` (found
-    by review: a node's refusal carried its folders, e.g. its user name, to the server's log)."""
-    return _LOCAL_PATH.sub(PATH_SAID, text)
+def public_text(text: str, roots: Sequence[str] = ()) -> str:
+    """``text`` as a node says it to the server: its ``roots`` (the node's folders, e.g.
+    :func:`private_roots`; spaces and all) and then every path replaced by :data:`PATH_SAID` — not a
+    URL's //host, a ratio such as 1/2 or and/or (found by review: a node's refusal carried its folders,
+    its user name among them, to the server's log)."""
+    for root in sorted({r for r in roots if len(r) > 1}, key=len, reverse=True):
+        text = text.replace(root, PATH_SAID)
+
+    def said(match: re.Match[str]) -> str:
+        before = text[match.start() - 1] if match.start() else " "
+        if before.isalnum() or before in "_/.~-" or (before == ":" and match.group().startswith("//")):
+            return match.group()  # a word's slash (and/or, 1/2), or a URL's authority
+        return PATH_SAID
+
+    return _PATH.sub(said, text)
+
+
+def private_roots(node_config: Mapping[str, object]) -> list[str]:
+    """The folders a node's error text may name, as given and resolved: its state folder, data and public
+    roots (node config), home, working and temporary folders."""
+    named = [node_config.get(k) for k in (STATE_DIR_KEY, "secfed-data-root", "secfed-public-root")]
+    found = [str(v) for v in named if isinstance(v, str) and v]
+    found += [str(Path.home()), os.getcwd(), tempfile.gettempdir()]
+    with contextlib.suppress(OSError, RuntimeError, KeyError):  # where state_dir() puts it, made or not
+        found.append(str(default_state_dir()))
+    resolved = []
+    for r in found:
+        with contextlib.suppress(OSError, RuntimeError, ValueError):
+            resolved.append(str(Path(r).expanduser().resolve()))
+    return [r for r in [*found, *resolved] if r not in ("/", ".")]
 
 
 def yes(value: object) -> bool:
