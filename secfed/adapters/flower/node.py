@@ -77,9 +77,10 @@ def private_roots(node_config: Mapping[str, object]) -> list[str]:
     roots (node config), home, working and temporary folders."""
     named = [node_config.get(k) for k in (STATE_DIR_KEY, "secfed-data-root", "secfed-public-root")]
     found = [str(v) for v in named if isinstance(v, str) and v]
-    found += [str(Path.home()), os.getcwd(), tempfile.gettempdir()]
-    with contextlib.suppress(OSError, RuntimeError, KeyError):  # where state_dir() puts it, made or not
-        found.append(str(default_state_dir()))
+    # where state_dir() puts it, made or not; any of them may be unknowable (no home, a deleted cwd)
+    for where in (Path.home, os.getcwd, tempfile.gettempdir, default_state_dir):
+        with contextlib.suppress(OSError, RuntimeError, KeyError):
+            found.append(str(where()))
     resolved = []
     for r in found:
         with contextlib.suppress(OSError, RuntimeError, ValueError):

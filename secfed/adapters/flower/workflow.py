@@ -82,10 +82,12 @@ from .wire import (
 
 log = logging.getLogger("secfed.flower")
 
+
 class IdentityClash(RuntimeError):
-    """Two live SuperNodes prove one site's identity key: a copied state folder, or a stolen key. The
-    server cannot tell which is the site, so neither speaks for it (found by review: the two displaced
-    each other at every enrolment, and the run waited until its start timeout without saying why)."""
+    """Two live SuperNodes prove one site's identity key past the workflow's ``clash_grace``: a copied
+    state folder, or a stolen key. The server cannot tell which is the site, so the run stops (found by
+    review: the two displaced each other at every enrolment, and the run waited until its start timeout
+    without saying why)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -214,7 +216,8 @@ class SecAggWorkflow:
 
     def accept(self, replies: Mapping[int, Message], challenges: Mapping[int, ConfigRecord]) -> None:
         """Enrol the nodes whose replies prove an identity of the cohort for their challenge. A node
-        proving an identity another live node proves raises :class:`IdentityClash`."""
+        proving an identity another live node proves is not enrolled; past ``clash_grace``,
+        :class:`IdentityClash`."""
         proven: dict[bytes, int] = {}  # in these replies: identity → node
         for n, reply in replies.items():
             if n not in challenges:
