@@ -722,6 +722,19 @@ def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_co
     # one example more or less moves a client's update by up to twice the zero-out bound (found by
     # review: the run's zero-out client-level ε was charged per example)
     assert reached > 1.5 * ledger.epsilon() and delta == sites.fed.server.privacy.plan.delta
+    # ... exactly twice: the same ledger at twice the L2 (and L1) sensitivity (review: 1.5× passed)
+    import dataclasses
+
+    from secfed.privacy.ledger import PrivacyLedger
+    plan = sites.fed.server.privacy.plan
+    k = plan.skellam
+    doubled = PrivacyLedger("skellam", plan.delta, skellam=dataclasses.replace(
+        k, l2_sensitivity=2 * k.l2_sensitivity,
+        l1_sensitivity=min(k.padded_dim ** 0.5 * 2 * k.l2_sensitivity, 2 * k.l1_sensitivity)),
+        colluders=plan.colluders, fewest_shares=plan.fewest_shares)
+    for _ in range(cfg.schedule.rounds):
+        doubled.record_lost_release()
+    assert reached == pytest.approx(doubled.epsilon(), rel=1e-12)
 
     def floor(eps: float, **more) -> dict:
         return {**node, sites_module.MAX_EPSILON_KEY: eps, **more}

@@ -74,6 +74,10 @@ def test_dfs_noise_is_gaussian_on_the_clipped_sums_with_the_stated_scale() -> No
         assert noise[row].mean().abs() < 4 * stated / math.sqrt(dim)
         assert noise[row].std().item() == pytest.approx(stated, rel=0.06)
     assert (shared[DFS][[1, 3]] >= 0).all()  # variances pushed below 0 are floored (post-processing)
+    # the four sensitivities SECURITY.md states, S₂'s and T₂'s too (review: √2·C for √2·C² passed)
+    from secfed.privacy.dfs import sensitivities
+    assert sensitivities(clip).tolist() == pytest.approx([2 * clip, math.sqrt(2) * clip ** 2, math.sqrt(2) * clip,
+                                                          math.sqrt(2) * clip ** 2])
     # the same (round, client) under reproducible noise repeats; another round draws afresh
     again, _ = _upload_dfs(ifs, z, clip)
     later, _ = _upload_dfs(ifs, z, clip, round_index=1)

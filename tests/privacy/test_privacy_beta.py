@@ -128,3 +128,30 @@ def test_double_mode_gives_each_client_fresh_noise_and_keeps_eq14_exact() -> Non
     noise_mean = torch.stack([beta.broadcast_noise(5, i) for i in received]).mean(0)
     server_mean = theta + torch.stack(updates).mean(0) + noise_mean
     assert torch.allclose(server_mean, torch.stack(list(trained.values())).mean(0), atol=1e-6)
+
+
+def test_private_noise_is_aes_ctr_keyed_with_128_fresh_bits_and_hardened_as_stated(monkeypatch) -> None:
+    """SECURITY.md's sentences on the noise, each pinned (found by review: a 16-bit key, numpy's PCG64
+    instead of AES-CTR, or one draw instead of four all passed every test, since the tests only
+    checked that two runs differ and that the variance is right)."""
+    import secrets
+
+    import numpy as np
+    import randomgen
+
+    from secfed.privacy import noise
+
+    asked: list[int] = []
+    real = secrets.randbits
+    monkeypatch.setattr(noise.secrets, "randbits", lambda k: asked.append(k) or real(k))
+    source = noise.NoiseSource(7)
+    generator = source.generator("beta", 1)
+    assert asked == [128] and isinstance(generator.bit_generator, randomgen.AESCounter)
+    assert isinstance(noise.NoiseSource(7, reproducible=True).generator("beta", 1).bit_generator,
+                      randomgen.AESCounter)
+    # the sum of four N(0, std²) draws, halved: exactly that, draw for draw
+    key = source.key("check")
+    drawn = noise.gaussian((1000,), 3.0, noise.NoiseSource.from_key(key)).numpy()
+    again = noise.NoiseSource.from_key(key)
+    four = sum(again.standard_normal(1000, dtype=np.float32) for _ in range(4))
+    np.testing.assert_allclose(drawn, four * np.float32(1.5), rtol=1e-6)

@@ -121,3 +121,24 @@ def test_a_sealed_response_altered_or_moved_to_another_sender_is_refused(make_ro
         r.server.receive(r.wire(response))
     r.server.close_phase()
     assert np.array_equal(r.server.result.total, r.expected_sum(range(4)))
+
+
+@pytest.mark.parametrize("name", ROUNDS)
+def test_what_the_server_opens_never_rebuilds_a_survivors_pairwise_key(make_round, name):
+    """SECURITY.md, "nothing about any individual x_u": the server opens each survivor's self-mask seed
+    and the key-seed shares of the dropped, never a survivor's key seed. (Found by review: a client
+    whose self-mask seed was its key seed passed every protocol test, and gave the honest-but-curious
+    server every survivor's pairwise masks.) From all it opened, no survivor's advertised mask key
+    follows, and no survivor's key seed has t shares revealed."""
+    from secfed.protocols.crypto import public_bytes
+    from secfed.protocols.secagg.keys import mask_private_key
+    from secfed.protocols.secagg.messages import ShareKind
+
+    r, wire = captured_round(make_round, ROUNDS[name])
+    advertised = {m.sender: m.mask_public for m in map(decode, wire) if isinstance(m, AdvertiseKeys)}
+    opened = [r.opened(m) for m in map(decode, wire) if isinstance(m, UnmaskResponse)]
+    survivors = [i for i in range(ROUNDS[name].n_clients) if i != 5]
+    for o in opened:
+        assert not {public_bytes(mask_private_key(r.config, u, o.self_mask_seed)) for u in survivors} & \
+            {advertised[u] for u in survivors}
+        assert all(s.kind is ShareKind.SELF_MASK or s.owner not in survivors for s in o.shares)
