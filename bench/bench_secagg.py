@@ -1,6 +1,6 @@
 """Secure aggregation cost: secfed.protocols at scale, against raw AES-CTR and Flower's SecAgg+ helpers.
 
-    .venv/bin/python bench/bench_secagg.py [--sections client,keystream,full,server,flower-overflow,gil,identities]
+    .venv/bin/python bench/bench_secagg.py [--sections client,keystream,full,server,flower-overflow,gil,identities,params]
         client:    [--dims 1000000] [--clients 10,100] [--variants secagg,secaggplus]
                    [--modes authenticated,unauthenticated] [--repeats 1] [--flower auto|all|none] [--full]
         keystream: [--keystream-neighbours 9,38,99] [--keystream-repeats 25] (at the first of --dims)
@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from secagg import client, flower_overflow, full, gil, identities, keystream, server  # noqa: E402
+from secagg import client, flower_overflow, full, gil, identities, keystream, params, server  # noqa: E402
 from secagg.common import load  # noqa: E402
 
 from secfed.environment import describe  # noqa: E402
@@ -73,7 +73,7 @@ def ints(text: str, what: str, ap) -> list[int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sections", default="client",
-                    help="comma-separated: client, keystream, full, server, flower-overflow, gil")
+                    help="comma-separated: client, keystream, full, server, flower-overflow, gil, identities, params")
     ap.add_argument("--dims", default="1000000", help="client/keystream: vector lengths, comma-separated")
     ap.add_argument("--clients", default="10,100", help="client: cohort sizes, comma-separated")
     ap.add_argument("--variants", default="secagg,secaggplus", help="client: secagg (complete graph), secaggplus")
@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.sections = [s.strip() for s in args.sections.split(",")]
-    known = ("client", "keystream", "full", "server", "flower-overflow", "gil", "identities")
+    known = tuple(SECTIONS)
     for s in args.sections:
         if s not in known:
             ap.error(f"--sections: unknown section {s!r} ({', '.join(known)})")
@@ -126,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 SECTIONS = {"client": client.section_client, "keystream": keystream.section_keystream, "full": full.section_full,
             "server": server.section_server, "flower-overflow": flower_overflow.section_flower_overflow,
-            "gil": gil.section_gil, "identities": identities.section_identities}
+            "gil": gil.section_gil, "identities": identities.section_identities, "params": params.section_params}
 
 
 def main() -> None:

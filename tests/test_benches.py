@@ -40,7 +40,7 @@ def test_bench_secagg_recovers_the_exact_sum_with_dropouts() -> None:
 def test_every_bench_secagg_section_runs_at_toy_size_under_a_described_machine() -> None:
     """The sections README and RESULTS cite (keystream, client, full, server, flower-overflow) still run
     from their command lines, and the header names the machine through secfed.environment.describe()."""
-    sections = ("keystream", "client", "full", "server", "flower-overflow")
+    sections = ("keystream", "client", "full", "server", "flower-overflow", "params")
     out = _run("bench_secagg.py", "--sections", ",".join(sections), "--dims", "64", "--clients", "4",
                "--variants", "secagg", "--modes", "authenticated", "--flower", "none",
                "--keystream-neighbours", "2", "--keystream-repeats", "1", "--full-clients", "4", "--full-dim", "16",

@@ -5,13 +5,14 @@ reproduce them. The attacks below are the old derivations an auditor with the ru
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 from secfed.algorithms.base import Schedule
 from secfed.config import PrivacyConfig, RunConfig, RunSection
 from secfed.federation.runtime import train_seed
-from secfed.privacy.accountant import SampledGaussianAccountant
+from secfed.privacy.accountant import SampledGaussianAccountant, gaussian_epsilon
 from secfed.privacy.dpsgd import ClientDpSgd, LocalDpSgd, poisson_schedule
 from secfed.privacy.noise import NoiseSource
 from secfed.privacy.policy import resolve
@@ -37,7 +38,10 @@ def _cohorts(server: ServerPrivacy) -> list[list[int]]:
 
 def test_poisson_cohorts_are_not_recomputable_from_the_run_seed() -> None:
     """The old rule drew cohorts from numpy_rng(seed, "select/poisson", t): whoever held config.json
-    knew every cohort, and the amplified ε (2.20 → ≈ 18 at N = 10⁴, q = 0.01, T = 10³) was false."""
+    knew every cohort, and the amplified ε (2.10 → 19.1 at N = 10⁴, q = 0.01, T = 10³, z = 1, δ = 10⁻⁵:
+    the ≈ 10 rounds a client takes part in, known, are ten unamplified releases) was false."""
+    assert gaussian_epsilon(1.0, 0.01, 1000, 1e-5) == pytest.approx(2.10, abs=0.005)  # SECURITY.md's figures
+    assert gaussian_epsilon(1.0, 1.0, 10, 1e-5) == pytest.approx(19.05, abs=0.05)
     attack = [[int(k) for k in poisson_subset(CLIENTS, 0.25, numpy_rng(SEED, "select/poisson", t))]
               for t in range(ROUNDS)]
     first, second = _cohorts(_server(SEED, reproducible=False)), _cohorts(_server(SEED, reproducible=False))

@@ -142,3 +142,14 @@ def test_what_the_server_opens_never_rebuilds_a_survivors_pairwise_key(make_roun
         assert not {public_bytes(mask_private_key(r.config, u, o.self_mask_seed)) for u in survivors} & \
             {advertised[u] for u in survivors}
         assert all(s.kind is ShareKind.SELF_MASK or s.owner not in survivors for s in o.shares)
+
+
+@pytest.mark.parametrize("name", ROUNDS)
+def test_every_sealed_share_of_a_kind_has_one_size(make_round, name):
+    """SECURITY.md: the server sees sealed shares "and their sizes, which are fixed" — one length for
+    every key-seed share of the round and one for every self-mask share, whatever their values."""
+    _, wire = captured_round(make_round, ROUNDS[name])
+    messages = list(map(decode, wire))
+    key_seed = {len(s.ciphertext) for m in messages if isinstance(m, EncryptedShares) for s in m.shares}
+    self_mask = {len(s.ciphertext) for m in messages if isinstance(m, MaskedInput) for s in m.self_mask_shares}
+    assert len(key_seed) == 1 and len(self_mask) == 1, (key_seed, self_mask)
