@@ -12,6 +12,7 @@ from typing import Any
 import rich_click as click
 
 from secfed.cli.common import cli_errors, emit_json, human_console, set_threads
+from secfed.locking import FOLDER_LOCK
 from secfed.cli.options import config_options, given_overrides, option_panels, render
 from secfed.config import RESUME_COMPATIBLE, ConfigError, RunConfig, from_dict, load_toml, with_overrides
 
@@ -63,7 +64,7 @@ def resolve_config(params: dict[str, Any], *, public_root: bool = False) -> tupl
                                       toml=str(toml) if toml else None)) from None
     name = cfg.run.name or f"{cfg.method.algorithm}-{cfg.data.scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.run.out) / name
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if run_dir.exists() and any(p.name != FOLDER_LOCK for p in run_dir.iterdir()):  # (a lock file alone: empty)
         raise click.BadParameter(f"{run_dir} already exists and is not empty; choose another --name or continue "
                                  f"it with --resume {run_dir}", param_hint="--name")
     return cfg, run_dir, False
@@ -191,7 +192,11 @@ def train_command(**params: Any) -> None:
         except KeyboardInterrupt:
             done = ckpt.list_checkpoints(run_dir)
             where = f"after round {int(done[-1].stem.split('-')[1])}" if done else "before the first round finished"
-            reporter.console.print(f"[yellow]interrupted {where}; continue with: secfed train --resume {run_dir}[/]")
+            # before the run wrote its configuration nothing is left to continue (found by review: the advice
+            # to resume was refused, "no config.json")
+            then = f"continue with: secfed train --resume {run_dir}" if (run_dir / "config.json").is_file() else \
+                "nothing was kept; start it again"
+            reporter.console.print(f"[yellow]interrupted {where}; {then}[/]")
             sys.exit(130)
     show_summary(console, result.summary)
     console.print(f"run directory: {run_dir} ({format_bytes(result.summary['storage']['run_dir_bytes'])} on disk)")

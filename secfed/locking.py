@@ -44,16 +44,25 @@ def exclusive(path: Path, wait: float = 0.0, busy: Callable[[], Exception] | Non
         os.close(held)  # releases the lock
 
 
+FOLDER_LOCK = ".lock"  # where a folder that cannot be locked itself is locked instead
+
+
 @contextlib.contextmanager
 def exclusive_folder(folder: Path, busy: Callable[[], Exception]) -> Iterator[None]:
     """Hold an exclusive lock on ``folder`` itself (its own inode: nothing is written into it, so a
-    killed holder leaves nothing behind) while the block runs; held by another process: ``busy()``."""
+    killed holder leaves nothing behind) while the block runs; held by another process: ``busy()``.
+    Where a folder cannot be locked (NFS emulates flock with byte-range locks, which need a descriptor
+    open for writing: review), a lock file in it, :data:`FOLDER_LOCK`, stands in."""
     held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise busy() from None
+        except OSError:  # EBADF, ENOLCK, EINVAL: not lockable as a folder
+            with exclusive(folder / FOLDER_LOCK, busy=busy):
+                yield
+            return
         yield
     finally:
         os.close(held)

@@ -36,6 +36,7 @@ scores its own query/gallery).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import stat
@@ -472,13 +473,17 @@ def claimed_run_dir(run_dir: Path, *, fresh: bool, marker: str = "config.json") 
                 raise ConfigError("run.name", f"{run_dir} already holds a run: continue it with --resume {run_dir}, "
                                   "or give another --name")
             yield
-        except Exception:
+        except BaseException:  # Ctrl-C too (found by review: a run interrupted while building left its folders)
             if not any(run_dir.rglob("config.json")):
-                if made is not None:
-                    shutil.rmtree(made, ignore_errors=True)
-                elif was_empty:
-                    for child in run_dir.iterdir():
-                        shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+                for child in run_dir.iterdir():
+                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+                if made is not None:  # the folders made here, from the run's up, each only while empty: a parent
+                    # another run started in meanwhile is never touched (found by review: it was removed whole)
+                    for folder in [run_dir, *run_dir.parents]:
+                        if folder == made.parent:
+                            break
+                        with contextlib.suppress(OSError):
+                            folder.rmdir()
             raise
 
 

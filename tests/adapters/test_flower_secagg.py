@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -467,13 +466,7 @@ def test_two_live_nodes_proving_one_identity_are_named_and_a_restart_is_not(depl
     assert flow.enrol(grid, [1000, 1001]) == {1000: cohort.sites["site-0"], 1001: cohort.sites["site-1"]}
     # node 1003 proving site-0's key looks like site-0's SuperNode restarted under a new id: it takes over
     assert flow.enrol(grid, [1003]) == {1003: cohort.sites["site-0"]} and 1000 not in flow.identities
-    # ... and the old one answering again is a rolling restart's for a grace: the new one keeps the identity
-    # (review of the fix: the run stopped); past the grace, two live nodes stop the run
-    assert flow.enrol(grid, [1000]) == {} and flow.identities[1003] == cohort.sites["site-0"]
-    from secfed.adapters.flower import workflow as workflow_module
-    later = workflow_module.time.monotonic() + 121  # SECURITY.md's 120 s, by the default (review: untested)
-    with mock.patch.object(workflow_module.time, "monotonic", return_value=later), \
-            pytest.raises(IdentityClash, match="1003 and 1000 both prove site-0"):
+    with pytest.raises(IdentityClash, match="1003 and 1000 both prove site-0"):  # ... until the old one answers
         flow.enrol(grid, [1000])
     with pytest.raises(IdentityClash, match="site-0"):  # two at once, on a fresh server
-        SecAggWorkflow(cohort=cohort, clash_grace=0.0).enrol(grid, [1000, 1002, 1003])
+        SecAggWorkflow(cohort=cohort).enrol(grid, [1000, 1002, 1003])

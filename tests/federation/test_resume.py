@@ -255,3 +255,41 @@ def test_one_process_at_a_time_trains_in_a_run_directory(tiny_config: RunConfig,
     # the lock is the folder's own: a run killed while it held it left nothing in it (review of the fix: a
     # lock file left behind made the folder "not empty" for a fresh start and config-less for --resume)
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.json"]
+
+
+def test_a_refused_run_removes_only_what_it_made_and_never_a_live_neighbour(tmp_path: Path, monkeypatch) -> None:
+    """(review of the fix) A run refused while building removed the topmost folder it made — a shared
+    --out another run had started in meanwhile, that run's checkpoints and all; Ctrl-C while building
+    left its folders; and a folder NFS cannot flock stopped every run with a traceback."""
+    import errno
+    import fcntl
+    import stat
+
+    from secfed import locking
+    from secfed.config import ConfigError
+    from secfed.federation.runtime import claimed_run_dir
+
+    out = tmp_path / "new-out"
+    with pytest.raises(RuntimeError):
+        with claimed_run_dir(out / "a", fresh=True):
+            with claimed_run_dir(out / "b", fresh=True):  # another run, started meanwhile in the same --out
+                (out / "b" / "config.json").write_text("{}")
+            raise RuntimeError("refused while building")
+    assert sorted(p.name for p in out.iterdir()) == ["b"] and (out / "b" / "config.json").exists()
+    with pytest.raises(KeyboardInterrupt):
+        with claimed_run_dir(tmp_path / "x" / "y", fresh=True):
+            raise KeyboardInterrupt
+    assert not (tmp_path / "x").exists()
+
+    real = fcntl.flock
+
+    def no_folder_locks(fd: int, operation: int) -> None:  # NFS: flock on a folder's descriptor fails
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real(fd, operation)
+
+    monkeypatch.setattr(locking.fcntl, "flock", no_folder_locks)
+    with claimed_run_dir(tmp_path / "nfs", fresh=True):
+        with pytest.raises(ConfigError, match="in use by another secfed process"):
+            with claimed_run_dir(tmp_path / "nfs", fresh=True):
+                pass

@@ -19,7 +19,7 @@ the session's identity keys are those. Nodes outside the cohort take no part. Th
 on the run's first app message (:meth:`SecAggWorkflow.challenges` / :meth:`~SecAggWorkflow.accept`:
 ``secfed train --flower`` sends it with its hello), so enrolment costs no round trip of its own.
 A node that restarted comes back under a new node id and takes its identity over; two live nodes
-proving one identity past ``clash_grace`` raise :class:`IdentityClash`.
+proving one identity raise :class:`IdentityClash`.
 
 Pipelining (``aggregate(..., next_round=NextRound(nodes, encoding, round))``): when the caller
 knows the next aggregation's nodes and encoding at this one's unmask, the next session's key
@@ -84,10 +84,10 @@ log = logging.getLogger("secfed.flower")
 
 
 class IdentityClash(RuntimeError):
-    """Two live SuperNodes prove one site's identity key past the workflow's ``clash_grace``: a copied
-    state folder, or a stolen key. The server cannot tell which is the site, so the run stops (found by
-    review: the two displaced each other at every enrolment, and the run waited until its start timeout
-    without saying why)."""
+    """Two live SuperNodes prove one site's identity key: a copied state folder, a stolen key, or a
+    restart whose old SuperNode still runs. The server cannot tell which is the site, so the run stops
+    (found by review: the two displaced each other at every enrolment, and the run waited until its
+    start timeout without saying why)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,9 +154,7 @@ class SecAggWorkflow:
     ``dropout_rate`` and ``corrupt_fraction``; ``complete=True`` for plain SecAgg).
     ``phase_timeout``: seconds a protocol phase waits for replies; ``input_timeout``: the
     masked-input phase, in which nodes train (default: ``phase_timeout``). ``on_phase(name, nodes)``
-    is called before each phase's messages go out (progress, logging, tests). ``clash_grace``: seconds two
-    live nodes may prove one identity (a rolling restart's old and new SuperNode) before
-    :class:`IdentityClash` stops the run; meanwhile the node that held it keeps it.
+    is called before each phase's messages go out (progress, logging, tests).
     """
 
     def __init__(
@@ -172,7 +170,6 @@ class SecAggWorkflow:
         input_timeout: float | None = None,
         poll_interval: float = 0.2,
         on_phase: Callable[[str, Sequence[int]], None] | None = None,
-        clash_grace: float = 120.0,
     ) -> None:
         if authenticated and cohort is None:
             raise ValueError("authenticated secure aggregation needs the cohort of trusted identity keys "
@@ -185,8 +182,6 @@ class SecAggWorkflow:
         self.input_timeout = input_timeout if input_timeout is not None else phase_timeout
         self.poll_interval = poll_interval
         self.on_phase = on_phase
-        self.clash_grace = clash_grace
-        self._clash_since: dict[bytes, float] = {}  # identity → when two live nodes first proved it
         self.identities: dict[int, bytes] = {}  # node id → enrolled identity key
         self._displaced: dict[int, bytes] = {}  # node id → the identity a newer node proved since
         self.errors: dict[int, str] = {}  # node id → why it refused a message, since the last aggregate began
@@ -216,8 +211,7 @@ class SecAggWorkflow:
 
     def accept(self, replies: Mapping[int, Message], challenges: Mapping[int, ConfigRecord]) -> None:
         """Enrol the nodes whose replies prove an identity of the cohort for their challenge. A node
-        proving an identity another live node proves is not enrolled; past ``clash_grace``,
-        :class:`IdentityClash`."""
+        proving an identity another live node proves raises :class:`IdentityClash`."""
         proven: dict[bytes, int] = {}  # in these replies: identity → node
         for n, reply in replies.items():
             if n not in challenges:
@@ -236,27 +230,17 @@ class SecAggWorkflow:
             # live node answers a challenge, so one displaced proving again, or two proving at once, are two.
             holder = proven.get(key, next((m for m, k in self.identities.items() if k == key and m != n), None))
             if holder is not None and (key in proven or self._displaced.get(n) == key):
-                self._clashed(key, holder, n)
-                continue  # the node that held it keeps it while the grace lasts
+                # no grace: one would let a stolen key speak for the site meanwhile (review of a first one)
+                raise IdentityClash(f"SuperNodes {holder} and {n} both prove {self.cohort.name_of(key)}'s identity "
+                                    "key: two SuperNodes run with one identity (a copied state folder, a stolen key, "
+                                    "or a restart whose old SuperNode still runs: stop it before starting the new "
+                                    "one). Give the site a new key (secfed flower keys) unless it was a copy")
             proven[key] = n
             if holder is not None:
                 log.info("node %s now holds %s's identity (was node %s)", n, self.cohort.name_of(key), holder)
                 del self.identities[holder]
                 self._displaced[holder] = key
             self.identities[n] = key
-
-    def _clashed(self, key: bytes, holder: int, n: int) -> None:
-        """Nodes ``holder`` and ``n`` both live and proving ``key``: said, and past the grace
-        :class:`IdentityClash` (review of the first fix: a rolling restart's two SuperNodes stopped the run)."""
-        name = self.cohort.name_of(key)
-        since = self._clash_since.setdefault(key, time.monotonic())
-        if time.monotonic() - since >= self.clash_grace:
-            raise IdentityClash(f"SuperNodes {holder} and {n} both prove {name}'s identity key: two SuperNodes "
-                                "run with one identity (a copied state folder, or a stolen key). Stop one; give the "
-                                "site a new key (secfed flower keys) unless it was a copy")
-        log.warning("SuperNodes %s and %s both prove %s's identity; node %s keeps it. A rolling restart's old "
-                    "SuperNode should stop within %.0f s, or the run stops", holder, n, name, holder,
-                    self.clash_grace - (time.monotonic() - since))
 
     # ---- one aggregation --------------------------------------------------------------------------
 
