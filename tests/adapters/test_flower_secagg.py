@@ -449,9 +449,19 @@ def test_what_a_node_refuses_with_names_none_of_its_paths(tmp_path):
     said = node_files.public_text("cannot read ../../home/alice/key.pem; /Users/Alice Smith/secfed: denied; "
                                   "cohort file:/home/alice/cohort.toml; PYTHONPATH=/opt/x:/home/alice/lib",
                                   roots=["/Users/Alice Smith"])
-    assert "alice" not in said.lower() and "Smith" not in said and said.count(node_files.PATH_SAID) == 6, said
+    assert "alice" not in said.lower() and "Smith" not in said and said.count(node_files.PATH_SAID) == 5, said
     where = json.loads(node_files.public_text(json.dumps(["site-3", 'cannot open /srv/a"b/c'])))
     assert where[0] == "site-3" and "/srv" not in where[1]
+    # (review of the second fix) file:// URLs, ~user, a relative path of three parts, a root that prefixes
+    # another folder's name; and a relative node-config value (a word of the text) is no root at all
+    roots = node_files.private_roots({node_files.STATE_DIR_KEY: "secfed", "secfed-data-root": "campus"})
+    assert all(r.startswith("/") for r in roots)
+    for leaked in ("file:///home/carol/secret/x.jpg", "~dave/private/keys", "data/erin/bounding_box_train/1.jpg",
+                   "/srv/nodes/alice-state2/keys"):
+        assert node_files.public_text(leaked, ["/srv/nodes/alice-state"]) in (node_files.PATH_SAID,
+                                                                             "file:" + node_files.PATH_SAID), leaked
+    diverged = 'secfed: a site diverged: ["campus", "loss nan"]; for the public set'
+    assert node_files.public_text(diverged, roots) == diverged
 
 
 def test_two_live_nodes_proving_one_identity_are_named_and_a_restart_is_not(deployment, tmp_path):

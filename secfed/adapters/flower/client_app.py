@@ -227,7 +227,8 @@ def _round(step: ConfigRecord, content: RecordDict, context: Context) -> RecordD
     except SiteDiverged as exc:  # the server stops the run, as in-process
         site_host.forget()  # a diverged site's state is not what its folder holds
         if masked:  # leave the round: a zero vector would make the sum the other nodes' alone (found by review)
-            raise node.NodeSetupError(f"{DIVERGED}{json.dumps([exc.where, exc.cause])}") from None
+            # non-ASCII kept as it is: a \u-escape would split a path the node's words are scrubbed of (review)
+            raise node.NodeSetupError(f"{DIVERGED}{json.dumps([exc.where, exc.cause], ensure_ascii=False)}") from None
         return RecordDict({STEP: ConfigRecord({"step": "train", "diverged": json.dumps([exc.where, exc.cause])})})
     uploads, stats, baseline = work.uploads, work.stats, work.baseline
     for k in sites.sites:

@@ -49,43 +49,48 @@ class NodeSetupError(ValueError):
     """A node's state folder, key or cohort file is missing or unusable; names the path."""
 
 
-# A path: absolute, under ~ or relative with ./ or ../ — what a node's error text names on its own machine.
-# The server gets the text without them (public_text); the node's log keeps them.
-_PATH = re.compile(r"(?:~|\.{1,2})?/[^\s:'\"`,;()\[\]{}<>\\]+")
+# A path: absolute, under ~ or ~user, relative with ./ or ../, or relative with two slashes or more (a/b/c) —
+# what a node's error text names on its own machine. The server gets the text without them (public_text);
+# the node's log keeps them. A path ends at a space, a quote, a bracket, a colon or a backslash.
+_END = r"\s:'\"`,;()\[\]{}<>\\"
+_PATH = re.compile(rf"(?:~[\w.-]*|\.{{1,2}})?/[^{_END}]+|[\w.-]+(?:/[\w.-]+){{2,}}/?")
 PATH_SAID = "<a path on the node>"
 
 
 def public_text(text: str, roots: Sequence[str] = ()) -> str:
-    """``text`` as a node says it to the server: its ``roots`` (the node's folders, e.g.
-    :func:`private_roots`; spaces and all) and then every path replaced by :data:`PATH_SAID` — not a
-    URL's //host, a ratio such as 1/2 or and/or (found by review: a node's refusal carried its folders,
-    its user name among them, to the server's log)."""
-    for root in sorted({r for r in roots if len(r) > 1}, key=len, reverse=True):
-        text = text.replace(root, PATH_SAID)
+    """``text`` as a node says it to the server: its ``roots`` (absolute folders, e.g. :func:`private_roots`,
+    spaces and all, each up to a path's end) and then every path replaced by :data:`PATH_SAID` — not a
+    URL's //host (a ``file://`` URL's path is), a ratio such as 1/2, or and/or. Found by review: a node's
+    refusal carried its folders, its user name among them, to the server's log; then relative roots
+    replaced the words of the text that happened to spell them."""
+    for root in sorted({r.rstrip("/") for r in roots if r.startswith("/") and len(r.rstrip("/")) > 1},
+                       key=len, reverse=True):
+        text = re.sub(re.escape(root) + rf"(?:/[^{_END}]*)?(?=[{_END}]|$)", PATH_SAID, text)
 
     def said(match: re.Match[str]) -> str:
         before = text[match.start() - 1] if match.start() else " "
-        if before.isalnum() or before in "_/.~-" or (before == ":" and match.group().startswith("//")):
+        url = before == ":" and match.group().startswith("//") and not text[:match.start()].endswith("file:")
+        if before.isalnum() or before in "_/.~-" or url:
             return match.group()  # a word's slash (and/or, 1/2), or a URL's authority
         return PATH_SAID
 
-    return _PATH.sub(said, text)
+    return re.sub(f"(?:{re.escape(PATH_SAID)})+", PATH_SAID, _PATH.sub(said, text))
 
 
 def private_roots(node_config: Mapping[str, object]) -> list[str]:
-    """The folders a node's error text may name, as given and resolved: its state folder, data and public
-    roots (node config), home, working and temporary folders."""
+    """The absolute folders a node's error text may name, as given and resolved: its state folder, data
+    and public roots (node config), home, working and temporary folders."""
     named = [node_config.get(k) for k in (STATE_DIR_KEY, "secfed-data-root", "secfed-public-root")]
     found = [str(v) for v in named if isinstance(v, str) and v]
     # where state_dir() puts it, made or not; any of them may be unknowable (no home, a deleted cwd)
     for where in (Path.home, os.getcwd, tempfile.gettempdir, default_state_dir):
         with contextlib.suppress(OSError, RuntimeError, KeyError):
             found.append(str(where()))
-    resolved = []
+    out = []
     for r in found:
         with contextlib.suppress(OSError, RuntimeError, ValueError):
-            resolved.append(str(Path(r).expanduser().resolve()))
-    return [r for r in [*found, *resolved] if r not in ("/", ".")]
+            out += [str(Path(r).expanduser().absolute()), str(Path(r).expanduser().resolve())]
+    return sorted({r for r in out if r != "/"})
 
 
 def yes(value: object) -> bool:
