@@ -54,7 +54,7 @@ def test_recorded_uploads_weigh_well_under_a_model_per_file(recorded_run: Path) 
 def test_a_quick_audit_writes_its_report_and_gates_on_the_verdict(recorded_run: Path, tmp_path: Path) -> None:
     before = _files(recorded_run)
     out = tmp_path / "report"
-    code, stdout, output = _audit(str(recorded_run), "--budget", "quick", "--time-limit", "15", "--out", str(out),
+    code, stdout, output = _audit(str(recorded_run), "--budget", "quick", "--time-limit", "10", "--out", str(out),
                                   "--json", "--save-images", "--fail-on", "inconclusive")
     report = json.loads(stdout)
     verdicts = report["verdicts"]

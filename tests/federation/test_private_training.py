@@ -290,7 +290,7 @@ def test_summary_says_whom_each_epsilon_protects_against_and_not_private(two_sit
     cfg.run.local_baseline = False
     cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 2 / 3
     cfg.privacy.dp_sgd, cfg.privacy.dp_sgd_noise_multiplier = True, 1.0
-    cfg.schedule.batch_size = 24  # fewer DP-SGD steps: each draws noise for all 11 M weights
+    cfg.schedule.batch_size = 64  # fewer DP-SGD steps: each draws noise for all 11 M weights
     cfg.privacy.reproducible_noise = True
     result = run(cfg, tmp_path / "r")
     privacy = json.loads((tmp_path / "r" / "summary.json").read_text())["privacy"]

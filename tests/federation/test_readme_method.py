@@ -61,7 +61,7 @@ def test_the_readme_method_trains_under_dp_sgd(two_site_config: RunConfig, tmp_p
         cfg.run.local_baseline = False
         cfg.privacy.dp_sgd = True
         cfg.privacy.dp_sgd_noise_multiplier = 1.0
-        cfg.schedule.batch_size = 24  # fewer steps: each draws secure noise for all 11 M weights
+        cfg.schedule.batch_size = 64  # fewer steps: each draws secure noise for all 11 M weights
         result = run(cfg, tmp_path / "dp")
     finally:
         METHODS.pop("fedprox", None)
