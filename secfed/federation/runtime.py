@@ -474,7 +474,7 @@ def claimed_run_dir(run_dir: Path, *, fresh: bool, marker: str = "config.json") 
                                   "or give another --name")
             yield
         except BaseException:  # Ctrl-C too (found by review: a run interrupted while building left its folders)
-            if not any(run_dir.rglob("config.json")):
+            if (made is not None or was_empty) and not any(run_dir.rglob("config.json")):
                 for child in run_dir.iterdir():
                     shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
                 if made is not None:  # the folders made here, from the run's up, each only while empty: a parent

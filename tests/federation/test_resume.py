@@ -280,6 +280,13 @@ def test_a_refused_run_removes_only_what_it_made_and_never_a_live_neighbour(tmp_
         with claimed_run_dir(tmp_path / "x" / "y", fresh=True):
             raise KeyboardInterrupt
     assert not (tmp_path / "x").exists()
+    kept = tmp_path / "kept"  # a folder that held something before is never touched
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    with pytest.raises(RuntimeError):
+        with claimed_run_dir(kept, fresh=True):
+            raise RuntimeError("refused while building")
+    assert (kept / "notes.txt").read_text() == "mine"
 
     real = fcntl.flock
 
