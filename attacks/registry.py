@@ -28,7 +28,7 @@ from secfed.attacks.targets import attack_dfs, attack_update, attack_weights
 from secfed.attacks.verdict import AttackResult, Verdict, target_verdict
 from secfed.federation import recording
 from secfed.federation.messages import MODEL
-from secfed.models.reid import MappedReIDModel
+from secfed.models.reid import ReIDModel
 
 
 @dataclass
@@ -65,6 +65,14 @@ class AuditContext:
     seed: int
     shares_dfs: bool
     attack: str = "all"  # --attack: which attacks a target runs (inversion, membership, all)
+
+
+def identity_head(model: torch.nn.Module) -> torch.nn.Module:
+    """What maps the model's embedding to identities: the classifier, after the neck where the embedding
+    stops before it — FedReID's mapping network, and DFH's neck (its retrieval feature is pool-5; found by
+    review: DFH's classifier was applied to the pool-5 feature, the neck skipped, the sizes agreeing)."""
+    return torch.nn.Sequential(model.neck, model.classifier) if type(model).embed is not ReIDModel.embed \
+        else model.classifier
 
 
 class Target:
@@ -179,9 +187,7 @@ class WeightsTarget(Target):
         bn_shared = any(n.endswith(".running_mean") for n in run.fed.layout.names)
         head_shared = _head_shared(run)
         site = run.fed.clients[k].site
-        # what maps the model's embedding to identities (FedReID's embedding skips its local mapping network)
-        head = torch.nn.Sequential(model.neck, model.classifier) if isinstance(model, MappedReIDModel) \
-            else model.classifier
+        head = identity_head(model)
         facts = [f"global model after round {run.rounds_done}"]
         common = dict(model=model, judge=ctx.weights_judge, client_images=ctx.where[k], bn_shared=bn_shared,
                       head_labels=site.labels, budget=ctx.budget, seed=ctx.seed)

@@ -81,6 +81,11 @@ class PoolFiveReIDModel(ReIDModel):
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         return self.backbone(images)
 
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        # the logits DFH trains (backbone → neck → classifier); the inherited forward, classifier(embed),
+        # skipped the neck, the sizes agreeing (found by review)
+        return self.classifier(self.neck(self.backbone(images)))
+
 
 # ---- client: statistics, hallucination, the loss ----------------------------------------------------
 

@@ -116,3 +116,18 @@ def test_every_method_s_model_can_be_attacked(toy_config: RunConfig, algorithm: 
         out = deep_inversion(model, images=2, image_shape=(3, 32, 16), iterations=3, restarts=1,
                              stopwatch=Stopwatch(30), head=head, targets=torch.tensor([0, 1]))
         assert out.iterations == 3 and out.images.shape == (2, 3, 32, 16)
+
+
+def test_the_identity_head_follows_the_embedding_through_the_neck_where_the_embedding_stops_before_it(
+        toy_config: RunConfig) -> None:
+    """(found by review: DFH's classifier was applied to its pool-5 feature, the shared neck skipped —
+    the sizes agree, so nothing said so) FedPav's embedding includes its neck; FedReID's and DFH's do not."""
+    from secfed.attacks.registry import identity_head
+
+    for algorithm, through_neck in (("fedpav", False), ("fedreid", True), ("dfh", True)):
+        toy_config.method.algorithm = algorithm
+        model = base_method(toy_config).build_model(3).eval()
+        x = torch.randn(2, 3, 32, 16)
+        with torch.no_grad():
+            assert torch.equal(identity_head(model)(model.embed(x)), model(x)), algorithm
+        assert isinstance(identity_head(model), torch.nn.Sequential) == through_neck
