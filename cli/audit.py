@@ -6,6 +6,7 @@ run really exposes, 2 on usage errors (flags, a missing or unreadable run).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -25,9 +26,11 @@ class AuditUsageError(click.ClickException):
     exit_code = 2
 
 
-def _check_writable(folder: Path, named: str) -> None:
+def _check_writable(folder: Path, named: str) -> list[Path]:
     """Refuse a report folder that cannot be written before the attacks run, not after (found by review:
-    `--out /proc/nope` spent the whole audit, then stopped with a traceback and lost it)."""
+    `--out /proc/nope` spent the whole audit, then stopped with a traceback and lost it); the folders
+    made to check it, deepest first (removed again if the audit is refused)."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -35,6 +38,13 @@ def _check_writable(folder: Path, named: str) -> None:
     except (OSError, ValueError) as exc:
         raise AuditUsageError(f"{named}: cannot write the report into {folder}: "
                               f"{getattr(exc, 'strerror', None) or exc}") from None
+    return made
+
+
+def _unmake(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first, each only while empty
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 @click.command("audit")
@@ -88,13 +98,15 @@ def audit_command(run: Path, attack: str, target: str | None, round_: int | None
     console = human_console(json_output)
     log = human_console(True)
     set_threads(threads)
-    _check_writable(out or Path("audits"), "--out" if out else "the current folder's audits/")
+    made = _check_writable(out or Path("audits"), "--out" if out else "the current folder's audits/")
     request = AuditRequest(run, attack, target, round_, client, budget, time_limit, device, data_root, seed)
     try:
         report = run_audit(request, progress=lambda message: log.print(f"[dim]{message}[/]"), started=started)
     except AuditError as exc:
+        _unmake(made)  # a refused audit leaves no empty report folder behind
         raise AuditUsageError(str(exc)) from None
     except (ConfigError, DataError, PretrainedWeightsUnavailable) as exc:
+        _unmake(made)
         raise AuditUsageError(f"{run}: {exc}") from None
     folder = out or Path("audits") / f"{report.run['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(verdict_table(report))  # before the files: a folder that fails now still shows the verdicts
