@@ -88,6 +88,7 @@ import bench_methods  # noqa: E402
 
 from secfed import atomic_file  # noqa: E402
 from secfed.environment import describe, environment  # noqa: E402
+from secfed.evaluation.report import is_finite_number  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
@@ -750,7 +751,7 @@ def row_damage(row: dict[str, Any]) -> str | None:
     if type(seed) is not int or seed < 0:
         return f"seed {seed!r} is not a whole number ≥ 0"
     scale = row.get("lr_scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+    if not is_finite_number(scale) or scale <= 0:
         return f"lr_scale {scale!r} is not a number > 0"
     for field in ("domains", "unseen"):
         entries = row.get(field, [])
@@ -758,8 +759,7 @@ def row_damage(row: dict[str, Any]) -> str | None:
                                                     for e in entries):
             return f"{field} is not a list of named domains"
         for e in entries:
-            bad = [k for k, v in e.items() if k != "name" and (isinstance(v, bool) or not isinstance(v, (int, float))
-                                                               or not math.isfinite(v))]
+            bad = [k for k, v in e.items() if k != "name" and not is_finite_number(v)]
             if bad:
                 return f"{field} {e['name']!r}: {', '.join(bad)} not a finite number"
     validation = row.get("validation", False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import numbers
 import os
 from collections.abc import Iterable, Mapping
@@ -21,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from secfed import atomic_file
+from secfed.evaluation.report import is_finite_number
 
 _METRICS = (("rank1", "rank-1"), ("mAP", "mAP"))
 _SOURCES = (("eval", "federated", "-"), ("eval_local", "local-only", "--"))
@@ -157,7 +157,7 @@ def _curves(records: list[Mapping[str, Any]], source: str) -> dict[str, dict[str
                 points = curves.setdefault(kind, {}).setdefault(str(domain), {key: [] for key, _ in _METRICS})
                 for key, _ in _METRICS:
                     value = metrics.get(key) if isinstance(metrics, Mapping) else None
-                    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                    if not is_finite_number(value):
                         raise ValueError(
                             f"{where} (round {rnd}): {kind}[{domain!r}][{key!r}] must be a number, got {value!r}"
                         )

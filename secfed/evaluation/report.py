@@ -230,11 +230,13 @@ def privacy_cell(privacy: Mapping[str, Any]) -> str:
     return _model_cell(privacy) + "".join(
         f"; DFS: identity-level ε = {g['released_models']:.3g} (δ = {g['delta']:.2g}) vs whoever sees the DFS"
         for g in privacy.get("epsilon_against", ()) if isinstance(g, Mapping)
-        and g.get("guarantee") == DFS_GUARANTEE and _real(g.get("released_models")) and _real(g.get("delta")))
+        and g.get("guarantee") == DFS_GUARANTEE and is_finite_number(g.get("released_models"))
+        and is_finite_number(g.get("delta")))
 
 
-def _real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def is_finite_number(value: object) -> bool:
+    """A real number that is finite, not a bool: what a score, an ε or a δ read from a file must be."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _model_cell(privacy: Mapping[str, Any]) -> str:
