@@ -165,6 +165,20 @@ def test_compare_prints_each_run_and_writes_the_plot(tracked: Path, tmp_path: Pa
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_compare_says_a_mean_is_over_fewer_domains_when_a_site_left_its_score_out(
+        tracked: Path, tmp_path: Path) -> None:
+    """(found by review: a run whose site did not answer averaged fewer domains, unmarked)"""
+    other = tmp_path / "other"
+    shutil.copytree(tracked, other)
+    summary = json.loads((other / "summary.json").read_text())
+    summary["domains"][0]["rank1"] = summary["domains"][0]["mAP"] = None
+    (other / "summary.json").write_text(json.dumps(summary))
+    n = len(summary["domains"])
+    [mean] = [line for line in invoke(["compare", str(tracked), str(other), "--plot", str(tmp_path / "p.png")]
+                                      ).output.splitlines() if "mean, seen domains" in line]
+    assert mean.count("domains)") == 1 and f"({n - 1} of {n} domains)" in mean
+
+
 def test_compare_shows_each_runs_score_in_its_own_role_when_a_domain_is_seen_by_one_and_unseen_by_another(
         tracked: Path, tmp_path: Path) -> None:
     """(found by review: rows keyed by name alone showed a run's unseen score as seen, another's seen as

@@ -204,10 +204,13 @@ def comparison_figure(runs: list[ComparedRun]) -> Figure:
     axes[0].legend(fontsize="small")
     for run in runs:
         rounds, means = [], []
-        for record in run.history:
-            seen = [v["rank1"] for name, v in (record.get("eval") or {}).items()
-                    if name in run.domains and v is not None and v.get("rank1") is not None]
-            if seen:
+        scored = [{name: v["rank1"] for name, v in (record.get("eval") or {}).items()
+                   if name in run.domains and v is not None and v.get("rank1") is not None}
+                  for record in run.history]
+        ever = set().union(*scored)
+        for record, seen in zip(run.history, (list(s.values()) for s in scored)):
+            # a round a site did not answer is a gap, not a mean over fewer domains (found by review)
+            if seen and len(seen) == len(ever):
                 rounds.append(record["round"])
                 means.append(100 * sum(seen) / len(seen))
         axes[2].plot(rounds, means, marker="o", label=_text(run.label))

@@ -2,8 +2,8 @@
 
 The protocol (Zheng et al., ICCV 2015; torchreid's ``eval_market1501``):
 
-* the gallery is ranked by cosine distance ``1 − q·g`` between L2-normalised features, computed in
-  float64 and rounded to float32 (see ``_cosine``); equal distances keep gallery
+* the gallery is ranked by cosine distance ``1 − q·g`` between L2-normalised features, the
+  similarity computed in float64 and rounded to float32 (see ``_cosine``); equal distances keep gallery
   order (the order a stable sort gives), so results are deterministic;
 * gallery images of the query's identity taken by the query's camera are removed ("junk");
   every other image, distractors included, stays in the ranking — a pid of −1 too, which the
@@ -34,6 +34,7 @@ Array = np.ndarray | torch.Tensor
 # Distance entries per block of queries: 2^23 float32 = 32 MiB (its float64 product 64 MiB while it is
 # rounded), plus a sorted copy of the same size.
 _BLOCK_ELEMENTS = 1 << 23
+_DEFAULT_MAX_RANK = 50
 _REPORTED_RANKS = (1, 5, 10)  # the fields of RetrievalScores; max_rank must cover them
 
 
@@ -78,7 +79,7 @@ def cmc_map(
     query_camids: Array,
     gallery_camids: Array,
     *,
-    max_rank: int = 50,
+    max_rank: int = _DEFAULT_MAX_RANK,
     chunk_size: int | None = None,
 ) -> RetrievalScores:
     """Rank-1/5/10, the CMC curve up to ``max_rank`` and mAP from query and gallery features.
@@ -104,15 +105,14 @@ def cmc_map_from_distances(
     query_camids: Array,
     gallery_camids: Array,
     *,
-    max_rank: int = 50,
+    max_rank: int = _DEFAULT_MAX_RANK,
     chunk_size: int | None = None,
 ) -> RetrievalScores:
     """The same protocol on a precomputed (num_query × num_gallery) distance matrix (smaller = closer)."""
     d = distmat.detach().cpu().numpy() if isinstance(distmat, torch.Tensor) else np.asarray(distmat)
     if d.ndim != 2 or d.shape[0] == 0 or d.shape[1] == 0:
         raise ValueError(f"distmat must be a non-empty 2-D (query × gallery) matrix, got shape {d.shape}")
-    if d.dtype not in (np.float32, np.float64):
-        d = d.astype(np.float64 if d.dtype.itemsize > 4 else np.float32)
+    d = _exact_distances(d)
     rows = _block_rows(d.shape[0], d.shape[1], chunk_size)
     blocks = (_finite(d[start : start + rows]) for start in range(0, d.shape[0], rows))
     same_id = _SameIdentity.build(query_pids, gallery_pids, query_camids, gallery_camids, *d.shape)
@@ -141,6 +141,7 @@ class _SameIdentity:
     index: np.ndarray  # (num_query, m) gallery index; 0 in padding slots
     match: np.ndarray  # (num_query, m) same identity, other camera: a true match
     junk: np.ndarray  # (num_query, m) same identity, same camera: removed from the ranking
+    num_gallery: int
 
     @classmethod
     def build(
@@ -165,12 +166,15 @@ class _SameIdentity:
         filled = slot < size[:, None]
         index = by_pid[np.where(filled, starts[group][:, None] + slot, 0)]
         same_camera = g_cams[index] == q_cams[:, None]
-        return cls(index=index, match=filled & ~same_camera, junk=filled & same_camera)
+        return cls(index=index, match=filled & ~same_camera, junk=filled & same_camera, num_gallery=num_gallery)
 
 
 def _score(blocks: Iterable[np.ndarray], same_id: _SameIdentity, max_rank: int) -> RetrievalScores:
     if isinstance(max_rank, bool) or not isinstance(max_rank, int) or max_rank < max(_REPORTED_RANKS):
         raise ValueError(f"max_rank must be an integer ≥ {max(_REPORTED_RANKS)}, got {max_rank!r}")
+    if max_rank > max(_DEFAULT_MAX_RANK, same_id.num_gallery):  # (found by review: 10^10 asked for 75 GiB)
+        raise ValueError(f"max_rank {max_rank} is beyond the gallery's {same_id.num_gallery} images, where "
+                         "the CMC curve is flat: ask for at most that many")
     num_query = len(same_id.index)
     first_hit = np.empty(num_query, dtype=np.int64)  # kept-ranking position of the best true match
     precision_sum = np.empty(num_query, dtype=np.float64)  # Σ over true matches of precision there
@@ -192,7 +196,9 @@ def _score(blocks: Iterable[np.ndarray], same_id: _SameIdentity, max_rank: int) 
             f"none of the {num_query} queries has a true match in the gallery (same identity, other "
             "camera): check that query and gallery ids and camera ids come from the same dataset"
         )
-    cmc = (first_hit[valid, None] < np.arange(1, max_rank + 1)).mean(axis=0)
+    # the curve from counts, not a queries × max_rank table
+    hits = np.bincount(np.minimum(first_hit[valid], max_rank), minlength=max_rank + 1)[:max_rank]
+    cmc = np.cumsum(hits) / num_valid
     cmc.setflags(write=False)
     mean_ap = float(np.mean(precision_sum[valid] / num_matches[valid]))
     return RetrievalScores(
@@ -256,8 +262,8 @@ def _features(features: Array, name: str) -> torch.Tensor:
         x = features.detach()
     else:
         a = np.asarray(features)
-        if a.dtype.kind != "f":
-            raise ValueError(f"{name} must be floating point, got {a.dtype}")
+        if a.dtype.kind != "f" or a.dtype.itemsize > 8:
+            raise ValueError(f"{name} must be floating point of at most 64 bits, got {a.dtype}")
         x = torch.from_numpy(a)
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(
@@ -296,18 +302,45 @@ def _normalized_pair(q: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, to
             f"query_features have dimension {q.shape[1]} but gallery_features have {g.shape[1]}"
         )
     dtype = torch.float32 if q.device.type == "mps" else torch.float64  # MPS has no float64
-    return F.normalize(q.to(dtype), dim=1), F.normalize(g.to(device=q.device, dtype=dtype), dim=1)
+    return _unit_rows(q.to(dtype)), _unit_rows(g.to(device=q.device, dtype=dtype))
+
+
+def _unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row divided by its largest magnitude first, so its norm is ≥ 1 and nothing underflows:
+    ``F.normalize`` alone leaves a row of norm below its eps (1e-12) short of unit length, which pulled
+    a tiny but parallel feature to distance ≈ 1 (found by review). An all-zero row stays zero."""
+    scale = x.abs().amax(dim=1, keepdim=True)
+    return F.normalize(x / torch.where(scale > 0, scale, torch.ones_like(scale)), dim=1)
 
 
 def _cosine(q: torch.Tensor, g: torch.Tensor) -> np.ndarray:
-    """``1 − q·g`` for one block of queries, in float64 and then rounded to float32, whatever the
-    features' precision: a product rounds differently for a block of one query than for a block of many,
-    so two gallery images at exactly equal distance could swap with the blocking, and a query's score
-    with the queries scored beside it (found by review: 238 of 2000 integer-valued draws in float32,
-    every one in float64). The float64 product's differences lie far below float32's step and vanish in
-    the rounding; float32 distances still resolve 1e-7, far finer than any two features differ."""
+    """``1 − q·g`` for one block of queries: the similarity computed in float64, rounded to float32,
+    then subtracted from 1. A product rounds differently for a block of one query than for a block of
+    many, so two gallery images at exactly equal distance could swap with the blocking, and a query's
+    score with the queries scored beside it (found by review: 238 of 2000 integer-valued draws in
+    float32, every one in float64). Rounding the *similarity* puts every value on float32's grid near 1
+    (steps of 6e-8), where the float64 product's differences (≈ 1e-16) vanish — rounding the distance
+    did not: near 0 float32 resolves 1e-45, so identical or parallel features came out at
+    ±1e-16 by column and the ranking of a collapsed model's gallery depended on the blocking (found by
+    review). A value within 1e-16 of a float32 rounding boundary can still go either way (odds ≈ 1e-9
+    per pair); float32 steps still resolve features far finer than any two a model tells apart."""
     with torch.inference_mode():
-        return (1.0 - q @ g.T).to(torch.float32).cpu().numpy()
+        return (1.0 - (q @ g.T).to(torch.float32)).cpu().numpy()
+
+
+def _exact_distances(d: np.ndarray) -> np.ndarray:
+    """Distances in a dtype that ranks them as given: integers stay integers (int32 → float32 and
+    int64 → float64 merged distances 2^24 + 1 and 2^24, found by review), half floats widen exactly;
+    what cannot be ranked without loss is refused by name."""
+    if d.dtype in (np.float32, np.float64, np.int64):
+        return d
+    if d.dtype.kind == "f" and d.dtype.itemsize < 4:
+        return d.astype(np.float32)
+    if d.dtype.kind == "i" or (d.dtype.kind == "u" and d.dtype.itemsize < 8):
+        return d.astype(np.int64)
+    if d.dtype.kind == "u" and (d.size == 0 or int(d.max()) < 2**63):
+        return d.astype(np.int64)
+    raise ValueError(f"distmat must hold real numbers of at most 64 bits, got dtype {d.dtype}")
 
 
 def _finite(block: np.ndarray) -> np.ndarray:

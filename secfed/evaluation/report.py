@@ -248,4 +248,19 @@ def _model_cell(privacy: Mapping[str, Any]) -> str:
                 + (f" with ≤ {privacy['colluders']} colluding clients" if "colluders" in privacy else ""))
     if privacy["mechanism"] == "beta":
         return "β noise, no formal guarantee"
-    return "no client-level DP" + (" (example-level DP-SGD per client, below)" if "dp_sgd" in privacy else "")
+    return "no client-level DP" + _dp_sgd_cell(privacy)
+
+
+def _dp_sgd_cell(privacy: Mapping[str, Any]) -> str:
+    """The largest example-level DP-SGD ε of any one model, and of any client over both its models (found by
+    review: the cell pointed "below" to figures the comparison never showed)."""
+    models = [dp for dp in (privacy.get("dp_sgd") or {}).values() if isinstance(dp, Mapping)
+              and is_finite_number(dp.get("epsilon")) and is_finite_number(dp.get("delta"))]
+    if not models:
+        return ""
+    both = [c for c in (privacy.get("dp_sgd_per_client") or {}).values() if isinstance(c, Mapping)
+            and is_finite_number(c.get("epsilon"))]
+    return (f"; example-level DP-SGD: ε ≤ {max(dp['epsilon'] for dp in models):.3g} "
+            f"(δ = {max(dp['delta'] for dp in models):.2g}) per model"
+            + (f", ≤ {max(c['epsilon'] for c in both):.3g} per client over its federated and local-only models"
+               if both else ""))

@@ -20,7 +20,7 @@ from secfed.config import ConfigError, RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.federation.builder import check_overlaps, make_shards, resolve_data
 from secfed.federation.runtime import RATES, Reporter, claimed_run_dir, run
-from secfed.privacy.adversary import DFS_GUARANTEE
+from secfed.privacy import adversary
 from secfed.validation import check
 
 SWEEP_FILE = "sweep.json"
@@ -43,12 +43,16 @@ def composed_privacy(targets: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Each run states its own ε, but a client's data trains every run except the one holding its
     domain out: its ε over the sweep adds up (basic composition: ε and δ sum over the runs it trained
     in) — the client-level ε, and DFH's identity-level DFS ε beside it (found by review: the sweep
-    composed only the first, and a DFS-only sweep stated none). None when no run claims either."""
+    composed only the first, and a DFS-only sweep stated none) — and each client's example-level DP-SGD ε
+    over every model its examples trained (found by review: a DP-SGD sweep stated none). None when no run
+    claims any."""
     client = {t["name"]: (p["epsilon"], p["delta"]) for t in targets
               if (p := t.get("privacy") or {}).get("epsilon") is not None}
     dfs = {t["name"]: (g["released_models"], g["delta"]) for t in targets
-           for g in (t.get("privacy") or {}).get("epsilon_against", []) if g.get("guarantee") == DFS_GUARANTEE}
-    if not client and not dfs:
+           for g in (t.get("privacy") or {}).get("epsilon_against", []) if g.get("guarantee") == adversary.DFS_GUARANTEE}
+    dp_sgd = adversary.dp_sgd_per_client(
+        (who, dp) for t in targets for who, dp in ((t.get("privacy") or {}).get("dp_sgd") or {}).items())
+    if not client and not dfs and not dp_sgd:
         return None
     out: dict[str, Any] = {"composition": "basic: a client's ε and δ add over the runs its data trained in (every "
                                           "run but the one holding its domain out)"}
@@ -62,6 +66,9 @@ def composed_privacy(targets: list[dict[str, Any]]) -> dict[str, Any] | None:
         worst = {"epsilon": max(d["epsilon"] for d in per_domain.values()),
                  "delta": max(d["delta"] for d in per_domain.values()), "per_domain": per_domain}
         out[key] = worst
+    if dp_sgd:  # per client, over every model its examples trained: each run's federated and local-only models
+        out["dp_sgd"] = {"epsilon": max(c["epsilon"] for c in dp_sgd.values()),
+                         "delta": max(c["delta"] for c in dp_sgd.values()), "per_client": dp_sgd}
     if "client_level" in out:  # the figures earlier sweeps recorded at the top
         out.update(epsilon=out["client_level"]["epsilon"], delta=out["client_level"]["delta"],
                    per_domain=out["client_level"]["per_domain"])

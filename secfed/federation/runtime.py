@@ -848,8 +848,16 @@ def privacy_summary(fed: Federation, rounds: int) -> dict[str, Any]:
         out["adjacency"] = plan.adjacency
     published = dp_sgd_published(fed, rounds)
     if published:
-        out["dp_sgd"] = {f"{c.site.name} (federated)": dp for c, dp in published}
-        out["dp_sgd"] |= {f"{fed.baselines[k].name} (local-only)": _dp(dp) for k, dp in fed.baseline_dp.items()}
+        out["dp_sgd"] = {f"{c.site.name}{adversary.FEDERATED}": dp for c, dp in published}
+        out["dp_sgd"] |= {f"{fed.baselines[k].name}{adversary.LOCAL_ONLY}": _dp(dp) for k, dp in fed.baseline_dp.items()}
+        both = {name: c for name, c in adversary.dp_sgd_per_client(out["dp_sgd"].items()).items() if c["models"] > 1}
+        if both:
+            out["dp_sgd_per_client"] = both
+            out["statements"].append(
+                "Each client's examples trained two models here, each accounted above on its own: its federated "
+                "model and its local-only baseline (kept in the run directory). Over both, by basic composition: "
+                + ", ".join(f"{name} ε ≤ {c['epsilon']:.3g} (δ ≤ {c['delta']:.2g})" for name, c in both.items())
+                + ".")
     out["epsilon_against"] = [g.to_dict() for g in guarantees(plan, out)]
     return out
 
@@ -862,7 +870,8 @@ def guarantees(plan: PrivacyPlan, summary: dict[str, Any]) -> list[adversary.Gua
     for who, dp in summary.get("dp_sgd", {}).items():
         assumes = f", {dp['assumes']}" if "assumes" in dp else ""
         out.append(adversary.dp_sgd(f"client {who}, z = {dp['noise_multiplier']:.3g}{assumes}", dp["epsilon"],
-                                    dp["delta"], reproducible=plan.reproducible_noise))
+                                    dp["delta"], reproducible=plan.reproducible_noise,
+                                    local=who.endswith(adversary.LOCAL_ONLY)))
     dfs = adversary.dfs(plan.dfs, reproducible=plan.reproducible_noise)
     return out + ([dfs] if dfs is not None else [])
 

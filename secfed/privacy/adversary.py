@@ -24,6 +24,7 @@ knows the run seed regenerates the noise and the samples.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,6 +38,10 @@ SKELLAM_SERVER = ("the server sees who uploads and only the noised sum; no ampli
                   "claimed, so the ε holds against it")
 DP_SGD_SERVER = ("the server sees at most this client's update; the batches are drawn inside the client from its "
                  "CSPRNG, so the ε holds against it")
+DP_SGD_LOCAL_ONLY = ("the server never sees this model: it trains alone, for comparison, and stays in the run "
+                     "directory")
+LOCAL_ONLY_AUDIENCE = "whoever sees this model (the run directory's checkpoints)"
+FEDERATED, LOCAL_ONLY = " (federated)", " (local-only)"  # how a summary names a client's two DP-SGD models
 DFS_GUARANTEE = "identity-level DFS (DFH), per client"
 DFS_SERVER = "the server sees every client's noised DFS; no amplification by sampling is claimed, so the ε holds against it"
 DFS_AUDIENCE = "whoever sees the DFS (every client, through the broadcast)"
@@ -87,11 +92,28 @@ def client_level(plan: PrivacyPlan, epsilon: float) -> Guarantee:
     return Guarantee(name, plan.delta, epsilon, server, note, released, plan.reproducible_noise)
 
 
-def dp_sgd(who: str, epsilon: float, delta: float, *, reproducible: bool) -> Guarantee:
-    """One client's example-level DP-SGD ε (amplified by its secret Poisson batches)."""
-    return Guarantee(f"example-level DP-SGD, {who}", delta, epsilon, epsilon, DP_SGD_SERVER,
+def dp_sgd(who: str, epsilon: float, delta: float, *, reproducible: bool, local: bool = False) -> Guarantee:
+    """One model's example-level DP-SGD ε (amplified by its client's secret Poisson batches). A ``local``
+    (local-only baseline's) model never reaches the server (found by review: its line said the server
+    sees its update)."""
+    return Guarantee(f"example-level DP-SGD, {who}", delta, epsilon, epsilon,
+                     DP_SGD_LOCAL_ONLY if local else DP_SGD_SERVER,
                      "amplified by Poisson batch sampling inside the client; holds while the batches stay secret",
-                     reproducible)
+                     reproducible, audience=LOCAL_ONLY_AUDIENCE if local else RELEASED_MODELS)
+
+
+def dp_sgd_per_client(models: Iterable[tuple[str, Mapping[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each client's DP-SGD ε over every model its examples trained — its federated model and its
+    local-only baseline, in one run or over a sweep's runs — by basic composition: ε and δ add (found by
+    review: each model's ε was stated, never what the client's examples bear over both)."""
+    out: dict[str, dict[str, float]] = {}
+    for who, dp in models:
+        client = out.setdefault(who.removesuffix(FEDERATED).removesuffix(LOCAL_ONLY),
+                                {"models": 0, "epsilon": 0.0, "delta": 0.0})
+        client["models"] += 1
+        client["epsilon"] += dp["epsilon"]
+        client["delta"] += dp["delta"]
+    return out
 
 
 def dfs(plan: DfsPlan | None, *, reproducible: bool) -> Guarantee | None:
@@ -114,4 +136,4 @@ def statement(mechanism: str, sampling: str) -> str:
     return secret + "Against the server no ε holds: " + CENTRAL_TRUSTS_SERVER.removeprefix("none: ") + "."
 
 
-__all__ = ["Guarantee", "client_level", "dfs", "dp_sgd", "statement"]
+__all__ = ["Guarantee", "client_level", "dfs", "dp_sgd", "dp_sgd_per_client", "statement"]

@@ -167,6 +167,35 @@ def test_a_querys_score_does_not_depend_on_the_queries_scored_beside_it() -> Non
     assert changed == 0
 
 
+def test_parallel_and_identical_features_tie_by_gallery_order_whatever_the_blocking() -> None:
+    """(found by review) Rounding the *distance* to float32 kept the product's ±1e-16 near 0: identical
+    or parallel features (a collapsed model) ranked by which column of the product they fell in, so 799
+    of 1000 draws scored differently with chunk_size=1, and a duplicate later in the gallery could rank
+    first. The similarity is rounded now, and ties keep gallery order."""
+    rng = np.random.default_rng(1)
+    changed = 0
+    for _ in range(40):
+        base = rng.normal(size=64).astype(np.float32)
+        q, g = base * rng.integers(1, 9, (8, 1)), base * rng.integers(1, 9, (40, 1))
+        labels = (np.zeros(8, int), rng.integers(0, 3, 40), np.zeros(8, int), np.ones(40, int))
+        together, alone = cmc_map(q, g, *labels), cmc_map(q, g, *labels, chunk_size=1)
+        changed += (together.mAP, together.cmc.tolist()) != (alone.mAP, alone.cmc.tolist())
+        # every gallery image ties with every other: the scores are those of the gallery order itself
+        in_order = cmc_map_from_distances(np.zeros((8, 40)), *labels)
+        changed += (together.mAP, together.cmc.tolist()) != (in_order.mAP, in_order.cmc.tolist())
+    assert changed == 0
+
+
+def test_a_tiny_feature_is_as_close_as_its_direction_says() -> None:
+    """(found by review) F.normalize's eps left a feature of norm 1e-13 short of unit length: the
+    gallery image parallel to the query came out at distance ≈ 1 and rank-1 was 0."""
+    q = np.array([[1.0, 0.0]])
+    g = np.array([[1e-13, 0.0], [0.0, 1.0]])
+    scores = cmc_map(q, g, [1], [1, 2], [0], [1, 1], max_rank=10)
+    assert scores.rank1 == 1.0
+    assert cosine_distances(q, g)[0, 0] == 0.0
+
+
 def test_scores_object() -> None:
     scores = cmc_map_from_distances(DISTMAT, Q_PIDS, G_PIDS, Q_CAMS, G_CAMS, max_rank=12)
     assert len(scores.cmc) == 12
@@ -197,6 +226,9 @@ def test_scores_object() -> None:
         ({"distmat": np.where(DISTMAT > 0.8, np.nan, DISTMAT)}, "distmat contains NaN"),
         ({"max_rank": 5}, "max_rank must be an integer ≥ 10"),
         ({"chunk_size": 0}, "chunk_size must be a positive integer"),
+        ({"max_rank": 10**10}, "max_rank 10000000000 is beyond the gallery's 6 images"),  # (review: 75 GiB)
+        ({"distmat": DISTMAT > 0.5}, "distmat must hold real numbers of at most 64 bits, got dtype bool"),
+        ({"distmat": DISTMAT.astype(np.longdouble)}, "at most 64 bits, got dtype float128"),
         ({"query_pids": np.array([7, 7, 7, 7])}, "none of the 4 queries has a true match"),
     ],
 )
@@ -223,3 +255,14 @@ def test_bad_features_name_the_argument() -> None:
         cmc_map(qf, np.ones((6, 8), np.int64), *labels)
     with pytest.raises(ValueError, match="query_features must be a non-empty 2-D"):
         cmc_map(qf[0], gf, *labels)
+    with pytest.raises(ValueError, match="gallery_features must be floating point of at most 64 bits"):
+        cmc_map(qf, gf.astype(np.longdouble), *labels)  # (found by review: torch's TypeError)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32])
+def test_integer_distances_rank_exactly(dtype: type) -> None:
+    """(found by review) int32 distances went through float32 and int64 through float64: 2^24 + 1
+    and 2^24 (2^60 + 1 and 2^60) became one value and the nearer image lost its rank."""
+    big = 2**24 if np.dtype(dtype).itemsize == 4 else 2**60
+    distances = np.array([[big + 1, big]], dtype=dtype)  # the second image is nearer: a non-match
+    assert cmc_map_from_distances(distances, [1], [1, 2], [0], [1, 1], max_rank=10).rank1 == 0.0

@@ -103,6 +103,15 @@ def test_a_clients_epsilon_over_the_sweep_adds_up_over_the_runs_its_data_trained
     composed = loo.composed_privacy(dfs_only)
     assert "epsilon" not in composed and composed["dfs"]["per_domain"]["a"] == {"runs": 1, "epsilon": 2.0, "delta": 1e-5}
     assert composed["dfs"]["epsilon"] == 2.0
+    # each client's DP-SGD ε over every model its examples trained, the local-only baselines' included
+    # (found by review: a DP-SGD sweep stated none)
+    dp_sgd = [{"name": held_out, "privacy": {"dp_sgd": {f"{n}{suffix}": {"epsilon": e, "delta": 1e-5}
+                                                        for n, e in trained for suffix in (" (federated)", " (local-only)")}}}
+              for held_out, trained in (("a", [("b", 2.0)]), ("b", [("a", 1.0)]), ("c", [("a", 1.5), ("b", 2.0)]))]
+    composed = loo.composed_privacy(dp_sgd)["dp_sgd"]
+    assert composed["per_client"] == {"b": {"models": 4, "epsilon": 8.0, "delta": 4e-5},
+                                      "a": {"models": 4, "epsilon": 5.0, "delta": 4e-5}}
+    assert (composed["epsilon"], composed["delta"]) == (8.0, 4e-5)
 
 
 def test_a_finished_targets_summary_is_read_typed_or_refused_by_name(tmp_path) -> None:

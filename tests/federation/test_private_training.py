@@ -352,3 +352,36 @@ def test_a_flower_servers_federation_publishes_the_dp_sgd_epsilon_of_secret_coho
     server = build_from_census(cfg, build(cfg, train_images=False, eval_images=False).census)
     published = dp_sgd_published(server, 2)
     assert len(published) == 2 and all(dp["epsilon"] > 0 and "every round" in dp["assumes"] for _, dp in published)
+
+
+def test_a_clients_examples_are_stated_over_both_models_they_train_under_dp_sgd() -> None:
+    """(found by review) Under DP-SGD a client's examples train its federated model and its local-only
+    baseline, each accounted on its own: the run stated each model's ε (4.73 twice), never the 9.46 the
+    examples bear over both; the baseline's line said the server sees its update; `secfed compare`
+    pointed "below" to figures it never showed. (A federation's parts stand in for a DP-SGD run with
+    baselines, ≈ 40 s here; the runs' own summaries are checked by test_the_readme_method_trains_under_dp_sgd.)"""
+    from types import SimpleNamespace as NS
+
+    from secfed.evaluation.report import privacy_cell
+    from secfed.federation.runtime import privacy_summary
+    from secfed.privacy import adversary
+
+    def accounted(epsilon: float) -> NS:
+        return NS(epsilon=lambda: epsilon, delta=1e-5, noise_multiplier=1.0)
+
+    plan = NS(mechanism="none", statements=["no client-level DP"], claims_epsilon=False, reproducible_noise=False,
+              sampling="all", dfs=None)
+    fed = NS(plan=plan, server=NS(privacy=NS(ledger=None)), config=NS(schedule=None),
+             clients=[NS(site=NS(name=n), dp_sgd=accounted(e)) for n, e in (("campus", 2.0), ("gate", 1.5))],
+             baselines={0: NS(name="campus"), 1: NS(name="gate")}, baseline_dp={0: accounted(3.0), 1: accounted(1.0)})
+    summary = privacy_summary(fed, rounds=1)
+    assert summary["dp_sgd_per_client"] == {"campus": {"models": 2, "epsilon": 5.0, "delta": 2e-5},
+                                            "gate": {"models": 2, "epsilon": 2.5, "delta": 2e-5}}
+    assert "campus ε ≤ 5 (δ ≤ 2e-05), gate ε ≤ 2.5" in summary["statements"][-1]
+    lines = {g["guarantee"].split(", z =")[0]: g for g in summary["epsilon_against"]}
+    local, federated = lines["example-level DP-SGD, client campus (local-only)"], lines[
+        "example-level DP-SGD, client campus (federated)"]
+    assert (local["server_note"], local["audience"]) == (adversary.DP_SGD_LOCAL_ONLY, adversary.LOCAL_ONLY_AUDIENCE)
+    assert (federated["server_note"], federated["audience"]) == (adversary.DP_SGD_SERVER, adversary.RELEASED_MODELS)
+    cell = privacy_cell(summary)
+    assert "ε ≤ 3 (δ = 1e-05) per model" in cell and "≤ 5 per client over its federated and local-only" in cell
