@@ -22,7 +22,7 @@ from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.synth import SynthManifest
 from secfed.data.synth_report import image_counts, measured, recorded
 from secfed.data.synth_report import summary as synth_summary
-from secfed.data.types import ReidDataset, Sample
+from secfed.data.types import UNLABELED, ReidDataset, Sample
 from secfed.data.usable import matched_queries
 from secfed.errors import printable
 
@@ -33,9 +33,10 @@ def summarize(dataset: ReidDataset, fmt: str) -> dict:
     """Counts per subset, the shape ``--json`` prints."""
 
     def counts(samples: list[Sample], cameras: bool = True) -> dict[str, int]:
-        out = {"ids": len({s.pid for s in samples}), "images": len(samples)}
+        # an unlabeled image (pid and camid -1) is no identity and no camera (found by review: "ids 1")
+        out = {"ids": len({s.pid for s in samples} - {UNLABELED}), "images": len(samples)}
         if cameras:
-            out["cameras"] = len({s.camid for s in samples})
+            out["cameras"] = len({s.camid for s in samples} - {UNLABELED})
         return out
 
     return {

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -73,7 +75,7 @@ def list_images(folder: Path, skipped: Counter[str]) -> list[Path]:
     A link to an image that is not there is an error, not a skip: the image was meant to be used.
     """
     images: list[Path] = []
-    with os.scandir(folder) as entries:
+    with _scan(folder) as entries:
         for entry in entries:
             is_image = os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES
             try:
@@ -90,10 +92,35 @@ def list_images(folder: Path, skipped: Counter[str]) -> list[Path]:
     return images
 
 
+def list_tree(root: Path, skipped: Counter[str]) -> list[Path]:
+    """Image files anywhere under ``root``, sub-folders included (a folder reached twice through a link
+    is read once), sorted by path; other entries counted as ``not_image`` — what a public set is read as,
+    by `data inspect` and by distillation alike (found by review: one read the top folder, the other
+    every sub-folder)."""
+    images: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        try:
+            st = folder.stat()
+        except OSError as exc:
+            raise DataError(folder, f"cannot be read ({exc.strerror or exc})") from None
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        inside: Counter[str] = Counter()
+        images += list_images(folder, inside)
+        folders = list_subdirs(folder, Counter())
+        pending += folders
+        skipped["not_image"] += inside["not_image"] - len(folders)  # list_images counts the sub-folders too
+    return sorted(images)
+
+
 def list_subdirs(folder: Path, skipped: Counter[str]) -> list[Path]:
     """Sub-folders of ``folder``, sorted by name; loose files there are counted as ``not_image``."""
     dirs: list[Path] = []
-    with os.scandir(folder) as entries:
+    with _scan(folder) as entries:
         for entry in entries:
             try:
                 is_dir = entry.is_dir()
@@ -105,6 +132,21 @@ def list_subdirs(folder: Path, skipped: Counter[str]) -> list[Path]:
                 skipped["not_image"] += 1
     dirs.sort(key=lambda p: p.name)
     return dirs
+
+
+@contextmanager
+def _scan(folder: Path) -> Iterator[Iterator[os.DirEntry[str]]]:
+    """``os.scandir(folder)``, a folder that cannot be listed a DataError naming it (found by review: an
+    unreadable `query/` stopped `data inspect` and `train` with a PermissionError traceback)."""
+    try:
+        entries = os.scandir(folder)
+    except OSError as exc:
+        raise DataError(folder, f"cannot be listed ({exc.strerror or exc})") from None
+    with entries:
+        try:
+            yield entries
+        except OSError as exc:  # the listing itself failed part-way (a mount gone)
+            raise DataError(folder, f"cannot be listed ({exc.strerror or exc})") from None
 
 
 def require_some(items: list[T], where: Path, what: str = "images in this folder") -> list[T]:

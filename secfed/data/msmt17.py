@@ -66,6 +66,8 @@ def read_list(list_path: Path, image_dir: Path) -> list[Sample]:
         cam = int(name_fields[2])
         if not 1 <= cam <= NUM_CAMERAS:
             raise DataError(list_path, f"{where}: camera {cam:02d} out of range (01..{NUM_CAMERAS})")
+        if Path(fields[0]).is_absolute() or ".." in Path(fields[0]).parts:  # (found by review: read outside ROOT)
+            raise DataError(list_path, f"{where}: the path must lie inside {image_dir.name}/, without '..'")
         path = image_dir / fields[0]
         if not path.is_file():
             raise DataError(path, f"listed in {list_path.name} {where} but missing")
@@ -77,9 +79,10 @@ def load_msmt17(root: Path) -> ReidDataset:
     """MSMT17 V1 or V2 under ``root`` (or ``root/MSMT17_V1``, ``root/MSMT17_V2``)."""
     base = _find_base(root)
     train_dir, test_dir = _image_dir(base, "train"), _image_dir(base, "test")
-    train = read_list(base / "list_train.txt", train_dir) + read_list(base / "list_val.txt", train_dir)
     listed = "images listed in this file"
-    require_some(train, base / "list_train.txt", f"{listed} (nor in list_val.txt)")
+    # each list on its own: an empty list_val.txt is a broken copy too (found by review: train lost its images)
+    train = [s for name in ("list_train.txt", "list_val.txt")
+             for s in require_some(read_list(base / name, train_dir), base / name, listed)]
     query = require_some(read_list(base / "list_query.txt", test_dir), base / "list_query.txt", listed)
     gallery = require_some(read_list(base / "list_gallery.txt", test_dir), base / "list_gallery.txt", listed)
     if reason := unusable_reason(train, query, gallery):

@@ -14,23 +14,33 @@ from functools import partial
 from pathlib import Path
 
 from secfed.data import cuhk02, fedreidbench, market, msmt17, small_sets, unlabeled
+from secfed.data.errors import DataError
 from secfed.data.types import ReidDataset
+from secfed.data.usable import overlap_reason
 
 
 @dataclass(frozen=True)
 class Loader:
-    """How to read one layout. ``seeded``: the set ships no split; one is drawn per seed."""
+    """How to read one layout. ``seeded``: the set ships no split; one is drawn per seed. ``train_only``:
+    a public set with no query or gallery, for distillation (``--kd-public``), never a domain."""
 
     name: str
     summary: str
     read: Callable[..., ReidDataset]
     seeded: bool = False
+    train_only: bool = False
 
     def __call__(self, root: Path, *, seed: int = 0, split_path: Path | None = None,
                  name: str | None = None) -> ReidDataset:
-        if self.seeded:
+        if self.seeded:  # a split drawn here is apart by construction; one read from a file is checked there
             return self.read(Path(root), seed=seed, split_path=split_path, name=name or self.name)
         dataset = self.read(Path(root))
+        # what the set ships is checked as a split file is (found by review: a doubled MSMT17 list line, a
+        # Market train folder holding test people — accepted without a word); MSMT17 numbers its test
+        # people from 0 again, so there only images are compared
+        if reason := overlap_reason(dataset.train, dataset.query, dataset.gallery,
+                                    identities=self.name != "msmt17"):
+            raise DataError(root, reason)
         return dataset if name is None else dataclasses.replace(dataset, name=name)
 
 
@@ -52,11 +62,11 @@ FORMATS: dict[str, Loader] = {
         Loader("ilids", "QMUL i-LIDS Persons/ (FedReIDBench's 'iLIDS-VID'), seeded split", small_sets.load_ilids,
                seeded=True),
         Loader("ilidsvid", "iLIDS-VID sequences/, image protocol, seeded split", small_sets.load_ilidsvid, seeded=True),
-        Loader("cuhk02", "CUHK02 P1..P5, unlabeled public set (train only)", cuhk02.load_cuhk02),
+        Loader("cuhk02", "CUHK02 P1..P5, unlabeled public set (train only)", cuhk02.load_cuhk02, train_only=True),
         Loader("fedreidbench", "any set as FedReIDBench's data_preprocess wrote it (pytorch/<subset>/<pid>/)",
                fedreidbench.load_fedreidbench),
         Loader("unlabeled", "a folder of person images used without labels, e.g. `secfed data synth --public` "
-               "(train only)", unlabeled.load_unlabeled),
+               "(train only)", unlabeled.load_unlabeled, train_only=True),
     )
 }
 

@@ -2,7 +2,8 @@
 
 Layout::
 
-    ROOT/<any name>.jpg|.jpeg|.png|.bmp      one flat folder (what `secfed data synth --public` writes)
+    ROOT/**/<any name>.jpg|.jpeg|.png|.bmp   every image under ROOT, sub-folders included (what
+                                             `secfed data synth --public` writes is one flat folder)
 
 MM'20 (FedPav + KD, Alg. 2) has every client compute soft labels on a public set and the server
 distil them; only the images are used. Every image is returned as ``train`` with pid and camid
@@ -15,13 +16,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from secfed.data.listing import list_images, require_dir, require_some
+from secfed.data.listing import list_tree, require_dir, require_some
 from secfed.data.types import UNLABELED, ReidDataset, Sample
 
-LAYOUT = "ROOT/*.jpg (one folder of person images; their names and labels are not used)"
+LAYOUT = "ROOT/**/*.jpg (person images, in sub-folders or not; their names and labels are not used)"
 
 
 def load_unlabeled(root: Path) -> ReidDataset:
     skipped: Counter[str] = Counter()
-    images = require_some(list_images(require_dir(root, LAYOUT), skipped), root)
+    images = require_some(list_tree(require_dir(root, LAYOUT), skipped), root)
     return ReidDataset("unlabeled", [Sample(path, UNLABELED, UNLABELED) for path in images], [], [], dict(skipped))

@@ -25,9 +25,11 @@ from secfed.data.images import MAX_IMAGE_BYTES, load_images
 from secfed.data.listing import Resolver
 from secfed.data.overlap import shared_pictures
 from secfed.data.registry import FORMATS, guess_format, load_dataset
+from secfed.data.split_file import inside
 from secfed.data.splits import ClientShard, by_camera, by_dataset, by_identity
 from secfed.data.synth import DEFAULT_PUBLIC_IMAGES, SynthManifest, cached
 from secfed.data.types import UNLABELED, ReidDataset, Sample, check_sample
+from secfed.data.unlabeled import load_unlabeled
 from secfed.data.usable import matched_queries
 from secfed.data.validation import ValidationSplitError, validation_split
 from secfed.errors import printable
@@ -131,6 +133,10 @@ def resolve_data(cfg: RunConfig, *, split_path: Path | None = None, root: Path |
         raise ConfigError("data.root", f"{base} is not a directory")
     entries = _entries_under(base, data.datasets, "data.datasets")
     tests = _entries_under(base, data.test_datasets, "data.test_datasets") if data.test_datasets else []
+    for name, _ in (*entries, *tests):  # any dataset's folder, not only the seeded set's that writes the file
+        if split_path is not None and inside(split_path, base / name):
+            raise ConfigError("data.split_file", f"{split_path} is inside the dataset folder {base / name}: a split "
+                              "file is kept outside every dataset folder")
 
     def read(name: str, fmt: str) -> ReidDataset:
         return load_dataset(base / name if name else base, fmt, name=name or base.name, seed=data.seed,
@@ -232,14 +238,15 @@ def _public_from(cfg: RunConfig, base: Path) -> list[Path]:
 def _list_images(folder: Path) -> list[Path]:
     if not folder.is_dir():
         raise ConfigError("method.kd_public", f"{folder} is not a directory")
+    # as `data inspect --format unlabeled` reads it (found by review: it counted 4 images of 8 trained on):
     # regular files only (a FIFO named *.jpg hung the run, found by review), named in UTF-8 as every
     # dataset's images must be (types.check_sample)
-    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp") and p.is_file())
-    for path in images:
-        try:
+    try:
+        images = [s.path for s in load_unlabeled(folder).train]
+        for path in images:
             check_sample(Sample(path, UNLABELED, UNLABELED))
-        except DataError as exc:
-            raise ConfigError("method.kd_public", str(exc)) from None
+    except DataError as exc:
+        raise ConfigError("method.kd_public", str(exc)) from None
     if len(images) < 2:
         raise ConfigError("method.kd_public", f"{folder} holds {len(images)} images; distillation needs some")
     return images
@@ -295,13 +302,21 @@ def _entries_under(root: Path, requested: Sequence[str], key: str) -> list[tuple
                 raise ConfigError(key, f"{entry}: a dataset is a folder under `data.root` ({root}), not outside it")
             if not (root / name).is_dir():
                 raise ConfigError(key, f"{root / name} is not a directory")
+            if FORMATS[fmt].train_only:  # (found by review: it trained, then the first evaluation raised)
+                raise ConfigError(key, f"{entry}: a {fmt} folder is a public set with no query or gallery to score, "
+                                  f"not a domain; give it to distillation as --kd-public {root / name}")
             entries.append((name, fmt))
         return entries
     if (root / "manifest.json").is_file():
         return [(d.name, "market1501") for d in SynthManifest.load(root).domains]
-    if fmt := guess_format(root.name):
+    if (fmt := guess_format(root.name)) and FORMATS[fmt].train_only:
+        raise ConfigError("data.root", f"{root} is a {fmt} public set with no query or gallery to score, not a "
+                          f"dataset to train on; give it to distillation as --kd-public {root}")
+    if fmt:
         return [("", fmt)]
-    found = [(p.name, f) for p in sorted(root.iterdir()) if p.is_dir() and (f := guess_format(p.name))]
+    # a public set beside the domains (FedReIDBench's data folder holds CUHK02) is not a domain to train and score
+    found = [(p.name, f) for p in sorted(root.iterdir())
+             if p.is_dir() and (f := guess_format(p.name)) and not FORMATS[f].train_only]
     if not found:
         raise ConfigError(key, f"no dataset folder with a known name under {root}; name them NAME:FORMAT")
     return found

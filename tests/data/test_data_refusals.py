@@ -125,7 +125,7 @@ def test_split_file_with_an_empty_subset_is_refused(tmp_path, layouts):
     assert err.value.path == split_file and "query" in err.value.reason
 
 
-@pytest.mark.parametrize("listed", ["list_query.txt", "list_gallery.txt"])
+@pytest.mark.parametrize("listed", ["list_query.txt", "list_gallery.txt", "list_val.txt"])  # val: found by review
 def test_msmt17_empty_list_is_refused(tmp_path, layouts, listed):
     root = layouts.msmt17(tmp_path / "MSMT17_V1")
     (root / listed).write_text("")
@@ -403,3 +403,85 @@ def test_fedreidbench_person_folders_are_ascii_digits_and_cameras_count_from_one
     with pytest.raises(DataError) as err:
         load_dataset(base.parent, "fedreidbench")
     assert err.value.path.name == "7" and "cannot be read" in err.value.reason
+
+
+def test_what_a_set_ships_is_checked_like_a_split_file(tmp_path, layouts):
+    """(found by review) A Market train folder holding a test person, a doubled MSMT17 list line and a
+    list line reading outside ROOT were accepted without a word; a split file is refused for each."""
+    market = layouts.market(tmp_path / "market", ids=(2, 3))  # 3 is also a test identity
+    with pytest.raises(DataError, match=r"identities \[3\] are in the training part and in the test part"):
+        load_dataset(market, "market1501")
+    msmt = layouts.msmt17(tmp_path / "MSMT17_V1")
+    gallery = (msmt / "list_gallery.txt").read_text()
+    (msmt / "list_gallery.txt").write_text(gallery + gallery)
+    with pytest.raises(DataError, match="is listed twice"):
+        load_dataset(msmt, "msmt17")
+    (msmt / "list_gallery.txt").write_text(gallery + f"../train/{gallery.split()[0]} 0\n")
+    with pytest.raises(DataError, match=r"line \d+ .*must lie inside test/, without '\.\.'"):
+        load_dataset(msmt, "msmt17")
+
+
+def test_a_split_file_is_never_written_into_a_dataset_folder(tmp_path, layouts):
+    """(found by review) --split-file inside VIPeR/cam_a was written there, then listed as a picture."""
+    root = layouts.viper(tmp_path / "viper")
+    inside = root / "VIPeR" / "cam_a" / "000_split.bmp"
+    with pytest.raises(DataError, match="inside the dataset folder"):
+        load_dataset(root, "viper", split_path=inside)
+    assert not inside.exists()
+
+
+def test_a_bmp_is_bounded_by_its_header_before_it_is_decoded(tmp_path):
+    """(found by review) Pillow only warns below twice its bound: a 218-byte RLE8 BMP of 9500×9500
+    (its rows skipped by delta codes) decoded to 1.6 GB."""
+    import struct
+
+    from secfed.data.images import read_image
+
+    palette, data = b"\0\0\0\0\xff\xff\xff\0", b"\x00\x02\x00\xff" * 38 + b"\x00\x01"  # 255 rows a jump
+    info = struct.pack("<IiiHHIIiiII", 40, 9500, 9500, 1, 8, 1, len(data), 2835, 2835, 2, 0)
+    offset = 14 + len(info) + len(palette)
+    bomb = tmp_path / "0001_c1s1_000001_01.bmp"
+    bomb.write_bytes(b"BM" + struct.pack("<IHHI", offset + len(data), 0, 0, offset) + info + palette + data)
+    with pytest.raises(DataError, match="9500×9500 pixels: more than any image"):
+        read_image(bomb)
+
+
+def test_a_folder_that_cannot_be_listed_is_named(tmp_path, layouts, monkeypatch):
+    """(found by review) An unreadable query/ stopped `data inspect` and `train` with a PermissionError
+    traceback (tests run as root, whom chmod does not stop: the listing's refusal stands in)."""
+    from secfed.data import listing
+
+    root = layouts.market(tmp_path / "market")
+    scandir = os.scandir
+
+    def refuse(folder):
+        if Path(folder).name == "query":
+            raise PermissionError(13, "Permission denied", str(folder))
+        return scandir(folder)
+
+    monkeypatch.setattr(listing.os, "scandir", refuse)
+    with pytest.raises(DataError, match="cannot be listed .Permission denied.") as err:
+        load_dataset(root, "market1501")
+    assert err.value.path == root / "query"
+
+
+def test_a_public_set_is_read_alike_by_inspect_and_distillation_and_is_no_domain(tmp_path, layouts):
+    """(found by review) `data inspect --format unlabeled` read the top folder (4 images) while
+    distillation read every sub-folder (8); a cuhk02 or unlabeled folder under --data-root was trained
+    as a domain, then the first evaluation stopped with a traceback."""
+    from cli.data_inspect import summarize
+    from secfed.config import ConfigError
+    from secfed.federation.builder import _entries_under, _list_images
+
+    public = tmp_path / "root" / "unlabeled"
+    for rel in ("a.jpg", "b.jpg", "sub/c.jpg", ".hidden/d.jpg"):
+        layouts.image(public / rel)
+    listed = load_dataset(public, "unlabeled")
+    assert [s.path for s in listed.train] == _list_images(public) and len(listed.train) == 4
+    assert summarize(listed, "unlabeled")["train"] == {"ids": 0, "images": 4, "cameras": 0}
+    layouts.market(tmp_path / "root" / "market1501")
+    layouts.cuhk02(tmp_path / "root" / "cuhk02")
+    assert _entries_under(tmp_path / "root", [], "data.datasets") == [("market1501", "market1501")]
+    for named in ("cuhk02", "unlabeled"):
+        with pytest.raises(ConfigError, match=f"public set with no query or gallery.*--kd-public .*{named}"):
+            _entries_under(tmp_path / "root", [named], "data.datasets")
