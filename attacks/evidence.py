@@ -34,6 +34,7 @@ from secfed.federation import codec, recording
 from secfed.federation.builder import Federation, build
 from secfed.federation.messages import MODEL, Aggregate, Broadcast, Upload
 from secfed.federation.runtime import check_data, read_run, restore, schedule_for, train_seed
+from secfed.models import pretrain
 from secfed.models.sharing import load_shared
 from secfed.seeding import numpy_rng
 
@@ -83,7 +84,8 @@ def open_for_audit(path: Path, *, data_root: Path | None = None, device: str | N
     if device is not None:
         cfg.run.device = device
     run_dir = ckpt.run_dir_of(checkpoint)
-    fed = build(cfg, run_dir=run_dir, data_root=data_root, train_images=True, saved=True)
+    with pretrain.restoring():  # the checkpoint's models, not the initial backbone
+        fed = build(cfg, run_dir=run_dir, data_root=data_root, train_images=True, saved=True)
     check_data(fed, state, data_root)
     history, rounds_done, _ = restore(fed, state, checkpoint)
     # a checkpoint kept outside a run has no recorded rounds: the folder it sits in may be another run's

@@ -19,6 +19,7 @@ from secfed.cli.common import cli_errors, emit_json, human_console
 from secfed.cli.data_synth import print_domains
 from secfed.data.errors import DataError
 from secfed.data.registry import FORMATS, guess_format, load_dataset
+from secfed.data.split_file import inside
 from secfed.data.synth import SynthManifest
 from secfed.data.synth_report import image_counts, measured, recorded
 from secfed.data.synth_report import summary as synth_summary
@@ -110,6 +111,9 @@ def inspect_command(
                 f"cannot tell the format of {printable(root)} from its name; pass --format ({', '.join(FORMATS)})")
     if not FORMATS[fmt].seeded:
         _refuse_split_flags(f"{fmt} ships its own split")
+    if split_file is not None and inside(split_file, root):  # (found by review: the help says never into ROOT)
+        raise click.BadParameter(f"{printable(split_file)} is inside ROOT: a split file is kept outside the "
+                                 "dataset folder", param_hint="--split-file")
     with cli_errors():
         dataset = load_dataset(root, fmt, name=root.resolve().name, seed=seed, split_path=split_file)
         checked = _verify([dataset], Console(stderr=True)) if verify else None

@@ -45,6 +45,30 @@ def _report(built: Built, console: Console) -> None:
                       "--identities, --epochs and --seed[/]")
 
 
+def _check_memory(recipe: Recipe) -> None:
+    """Refuse a set whose images alone take more than half this machine's memory, naming the flags: values
+    each within its range together asked torch for 1.1 TB and ended in a traceback (found by review)."""
+    import os
+
+    from secfed.data.synth_pretrain import CAMERAS_PER_ID, SHOTS_PER_CAMERA, plan_identities
+
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf: nothing to compare with
+        return
+    per_image = 3 * recipe.height * recipe.width
+    most, least = (recipe.identities * CAMERAS_PER_ID[i] * SHOTS_PER_CAMERA[i] * per_image for i in (1, 0))
+    if most <= memory // 2:
+        return
+    # the plan itself only where the bounds cannot tell (planning 100,000 people takes seconds)
+    need = least if least > memory // 2 else len(plan_identities(recipe.seed, recipe.identities)) * per_image
+    if need > memory // 2:
+        raise click.BadParameter(
+            f"{recipe.identities:,} identities at {recipe.height}×{recipe.width} need {need / 2**30:,.1f} GiB or more for their "
+            f"images alone, more than half of this machine's {memory / 2**30:,.1f} GiB: fewer --identities or a "
+            "smaller --height/--width", param_hint="--identities")
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--backbone", type=click.Choice(BACKBONES), default=_DEFAULT.backbone, show_default=True,
               help="torchvision ResNet, as `secfed train --backbone`.")
@@ -67,7 +91,7 @@ def pretrain_command(backbone: str, height: int, width: int, identities: int, ep
     """Pretrain a backbone on synthetic people no domain holds, once; cached by the hash of its recipe.
 
     The offline equivalent of ImageNet weights: `secfed train --pretrained synthetic` starts from it.
-    A cached file is verified (recipe and SHA-256) and reused; a corrupt or mismatching one is refused
+    A cached file is verified (its recipe and the SHA-256 of its weights) and reused; a corrupt or mismatching one is refused
     by name and rebuilt. Training runs on the CPU.
     """
     from secfed.algorithms.base import TrainingDiverged
@@ -76,6 +100,7 @@ def pretrain_command(backbone: str, height: int, width: int, identities: int, ep
     console = human_console(json_output)
     set_threads(threads)
     recipe = Recipe(backbone=backbone, height=height, width=width, identities=identities, epochs=epochs, seed=seed)
+    _check_memory(recipe)
     bars = _Bars(console)
     console.print(f"[bold]secfed pretrain[/] {recipe.backbone} {height}×{width} · {identities} synthetic identities "
                   f"· {epochs} epochs · seed {seed} → {weights_path(recipe)}")

@@ -237,7 +237,7 @@ def sweep(console: Any, cfg: RunConfig, run_dir: Path, resuming: bool, data_root
         composed = result.privacy["dp_sgd"]
         console.print(f"example-level DP-SGD ε over the sweep: each model's is its own, but a client's examples train "
                       f"its model in every run except the one holding its domain out (and its local-only baseline in "
-                      f"each); by basic composition a client's ε ≤ {composed['epsilon']:.4g} (δ ≤ "
+                      f"each, where one trains); by basic composition a client's ε ≤ {composed['epsilon']:.4g} (δ ≤ "
                       f"{composed['delta']:.3g}), per client in leave-one-out.json")
     console.print(f"run directory: {run_dir}")
     if json_output:

@@ -62,9 +62,6 @@ def seeded_split(
     split file. With ``split_path`` None the split is drawn in memory and nothing is written.
     """
     path = None if split_path is None else Path(split_path)
-    if path is not None and inside(path, root):  # (found by review: written in, then listed as an image of the set)
-        raise DataError(path, f"inside the dataset folder {root}: a split file is kept outside it (nothing is ever "
-                              "written into a dataset folder)")
     doc = read_split_file(path) if path is not None and path.exists() else _empty()
     entry = doc["datasets"].get(name)
     key = str(int(seed))

@@ -2,8 +2,8 @@
 
 The protocol (Zheng et al., ICCV 2015; torchreid's ``eval_market1501``):
 
-* the gallery is ranked by cosine distance ``1 − q·g`` between L2-normalised features, the
-  similarity computed in float64 and rounded to float32 (see ``_cosine``); equal distances keep gallery
+* the gallery is ranked by cosine distance ``1 − q·g`` between L2-normalised features, computed in
+  float64, below 2^-40 made 0, and rounded to float32 (see ``_cosine``); equal distances keep gallery
   order (the order a stable sort gives), so results are deterministic;
 * gallery images of the query's identity taken by the query's camera are removed ("junk");
   every other image, distractors included, stays in the ranking — a pid of −1 too, which the
@@ -35,6 +35,7 @@ Array = np.ndarray | torch.Tensor
 # rounded), plus a sorted copy of the same size.
 _BLOCK_ELEMENTS = 1 << 23
 _DEFAULT_MAX_RANK = 50
+_SAME = 2.0**-40  # a cosine distance this small is the float64 product's error (≤ 1e-13 at 2048 dims): 0
 _REPORTED_RANKS = (1, 5, 10)  # the fields of RetrievalScores; max_rank must cover them
 
 
@@ -314,18 +315,21 @@ def _unit_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _cosine(q: torch.Tensor, g: torch.Tensor) -> np.ndarray:
-    """``1 − q·g`` for one block of queries: the similarity computed in float64, rounded to float32,
-    then subtracted from 1. A product rounds differently for a block of one query than for a block of
+    """``1 − q·g`` for one block of queries, in float64, with every value within ``_SAME`` of 0 made 0,
+    then rounded to float32. A product rounds differently for a block of one query than for a block of
     many, so two gallery images at exactly equal distance could swap with the blocking, and a query's
     score with the queries scored beside it (found by review: 238 of 2000 integer-valued draws in
-    float32, every one in float64). Rounding the *similarity* puts every value on float32's grid near 1
-    (steps of 6e-8), where the float64 product's differences (≈ 1e-16) vanish — rounding the distance
-    did not: near 0 float32 resolves 1e-45, so identical or parallel features came out at
-    ±1e-16 by column and the ranking of a collapsed model's gallery depended on the blocking (found by
-    review). A value within 1e-16 of a float32 rounding boundary can still go either way (odds ≈ 1e-9
-    per pair); float32 steps still resolve features far finer than any two a model tells apart."""
+    float32, every one in float64): float32's step (6e-8 of the value) hides the float64 product's
+    differences (≈ 1e-16) — but not near 0, where float32 resolves 1e-45, so identical or parallel
+    features came out at ±1e-16 by column and a collapsed model's ranking followed the blocking (found
+    by review); those are the values within ``_SAME`` of 0. Rounding the similarity instead tied every
+    distance closer than 6e-8 and scored features packed in a narrow cone at chance (review of that
+    fix): float32 near 0 keeps them apart. Between ``_SAME`` and ≈ 1e-7 two distances within ≈ 1e-15 of
+    each other can still order either way."""
     with torch.inference_mode():
-        return (1.0 - (q @ g.T).to(torch.float32)).cpu().numpy()
+        distances = 1.0 - q @ g.T
+        distances = torch.where(distances.abs() < _SAME, torch.zeros_like(distances), distances)
+        return distances.to(torch.float32).cpu().numpy()
 
 
 def _exact_distances(d: np.ndarray) -> np.ndarray:
@@ -338,8 +342,10 @@ def _exact_distances(d: np.ndarray) -> np.ndarray:
         return d.astype(np.float32)
     if d.dtype.kind == "i" or (d.dtype.kind == "u" and d.dtype.itemsize < 8):
         return d.astype(np.int64)
-    if d.dtype.kind == "u" and (d.size == 0 or int(d.max()) < 2**63):
+    if d.dtype.kind == "u" and int(d.max()) < 2**63:
         return d.astype(np.int64)
+    if d.dtype.kind == "u":
+        raise ValueError("distmat holds unsigned integers of 2^63 or more, which cannot be ranked exactly here")
     raise ValueError(f"distmat must hold real numbers of at most 64 bits, got dtype {d.dtype}")
 
 

@@ -134,9 +134,11 @@ def resolve_data(cfg: RunConfig, *, split_path: Path | None = None, root: Path |
     entries = _entries_under(base, data.datasets, "data.datasets")
     tests = _entries_under(base, data.test_datasets, "data.test_datasets") if data.test_datasets else []
     for name, _ in (*entries, *tests):  # any dataset's folder, not only the seeded set's that writes the file
-        if split_path is not None and inside(split_path, base / name):
-            raise ConfigError("data.split_file", f"{split_path} is inside the dataset folder {base / name}: a split "
-                              "file is kept outside every dataset folder")
+        # (found by review: written into VIPeR/cam_a, then listed as a picture). Only the file one names: a
+        # run's own (RUN/splits.json) goes where its --out is, and runs kept there before still open (review)
+        if data.split_file is not None and inside(data.split_file, base / name):
+            raise ConfigError("data.split_file", f"{data.split_file} is inside the dataset folder {base / name}: a "
+                              "split file is kept outside every dataset folder")
 
     def read(name: str, fmt: str) -> ReidDataset:
         return load_dataset(base / name if name else base, fmt, name=name or base.name, seed=data.seed,

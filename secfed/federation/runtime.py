@@ -62,6 +62,7 @@ from secfed.federation import codec, recording
 from secfed.federation.builder import Federation, build
 from secfed.federation.evaluate import Scores, evaluate_here, final_scores, global_scores, local_training_scores
 from secfed.federation.messages import Aggregate, Broadcast, Upload
+from secfed.models import pretrain
 from secfed.models.sharing import local_state
 from secfed.privacy import adversary
 from secfed.privacy.policy import PrivacyPlan
@@ -279,7 +280,8 @@ def _run_held(cfg: RunConfig, run_dir: Path, *, resume: bool, reporter: Reporter
     if resume and ckpt.list_checkpoints(run_dir):
         path, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
         cfg = rates_to_resume(cfg, state, path, rates_given)
-    fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root, resumed=resume)
+    with pretrain.restoring() if state is not None else contextlib.nullcontext():  # the checkpoint's models
+        fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root, resumed=resume)
     history: list[dict[str, Any]] = []
     start, wall = 0, 0.0
     if state is not None:
@@ -900,8 +902,9 @@ def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | 
     from the configuration saved inside the checkpoint, for evaluation. Returns (federation,
     checkpoint state, checkpoint path)."""
     checkpoint, state, cfg = read_run(path)
-    fed = build(cfg, progress=(reporter or SilentReporter()).data_progress, run_dir=ckpt.run_dir_of(checkpoint),
-                data_root=data_root, train_images=False, saved=True)
+    with pretrain.restoring():  # the checkpoint's models, not the initial backbone
+        fed = build(cfg, progress=(reporter or SilentReporter()).data_progress, run_dir=ckpt.run_dir_of(checkpoint),
+                    data_root=data_root, train_images=False, saved=True)
     check_data(fed, state, data_root)
     restore(fed, state, checkpoint)
     run_dir = ckpt.run_dir_of(checkpoint)

@@ -30,6 +30,8 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -225,17 +227,52 @@ def build(recipe: Recipe, progress: Progress | None = None, *, force: bool = Fal
         atomic_file.write_bytes(path, encode(recipe, backbone, stats), mode=0o644)
     except OSError as exc:
         raise SyntheticWeightsUnavailable(f"{path}: cannot be written ({exc})") from None
+    _remove_abandoned_writes(path)
     return Built(path, recipe, True, refused, time.perf_counter() - start, _file_sha256(path))
+
+
+ABANDONED_AFTER_S = 600  # a write of a backbone's file takes seconds: a temporary file this old is a killed one's
+
+
+def _remove_abandoned_writes(path: Path) -> None:
+    """Temporary files of this file's writes that a kill left behind (found by review: one per killed
+    write, a backbone's size each, kept for good). Another build of the same recipe may be writing
+    now, so only those older than any write takes are removed."""
+    now = time.time()
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > ABANDONED_AFTER_S:
+                tmp.unlink()
+        except OSError:  # gone meanwhile, or not ours to remove: nothing lost
+            pass
 
 
 def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+_RESTORING: ContextVar[bool] = ContextVar("secfed_models_from_checkpoint", default=False)
+
+
+@contextmanager
+def restoring() -> Iterator[None]:
+    """Within it, models are built only to be overwritten by a checkpoint (`secfed evaluate`, `audit`, a
+    resume): the initial backbone is neither required nor read — the same architecture, drawing the same
+    random numbers, without its weights (found by review: a finished run could not be evaluated or
+    resumed where its cached synthetic backbone was missing, though its results never read it)."""
+    token = _RESTORING.set(True)
+    try:
+        yield
+    finally:
+        _RESTORING.reset(token)
+
+
 def require(choice: str, backbone: str, height: int, width: int) -> None:
-    """Refuse a run that names weights it cannot have — synthetic ones not built yet, ImageNet ones not in
-    torchvision's cache — before it makes or reads any data."""
-    if choice == "synthetic" and not weights_path(default_recipe(backbone, height, width)).is_file():
+    """Refuse a run that names weights it cannot have — synthetic ones not built yet or refused, ImageNet
+    ones not in torchvision's cache — before it makes or reads any data."""
+    if _RESTORING.get():
+        return
+    if choice == "synthetic":  # verified now: a damaged file was refused only after the data was made (review)
         load(default_recipe(backbone, height, width))  # raises the error that names `secfed pretrain`
     if choice == "imagenet":
         imagenet_state_dict(backbone)
@@ -246,6 +283,8 @@ def describe_initial(choice: str, recipe: Recipe, model: torch.nn.Module) -> dic
     the file and the SHA-256 of the backbone tensors the run actually started from."""
     out: dict[str, Any] = {"weights": choice}
     backbone = getattr(model, "backbone", None)
+    if _RESTORING.get():  # not read: what a fresh run recorded in data.json stands
+        return out | {"read": False}
     if choice == "synthetic" and backbone is not None:
         out.update(file=str(weights_path(recipe)), recipe_digest=recipe.digest,
                    backbone_sha256=_tensor_digest(backbone.state_dict()))
@@ -256,6 +295,8 @@ def initial_weights(model_cfg: ModelConfig, height: int, width: int) -> bool | d
     """What ``ReIDModel(pretrained=...)`` gets for `model.pretrained`: False (none), True (ImageNet),
     or the verified synthetic backbone for this backbone and input size."""
     choice = model_cfg.pretrained
+    if _RESTORING.get():
+        return False
     if choice == "synthetic":
         return load(default_recipe(model_cfg.backbone, height, width))
     return choice == "imagenet"

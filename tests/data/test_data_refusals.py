@@ -422,12 +422,27 @@ def test_what_a_set_ships_is_checked_like_a_split_file(tmp_path, layouts):
 
 
 def test_a_split_file_is_never_written_into_a_dataset_folder(tmp_path, layouts):
-    """(found by review) --split-file inside VIPeR/cam_a was written there, then listed as a picture."""
-    root = layouts.viper(tmp_path / "viper")
+    """(found by review) --split-file inside VIPeR/cam_a was written there, then listed as a picture;
+    `data inspect --split-file` wrote into ROOT. (Review of the fix: a run's own RUN/splits.json under an
+    --out inside the data root was refused too, naming a flag nobody gave: it stands.)"""
+    from click.testing import CliRunner
+
+    from secfed.cli.main import cli
+    from secfed.config import ConfigError, from_dict
+    from secfed.federation.builder import resolve_data
+
+    root = layouts.viper(tmp_path / "data" / "viper")
     inside = root / "VIPeR" / "cam_a" / "000_split.bmp"
-    with pytest.raises(DataError, match="inside the dataset folder"):
-        load_dataset(root, "viper", split_path=inside)
-    assert not inside.exists()
+    cfg = from_dict({"data": {"root": str(tmp_path / "data"), "split_file": str(inside)}})
+    with pytest.raises(ConfigError, match="is inside the dataset folder") as err:
+        resolve_data(cfg, split_path=inside)
+    assert err.value.key == "data.split_file"
+    result = CliRunner().invoke(cli, ["data", "inspect", str(root), "--split-file", str(root / "splits.json")])
+    assert result.exit_code == 2 and "--split-file" in result.output and "inside ROOT" in result.output
+    assert not inside.exists() and not (root / "splits.json").exists()
+    cfg.data.split_file = None  # a run's own file, wherever its --out puts it
+    (root / "runs" / "x").mkdir(parents=True)
+    assert resolve_data(cfg, split_path=root / "runs" / "x" / "splits.json").trained[0].name == "viper"
 
 
 def test_a_bmp_is_bounded_by_its_header_before_it_is_decoded(tmp_path):
