@@ -171,6 +171,16 @@ def test_a_run_with_synthetic_weights_starts_from_the_cached_backbone(
         assert state.keys() == cached.keys() and all(torch.equal(state[k], cached[k]) for k in cached)
     recorded = fed.data_info["pretrained"]
     assert recorded["weights"] == "synthetic" and recorded["backbone_sha256"] == header["tensors_sha256"]
+    # a Flower server compares the backbone the sites' census names with its own (found by review: never)
+    from secfed.config import ConfigError
+    from secfed.federation.builder import BACKBONE_KEY, build_from_census
+
+    assert fed.census.info[BACKBONE_KEY] == header["tensors_sha256"]
+    build_from_census(tiny_config, fed.census)
+    fed.census.info[BACKBONE_KEY] = "0" * 64
+    with pytest.raises(ConfigError, match="another synthetic backbone") as other:
+        build_from_census(tiny_config, fed.census)
+    assert other.value.key == "model.pretrained"
     tiny_config.model.pretrained = "none"
     scratch = build(tiny_config).clients[0].site.model.backbone.state_dict()
     assert not all(torch.equal(scratch[k], cached[k]) for k in cached)

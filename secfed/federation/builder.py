@@ -52,6 +52,7 @@ from secfed.validation import check
 
 SYNTH_IMAGE_SIZE = (128, 64)  # the synthetic default is written at this size, then resized to the input
 SPLIT_FILE = "splits.json"
+BACKBONE_KEY = "pretrained_sha256"  # census: the synthetic backbone's SHA-256 a site's models start from
 LOCAL_INFO = ("root", "fingerprint_links_resolved")  # data.json's entries of one machine's layout, not the data's
 ImageLoader = Callable[[Sequence[Sample], int, int], torch.Tensor]  # samples, height, width → uint8 (N, 3, H, W)  # seeded splits of the small sets, kept in the run directory by default
 
@@ -504,6 +505,9 @@ def build(
                     tuple((d.name, ids) for d, ids in evaluated) + tuple((d.name, ()) for d in data.unseen))
     fed = assemble(cfg, census, data.public, shards=shards, train_images=train_images,
                    images=images)
+    if started_from := fed.data_info["pretrained"].get("backbone_sha256"):
+        # what a Flower node's hello says it starts from: its local heads and baselines start there
+        census.info[BACKBONE_KEY] = started_from
     if eval_images:
         wanted = None if eval_images is True else set(eval_images(fed))  # type: ignore[operator]
         fed.domains = [_eval_domain(d, ids, h, w, images) if wanted is None or d.name in wanted else DomainInfo(d.name, ids)
@@ -526,7 +530,13 @@ def build_from_census(cfg: RunConfig, census: Census, public: list[Path] | None 
                           f"fingerprint {theirs[:12] or 'none'}) is not the server's ({len(public)} images{where}, "
                           f"fingerprint {ours[:12] or 'none'}): distillation sums the soft labels image by image, so "
                           "every node's public root must hold the server's images under the same names")
-    return assemble(cfg, census, public, shards=None, train_images=False)
+    fed = assemble(cfg, census, public, shards=None, train_images=False)
+    theirs, ours = census.info.get(BACKBONE_KEY), fed.data_info["pretrained"].get("backbone_sha256")
+    if theirs != ours:  # (found by review: never compared; another CPU's `secfed pretrain` writes other weights)
+        raise ConfigError("model.pretrained", f"the sites start from another synthetic backbone "
+                          f"({str(theirs)[:12]}) than the server's ({str(ours)[:12]}): copy the server's file "
+                          f"{fed.data_info['pretrained'].get('file', '')} into every node's cache")
+    return fed
 
 
 def server_public(cfg: RunConfig, public_root: Path | None) -> list[Path]:

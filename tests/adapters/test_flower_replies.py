@@ -243,6 +243,12 @@ def test_hello_counts_only_enrolled_nodes_and_one_description_of_the_data(tmp_pa
                                           r"\[2001\]"):
         hello(plain, {2000: claims([0], census(4)), 2001: claims([1], census(999))})
 
+    def backbone(digest: str) -> dict:  # nodes whose `secfed pretrain` wrote other weights (found by review)
+        return {**census(4), "info": {**CENSUS["info"], "pretrained_sha256": digest}}
+
+    with pytest.raises(ConfigError, match=r"start from different synthetic backbones \(SuperNodes \[2000\]"):
+        hello(plain, {2000: claims([0], backbone("a" * 64)), 2001: claims([1], backbone("b" * 64))})
+
 
 def test_hello_stops_at_a_refusal_when_the_nodes_are_the_users_own(tmp_path) -> None:
     """`secfed flower local` starts its nodes itself: a refusal (their policy, their data) will not change,

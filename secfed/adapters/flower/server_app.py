@@ -47,7 +47,7 @@ from secfed.errors import printable
 from secfed.evaluation.plots import plot_history
 from secfed.federation import codec
 from secfed.federation import evaluate as evaluation
-from secfed.federation.builder import Census, Federation, build_from_census, server_public
+from secfed.federation.builder import BACKBONE_KEY, Census, Federation, build_from_census, server_public
 from secfed.federation.evaluate import Scores
 from secfed.federation.messages import Aggregate, Broadcast, Upload
 from secfed.federation.runtime import (
@@ -619,6 +619,9 @@ def _same_census(censuses: Mapping[str, list[tuple[int, Census]]]) -> None:
     if len({str(info.get("fingerprint")) for _, info in groups}) > 1:
         raise ConfigError("data.root", f"the SuperNodes read different data (content fingerprints differ: {named}); "
                           "point every node's secfed-data-root at the run's data")
+    if len({str(info.get(BACKBONE_KEY, "")) for _, info in groups}) > 1:  # (found by review: never compared)
+        raise ConfigError("model.pretrained", f"the SuperNodes start from different synthetic backbones ({named}); "
+                          "copy the server's cached file (`secfed pretrain` prints where) into every node's cache")
     if len({str(info.get("public_fingerprint", "")) for _, info in groups}) > 1:
         raise ConfigError("method.kd_public", f"the SuperNodes hold different public sets for distillation "
                           f"({named}); every node's secfed-public-root must hold the server's images")
