@@ -82,12 +82,12 @@ class Connection:
 
     @classmethod
     def load(cls, path: Path) -> Connection:
-        from secfed.config import tomllib
+        from secfed.config import TomlUnreadable, read_toml
 
         where = "--flower"
         try:
-            raw = tomllib.loads(Path(path).read_text())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raw = read_toml(Path(path))
+        except TomlUnreadable as exc:
             raise click.BadParameter(f"{path}: cannot read the connection file ({exc})", param_hint=where) from None
         base = Path(path).resolve().parent
         known = {"address", "root-certificates", "insecure", "cohort", "phase-timeout", "train-timeout",
@@ -365,9 +365,13 @@ def local_command(supernodes: int, insecure: bool, node_poll: float | None, keep
     from secfed.cli.train import resolve_config
 
     cfg, run_dir, resuming = resolve_config({**params, "resume": None})
-    work = run_dir.parent.resolve() / f"{run_dir.name}.flower"
-    work.mkdir(parents=True, exist_ok=True)
-    work.chmod(0o700)  # the SuperNodes' state folders lie under it: this user's alone (node.state_dir checks)
+    try:
+        work = run_dir.parent.resolve() / f"{run_dir.name}.flower"
+        work.mkdir(parents=True, exist_ok=True)
+        work.chmod(0o700)  # the SuperNodes' state folders lie under it: this user's alone (node.state_dir checks)
+    except (OSError, RuntimeError) as exc:  # a name too long, --out a file (found by review: a traceback)
+        raise click.BadParameter(f"cannot make the deployment's folder beside {run_dir} ({exc})",
+                                 param_hint="--out/--name") from None
     with _in_use(work, run_dir):
         _local(work, run_dir, cfg, supernodes, insecure, node_poll, params["json_output"])
     if not keep:  # reached only when the run finished: a failed run leaves its logs for the user

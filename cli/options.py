@@ -130,6 +130,8 @@ def render(error: ConfigError, *, typed: set[str] = frozenset(), from_file: set[
     key of their TOML file, else the flag that would set it."""
 
     def name(key: str) -> str:
+        if key == toml:  # the file itself (found by review: "/x.toml: /x.toml: no such file")
+            return key
         if key in typed:
             return KEYS[key].flag
         if toml is not None and (key in from_file or key not in KEYS):

@@ -26,11 +26,11 @@ click.rich_click.OPTIONS_TABLE_HELP_SECTIONS = ["help", "deprecated", "envvar", 
 
 
 def _toml_keys(path: Path) -> set[str]:
-    from secfed.config import tomllib
+    from secfed.config import TomlUnreadable, read_toml
 
     try:
-        raw = tomllib.loads(path.read_text())
-    except Exception:  # the loader reports it properly
+        raw = read_toml(path)
+    except TomlUnreadable:  # the loader reports it properly
         return set()
     return {f"{section}.{key}" for section, table in raw.items() if isinstance(table, dict) for key in table}
 
@@ -50,7 +50,10 @@ def resolve_config(params: dict[str, Any], *, public_root: bool = False) -> tupl
                 raise click.UsageError("--config cannot be combined with --resume: a resumed run keeps the "
                                        "configuration saved in its run directory")
             return _resume_config(Path(params["resume"]), overrides)
-        cfg = load_toml(toml) if toml is not None else RunConfig()
+        try:
+            cfg = load_toml(toml) if toml is not None else RunConfig()
+        except ConfigError as exc:  # the file's own values: named as its keys, not as flags given beside it
+            raise click.UsageError(render(exc, from_file=_toml_keys(toml), toml=str(toml))) from None  # (review)
         cfg = with_overrides(cfg, overrides)
         if cfg.data.root is not None:  # absolute in config.json, so the run directory can move
             cfg.data.root = _absolute(cfg.data.root, "data.root")
@@ -64,7 +67,12 @@ def resolve_config(params: dict[str, Any], *, public_root: bool = False) -> tupl
                                       toml=str(toml) if toml else None)) from None
     name = cfg.run.name or f"{cfg.method.algorithm}-{cfg.data.scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.run.out) / name
-    if run_dir.exists() and any(p.name != FOLDER_LOCK for p in run_dir.iterdir()):  # (a lock file alone: empty)
+    try:
+        started = run_dir.exists() and any(p.name != FOLDER_LOCK for p in run_dir.iterdir())  # a lock alone: empty
+    except OSError as exc:  # a name too long for the file system (found by review: a traceback)
+        raise click.BadParameter(f"{run_dir}: cannot be a run directory ({exc.strerror or exc})",
+                                 param_hint="--name") from None
+    if started:
         raise click.BadParameter(f"{run_dir} already exists and is not empty; choose another --name or continue "
                                  f"it with --resume {run_dir}", param_hint="--name")
     return cfg, run_dir, False

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ CONFIG_VERSION = 2
 # ---- the schema ----------------------------------------------------------------------------------
 
 
+MAX_TARGET_EPSILON = 1000.0  # a target ε above it guarantees nothing (e^1000), and Opacus' search for it never ends
 MAX_THREADS = 1024  # more torch threads than any machine has cores (and below what torch's int can hold)
 
 
@@ -170,7 +172,8 @@ class ScheduleConfig(Section):
 
     rounds: int = setting(16, "--rounds", "Communication rounds.", ge=1, le=1_000_000)
     local_epochs: int = setting(1, "--local-epochs", "Local epochs per round (E).", ge=1, le=10_000)
-    batch_size: int = setting(32, "--batch-size", "Local batch size (B).", ge=1, le=1 << 20)
+    batch_size: int = setting(32, "--batch-size", "Local batch size (B; BatchNorm needs two images or more).",
+                              ge=2, le=1 << 20)
     clients_per_round: int = setting(0, "--clients-per-round", "K of N clients per round (0: all).", ge=0)
     lr: float | None = setting(None, "--lr", "Learning rate of new layers (default: 0.02 from scratch, 0.05 with --pretrained; FedReID 0.1).", gt=0)
     lr_backbone: float | None = setting(None, "--lr-backbone", "Backbone learning rate (default: --lr's from scratch, 0.005 with --pretrained; FedReID 0.01).", gt=0)
@@ -230,7 +233,8 @@ class PrivacyConfig(Section):
     clip: float | None = setting(None, "--clip", "L2 bound of each client's whole shared update.", gt=0)
     noise_multiplier: float | None = setting(None, "--noise-multiplier", "Client-level DP-FedAvg noise "
                                              "multiplier z.", gt=0)
-    target_epsilon: float | None = setting(None, "--target-epsilon", "Derive z for this ε at --delta.", gt=0)
+    target_epsilon: float | None = setting(None, "--target-epsilon", "Derive z for this ε at --delta.", gt=0,
+                                           le=MAX_TARGET_EPSILON)
     delta: float | None = setting(None, "--delta", "δ of client-level DP: min(1e-5, 0.1/N) unless given; --target-epsilon needs it given.", gt=0, lt=1)
     sampling: Literal["fixed", "poisson"] = setting("fixed", "--sampling", "Client selection: K of N, or Poisson "
                                                     "with --sample-rate (amplifies ε).")
@@ -242,7 +246,7 @@ class PrivacyConfig(Section):
                                                     "multiplier.", gt=0)
     dp_sgd_clip: float = setting(1.0, "--dp-sgd-clip", "DP-SGD per-example gradient norm bound.", gt=0)
     dp_sgd_target_epsilon: float | None = setting(None, "--dp-sgd-target-epsilon", "Calibrate each client's "
-                                                  "DP-SGD noise to this ε.", gt=0)
+                                                  "DP-SGD noise to this ε.", gt=0, le=MAX_TARGET_EPSILON)
     dp_sgd_delta: float | None = setting(None, "--dp-sgd-delta", "δ of DP-SGD: min(1e-5, 0.1/n_k) unless given; --dp-sgd-target-epsilon needs it given.",
                                          gt=0, lt=1)
     reproducible_noise: bool = setting(False, "--reproducible-noise", "Experiments only: draw privacy noise and "
@@ -460,18 +464,49 @@ def from_dict(raw: Mapping[str, Any], *, strict: bool = True) -> RunConfig:
     return RunConfig(**sections)
 
 
+MAX_TOML_BYTES = 1 << 20  # a settings file is a few KB
+
+
+class TomlUnreadable(ValueError):
+    """A TOML file that cannot be read or parsed; the message says why (the caller names the file)."""
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The table a small TOML file holds. Checked before it is read (found by review: /dev/zero grew until
+    the kernel stopped it, a 2 GB sparse file took 7 GB and 52 s, a FIFO hung, and 500 nested arrays
+    ended in a RecursionError traceback)."""
+    try:
+        st = Path(path).stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise TomlUnreadable("not a regular file")
+        if st.st_size > MAX_TOML_BYTES:
+            raise TomlUnreadable(f"{st.st_size:,} bytes: larger than any settings file ({MAX_TOML_BYTES:,} at most)")
+        with open(path, "rb") as f:
+            data = f.read(MAX_TOML_BYTES + 1)  # it may have grown since
+        if len(data) > MAX_TOML_BYTES:
+            raise TomlUnreadable(f"larger than any settings file ({MAX_TOML_BYTES:,} bytes at most)")
+        return tomllib.loads(data.decode())
+    except FileNotFoundError:
+        raise TomlUnreadable("no such file") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL in the path
+        if isinstance(exc, TomlUnreadable):
+            raise
+        what = "is not valid TOML" if isinstance(exc, tomllib.TOMLDecodeError) else "cannot be read"
+        raise TomlUnreadable(f"{what}: {exc}") from None
+    except RecursionError:
+        raise TomlUnreadable("is not valid TOML: nested too deeply") from None
+
+
 def load_toml(path: Path) -> RunConfig:
     """The configuration a TOML file describes (missing tables and keys keep their defaults)."""
-    path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(str(path), "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), f"cannot be read ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(path), f"is not valid TOML: {exc}") from None
-    return from_dict(raw)
+        raw = read_toml(path)
+    except TomlUnreadable as exc:
+        raise ConfigError(str(path), str(exc)) from None
+    try:
+        return from_dict(raw)
+    except RecursionError:  # a value nested past what validation recurses into
+        raise ConfigError(str(path), "a value is nested too deeply") from None
 
 
 def parse_value(key: str, raw: Any) -> Any:

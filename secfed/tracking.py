@@ -257,7 +257,12 @@ class TrackingReporter:
     def run_started(self, fed: Any, start_round: int) -> None:
         self.unseen = tuple(d.name for d in fed.domains if d.unseen)
         for tracker in self.trackers:
-            tracker.start(fed.config.to_dict(), start_round)
+            try:
+                tracker.start(fed.config.to_dict(), start_round)
+            except Exception as exc:  # noqa: BLE001 - a tracker's own errors (found by review: a bad
+                # MLFLOW_TRACKING_URI stopped the run with MLflow's traceback); nothing trained yet, --resume goes on
+                raise ConfigError("run.log_to", f"{type(tracker).__name__} cannot start ({type(exc).__name__}: "
+                                  f"{str(exc)[:300]}); check MLFLOW_TRACKING_URI or drop it from --log-to") from None
             # a resume labels again: its plan may count redone rounds (found by review: the DFS ε before them)
             tracker.label(privacy_labels(fed))
         self.inner.run_started(fed, start_round)

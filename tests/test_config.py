@@ -33,7 +33,7 @@ def test_the_readme_documents_every_setting_in_one_table() -> None:
     ({"schedule": {"rounds": 2.7}}, "schedule.rounds: must be an integer"),
     ({"schedule": {"lr": float("nan")}}, "schedule.lr: must be a finite number"),
     ({"schedule": {"lr": -0.1}}, "schedule.lr: must be > 0"),
-    ({"schedule": {"batch_size": 0}}, "schedule.batch_size: must be ≥ 1"),
+    ({"schedule": {"batch_size": 0}}, "schedule.batch_size: must be ≥ 2"),
     ({"secagg": {"dropout_rate": 1.0}}, "secagg.dropout_rate: must be < 1"),
     ({"privacy": {"sample_rate": 1.5}}, "privacy.sample_rate: must be ≤ 1"),
     ({"privacy": {"dp_beta": -0.1}}, "privacy.dp_beta: must be ≥ 0"),
@@ -183,3 +183,63 @@ def test_a_setting_a_saved_config_predates_counts_as_its_default() -> None:
     assert settings_that_differ(older, raised) == {"secagg.stats_clip": (4096.0, 8192.0)}
     reseeded = with_overrides(RunConfig(), {"run.seed": "1"}).to_dict()
     assert settings_that_differ(older, reseeded) == {"run.seed": (0, 1)}
+
+
+def test_what_a_user_types_is_refused_by_name_not_with_a_traceback(tmp_path: Path, monkeypatch) -> None:
+    """(found by review, fuzzing every input) Each of these hung, grew without bound, or stopped with a
+    traceback; each is now an error naming the file, key or flag."""
+    import os
+
+    from click.testing import CliRunner
+
+    from secfed.cli.main import cli
+    from secfed.config import MAX_TOML_BYTES, TomlUnreadable, read_toml
+    from secfed.evaluation.compare import RunUnreadable, load_runs
+    from secfed.federation.builder import resolve_device
+    from secfed.privacy.accountant import noise_for_target_epsilon
+
+    os.mkfifo(tmp_path / "fifo.toml")  # hung
+    (tmp_path / "deep.toml").write_text("[run]\nname = " + "[" * 500 + "]" * 500 + "\n")  # RecursionError
+    with open(tmp_path / "big.toml", "wb") as f:  # a 2 GB sparse file took 7 GB and 52 s
+        f.truncate(MAX_TOML_BYTES + 1)
+    for name, why in (("fifo.toml", "not a regular file"), ("deep.toml", "nested too deeply"),
+                      ("big.toml", "larger than any settings file")):
+        with pytest.raises(TomlUnreadable, match=why):
+            read_toml(tmp_path / name)
+    with pytest.raises(TomlUnreadable, match="not a regular file"):
+        read_toml(Path("/dev/zero"))  # grew until the kernel stopped it
+    # a bad value in the file is named as the file's key, not as the flag typed beside it; the file once
+    (tmp_path / "three.toml").write_text('[schedule]\nrounds = "three"\n')
+    out = " ".join(CliRunner().invoke(cli, ["train", "--config", str(tmp_path / "three.toml"), "--rounds", "2"])
+                   .output.replace("│", " ").split())
+    assert "three.toml: schedule.rounds: must be an integer" in out and "--rounds" not in out
+    out = CliRunner().invoke(cli, ["train", "--config", str(tmp_path / "none.toml")]).output
+    assert out.count("none.toml") == 1 and "no such file" in out
+    result = CliRunner().invoke(cli, ["train", "--name", "a" * 300, "--out", str(tmp_path)])  # ENAMETOOLONG
+    assert result.exit_code == 2 and "--name" in result.output and "File name too long" in result.output
+    # a target ε Opacus' search never ends on (1e300 hung), or one no noise reaches (its ValueError)
+    with pytest.raises(ConfigError, match="must be ≤ 1000"):
+        from_dict({"privacy": {"target_epsilon": 1e300}})
+    with pytest.raises(ValueError, match="no noise multiplier reaches ε = 1e-300"):
+        noise_for_target_epsilon(1e-300, 1e-10, 1.0, 1)
+    with pytest.raises(ConfigError, match="must be ≥ 2"):  # a batch of one breaks BatchNorm in round 1
+        from_dict({"schedule": {"batch_size": 1}})
+    if not __import__("torch").backends.mps.is_available():
+        with pytest.raises(ConfigError, match="no Apple GPU"):
+            resolve_device("mps")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(RunUnreadable, match="cannot resolve"):
+        load_runs([tmp_path / "loop"])
+    # a tracker that cannot start (a bad MLFLOW_TRACKING_URI ended in MLflow's traceback)
+    from types import SimpleNamespace as NS
+
+    from secfed.tracking import TrackingReporter
+
+    class Unreachable:
+        def start(self, config: dict, start_round: int) -> None:
+            raise OSError("no such store")
+
+    fed = NS(domains=[], config=NS(to_dict=dict))
+    with pytest.raises(ConfigError, match=r"Unreachable cannot start \(OSError: no such store\)") as caught:
+        TrackingReporter(NS(), [Unreachable()]).run_started(fed, 0)
+    assert caught.value.key == "run.log_to"

@@ -23,6 +23,7 @@ paired different people (ids above 200 are not the same person in both cameras).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -91,8 +92,15 @@ def seeded_split(
 
 
 def inside(path: Path, folder: Path) -> bool:
-    """Whether ``path`` lies in ``folder``, links resolved on both sides."""
-    return Path(path).expanduser().resolve().is_relative_to(Path(folder).expanduser().resolve())
+    """Whether ``path`` lies in ``folder``, links resolved on both sides; a path caught in a link loop
+    (found by review: a traceback) is checked as written."""
+    def resolved(p: Path | str) -> Path:
+        try:
+            return Path(p).expanduser().resolve()
+        except (RuntimeError, OSError):
+            return Path(os.path.abspath(p))
+
+    return resolved(path).is_relative_to(resolved(folder))
 
 
 def _count_unused(pool: Sequence[Sample], subsets: Subsets, skipped: Counter[str]) -> None:

@@ -171,7 +171,10 @@ def labels_for(paths: list[Path]) -> list[str]:
 def load_runs(paths: list[Path]) -> list[ComparedRun]:
     """The runs at ``paths``, each once (the same run under two spellings is refused), labelled by their
     resolved folders (``.`` was labelled "": found by review)."""
-    resolved = [Path(p).resolve() for p in paths]
+    try:
+        resolved = [Path(p).resolve() for p in paths]
+    except (RuntimeError, OSError) as exc:  # a link loop (found by review: a traceback)
+        raise RunUnreadable(f"cannot resolve a run's path ({exc})") from None
     if twice := [str(p) for p, r in zip(paths, resolved) if resolved.count(r) > 1]:
         raise RunUnreadable(f"{printable(twice[0])}: the same run given twice ({', '.join(map(printable, twice))})")
     runs = [load_run(p) for p in paths]

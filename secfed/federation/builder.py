@@ -667,9 +667,14 @@ def resolve_device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError as exc:
         raise ConfigError("run.device", f"{name!r} is not a torch device ({exc})") from None
+    if device.type == "mps" and not torch.backends.mps.is_available():  # (found by review: torch's traceback)
+        raise ConfigError("run.device", f"{name} was asked for, but torch sees no Apple GPU (MPS) here")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("run.device", f"{name} was asked for, but torch sees no CUDA GPU")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError("run.device", f"{name} was asked for, but torch sees {torch.cuda.device_count()} "
+                              "CUDA GPU(s), numbered from 0")
         # Reproducible convolutions (resumed runs then agree; a few CUDA kernels, e.g. adaptive
         # average pooling's backward, stay nondeterministic: see the README).
         torch.backends.cudnn.deterministic = True

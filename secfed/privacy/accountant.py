@@ -130,10 +130,15 @@ def noise_for_target_epsilon(target_epsilon: float, delta: float, sample_rate: f
         raise ValueError(f"rounds must be ≥ 1, got {rounds}")
     from opacus.accountants.utils import get_noise_multiplier
 
+    from secfed.config import MAX_TARGET_EPSILON  # here: the configuration imports the privacy package
+
+    if target_epsilon > MAX_TARGET_EPSILON:  # Opacus' search never ends there (found by review: 1e300 hung)
+        raise ValueError(f"target ε {target_epsilon:g} is above {MAX_TARGET_EPSILON:g}, where no guarantee is left")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the order-range warning, as in epsilon()
-        return float(
-            get_noise_multiplier(
-                target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate, steps=rounds, accountant="rdp"
-            )
-        )
+        try:
+            return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
+                                              sample_rate=sample_rate, steps=rounds, accountant="rdp"))
+        except ValueError as exc:  # "The privacy budget is too low." (found by review: a traceback)
+            raise ValueError(f"no noise multiplier reaches ε = {target_epsilon:g} at δ = {delta:g} over {rounds} "
+                             f"steps at sampling rate {sample_rate:.3g} ({exc})") from None

@@ -172,7 +172,11 @@ class DpSgdPlan:
             return self.noise_multiplier
         assert self.target_epsilon is not None
         rate, steps = poisson_schedule(num_examples, batch_size)
-        return noise_for_target_epsilon(self.target_epsilon, self.delta_for(num_examples), rate, steps * local_epochs * rounds)
+        try:
+            return noise_for_target_epsilon(self.target_epsilon, self.delta_for(num_examples), rate,
+                                            steps * local_epochs * rounds)
+        except ValueError as exc:  # no noise reaches it (found by review: Opacus' error as a traceback)
+            raise ConfigError(KEY["dp_sgd_target_epsilon"], f"a client of {num_examples} examples: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -597,8 +601,11 @@ def _gaussian_plan(run: _RunFacts) -> _NoisePlan:
     assert cfg.clip is not None and delta is not None
     skip_p = run.skip_p if run.poisson_skips else None
     if cfg.target_epsilon is not None:
-        z, accounting_z, accounted_delta, skip_rule = _calibrate(
-            cfg.target_epsilon, delta, run.accounting_rate, run.rounds, run.inflation, skip_p, run.skip_factor)
+        try:
+            z, accounting_z, accounted_delta, skip_rule = _calibrate(
+                cfg.target_epsilon, delta, run.accounting_rate, run.rounds, run.inflation, skip_p, run.skip_factor)
+        except ValueError as exc:  # no noise reaches it (found by review: Opacus' error as a traceback)
+            raise ConfigError(KEY["target_epsilon"], str(exc)) from None
     else:
         z = cfg.noise_multiplier if cfg.noise_multiplier is not None else run.denominator * cfg.dp_beta / cfg.clip
         accounting_z, accounted_delta, skip_rule = _account_fixed(

@@ -304,8 +304,8 @@ class Cohort:
 
         try:
             raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise NodeSetupError(f"{where}: cannot read the cohort file ({exc})") from None
+        except (tomllib.TOMLDecodeError, RecursionError) as exc:  # nested too deeply: RecursionError (review)
+            raise NodeSetupError(f"{where}: cannot read the cohort file ({exc or 'nested too deeply'})") from None
         table = raw.get("sites")
         if not isinstance(table, dict) or not table:
             raise NodeSetupError(f"{where}: needs a [sites] table with one `name = \"hex key\"` line per site")
