@@ -33,7 +33,7 @@ def test_the_readme_documents_every_setting_in_one_table() -> None:
     ({"schedule": {"rounds": 2.7}}, "schedule.rounds: must be an integer"),
     ({"schedule": {"lr": float("nan")}}, "schedule.lr: must be a finite number"),
     ({"schedule": {"lr": -0.1}}, "schedule.lr: must be > 0"),
-    ({"schedule": {"batch_size": 0}}, "schedule.batch_size: must be ≥ 2"),
+    ({"schedule": {"batch_size": 0}}, "schedule.batch_size: must be ≥ 1"),
     ({"secagg": {"dropout_rate": 1.0}}, "secagg.dropout_rate: must be < 1"),
     ({"privacy": {"sample_rate": 1.5}}, "privacy.sample_rate: must be ≤ 1"),
     ({"privacy": {"dp_beta": -0.1}}, "privacy.dp_beta: must be ≥ 0"),
@@ -222,8 +222,9 @@ def test_what_a_user_types_is_refused_by_name_not_with_a_traceback(tmp_path: Pat
         from_dict({"privacy": {"target_epsilon": 1e300}})
     with pytest.raises(ValueError, match="no noise multiplier reaches ε = 1e-300"):
         noise_for_target_epsilon(1e-300, 1e-10, 1.0, 1)
-    with pytest.raises(ConfigError, match="must be ≥ 2"):  # a batch of one breaks BatchNorm in round 1
-        from_dict({"schedule": {"batch_size": 1}})
+    with pytest.raises(ConfigError, match="BatchNorm needs two images"):  # a batch of one broke round 1
+        check(from_dict({"schedule": {"batch_size": 1}}))
+    check(from_dict({"schedule": {"batch_size": 1}, "privacy": {"dp_sgd": True, "dp_sgd_noise_multiplier": 1.0}}))
     if not __import__("torch").backends.mps.is_available():
         with pytest.raises(ConfigError, match="no Apple GPU"):
             resolve_device("mps")
