@@ -231,6 +231,16 @@ def test_what_a_user_types_is_refused_by_name_not_with_a_traceback(tmp_path: Pat
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     with pytest.raises(RunUnreadable, match="cannot resolve"):
         load_runs([tmp_path / "loop"])
+    # an empty XDG_CACHE_HOME is unset (the cache went to ./secfed), and "~" in a TOML run.out is home
+    from secfed.cli.train import resolve_config
+    from secfed.federation.builder import cache_dir
+
+    monkeypatch.delenv("SECFED_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "secfed"
+    (tmp_path / "home.toml").write_text('[run]\nout = "~/runs"\nname = "r"\n')
+    assert resolve_config({"config": tmp_path / "home.toml"})[1] == tmp_path / "home" / "runs" / "r"
     # a tracker that cannot start (a bad MLFLOW_TRACKING_URI ended in MLflow's traceback)
     from types import SimpleNamespace as NS
 

@@ -61,7 +61,8 @@ def cache_dir() -> Path:
     """Where the embedded synthetic default is generated: $SECFED_CACHE, else $XDG_CACHE_HOME/secfed."""
     if env := os.environ.get("SECFED_CACHE"):
         return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "secfed"
+    # an empty XDG_CACHE_HOME counts as unset, as the XDG spec says (found by review: ./secfed was used)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "secfed"
 
 
 @dataclass
@@ -137,7 +138,7 @@ def resolve_data(cfg: RunConfig, *, split_path: Path | None = None, root: Path |
     for name, _ in (*entries, *tests):  # any dataset's folder, not only the seeded set's that writes the file
         # (found by review: written into VIPeR/cam_a, then listed as a picture). Only the file one names: a
         # run's own (RUN/splits.json) goes where its --out is, and runs kept there before still open (review)
-        if data.split_file is not None and inside(data.split_file, base / name):
+        if data.split_file is not None and inside(Path(data.split_file).expanduser(), base / name):
             raise ConfigError("data.split_file", f"{data.split_file} is inside the dataset folder {base / name}: a "
                               "split file is kept outside every dataset folder")
 
@@ -486,7 +487,7 @@ def build(
     configuration is the run's own (a setting it never reads stands, as in a saved one)."""
     check(cfg, saved=saved or resumed)
     pretrain.require(cfg.model.pretrained, cfg.model.backbone, cfg.data.height, cfg.data.width)  # before any data
-    split_path = Path(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
+    split_path = Path(cfg.data.split_file).expanduser() if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
     data = resolve_data(cfg, split_path=split_path, root=data_root, progress=progress)
     shards, evaluated = make_shards(cfg, data.trained)
     check_overlaps(cfg, shards, data.trained, data.unseen, saved=saved)
