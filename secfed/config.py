@@ -50,7 +50,6 @@ CONFIG_VERSION = 2
 # ---- the schema ----------------------------------------------------------------------------------
 
 
-MAX_TARGET_EPSILON = 1000.0  # a target ε above it guarantees nothing (e^1000), and Opacus' search for it never ends
 MAX_THREADS = 1024  # more torch threads than any machine has cores (and below what torch's int can hold)
 
 
@@ -233,8 +232,7 @@ class PrivacyConfig(Section):
     clip: float | None = setting(None, "--clip", "L2 bound of each client's whole shared update.", gt=0)
     noise_multiplier: float | None = setting(None, "--noise-multiplier", "Client-level DP-FedAvg noise "
                                              "multiplier z.", gt=0)
-    target_epsilon: float | None = setting(None, "--target-epsilon", "Derive z for this ε at --delta.", gt=0,
-                                           le=MAX_TARGET_EPSILON)
+    target_epsilon: float | None = setting(None, "--target-epsilon", "Derive z for this ε at --delta.", gt=0)
     delta: float | None = setting(None, "--delta", "δ of client-level DP: min(1e-5, 0.1/N) unless given; --target-epsilon needs it given.", gt=0, lt=1)
     sampling: Literal["fixed", "poisson"] = setting("fixed", "--sampling", "Client selection: K of N, or Poisson "
                                                     "with --sample-rate (amplifies ε).")
@@ -246,7 +244,7 @@ class PrivacyConfig(Section):
                                                     "multiplier.", gt=0)
     dp_sgd_clip: float = setting(1.0, "--dp-sgd-clip", "DP-SGD per-example gradient norm bound.", gt=0)
     dp_sgd_target_epsilon: float | None = setting(None, "--dp-sgd-target-epsilon", "Calibrate each client's "
-                                                  "DP-SGD noise to this ε.", gt=0, le=MAX_TARGET_EPSILON)
+                                                  "DP-SGD noise to this ε.", gt=0)
     dp_sgd_delta: float | None = setting(None, "--dp-sgd-delta", "δ of DP-SGD: min(1e-5, 0.1/n_k) unless given; --dp-sgd-target-epsilon needs it given.",
                                          gt=0, lt=1)
     reproducible_noise: bool = setting(False, "--reproducible-noise", "Experiments only: draw privacy noise and "

@@ -218,8 +218,9 @@ def test_what_a_user_types_is_refused_by_name_not_with_a_traceback(tmp_path: Pat
     result = CliRunner().invoke(cli, ["train", "--name", "a" * 300, "--out", str(tmp_path)])  # ENAMETOOLONG
     assert result.exit_code == 2 and "--name" in result.output and "File name too long" in result.output
     # a target ε Opacus' search never ends on (1e300 hung), or one no noise reaches (its ValueError)
-    with pytest.raises(ConfigError, match="must be ≤ 1000"):
-        from_dict({"privacy": {"target_epsilon": 1e300}})
+    with pytest.raises(ValueError, match="target ε 1e\\+300 is above 1e\\+06"):
+        noise_for_target_epsilon(1e300, 1e-10, 0.5, 10)
+    assert from_dict({"privacy": {"target_epsilon": 2000.0}}).privacy.target_epsilon == 2000  # runs saved with it open
     with pytest.raises(ValueError, match="no noise multiplier reaches ε = 1e-300"):
         noise_for_target_epsilon(1e-300, 1e-10, 1.0, 1)
     with pytest.raises(ConfigError, match="BatchNorm needs two images"):  # a batch of one broke round 1

@@ -201,6 +201,23 @@ def test_features_packed_in_a_narrow_cone_keep_their_ranking() -> None:
     assert scores.rank1 == 1.0 and scores.mAP > 0.99
 
 
+def test_copies_of_one_gallery_feature_tie_near_a_query_whatever_the_blocking() -> None:
+    """(review of the fix above) Copies of one gallery feature ≈ 5e-9 from a query came out at distances
+    ±1e-16 apart by their column: they did not tie, and mAP moved with the blocking (0.470 / 0.467)."""
+    rng = np.random.default_rng(0)
+    dim, groups, copies, queries = 512, 20, 5, 60
+    centers = rng.standard_normal((groups, dim))
+    centers /= np.linalg.norm(centers, axis=1, keepdims=True)
+    g = np.repeat(centers, copies, axis=0).astype(np.float32)
+    which = rng.integers(0, groups, queries)
+    q = (centers[which] + 1e-4 * rng.standard_normal((queries, dim)) / np.sqrt(dim)).astype(np.float32)
+    labels = (which * copies + rng.integers(0, copies, queries), np.arange(len(g)), np.ones(queries, int),
+              np.zeros(len(g), int))
+    distances = cosine_distances(q, g).reshape(queries, groups, copies)
+    assert (distances == distances[:, :, :1]).all()
+    assert len({cmc_map(q, g, *labels, chunk_size=c).mAP for c in (None, 1, 7)}) == 1
+
+
 def test_a_tiny_feature_is_as_close_as_its_direction_says() -> None:
     """(found by review) F.normalize's eps left a feature of norm 1e-13 short of unit length: the
     gallery image parallel to the query came out at distance ≈ 1 and rank-1 was 0."""
