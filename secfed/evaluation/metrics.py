@@ -327,8 +327,11 @@ def _distinct_rows(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     _, first, key_of = np.unique(key, return_index=True, return_inverse=True)
     if len(first) == len(a):
         return g, None
-    representative = first[key_of.ravel()]
-    representative = np.where((a == a[representative]).all(axis=1), representative, np.arange(len(a)))
+    key_of = key_of.ravel()
+    representative = first[key_of]
+    shared = np.flatnonzero(np.bincount(key_of)[key_of] > 1)  # only rows whose sum another row has
+    differ = shared[~(a[shared] == a[representative[shared]]).all(axis=1)]
+    representative[differ] = differ
     used, inverse = np.unique(representative, return_inverse=True)
     return g[torch.from_numpy(used).to(g.device)], torch.from_numpy(inverse.ravel()).to(g.device)
 

@@ -216,6 +216,9 @@ def test_copies_of_one_gallery_feature_tie_near_a_query_whatever_the_blocking() 
     distances = cosine_distances(q, g).reshape(queries, groups, copies)
     assert (distances == distances[:, :, :1]).all()
     assert len({cmc_map(q, g, *labels, chunk_size=c).mAP for c in (None, 1, 7)}) == 1
+    # rows grouped by the sum of their bits: two different rows with one sum stay two
+    swapped = cosine_distances(np.eye(2), np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]))
+    assert swapped.tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
 
 
 def test_a_tiny_feature_is_as_close_as_its_direction_says() -> None:
