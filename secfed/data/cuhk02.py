@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from secfed.data.errors import DataError
-from secfed.data.listing import find_base, list_images, require_dir, require_some
+from secfed.data.listing import find_base, list_images, list_subdirs, require_dir, require_some
 from secfed.data.types import ReidDataset, Sample
 
 PAIRS = ("P1", "P2", "P3", "P4", "P5")
@@ -28,6 +28,11 @@ _NAME = re.compile(r"^(\d+)_", re.ASCII)
 def load_cuhk02(root: Path) -> ReidDataset:
     base = find_base(root, PAIRS, ("Dataset",), LAYOUT)
     skipped: Counter[str] = Counter()
+    # folders the layout does not name (a P6/, a cam3/) are counted, never dropped without a word (review)
+    extra = sum(p.name not in PAIRS for p in list_subdirs(base, Counter()))
+    extra += sum(p.name not in ("cam1", "cam2") for pair in PAIRS for p in list_subdirs(base / pair, Counter()))
+    if extra:
+        skipped["not_in_layout"] = extra
     found: list[tuple[int, int, int, Path]] = []  # (pair, id within pair, camera, path)
     for pair_index, pair in enumerate(PAIRS):
         for cam_index, cam in enumerate(("cam1", "cam2")):
