@@ -581,6 +581,10 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
     return (dp_record(record) if claimed else record), wall
 
 
+class NothingAggregated(UserWarning):
+    """A run whose rounds all released nothing: no client was drawn or none reached the aggregate."""
+
+
 def drive(fed: Federation, transport: Transport, run_dir: Path, reporter: Reporter, *,
           history: list[dict[str, Any]], start: int = 0, wall: float = 0.0,
           on_round_end: Callable[[int], None] | None = None,
@@ -597,6 +601,10 @@ def drive(fed: Federation, transport: Transport, run_dir: Path, reporter: Report
             if on_round_end is not None:
                 on_round_end(t + 1)
         checkpoints.wait()  # the last checkpoint is on disk and verified: the one before it is no longer needed
+    if history and not any(r.get("contributors") for r in history):  # (found by review: said nowhere)
+        warnings.warn(NothingAggregated(
+            f"no client took part in any of the {len(history)} rounds (e.g. a Poisson --sample-rate this small "
+            "draws nobody): the global model is the initial one"), stacklevel=2)
     ckpt.prune_checkpoints(run_dir, keep=1, newest=fed.config.schedule.rounds)
     summary = summarize(fed, history, run_dir, wall)
     ckpt.write_run_file(run_dir / "summary.json", json.dumps(summary, indent=2))

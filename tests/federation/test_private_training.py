@@ -385,3 +385,15 @@ def test_a_clients_examples_are_stated_over_both_models_they_train_under_dp_sgd(
     assert (federated["server_note"], federated["audience"]) == (adversary.DP_SGD_SERVER, adversary.RELEASED_MODELS)
     cell = privacy_cell(summary)
     assert "ε ≤ 3 (δ = 1e-05) per model" in cell and "≤ 5 per client over its federated and local-only" in cell
+
+
+def test_a_run_in_which_no_client_ever_took_part_says_so(tiny_config: RunConfig, tmp_path: Path) -> None:
+    """(found by review) `--sampling poisson --sample-rate 1e-300` drew nobody in any round and ended with
+    the results table and no word: the global model was the initial one."""
+    from secfed.federation.runtime import NothingAggregated
+
+    cfg = tiny_config
+    cfg.schedule.rounds, cfg.run.local_baseline = 1, False
+    cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 1e-300
+    with pytest.warns(NothingAggregated, match="no client took part in any of the 1 rounds"):
+        run(cfg, tmp_path / "nobody")
