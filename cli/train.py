@@ -66,7 +66,10 @@ def resolve_config(params: dict[str, Any], *, public_root: bool = False) -> tupl
         raise click.UsageError(render(exc, typed=typed, from_file=_toml_keys(toml) if toml else set(),
                                       toml=str(toml) if toml else None)) from None
     name = cfg.run.name or f"{cfg.method.algorithm}-{cfg.data.scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(cfg.run.out).expanduser() / name  # "~/runs" from a TOML file too (found by review: ./~/runs)
+    try:
+        run_dir = Path(cfg.run.out).expanduser() / name  # "~/runs" from a TOML file too (found by review: ./~/runs)
+    except RuntimeError as exc:  # ~user of nobody (review of that fix: a traceback)
+        raise click.BadParameter(f"{cfg.run.out}: {exc}", param_hint="--out") from None
     try:
         started = run_dir.exists() and any(p.name != FOLDER_LOCK for p in run_dir.iterdir())  # a lock alone: empty
     except OSError as exc:  # a name too long for the file system (found by review: a traceback)

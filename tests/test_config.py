@@ -190,6 +190,7 @@ def test_what_a_user_types_is_refused_by_name_not_with_a_traceback(tmp_path: Pat
     traceback; each is now an error naming the file, key or flag."""
     import os
 
+    import click
     from click.testing import CliRunner
 
     from secfed.cli.main import cli
@@ -242,6 +243,14 @@ def test_what_a_user_types_is_refused_by_name_not_with_a_traceback(tmp_path: Pat
     assert cache_dir() == tmp_path / "home" / ".cache" / "secfed"
     (tmp_path / "home.toml").write_text('[run]\nout = "~/runs"\nname = "r"\n')
     assert resolve_config({"config": tmp_path / "home.toml"})[1] == tmp_path / "home" / "runs" / "r"
+    (tmp_path / "nobody.toml").write_text('[run]\nout = "~secfed-nobody-user/runs"\n')
+    with pytest.raises(click.BadParameter, match="secfed-nobody-user"):  # a traceback (review of the fix)
+        resolve_config({"config": tmp_path / "nobody.toml"})
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # relative: unset too
+    assert cache_dir() == tmp_path / "home" / ".cache" / "secfed"
+    monkeypatch.setenv("SECFED_CACHE", "~/c")
+    assert cache_dir() == tmp_path / "home" / "c"
+    monkeypatch.delenv("SECFED_CACHE")
     # a tracker that cannot start (a bad MLFLOW_TRACKING_URI ended in MLflow's traceback)
     from types import SimpleNamespace as NS
 

@@ -320,19 +320,23 @@ def _distinct_rows(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     identical gallery columns at distances that differ by ±1e-16 with their place in the matrix, so a
     query at ≈ 1e-9 from five copies of one feature ranked them by position and its score moved with the
     blocking (found by review); computed once per distinct row, copies are equal by construction. Rows
-    are grouped by a wrapping sum of their bits (a pass over the gallery; sorting the rows took 1.9 s at
-    16,000 × 2048) and compared whole within a group, so a shared sum never merges different rows."""
+    are grouped by a wrapping sum of their bits (one pass over the gallery: 0.01 s at 20,000 × 2048 —
+    sorting every row took 1.9 s), and only rows sharing a sum are sorted by their bytes, so a different
+    row with the same sum neither merges with them nor keeps copies apart (review: a permuted row first
+    in the group did)."""
     a = np.ascontiguousarray(g.detach().cpu().numpy())
     key = a.view(np.uint64 if a.itemsize == 8 else np.uint32).sum(axis=1, dtype=np.uint64)
-    _, first, key_of = np.unique(key, return_index=True, return_inverse=True)
-    if len(first) == len(a):
+    _, key_of, counts = np.unique(key, return_inverse=True, return_counts=True)
+    shared = np.flatnonzero(counts[key_of.ravel()] > 1)
+    if not len(shared):
         return g, None
-    key_of = key_of.ravel()
-    representative = first[key_of]
-    shared = np.flatnonzero(np.bincount(key_of)[key_of] > 1)  # only rows whose sum another row has
-    differ = shared[~(a[shared] == a[representative[shared]]).all(axis=1)]
-    representative[differ] = differ
+    representative = np.arange(len(a))
+    as_bytes = np.ascontiguousarray(a[shared]).view(np.dtype((np.void, a.shape[1] * a.itemsize))).ravel()
+    _, first, same_as = np.unique(as_bytes, return_index=True, return_inverse=True)
+    representative[shared] = shared[first[same_as.ravel()]]
     used, inverse = np.unique(representative, return_inverse=True)
+    if len(used) == len(a):
+        return g, None
     return g[torch.from_numpy(used).to(g.device)], torch.from_numpy(inverse.ravel()).to(g.device)
 
 

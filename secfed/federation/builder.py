@@ -60,9 +60,20 @@ ImageLoader = Callable[[Sequence[Sample], int, int], torch.Tensor]  # samples, h
 def cache_dir() -> Path:
     """Where the embedded synthetic default is generated: $SECFED_CACHE, else $XDG_CACHE_HOME/secfed."""
     if env := os.environ.get("SECFED_CACHE"):
-        return Path(env)
-    # an empty XDG_CACHE_HOME counts as unset, as the XDG spec says (found by review: ./secfed was used)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "secfed"
+        try:
+            return Path(env).expanduser()  # "~/c" is the home folder's (found by review: ./~/c)
+        except RuntimeError as exc:
+            raise ConfigError("SECFED_CACHE", f"{env}: {exc}") from None
+    # an empty or relative XDG_CACHE_HOME counts as unset, as the XDG spec says (found by review: ./secfed)
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "secfed"
+
+
+def _split_file(named: str) -> Path:
+    try:
+        return Path(named).expanduser()
+    except RuntimeError as exc:  # ~user of nobody (found by review: a traceback)
+        raise ConfigError("data.split_file", f"{named}: {exc}") from None
 
 
 @dataclass
@@ -138,7 +149,7 @@ def resolve_data(cfg: RunConfig, *, split_path: Path | None = None, root: Path |
     for name, _ in (*entries, *tests):  # any dataset's folder, not only the seeded set's that writes the file
         # (found by review: written into VIPeR/cam_a, then listed as a picture). Only the file one names: a
         # run's own (RUN/splits.json) goes where its --out is, and runs kept there before still open (review)
-        if data.split_file is not None and inside(Path(data.split_file).expanduser(), base / name):
+        if data.split_file is not None and inside(_split_file(data.split_file), base / name):
             raise ConfigError("data.split_file", f"{data.split_file} is inside the dataset folder {base / name}: a "
                               "split file is kept outside every dataset folder")
 
@@ -487,7 +498,7 @@ def build(
     configuration is the run's own (a setting it never reads stands, as in a saved one)."""
     check(cfg, saved=saved or resumed)
     pretrain.require(cfg.model.pretrained, cfg.model.backbone, cfg.data.height, cfg.data.width)  # before any data
-    split_path = Path(cfg.data.split_file).expanduser() if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
+    split_path = _split_file(cfg.data.split_file) if cfg.data.split_file else (run_dir / SPLIT_FILE if run_dir else None)
     data = resolve_data(cfg, split_path=split_path, root=data_root, progress=progress)
     shards, evaluated = make_shards(cfg, data.trained)
     check_overlaps(cfg, shards, data.trained, data.unseen, saved=saved)

@@ -216,9 +216,14 @@ def test_copies_of_one_gallery_feature_tie_near_a_query_whatever_the_blocking() 
     distances = cosine_distances(q, g).reshape(queries, groups, copies)
     assert (distances == distances[:, :, :1]).all()
     assert len({cmc_map(q, g, *labels, chunk_size=c).mAP for c in (None, 1, 7)}) == 1
-    # rows grouped by the sum of their bits: two different rows with one sum stay two
+    # rows grouped by the sum of their bits: two different rows with one sum stay two, and copies placed
+    # after a different row of that sum still tie (review: [1,2,3],[3,2,1],[2,1,3],[3,2,1],[1,2,3])
     swapped = cosine_distances(np.eye(2), np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]))
     assert swapped.tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
+    from secfed.evaluation.metrics import _distinct_rows
+
+    rows, inverse = _distinct_rows(torch.tensor([[1.0, 2, 3], [3, 2, 1], [2, 1, 3], [3, 2, 1], [1, 2, 3]]))
+    assert len(rows) == 3 and inverse[0] == inverse[4] and inverse[1] == inverse[3] != inverse[2]
 
 
 def test_a_tiny_feature_is_as_close_as_its_direction_says() -> None:
