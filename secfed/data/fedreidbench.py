@@ -2,7 +2,7 @@
 
 That script turns each of the nine sets into an ImageFolder tree, one folder per person::
 
-    ROOT/pytorch/train_all/<PID>/<image>     train (``train`` + ``val``; ``train`` if absent)
+    ROOT/pytorch/train_all/<PID>/<image>     train (``train`` + ``val``; if absent, both are read)
     ROOT/pytorch/query/<PID>/<image>
     ROOT/pytorch/gallery/<PID>/<image>
 
@@ -60,11 +60,13 @@ def _read_id_folders(folder: Path, skipped: Counter[str]) -> list[Sample]:
 def load_fedreidbench(root: Path) -> ReidDataset:
     """One dataset as FedReIDBench's ``data_preprocess`` left it (``root`` or ``root/pytorch``)."""
     base = find_base(root, ("query", "gallery"), ("pytorch",), LAYOUT)
-    train_dir = base / "train_all" if (base / "train_all").is_dir() else base / "train"
-    if not train_dir.is_dir():
+    # train_all is train + val; without it, both are read (found by review: val/ beside train/ was dropped
+    # without a word) — what train_all would have held
+    parts = ["train_all"] if (base / "train_all").is_dir() else [p for p in ("train", "val") if (base / p).is_dir()]
+    if not parts or parts == ["val"]:
         raise DataError(base / "train_all", f"missing folder (nor is there train/); expected layout: {LAYOUT}")
     skipped: Counter[str] = Counter()
-    train = _read_id_folders(train_dir, skipped)
+    train = [s for part in parts for s in _read_id_folders(base / part, skipped)]
     query = _read_id_folders(base / "query", skipped)
     gallery = _read_id_folders(base / "gallery", skipped)
     if reason := unusable_reason(train, query, gallery):

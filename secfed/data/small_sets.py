@@ -252,6 +252,8 @@ def load_ilidsvid(root: Path, *, seed: int = 0, split_path: Path | None = None, 
             pid = int(_parse(person, _ILIDSVID_PERSON, "person001/")[1])
             if seq := [Sample(path, pid, cam) for path in list_images(person, skipped)]:
                 sequences[pid, cam] = seq
+            else:  # a person folder without frames: counted, not left out without a word (found by review)
+                skipped["empty_folder"] += 1
         require_some([key for key in sequences if key[1] == cam], cam_dir, "images in its person folders")
     pool = [s for seq in sequences.values() for s in seq]
 

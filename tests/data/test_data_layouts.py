@@ -194,6 +194,10 @@ def test_fedreidbench_folders_both_naming_styles(tmp_path, layouts):
     assert [(s.pid, s.camid) for s in ds.query] == [(0, 0)]
     assert sorted((s.pid, s.camid) for s in ds.gallery) == [(0, 1), (2, 3)]
     assert ds.skipped == {"junk": 1}
+    # without train_all, train and val are read: what train_all holds (val was dropped without a word: review)
+    (base / "train_all").rename(base / "train")
+    layouts.image(base / "val" / "4" / "cam_0_00004_00000.png")
+    assert sorted(s.pid for s in load_dataset(tmp_path / "prid", "fedreidbench").train) == [3, 3, 4]
     layouts.image(base / "query" / "x7" / "cam_0_1.png")
     with pytest.raises(DataError) as err:
         load_dataset(tmp_path / "prid", "fedreidbench")
