@@ -20,7 +20,7 @@ from secfed.cli.data_synth import print_domains
 from secfed.data.errors import DataError
 from secfed.data.registry import FORMATS, guess_format, load_dataset
 from secfed.data.split_file import inside
-from secfed.data.synth import SynthManifest
+from secfed.data.synth import SEED_RANGE, SynthManifest
 from secfed.data.synth_report import image_counts, measured, recorded
 from secfed.data.synth_report import summary as synth_summary
 from secfed.data.types import UNLABELED, ReidDataset, Sample
@@ -85,7 +85,7 @@ def _verify(datasets: list[ReidDataset], console: Console) -> int:
 @click.option("--format", "-f", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Dataset layout. Default: guessed from the folder name (Market-1501-v15.09.15 → market1501); "
                    "a folder holding manifest.json is read as `secfed data synth` wrote it.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(*SEED_RANGE), default=0, show_default=True,
               help="Seed of the drawn split, for the sets that ship none "
                    "(prid2011, cuhk01, viper, 3dpes, ilids, ilidsvid).")
 @click.option("--split-file", type=click.Path(dir_okay=False, path_type=Path), default=None,

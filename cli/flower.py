@@ -425,6 +425,9 @@ def keys_command(state_dir: Path, name: str) -> None:
     require_flower()
     from secfed.adapters.flower import node as node_files
 
+    for given, flag in ((str(state_dir), "--state-dir"), (name, "--name")):  # (found by review: "" was the
+        if not given.strip() or given == ".":  # current folder, made 0700, and a site named "")
+            raise click.BadParameter("must not be empty", param_hint=flag)
     try:
         folder = node_files.state_dir({node_files.STATE_DIR_KEY: str(state_dir)})
         key = node_files.identity_key(folder)

@@ -27,6 +27,7 @@ import json
 import re
 import stat
 import sys
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,9 +270,11 @@ class RunSection(Section):
     @classmethod
     def _one_folder_name(cls, value: str | None) -> str | None:
         """A run directory's own name: one folder under `run.out`, nothing a file system refuses."""
+        # control and format characters too: C1 (U+0085 ends a line) and the bidirectional overrides
+        # (U+202E shows a name reversed) were accepted (found by review)
         if value is not None and (value in ("", ".", "..") or any(c in value for c in "/\\")
-                                  or any(ord(c) < 32 or ord(c) == 127 for c in value)):
-            raise ValueError("must be one folder name: no '/', '\\', control characters, '.' or '..'")
+                                  or any(unicodedata.category(c) in ("Cc", "Cf") for c in value)):
+            raise ValueError("must be one folder name: no '/', '\\', control or format characters, '.' or '..'")
         return value
 
 

@@ -216,6 +216,11 @@ def test_what_a_user_types_is_refused_by_name_not_with_a_traceback(tmp_path: Pat
     assert "three.toml: schedule.rounds: must be an integer" in out and "--rounds" not in out
     out = CliRunner().invoke(cli, ["train", "--config", str(tmp_path / "none.toml")]).output
     assert out.count("none.toml") == 1 and "no such file" in out
+    for args, flag in ((["train", "--name", "a\u202eb"], "--name"),  # a name shown reversed was accepted
+                       (["flower", "keys", "--state-dir", "", "--name", "a"], "--state-dir"),  # the current folder
+                       (["data", "inspect", str(tmp_path), "--format", "viper", "--seed", "-5"], "--seed")):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2 and flag in result.output, args
     result = CliRunner().invoke(cli, ["train", "--name", "a" * 300, "--out", str(tmp_path)])  # ENAMETOOLONG
     assert result.exit_code == 2 and "--name" in result.output and "File name too long" in result.output
     # a target ε Opacus' search never ends on (1e300 hung), or one no noise reaches (its ValueError)
