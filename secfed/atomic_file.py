@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -23,12 +23,21 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None =
     return write_with(path, lambda fh: fh.write(data), mode=mode)
 
 
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def temporaries(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """The temporary files of writes of ``path`` (one being written, or one a kill left behind)."""
+    path = Path(path)
+    return path.parent.glob(f".{path.name}.*{TEMPORARY_SUFFIX}")
+
+
 def write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *,
                mode: int | None = None) -> Path:
     """:func:`write_bytes` of what ``write(file)`` writes: large contents (a checkpoint) stream
     into the file instead of being built in memory first. If ``write`` raises, the old file stays."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as fh:
             if mode is not None:

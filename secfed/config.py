@@ -487,11 +487,11 @@ def read_toml(path: Path) -> dict[str, Any]:
         if len(data) > MAX_TOML_BYTES:
             raise TomlUnreadable(f"larger than any settings file ({MAX_TOML_BYTES:,} bytes at most)")
         return tomllib.loads(data.decode())
+    except TomlUnreadable:
+        raise
     except FileNotFoundError:
         raise TomlUnreadable("no such file") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL in the path
-        if isinstance(exc, TomlUnreadable):
-            raise
         what = "is not valid TOML" if isinstance(exc, tomllib.TOMLDecodeError) else "cannot be read"
         raise TomlUnreadable(f"{what}: {exc}") from None
     except RecursionError:

@@ -12,13 +12,12 @@ ignores the labels, but they stay truthful for anyone who wants them.
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from pathlib import Path
 
 from secfed.data.errors import DataError
-from secfed.data.listing import find_base, list_images, require_dir, require_some
+from secfed.data.listing import find_base, list_images, require_dir, require_some, scan
 from secfed.data.types import ReidDataset, Sample
 
 PAIRS = ("P1", "P2", "P3", "P4", "P5")
@@ -27,11 +26,8 @@ _NAME = re.compile(r"^(\d+)_", re.ASCII)
 
 
 def _not_in_layout(folder: Path, named: tuple[str, ...]) -> int:
-    try:
-        with os.scandir(folder) as entries:
-            return sum(entry.name not in named for entry in entries)
-    except OSError as exc:
-        raise DataError(folder, f"cannot be listed ({exc.strerror or exc})") from None
+    with scan(folder) as entries:
+        return sum(entry.name not in named for entry in entries)
 
 
 def load_cuhk02(root: Path) -> ReidDataset:

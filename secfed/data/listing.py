@@ -75,7 +75,7 @@ def list_images(folder: Path, skipped: Counter[str]) -> list[Path]:
     A link to an image that is not there is an error, not a skip: the image was meant to be used.
     """
     images: list[Path] = []
-    with _scan(folder) as entries:
+    with scan(folder) as entries:
         for entry in entries:
             is_image = os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES
             try:
@@ -120,7 +120,7 @@ def list_tree(root: Path, skipped: Counter[str]) -> list[Path]:
 def list_subdirs(folder: Path, skipped: Counter[str]) -> list[Path]:
     """Sub-folders of ``folder``, sorted by name; loose files there are counted as ``not_image``."""
     dirs: list[Path] = []
-    with _scan(folder) as entries:
+    with scan(folder) as entries:
         for entry in entries:
             try:
                 is_dir = entry.is_dir()
@@ -135,7 +135,7 @@ def list_subdirs(folder: Path, skipped: Counter[str]) -> list[Path]:
 
 
 @contextmanager
-def _scan(folder: Path) -> Iterator[Iterator[os.DirEntry[str]]]:
+def scan(folder: Path) -> Iterator[Iterator[os.DirEntry[str]]]:
     """``os.scandir(folder)``, a folder that cannot be listed a DataError naming it (found by review: an
     unreadable `query/` stopped `data inspect` and `train` with a PermissionError traceback)."""
     try:

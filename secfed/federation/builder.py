@@ -146,10 +146,11 @@ def resolve_data(cfg: RunConfig, *, split_path: Path | None = None, root: Path |
         raise ConfigError("data.root", f"{base} is not a directory")
     entries = _entries_under(base, data.datasets, "data.datasets")
     tests = _entries_under(base, data.test_datasets, "data.test_datasets") if data.test_datasets else []
+    named = _split_file(data.split_file) if data.split_file is not None else None
     for name, _ in (*entries, *tests):  # any dataset's folder, not only the seeded set's that writes the file
         # (found by review: written into VIPeR/cam_a, then listed as a picture). Only the file one names: a
         # run's own (RUN/splits.json) goes where its --out is, and runs kept there before still open (review)
-        if data.split_file is not None and inside(_split_file(data.split_file), base / name):
+        if named is not None and inside(named, base / name):
             raise ConfigError("data.split_file", f"{data.split_file} is inside the dataset folder {base / name}: a "
                               "split file is kept outside every dataset folder")
 

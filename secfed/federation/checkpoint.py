@@ -347,7 +347,7 @@ def remove_stale_writes(run_dir: Path) -> None:
     outlived every resume, counted in the run's disk use). Only the run's own process writes there."""
     folder = Path(run_dir) / CHECKPOINT_DIR
     if folder.is_dir():
-        for tmp in folder.glob(".round-*.tmp"):
+        for tmp in folder.glob(f".round-*{atomic_file.TEMPORARY_SUFFIX}"):
             tmp.unlink(missing_ok=True)
 
 

@@ -239,7 +239,7 @@ def _remove_abandoned_writes(path: Path) -> None:
     write, a backbone's size each, kept for good). Another build of the same recipe may be writing
     now, so only those older than any write takes are removed."""
     now = time.time()
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+    for tmp in atomic_file.temporaries(path):
         try:
             if now - tmp.stat().st_mtime > ABANDONED_AFTER_S:
                 tmp.unlink()
