@@ -353,8 +353,8 @@ def _cosine(q: torch.Tensor, g: torch.Tensor, inverse: torch.Tensor | None = Non
     fix): float32 near 0 keeps them apart. Between ``_SAME`` and ≈ 1e-7 two distances within ≈ 1e-15 of
     each other can still order either way; copies of one gallery feature cannot (:func:`_distinct_rows`)."""
     with torch.inference_mode():
-        distances = 1.0 - q @ g.T
-        distances = torch.where(distances.abs() < _SAME, torch.zeros_like(distances), distances)
+        distances = (q @ g.T).neg_().add_(1.0)  # 1 − q·g in place: the same numbers, no second block
+        distances.masked_fill_(distances.abs() < _SAME, 0.0)
         if inverse is not None:  # copies of one gallery feature: the one column it was computed in
             distances = distances[:, inverse]
         return distances.to(torch.float32).cpu().numpy()
