@@ -298,6 +298,9 @@ class SecAggClient:
                 # an authenticated client awaiting the unmask request has signed the survivor set it checks
                 config.authenticated and state is ClientState.AWAIT_UNMASK and not flags & _HAS_SIGNED):
             raise MalformedMessage(f"client state: flags {flags:#06x} do not fit state {state.value}")
+        if (config.authenticated and identity_key is not None
+                and identity_key.public_key().public_bytes_raw() != config.identity_keys[client_id]):
+            raise MalformedMessage(f"client state: saved by client {client_id}, whose identity key is not the one given")
         r = _Reader(view[_STATE_HEADER.size :], "client state")
         client = cls(config, client_id, identity_key=identity_key)
         client.model_hash = r.fixed(DIGEST_BYTES, "model hash")
@@ -407,7 +410,8 @@ class SecAggClient:
                 self._seed = self._check_nonces(revealed)
                 self._graph = NeighbourGraph(cfg.params, self._seed, focus=self.id)
             self.neighbours = self._graph.of(self.id)
-            seen_keys = {public_bytes(self._enc_private), public_bytes(self._mask_private)}
+            own = (self.id, public_bytes(self._enc_private), public_bytes(self._mask_private))
+            seen_keys = set(own[1:])
             for e in roster.entries:
                 self._check_neighbour(e.client, "key roster")
                 if not complete:  # the entry carries the commitment its revealed nonce opens
@@ -432,7 +436,8 @@ class SecAggClient:
                 )
             self._roster = {e.client: e for e in roster.entries}
             if complete:  # the roster as shown, bound into the masked input and the signature
-                self._seed = complete_graph_seed(cfg, [self.id, *self._roster])
+                self._seed = complete_graph_seed(
+                    cfg, [own, *((e.client, e.enc_public, e.mask_public) for e in roster.entries)])
             self._commitments = None  # the nonces are checked: the list is no longer needed
             key_shares = self._primitives.split(self._mask_seed, t, len(self.neighbours))
             sealed = tuple(self._seal_share(v, ShareKind.MASK_KEY, key_shares) for v in self._roster)

@@ -7,6 +7,7 @@ session (id, round, config digest) and to the parties' ids, makes that hard to g
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections.abc import Iterable, Sequence
 
@@ -98,15 +99,20 @@ def graph_seed(config: SessionConfig, nonces: IdTable) -> bytes:
     return hashlib.sha256(config.binding("graph-seed") + _id_nonce_parts(nonces)).digest()
 
 
-def complete_graph_seed(config: SessionConfig, members: Sequence[int]) -> bytes:
-    """The complete graph's seed: a hash of the clients in the key roster, in client order.
+def complete_graph_seed(config: SessionConfig, members: Iterable[tuple[int, bytes, bytes]]) -> bytes:
+    """The complete graph's seed: a hash of the key roster as shown — every member's id and its two
+    advertised public keys (encryption, mask), in client order.
 
     The complete graph does not depend on a seed, so no nonce is committed to or revealed (one
     round trip fewer). What the seed still does is bind each client's view of who shares keys into
     its masked input and its consistency signature: a server that shows two clients different
-    rosters gets two seeds, and their signatures do not certify each other's survivor set.
+    rosters gets two seeds, and their signatures do not certify each other's survivor set. The keys
+    are fresh in every run, so the seed is too: a server that runs one session config twice cannot
+    present one run's consistency signatures in the other (with ids alone it could, and with no
+    colluder recover an input).
     """
-    return hashlib.sha256(config.binding("complete-graph-seed", *sorted(int(v) for v in members))).digest()
+    parts = sorted((int(client), bytes(enc), bytes(mask)) for client, enc, mask in members)
+    return hashlib.sha256(config.binding("complete-graph-seed", *itertools.chain.from_iterable(parts))).digest()
 
 
 def _id_nonce_parts(nonces: IdTable) -> bytes:

@@ -55,7 +55,7 @@ from ..shamir import SECRET_BYTES, SHARE_BYTES
 from .idtable import IdTable
 
 MAGIC = b"SAGG"
-VERSION = 6
+VERSION = 7
 SERVER = 0xFFFFFFFF
 _HEADER = struct.Struct("<4sBBH16sQIIQ")
 HEADER_BYTES = _HEADER.size  # 48

@@ -374,7 +374,8 @@ class SecAggServer:
         self._require_quorum(len(u1), "advertise keys")
         self._u1 = u1
         if self.config.params.complete:  # no graph seed to agree on: straight to the key roster
-            return self._rosters(u1, IdTable(b"", GRAPH_NONCE_BYTES), complete_graph_seed(self.config, sorted(u1)))
+            seed = complete_graph_seed(self.config, ((v, a.enc_public, a.mask_public) for v, a in self._adverts.items()))
+            return self._rosters(u1, IdTable(b"", GRAPH_NONCE_BYTES), seed)
         self._phase = Phase.GRAPH_SEED
         # One table, shared by every client's message (encoding it is a copy of its bytes).
         commitments = IdTable.from_pairs(((v, self._adverts[v].graph_commitment) for v in sorted(u1)), DIGEST_BYTES)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
-from secfed.protocols import GraphParams, Phases, Session, decode, encode
+from secfed.protocols import GraphParams, Phases, SecAggClient, SecAggServer, Session, decode, encode
 from secfed.protocols.crypto import seal
 from secfed.protocols.secagg import keys
 
@@ -45,6 +47,16 @@ class Round:
         self.phases = Phases(self.clients, _Wire(self))
         rng = np.random.default_rng(seed)
         self.inputs = [rng.integers(0, 1 << ring_bits, dimension, dtype=np.uint64).astype(np.uint32) for _ in range(n)]
+
+    def again(self) -> Round:
+        """The same session config run a second time — what a server that repeats a config gets:
+        fresh clients (fresh round keys) and server, the same identities, server key and inputs."""
+        other = copy.copy(self)
+        identity = (lambda i: self.identities[i]) if self.config.authenticated else (lambda i: None)
+        other.clients = [SecAggClient(self.config, i, identity_key=identity(i)) for i in range(len(self.clients))]
+        other.server = SecAggServer(self.config, self.server_key)
+        other.phases = Phases(other.clients, _Wire(other))
+        return other
 
     @staticmethod
     def wire(message):

@@ -66,17 +66,22 @@ def test_tampered_sealed_share_is_detected_and_the_client_aborts(make_round):
         r.clients[0].receive_shares(d)
 
 
-def test_a_neighbours_degenerate_mask_key_aborts_the_client_that_masks_with_it(make_round):
+def test_a_neighbours_degenerate_mask_key_aborts_the_client_that_masks_with_it(make_round, monkeypatch):
     """A colluder advertises (and signs: it is its own advertisement) the all-zero X25519 point as
     its mask key. An honest neighbour cannot derive their pairwise mask: mask() raises
     DecryptionFailed and the client aborts for good, forgetting its secrets — before, it stayed
     ready to mask, seeds in memory, contrary to "anything wrong with a message's content aborts"."""
     from secfed.protocols.crypto import sign
+    from secfed.protocols.secagg import client as client_module
     from secfed.protocols.secagg import keys
 
     r = make_round(5, threshold=3, authenticated=True)
     genuine = r.clients[4].advertise_keys()
     low_order = bytes(32)
+    colluders_key = r.clients[4]._mask_private  # the colluder's own code hashes the key it advertised
+    real_public_bytes = client_module.public_bytes
+    monkeypatch.setattr(client_module, "public_bytes",
+                        lambda key: low_order if key is colluders_key else real_public_bytes(key))
     payload = keys.advertise_payload(r.config, 4, genuine.enc_public, low_order, genuine.self_mask_commitment,
                                      genuine.graph_commitment)
     r.clients[4].advertise_keys = lambda: replace(genuine, mask_public=low_order, signature=sign(r.identities[4], payload))

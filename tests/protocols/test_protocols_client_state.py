@@ -129,8 +129,12 @@ def test_a_state_from_another_session_or_identity_is_refused(saved, make_round):
     other = dataclasses.replace(r.config, round=r.config.round + 1)
     with pytest.raises(ConfigMismatch):
         SecAggClient.from_state(other, data, identity_key=r.identities[1])
-    with pytest.raises(ValueError, match="identity_key"):
+    with pytest.raises(MalformedMessage, match="saved by client 1, whose identity key is not the one given"):
         load(r, data, i=2)
+    # the saved client id altered (the header's last but one field): typed, not a bare ValueError (review 83)
+    other_id = data[:40] + struct.pack("<I", 2) + data[44:]
+    with pytest.raises(MalformedMessage, match="saved by client 2"):
+        load(r, other_id)
 
 
 def test_a_held_share_that_does_not_fit_the_roster_is_refused(saved):

@@ -20,6 +20,7 @@ from secfed.protocols import (
     InconsistentView,
     ModelMismatch,
     SessionConfig,
+    SignatureInvalid,
     UnknownClient,
     choose_params,
     shamir,
@@ -215,6 +216,43 @@ def test_the_default_mode_is_authenticated_and_refuses_the_equivocation(make_rou
     assert all(r.clients[i].state is ClientState.ABORTED for i in (1, 2, 3, 4))
     key_shares_of_0 = [s for resp in responses.values() for s in resp.shares if s.owner == 0 and s.kind is ShareKind.MASK_KEY]
     assert key_shares_of_0 == []
+
+
+def test_a_session_config_run_twice_lends_neither_run_its_signatures(make_round):
+    """A lying server runs one SessionConfig twice, the complete graph, no colluder. Run 1: everyone
+    signs the full survivor set. Run 2 (fresh clients, fresh keys): the victim is shown the full set,
+    certified by run 1's signatures, the others "the victim dropped", certified by their own. The
+    complete graph's seed hashes the roster's advertised keys, fresh in every run, so run 1's
+    signatures certify nothing in run 2 and the victim reveals nothing. Before, the seed hashed the
+    member ids alone — the same in both runs — and the server rebuilt the victim's input (review 83)."""
+    first = make_round(5, threshold=2, authenticated=True)
+    everyone, without = (0, 1, 2, 3, 4), (1, 2, 3, 4)
+    mask_all(first, first.share_keys(first.advertise()))
+    old = tuple((i, first.clients[i].consistency_check(SurvivorList(**envelope(first, i), survivors=everyone)).signature)
+                for i in everyone)
+    r = first.again()
+    masked = mask_all(r, r.share_keys(r.advertise()))
+    assert r.server._seed != first.server._seed
+    r.clients[0].consistency_check(SurvivorList(**envelope(r, 0), survivors=everyone))
+    new = tuple((i, r.clients[i].consistency_check(SurvivorList(**envelope(r, i), survivors=without)).signature)
+                for i in without)
+    responses = {i: r.opened(r.clients[i].unmask(UnmaskRequest(
+        **envelope(r, i), survivors=without, dropped=(0,), signatures=new,
+        self_mask_shares=forwarded_self_shares(masked, without, i)))) for i in without}
+    asked_for = r.clients[0]._self_seed  # what the request would have bought (wiped on the abort)
+    replayed = UnmaskRequest(**envelope(r, 0), survivors=everyone, dropped=(), signatures=old,
+                             self_mask_shares=forwarded_self_shares(masked, everyone, 0))
+    with pytest.raises(SignatureInvalid, match="consistency check"):
+        r.clients[0].unmask(replayed)
+    assert r.clients[0].state is ClientState.ABORTED
+    # The refusal is what protects it: with the self-mask seed the request asked for, the input falls.
+    own = keys.mask_private_key(r.config, 0, recover_key_seed(r, 0, responses))
+    streams = [MaskStream(keys.self_mask_key(r.config, 0, asked_for), -1)]
+    streams += [MaskStream(keys.pairwise_mask_key(r.config, 0, v, own, r.server._adverts[v].mask_public),
+                           -keys.pairwise_sign(0, v)) for v in without]
+    x = masked[0].vector.copy()
+    apply_masks(x, streams, bits=r.config.ring_bits)
+    assert np.array_equal(x, r.inputs[0])
 
 
 def test_self_mask_share_of_a_client_listed_as_dropped_is_refused(make_round):

@@ -168,11 +168,11 @@ def test_header_checks_say_what_is_wrong():
     m = SurvivorList(session_id=bytes(16), round=1, sender=SERVER, recipient=3, survivors=(1, 2))
     with pytest.raises(MalformedMessage, match="magic"):
         decode(_header(m, magic=b"JUNK"))
-    for old in (1, 2, 3, 4, 5):  # the previous wire formats are refused, never misread
-        with pytest.raises(UnsupportedVersion, match=f"version {old}; this build speaks 6"):
+    for old in (1, 2, 3, 4, 5, 6):  # the previous wire formats are refused, never misread
+        with pytest.raises(UnsupportedVersion, match=f"version {old}; this build speaks 7"):
             decode(_header(m, version=old))
-    with pytest.raises(UnsupportedVersion, match="version 7"):
-        decode(_header(m, version=7))
+    with pytest.raises(UnsupportedVersion, match="version 8"):
+        decode(_header(m, version=8))
     with pytest.raises(MalformedMessage, match="unknown message type 99"):
         decode(_header(m, type=99))
     with pytest.raises(MalformedMessage, match="flags"):
@@ -243,13 +243,13 @@ def test_a_version_2_unmask_response_is_refused_not_misread():
     for version, width in ((2, 16), (3, SHARE_BYTES)):  # one share value in the clear, as that version sent it
         body = struct.pack("<B", 16) + bytes(16) + struct.pack("<I", 1) + struct.pack("<IB", 1, 0) + bytes(range(width))
         old = struct.pack("<4sBBH16sQIIQ", b"SAGG", version, 9, 0, bytes(16), 3, 4, SERVER, len(body)) + body
-        with pytest.raises(UnsupportedVersion, match=f"version {version}; this build speaks 6"):
+        with pytest.raises(UnsupportedVersion, match=f"version {version}; this build speaks 7"):
             decode(old)
         with pytest.raises(MalformedMessage):
             decode(old[:4] + bytes([VERSION]) + old[5:])
     current = UnmaskResponse(**env, sealed=bytes(SEAL_OVERHEAD + 16 + 4 + 4 + 1 + SHARE_BYTES))
     wire = encode(current)
-    assert wire[4] == VERSION == 6 and decode(wire) == current
+    assert wire[4] == VERSION == 7 and decode(wire) == current
     with pytest.raises(ValueError, match="sealed secrets of 49 bytes"):  # no whole share inside
         encode(UnmaskResponse(**env, sealed=bytes(SEAL_OVERHEAD + 16 + 4 + 1)))
 
