@@ -43,7 +43,7 @@ import contextlib
 import enum
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -336,6 +336,9 @@ class SecAggClient:
             if peer not in client._roster or peer in client._held or index != client._graph.share_index(peer, client_id):
                 raise MalformedMessage(f"client state: held share of {peer} does not fit the roster")
             client._held[peer] = shamir.Share(index, value)
+        if config.params.complete and flags & _HAS_SEED and flags & _HAS_SECRETS and (
+                client._seed != client._roster_seed(client._roster.values())):
+            raise MalformedMessage("client state: the graph seed is not the hash of the saved keys and roster")
         if flags & _HAS_SIGNED:
             client._signed_survivors = _restored_survivors(config, client_id, state, r.ids("signed survivors"))
         r.end()
@@ -410,8 +413,7 @@ class SecAggClient:
                 self._seed = self._check_nonces(revealed)
                 self._graph = NeighbourGraph(cfg.params, self._seed, focus=self.id)
             self.neighbours = self._graph.of(self.id)
-            own = (self.id, public_bytes(self._enc_private), public_bytes(self._mask_private))
-            seen_keys = set(own[1:])
+            seen_keys = {public_bytes(self._enc_private), public_bytes(self._mask_private)}
             for e in roster.entries:
                 self._check_neighbour(e.client, "key roster")
                 if not complete:  # the entry carries the commitment its revealed nonce opens
@@ -436,14 +438,18 @@ class SecAggClient:
                 )
             self._roster = {e.client: e for e in roster.entries}
             if complete:  # the roster as shown, bound into the masked input and the signature
-                self._seed = complete_graph_seed(
-                    cfg, [own, *((e.client, e.enc_public, e.mask_public) for e in roster.entries)])
+                self._seed = self._roster_seed(roster.entries)
             self._commitments = None  # the nonces are checked: the list is no longer needed
             key_shares = self._primitives.split(self._mask_seed, t, len(self.neighbours))
             sealed = tuple(self._seal_share(v, ShareKind.MASK_KEY, key_shares) for v in self._roster)
             signature = sign(self._identity, key_shares_payload(cfg, self.id, sealed)) if cfg.authenticated else b""
             self._state = ClientState.AWAIT_SHARES
             return EncryptedShares(**self._envelope(), shares=sealed, signature=signature)
+
+    def _roster_seed(self, entries: Iterable[RosterEntry]) -> bytes:
+        """The complete graph's seed: this client's advertised keys and the roster it was shown."""
+        own = (self.id, public_bytes(self._enc_private), public_bytes(self._mask_private))
+        return complete_graph_seed(self.config, [own, *((e.client, e.enc_public, e.mask_public) for e in entries)])
 
     # ---- phase 3: masked input ------------------------------------------------------------------
 

@@ -137,6 +137,16 @@ def test_a_state_from_another_session_or_identity_is_refused(saved, make_round):
         load(r, other_id)
 
 
+def test_a_saved_seed_that_is_not_the_hash_of_the_saved_keys_and_roster_is_refused(saved):
+    """On the complete graph the seed is the hash of the client's keys and its roster, both in the
+    state: a state whose seed is another is refused at restore, not at the next message with
+    DecryptionFailed (review 86)."""
+    r, data = saved
+    at = data.index(r.clients[1]._seed)
+    with pytest.raises(MalformedMessage, match="graph seed is not the hash"):
+        load(r, data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
+
+
 def test_a_held_share_that_does_not_fit_the_roster_is_refused(saved):
     r, data = saved
     client = load(r, data)
