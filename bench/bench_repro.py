@@ -83,8 +83,9 @@ def main() -> None:
     if len({h for hashes in distinct.values() for h in hashes}) > 1:
         print("thread counts give different bytes: fix --threads to repeat a run elsewhere")
     if args.out:
-        args.out.write_text(json.dumps({"environment": environment(), "data_sha256": fingerprint, "runs": runs},
-                                       indent=2))
+        # each run records its own thread count; the process's last one would misdescribe the others (review)
+        env = {k: v for k, v in environment().items() if k != "torch_threads"}
+        args.out.write_text(json.dumps({"environment": env, "data_sha256": fingerprint, "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

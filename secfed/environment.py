@@ -36,14 +36,14 @@ def cpu() -> dict[str, Any]:
 
 
 @lru_cache(maxsize=1)
-def source_commit() -> str | None:
-    """The git commit of the secfed source tree this process runs (with ``-dirty`` for local changes),
-    or None when it is not a git checkout (an installed wheel)."""
-    here = Path(__file__).resolve().parent
+def source_commit(here: Path = Path(__file__).resolve().parent) -> str | None:
+    """The git commit of the secfed source tree this process runs (with ``-dirty`` for local changes,
+    untracked files included), or None when it is not a git checkout (an installed wheel)."""
     try:
         commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+        # untracked files count: a bench script not yet committed ran as part of that source (found by review)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=normal"],
                                capture_output=True, text=True, timeout=5, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -51,9 +51,12 @@ def source_commit() -> str | None:
 
 
 def environment() -> dict[str, Any]:
-    """CPU, GPU, thread counts, Python/torch/numpy versions, torch's BLAS and the source commit."""
+    """CPU, GPU, thread counts, Python/torch/numpy/torchvision/Pillow versions, torch's BLAS and the
+    source commit (torchvision and Pillow decode and resize every image a run reads)."""
     import numpy
+    import PIL
     import torch
+    import torchvision
 
     import secfed
 
@@ -70,6 +73,8 @@ def environment() -> dict[str, Any]:
         # Two GPUs of one CUDA version run other kernels (an H100's and an H200's runs are two machines)
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "numpy": numpy.__version__,
+        "torchvision": torchvision.__version__,
+        "pillow": PIL.__version__,
         "secfed": secfed.__version__,
         "commit": source_commit(),
     }

@@ -454,7 +454,7 @@ def _eval_domain(dataset: ReidDataset, clients: tuple[int, ...], height: int, wi
 @dataclass(frozen=True)
 class Census:
     """What the server must know of the sites' data, and nothing more: ``info`` (data.json: datasets,
-    per client its name, image and identity counts, the content fingerprint), the identity count
+    per client its name, image and identity counts, the data fingerprint), the identity count
     over the federation (one shared head under FedAvg) and the evaluation domains by name with the
     clients that trained on each. The Flower ServerApp builds its federation from this (the nodes
     send it), so it never lists or decodes a site's data."""

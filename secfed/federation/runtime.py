@@ -23,7 +23,7 @@ scores its own query/gallery).
 ``run`` owns a run directory::
 
     RUN/config.json        the resolved configuration (all --resume needs)
-    RUN/data.json          which data the run read: datasets, sizes, clients, a content fingerprint
+    RUN/data.json          which data the run read: datasets, sizes, clients, a fingerprint (paths, sizes, labels)
     RUN/splits.json        drawn splits of the small sets (when the run uses one)
     RUN/metrics.jsonl      one line per round: losses, bytes up/down, seconds, ε, evaluation when run
     RUN/checkpoints/       round-NNNN.pt after every round, written atomically while the next trains, each with a
@@ -288,6 +288,7 @@ def _run_held(cfg: RunConfig, run_dir: Path, *, resume: bool, reporter: Reporter
         check_same_run(fed, state, path)
         check_data(fed, state, data_root)
         history, start, wall = restore(fed, state, path)
+        resume_where_started(cfg, run_dir, start)
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
     else:
         start_run_dir(fed, run_dir)
@@ -434,6 +435,48 @@ def restate_privacy(fed: Federation, run_dir: Path) -> None:
         written = {"environment": environment()}
     written = written if isinstance(written, dict) else {"environment": environment()}
     ckpt.write_run_file(run_dir / "data.json", json.dumps({**written, "privacy": fed.data_info["privacy"]}, indent=2))
+
+
+# What decides a run's bytes beside its settings and data (README, "What makes a run repeatable")
+BYTES_DEPEND_ON = ("torch_threads", "torch", "torch_cpu_capability", "torch_blas", "numpy", "torchvision",
+                   "pillow", "cuda", "gpu", "commit")
+
+
+class ResumedElsewhere(UserWarning):
+    """A resume whose thread count, CPU, builds or commit differ from the run's start: not bit-identical."""
+
+
+def resume_where_started(cfg: RunConfig, run_dir: Path, start: int) -> None:
+    """Resume under the conditions the run started with, or say where it does not.
+
+    Without ``--threads`` the resume takes the thread count data.json recorded at the start (found by
+    review: a run started under OMP_NUM_THREADS=1 and resumed in a shell without it trained on at two
+    threads, other bytes, and its files still said one). Where what decides the bytes still differs —
+    a thread count given, another CPU, torch or commit — a :class:`ResumedElsewhere` warning says the
+    rest is not bit-identical to an uninterrupted run; data.json lists every resume's environment."""
+    try:
+        written = json.loads((run_dir / "data.json").read_text())
+    except (OSError, ValueError):
+        written = None
+    if not isinstance(written, dict):  # check_data read it already; a run of before may lack it
+        return
+    first = written.get("environment") if isinstance(written.get("environment"), dict) else {}
+    threads = first.get("torch_threads")
+    if cfg.run.threads is None and type(threads) is int and threads >= 1:
+        torch.set_num_threads(threads)
+    now = environment()
+    differs = [f"{key} {first[key]!r} (now {now.get(key)!r})" for key in BYTES_DEPEND_ON
+               if key in first and first[key] != now.get(key)]
+    cpu = (first.get("cpu") or {}).get("model") if isinstance(first.get("cpu"), dict) else None
+    if cpu is not None and cpu != now["cpu"]["model"]:
+        differs.append(f"CPU {cpu!r} (now {now['cpu']['model']!r})")
+    if differs:
+        warnings.warn(ResumedElsewhere(
+            f"{run_dir}: resumed at round {start + 1} under other conditions than it started with — "
+            f"{'; '.join(differs)}: from here on it is not bit-identical to an uninterrupted run"), stacklevel=2)
+    resumes = written.get("resumes") if isinstance(written.get("resumes"), list) else []
+    written["resumes"] = [*resumes, {"round": start + 1, "environment": now}]
+    ckpt.write_run_file(run_dir / "data.json", json.dumps(written, indent=2))
 
 
 def start_run_dir(fed: Federation, run_dir: Path) -> None:

@@ -12,7 +12,8 @@ import torch
 from secfed import atomic_file
 from secfed.config import RunConfig
 from secfed.federation import checkpoint as ckpt
-from secfed.federation.runtime import run
+from secfed.environment import environment
+from secfed.federation.runtime import ResumedElsewhere, resume_where_started, run
 
 
 class Crash(Exception):
@@ -53,12 +54,22 @@ def test_resume_ends_bit_identical(two_site_config: RunConfig, tmp_path: Path, a
     # a line for a round the checkpoint does not hold must not survive the resume
     ckpt.append_jsonl(tmp_path / "cut" / "metrics.jsonl", {"round": 3, "partial": True})
     newest = ckpt.checkpoint_path(tmp_path / "cut", 2)
-    if damaged:
-        flip_byte(newest, newest.stat().st_size // 2)
-        with pytest.warns(ckpt.CheckpointWarning, match="round-0002.pt"):
+    # the resume's shell has another thread count (no --threads): it trains on at the run's, as data.json
+    # recorded it (found by review: it trained on at the shell's, other bytes, its files saying the first)
+    started_with = torch.get_num_threads()
+    torch.set_num_threads(3 - started_with)
+    try:
+        if damaged:
+            flip_byte(newest, newest.stat().st_size // 2)
+            with pytest.warns(ckpt.CheckpointWarning, match="round-0002.pt"):
+                resumed = run(cfg, tmp_path / "cut", resume=True)
+        else:
             resumed = run(cfg, tmp_path / "cut", resume=True)
-    else:
-        resumed = run(cfg, tmp_path / "cut", resume=True)
+        assert torch.get_num_threads() == started_with
+    finally:
+        torch.set_num_threads(started_with)
+    resumes = json.loads((tmp_path / "cut" / "data.json").read_text())["resumes"]
+    assert [r["round"] for r in resumes] == [2 if damaged else 3] and resumes[0]["environment"]["torch_threads"] == started_with
 
     assert torch.equal(full.federation.server.weights, resumed.federation.server.weights)
     for a, b in zip(full.federation.clients, resumed.federation.clients):
@@ -72,6 +83,20 @@ def test_resume_ends_bit_identical(two_site_config: RunConfig, tmp_path: Path, a
     full_lines = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert _without_timing(lines) == _without_timing(full_lines)
     assert resumed.summary["domains"] == full.summary["domains"]
+
+
+def test_a_resume_under_other_conditions_says_it_is_not_bit_identical(tiny_config: RunConfig, tmp_path: Path) -> None:
+    """--threads given with a resume, another commit: a warning names each, and data.json records the
+    resume's environment beside the first (which it keeps)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    first = {**environment(), "torch_threads": 7, "commit": "0" * 40, "cpu": {"model": "Elsewhere CPU"}}
+    (run_dir / "data.json").write_text(json.dumps({"environment": first}))
+    tiny_config.run.threads = torch.get_num_threads()
+    with pytest.warns(ResumedElsewhere, match=r"round 4 .*torch_threads 7 .*commit '0{40}' .*CPU 'Elsewhere CPU'"):
+        resume_where_started(tiny_config, run_dir, 3)
+    written = json.loads((run_dir / "data.json").read_text())
+    assert written["environment"] == first and written["resumes"][0]["environment"]["torch_threads"] != 7
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
