@@ -125,7 +125,9 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
                          "--algorithm dfh, so there is nothing to attack")
     statements = []
     if budget.lower_bound:
-        statements.append("quick budget: every verdict below is a LOWER BOUND on leakage; NO-LEAK and INCONCLUSIVE "
+        why = (f"--time-limit {request.time_limit:g} s, under the {budget.name} budget's {BUDGETS[budget.name].seconds:g}"
+               if not BUDGETS[budget.name].lower_bound else f"{budget.name} budget")
+        statements.append(f"{why}: every verdict below is a LOWER BOUND on leakage; NO-LEAK and INCONCLUSIVE "
                           "here do not mean the run is safe")
 
     reports: list[TargetReport] = []

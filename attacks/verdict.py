@@ -129,10 +129,12 @@ class AttackResult:
 
 
 def decide(tests: dict[str, LeakTest], residual: float | None, fit_threshold: float | None,
-           complete: bool, reconstruction: tuple[float | None, float] | None = None) -> tuple[Verdict, str]:
+           complete: bool, reconstruction: tuple[float | None, float] | None = None,
+           exact: bool = False) -> tuple[Verdict, str]:
     """The verdict of one attack from its leak tests and its own fit. ``reconstruction``: (residual,
     threshold) of what the attack reconstructed, for attacks whose own residual can be driven down
-    without reconstructing anything (gradient inversion); a residual of None: nothing to check it on."""
+    without reconstructing anything (gradient inversion); a residual of None: nothing to check it on.
+    ``exact``: the attack reads what it tests from the target, with nothing to fit."""
     for name, test in tests.items():
         if test.significant and test.threshold:
             return Verdict.LEAK, f"{name}: {test.hits}/{test.trials} reconstruction(s) match a victim's own picture " \
@@ -140,12 +142,12 @@ def decide(tests: dict[str, LeakTest], residual: float | None, fit_threshold: fl
         if test.significant and name.startswith("reid"):
             # p comes from the rank of each reconstruction's first true match, not from the rank-1
             # count: say so, or "1/6 at rank 1, chance 0.17" reads as evidence of nothing
-            return Verdict.LEAK, (f"{name}: p = {test.p_value:.2g} < {ALPHA}: the victims' other pictures rank "
+            return Verdict.LEAK, (f"{name}: p = {test.p_value:.2g} < {ALPHA}: pictures of the victims rank "
                                   f"higher than chance ({test.hits}/{test.trials} at rank 1, chance "
                                   f"{test.chance:.2g})")
         if test.significant:  # membership, linkage: their own statistic, not a re-identification
             return Verdict.LEAK, f"{name}: p = {test.p_value:.2g} < {ALPHA} ({test.statistic})"
-    fitted = residual is not None and fit_threshold is not None and residual <= fit_threshold
+    fitted = exact or (residual is not None and fit_threshold is not None and residual <= fit_threshold)
     if not fitted:
         shown = "n/a" if residual is None else f"{residual:.3g}"
         limit = "" if fit_threshold is None else f" > fit threshold {fit_threshold:.3g}"
@@ -160,13 +162,15 @@ def decide(tests: dict[str, LeakTest], residual: float | None, fit_threshold: fl
             return Verdict.INCONCLUSIVE, (f"the update fitted (residual {residual:.3g}) but the reconstructions do not "
                                           f"reproduce its batch statistics ({value:.3g} > {limit:.3g}): they are not "
                                           "the pictures behind it, so finding no one proves nothing")
-    if not complete:
-        return Verdict.INCONCLUSIVE, "the attack fitted only part of the target and found nothing there"
-    # An image-level match can only say LEAK; a clean bill needs a re-identification test with power.
+    # An image-level match can only say LEAK; a clean bill needs a re-identification test with power
+    # (said first: "part of the target" would hide that nothing could have been found — review 82).
     if not any(t.measurable and not t.threshold for t in tests.values()):
         why = "; ".join(f"{name}: {t.statistic}" for name, t in tests.items() if not t.threshold) or "no test ran"
         return Verdict.INCONCLUSIVE, f"the attack fitted, but no test had the power to find a leak ({why})"
-    return Verdict.NO_LEAK, f"the attack fitted (residual {residual:.3g} ≤ {fit_threshold:.3g}) and re-identified no one above chance"
+    if not complete:
+        return Verdict.INCONCLUSIVE, "the attack fitted only part of the target and found nothing there"
+    how = "nothing to fit" if exact else f"the attack fitted (residual {residual:.3g} ≤ {fit_threshold:.3g})"
+    return Verdict.NO_LEAK, f"{how} and re-identified no one above chance"
 
 
 def target_verdict(results: list[AttackResult]) -> tuple[Verdict, str]:

@@ -40,6 +40,20 @@ def test_a_fitted_probe_of_part_of_the_target_proves_nothing() -> None:
     assert verdict is Verdict.INCONCLUSIVE and "part of the target" in reason
 
 
+def test_a_fitted_probe_without_power_says_no_power_not_part_of_the_target() -> None:
+    verdict, reason = decide({"reid-embedding": no_test("no power: no other picture")}, residual=1e-6,
+                             fit_threshold=1e-3, complete=False)
+    assert verdict is Verdict.INCONCLUSIVE and "no power" in reason and "part of the target" not in reason
+
+
+def test_a_time_limit_under_the_budget_s_own_makes_the_audit_a_lower_bound() -> None:
+    """(review 82: `--budget standard --time-limit 30` ran fewer iterations than quick and was not labelled)"""
+    from secfed.attacks.budget import BUDGETS
+
+    assert BUDGETS["standard"].with_seconds(30).lower_bound and BUDGETS["quick"].with_seconds(600).lower_bound
+    assert not BUDGETS["standard"].with_seconds(300).lower_bound and not BUDGETS["thorough"].lower_bound
+
+
 def test_a_fit_without_a_measurable_test_is_inconclusive() -> None:
     verdict, _ = decide({"reid-embedding": no_test("no other picture")}, residual=0.0, fit_threshold=0.05,
                         complete=True)
