@@ -107,7 +107,7 @@ def one_run(method: str, target: str, seed: int, rounds: int, tmp: Path, cfg: Ru
             scores = evaluate_model(Retrieval(model, feature), unseen.query, unseen.gallery, unseen.query_pids,
                                     unseen.query_camids, unseen.gallery_pids, unseen.gallery_camids)
             by_feature[feature] = {"mAP": float(scores.mAP), "rank1": float(scores.rank1)}
-    losses = [json.loads(line)["loss"] for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [json.loads(line).get("loss") for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"method": method, "target": target, "seed": seed, "rounds": rounds,
             "unseen": {"mAP": own["mAP"], "rank1": own["rank1"]}, **by_feature,
             "seen_mAP": statistics.mean(d["mAP"] for d in summary["domains"]), "inputs": run_inputs(fed.data_info),

@@ -75,9 +75,10 @@ def resolve_config(params: dict[str, Any], *, public_root: bool = False) -> tupl
     except OSError as exc:  # a name too long for the file system (found by review: a traceback)
         raise click.BadParameter(f"{run_dir}: cannot be a run directory ({exc.strerror or exc})",
                                  param_hint="--name") from None
-    if started:
-        raise click.BadParameter(f"{run_dir} already exists and is not empty; choose another --name or continue "
-                                 f"it with --resume {run_dir}", param_hint="--name")
+    if started:  # a deployment's run cannot be resumed (review 85: --flower was pointed at --resume)
+        then = "" if params.get("flower") is not None else f" or continue it with --resume {run_dir}"
+        raise click.BadParameter(f"{run_dir} already exists and is not empty; choose another --name{then}",
+                                 param_hint="--name")
     return cfg, run_dir, False
 
 

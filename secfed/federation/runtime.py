@@ -147,7 +147,8 @@ def round_record(fed: Federation, round_number: int, schedule: Schedule, cohort:
         "cohort": [fed.clients[k].site.name for k in cohort],
         "dropped": dict(dropped),
         "contributors": len(aggregate.contributors),
-        "loss": sum(s["loss"] for s in client_stats.values()) / max(1, len(client_stats)),
+        # a round nobody trained in has no loss (found by review: 0.0, plotted as a drop to zero)
+        **({"loss": sum(s["loss"] for s in client_stats.values()) / len(client_stats)} if client_stats else {}),
         "clients": client_stats,
         "bytes_up": aggregate.bytes_up,
         "bytes_down": aggregate.bytes_down,
@@ -279,6 +280,10 @@ def _run_held(cfg: RunConfig, run_dir: Path, *, resume: bool, reporter: Reporter
     path, state = None, None
     if resume and ckpt.list_checkpoints(run_dir):
         path, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
+        if state.get("deployment") == "flower":  # (found by review: resumed in-process with every site's head reset)
+            raise ckpt.CheckpointError(
+                f"{path}: this run trained on a Flower deployment, whose sites' classifiers and local state live on "
+                "the SuperNodes, not in the run directory: it cannot be resumed (here or with --flower); start a new run")
         cfg = rates_to_resume(cfg, state, path, rates_given)
     with pretrain.restoring() if state is not None else contextlib.nullcontext():  # the checkpoint's models
         fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root, resumed=resume)

@@ -280,6 +280,33 @@ def test_a_session_weaker_than_the_colluders_a_node_assumes_is_refused(tmp_path)
         SecAggMod(corrupt_fraction=0.5).check_session(context, _session(GraphParams(10, 9, 3)))
 
 
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("secfed-min-clients", "abc", "secfed-min-clients='abc' must be a whole number"),
+    ("secfed-min-clients", 1.5, "secfed-min-clients=1.5 must be a whole number"),
+    ("secfed-corrupt-fraction", 2, "secfed-corrupt-fraction=2 must be in"),
+    ("secfed-cohort", "/nonexistent/cohort.toml", "node config secfed-cohort: .*cannot read the cohort file"),
+])
+def test_a_bad_policy_setting_refuses_by_policy_naming_its_key(tmp_path, key, value, says):
+    """(review 85: a bad value surfaced only at the first session — a bare ValueError for 'abc', 1.5 cut
+    to 1, a missing cohort file unnamed — the server counted a dropout and the run "finished" having
+    aggregated nothing.) A policy refusal stops the run, and enrolment checks the settings first."""
+    from secfed.adapters.flower.mod import POLICY_REFUSAL, refusal_reason
+
+    context = Context(1, 7, {node_files.STATE_DIR_KEY: str(tmp_path), key: value}, RecordDict(), {})
+    with pytest.raises(SessionRefused, match=says) as refused:
+        SecAggMod().check_settings(context)
+    assert refusal_reason(refused.value).startswith(POLICY_REFUSAL)
+    with pytest.raises(SessionRefused, match=says):
+        SecAggMod().check_session(context, _session(choose_params(5)))
+    # enrolment (the run's first message, riding on hello) answers with that refusal, before anyone trains
+    app = ClientApp(mods=[SecAggMod()])
+    app.train()(lambda msg, ctx: Message(RecordDict(), reply_to=msg))
+    grid = FakeGrid({1000: (app, dict(context.node_config))})
+    enrol = RecordDict({CONTROL: ConfigRecord({"stage": "enrol", "nonce": os.urandom(16)})})
+    [reply] = grid.send_and_receive([Message(enrol, dst_node_id=1000, message_type=MessageType.TRAIN)])
+    assert reply.has_error() and reply.error.reason.startswith(POLICY_REFUSAL) and key in reply.error.reason
+
+
 def test_a_node_requiring_secure_aggregation_refuses_a_plain_train_message(tmp_path):
     """(found by review: a train message without secfed's control record went to the app, whose reply
     — the raw arrays and metrics — left the node unmasked)"""
@@ -368,16 +395,16 @@ def test_an_authenticated_session_on_a_sparse_graph_needs_the_nodes_consent(tmp_
     # consent, by node config or constructor, leaves the session to the remaining checks (here: the cohort)
     consenting = Context(1, 7, {node_files.STATE_DIR_KEY: str(tmp_path), "secfed-allow-sparse": "true"}, RecordDict(), {})
     for mod, ctx in ((SecAggMod(), consenting), (SecAggMod(allow_sparse=True), context)):
-        with pytest.raises(node_files.NodeSetupError, match="secfed-cohort"):
+        with pytest.raises(SessionRefused, match="secfed-cohort"):
             mod.check_session(ctx, sparse)
     complete = replace(sparse, params=choose_params(30, complete=True))
-    with pytest.raises(node_files.NodeSetupError, match="secfed-cohort"):  # past the graph check
+    with pytest.raises(SessionRefused, match="secfed-cohort"):  # past the graph check
         SecAggMod().check_session(context, complete)
     # What SECURITY.md says the refusal is worth: with the default secfed-min-clients (2) a lying server's
     # complete session of the victim and one friend passes every policy check (on to the cohort's)
     pair = SessionConfig(bytes(16), 0, choose_params(2, complete=True), 4, input_bound=None, server_key=bytes(32),
                          identity_keys=keys[:2])
-    with pytest.raises(node_files.NodeSetupError, match="secfed-cohort"):
+    with pytest.raises(SessionRefused, match="secfed-cohort"):
         SecAggMod().check_session(context, pair)
     with pytest.raises(SessionRefused, match="needs at least 5"):
         SecAggMod(min_clients=5).check_session(context, pair)

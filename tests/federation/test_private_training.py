@@ -397,3 +397,5 @@ def test_a_run_in_which_no_client_ever_took_part_says_so(tiny_config: RunConfig,
     cfg.privacy.sampling, cfg.privacy.sample_rate = "poisson", 1e-300
     with pytest.warns(NothingAggregated, match="no client took part in any of the 1 rounds"):
         run(cfg, tmp_path / "nobody")
+    [record] = [json.loads(line) for line in (tmp_path / "nobody" / "metrics.jsonl").read_text().splitlines()]
+    assert "loss" not in record  # nobody trained: no loss (review 85: 0.0, plotted as a drop to zero)

@@ -99,6 +99,15 @@ def test_a_resume_under_other_conditions_says_it_is_not_bit_identical(tiny_confi
     assert written["environment"] == first and written["resumes"][0]["environment"]["torch_threads"] != 7
 
 
+def test_a_flower_run_directory_is_never_resumed_in_process(tiny_config: RunConfig, tmp_path: Path) -> None:
+    """(review 85: it resumed in-process and trained on from every site's initial classifier, silently)"""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ckpt.save_checkpoint(run_dir, 1, {"rounds_done": 1, "config": tiny_config.to_dict(), "deployment": "flower"})
+    with pytest.raises(ckpt.CheckpointError, match="Flower deployment.*cannot be resumed"):
+        run(tiny_config, run_dir, resume=True)
+
+
 def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "file.bin"
     atomic_file.write_bytes(target, b"old")

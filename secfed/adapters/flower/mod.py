@@ -196,11 +196,28 @@ class SecAggMod:
     def _setting(self, context: Context, own: object, key: str, default: object) -> object:
         return own if own is not None else context.node_config.get(key, default)
 
+    def check_settings(self, context: Context) -> tuple[int, float]:
+        """This node's policy settings (minimum clients, corrupt fraction), each checked, and its cohort
+        file read where one is named. A bad one is a refusal by policy naming its key, which stops the
+        run (found by review: ``secfed-min-clients='abc'`` raised a bare ValueError at the first
+        session, a missing cohort file went unnamed, and each run "finished" having aggregated nothing).
+        Checked at enrolment too, so a misconfigured node stops the run before anyone trains."""
+        try:
+            minimum = node.whole(self._setting(context, self.min_clients, MIN_CLIENTS_KEY, 2), MIN_CLIENTS_KEY,
+                                 least=1)
+            fraction = node.number(self._setting(context, self.corrupt_fraction, CORRUPT_FRACTION_KEY, 0.2),
+                                   CORRUPT_FRACTION_KEY, below=1.0)
+            if self.cohort is not None or node.COHORT_KEY in context.node_config:
+                self.trusted(context)
+        except node.NodeSetupError as exc:
+            raise PolicyRefused(str(exc)) from None
+        return minimum, fraction
+
     def check_session(self, context: Context, config: SessionConfig) -> None:
-        minimum = int(self._setting(context, self.min_clients, MIN_CLIENTS_KEY, 2))  # type: ignore[arg-type]
+        minimum, fraction = self.check_settings(context)
         if config.n_clients < minimum:
             raise PolicyRefused(f"session of {config.n_clients} clients; this node needs at least {minimum}")
-        self._check_collusion(context, config)
+        self._check_collusion(config, fraction)
         if config.authenticated and not config.params.complete and \
                 not node.yes(self._setting(context, self.allow_sparse, ALLOW_SPARSE_KEY, False)):
             # Authenticated mode is for a server that may lie; on a sparse graph such a server can
@@ -221,10 +238,8 @@ class SecAggMod:
         if strangers:
             raise PolicyRefused(f"session lists identity keys this node does not trust (clients {strangers})")
 
-    def _check_collusion(self, context: Context, config: SessionConfig) -> None:
+    def _check_collusion(self, config: SessionConfig, fraction: float) -> None:
         """The session must withstand the colluders this node assumes (see the module docstring)."""
-        fraction = node.number(self._setting(context, self.corrupt_fraction, CORRUPT_FRACTION_KEY, 0.2),
-                               CORRUPT_FRACTION_KEY, below=1.0)
         params, assumed = config.params, math.floor(fraction * config.n_clients)
         if not withstands(params, assumed, dropout_floor=DROPOUT_FLOOR):
             raise PolicyRefused(
@@ -234,10 +249,15 @@ class SecAggMod:
 
     def trusted(self, context: Context) -> node.Cohort:
         cohort = self.cohort if self.cohort is not None else context.node_config.get(node.COHORT_KEY)
-        if cohort is None:
-            raise node.NodeSetupError(f"authenticated secure aggregation needs the node config {node.COHORT_KEY} "
-                                      "(the cohort file of trusted identity keys)")
-        return cohort if isinstance(cohort, node.Cohort) else node.Cohort.load(cohort)
+        if cohort is None:  # the node's own setting: a refusal by policy, which stops the run
+            raise PolicyRefused(f"authenticated secure aggregation needs the node config {node.COHORT_KEY} "
+                                "(the cohort file of trusted identity keys)")
+        if isinstance(cohort, node.Cohort):
+            return cohort
+        try:
+            return node.Cohort.load(cohort)
+        except node.NodeSetupError as exc:
+            raise PolicyRefused(f"node config {node.COHORT_KEY}: {exc}") from None
 
     def folder(self, context: Context) -> Path:
         if self.state_dir is not None:
@@ -266,6 +286,7 @@ class _NodeRun:
         nonce = typed(ctl, "nonce", bytes)
         if len(nonce) != _NONCE_BYTES:
             raise MalformedMessage(f"{CONTROL}: enrolment nonce must be {_NONCE_BYTES} bytes")
+        self.mod.check_settings(self.context)
         identity = node.identity_key(self.folder)
         proof = sign(identity, enrol_payload(self.context.run_id, self.context.node_id, nonce))
         clear = None
