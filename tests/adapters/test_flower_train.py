@@ -707,6 +707,30 @@ def test_every_sites_local_only_baseline_trains_every_round_as_in_process(small_
             assert mine["local_baseline"][name]["loss"] == pytest.approx(stats["loss"], rel=1e-6)
 
 
+def test_a_supernode_gone_mid_run_is_named_with_the_sites_that_sit_out(small_config, tmp_path, capsys):
+    """(review 85: a SuperNode killed in round 2 and restarted under a new node id was never contacted
+    again; the run went on without its sites in silence and ended with no scores for their domains)"""
+    cfg = small_config
+    cfg.data.datasets = ["corridor", "plaza"]
+    cfg.schedule.rounds, cfg.run.local_baseline, cfg.run.eval_every = 2, False, 0
+    grid, _ = flower_nodes(tmp_path, 2, cfg)
+    flower = FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), None, poll=0.01))
+    live, calls = flower.live_hosts, []
+
+    def live_hosts(*args):
+        calls.append(1)
+        if len(calls) == 2:  # killed before round 2
+            grid.dead.add(2001)
+        return live(*args)
+
+    flower.live_hosts = live_hosts
+    flower.run()  # not waiting out the hour's train timeout for it
+    out = capsys.readouterr().out
+    assert out.count("SuperNode 2001 is gone: its sites (plaza) sit out the rest of the run") == 1
+    last = json.loads((tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["dropped"] == {"plaza": "flower"} and last["contributors"] == 1
+
+
 def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_config, tmp_path):
     """(found by review: the server writes the run configuration, so it could turn the noise down or
     off and the nodes trained on; a node that sets secfed-max-epsilon now refuses such a run)"""

@@ -35,8 +35,7 @@ def test_the_rank_p_value_is_the_chance_of_so_early_a_match(two_people, toy_conf
     space = torch.zeros(n, n)
     space[order, torch.arange(n)] = 1.0
     query = F.normalize(torch.linspace(1.0, 0.01, n), dim=0).unsqueeze(0)
-    rows, tests = judge.judge_features(query, victims[:1], gallery_embedding=space,
-                                       embed=lambda images: torch.zeros(len(images), n))
+    rows, tests = judge.judge_features(query, victims[:1], gallery_embedding=space)
     big_n, m = n - 1, len(same)  # only the queried victim is left out
     assert rows[0]["embedding_first_match_rank"] == 5
     expected = 1 - math.comb(big_n - m, 5) / math.comb(big_n, 5)
@@ -152,33 +151,42 @@ def test_feature_match_is_never_crossed_by_negatives(toy_config: RunConfig) -> N
     negatives = torch.cat([embed(torch.cat([flat, noise_images(4, 32, 16)])),
                            F.normalize(g.mean(0, keepdim=True), dim=1),
                            F.normalize(torch.randn(5, g.shape[1], generator=torch.Generator().manual_seed(0)), dim=1)])
-    rows, tests = judge.judge_features(negatives, victims)
+    rows, tests = judge.judge_features(negatives, victims, g, embed)
     assert tests["feature-match"].hits == 0 and not tests["feature-match"].significant
     assert not tests["reid-embedding"].measurable  # no other picture of the victims: no power
     assert max(r["feature_cosine"] for r in rows) < FEATURE_COSINE  # above every negative, over all 18 views
     pad = judge.pad  # a training step saw the pictures shifted by a pixel and mirrored
     shifted = crop_flip(judge.gallery.images[victims], pad, torch.tensor([pad, 0]), torch.tensor([2 * pad, pad]),
                         torch.tensor([True, False]))
-    rows, tests = judge.judge_features(embed(shifted), victims)
+    rows, tests = judge.judge_features(embed(shifted), victims, g, embed)
     assert tests["feature-match"].hits == 2 and all(r["feature_match"] for r in rows)
     assert decide(tests, residual=1e-6, fit_threshold=1e-3, complete=False)[0] is Verdict.LEAK
 
 
-def test_a_classifier_whose_rows_point_at_its_people_re_identifies_them(toy_config: RunConfig) -> None:
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedreid", "dfh"])
+def test_a_classifier_whose_rows_point_at_its_people_re_identifies_them(toy_config: RunConfig, algorithm: str) -> None:
     """FedAvg shares its classifier: row c points at identity c's features, so ranking footage by a row's
-    logit finds that person with nothing to reconstruct (review 82: a FedAvg global model was called
-    NO-LEAK on model inversion alone while its rows put the client's people at ranks 1, 4 and 1)."""
+    cosine finds that person with nothing to reconstruct (review 82: a FedAvg global model was called
+    NO-LEAK on model inversion alone while its rows put the client's people at ranks 1, 4 and 1). FedReID's
+    and DFH's classifiers sit after a mapping network or neck the embedding stops before (review 87: their
+    audits stopped with a traceback here)."""
+    from secfed.attacks.registry import identity_head
+
+    toy_config.method.algorithm = algorithm
     judge, _, _ = _photo_gallery(toy_config)
+    model_head = identity_head(judge.model)
+    front = model_head[:-1] if isinstance(model_head, torch.nn.Sequential) else torch.nn.Identity()
     people = list(range(0, len(judge.ids), 2))
     names = [str(judge.ids[i]) for i in people]
-    head = torch.nn.Linear(judge.head_inputs.shape[1], len(people))
-    with torch.no_grad():
-        head.weight.copy_(judge.head_inputs[people])  # a classifier trained on these pictures points at them
+    linear = torch.nn.Linear(judge.model.classifier.in_features, len(people))
+    head = torch.nn.Sequential(*front, linear) if isinstance(model_head, torch.nn.Sequential) else linear
+    with torch.no_grad():  # a classifier trained on these pictures points at them
+        linear.weight.copy_(judge.head_inputs(front)[people])
     rows, tests = judge.judge_classifier_rows(head, list(range(len(people))), names)
     assert tests["reid-classifier"].significant and all(r["classifier_first_match_rank"] == 1 for r in rows)
     assert decide(tests, None, None, complete=True, exact=True)[0] is Verdict.LEAK
     with torch.no_grad():
-        head.weight.copy_(torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(1)))
+        linear.weight.copy_(torch.randn(linear.weight.shape, generator=torch.Generator().manual_seed(1)))
     _, tests = judge.judge_classifier_rows(head, list(range(len(people))), names)
     verdict, reason = decide(tests, None, None, complete=True, exact=True)
     assert not tests["reid-classifier"].significant and verdict is Verdict.NO_LEAK and "nothing to fit" in reason

@@ -154,6 +154,7 @@ class FlowerRun:
                 poll_interval=settings.poll, on_phase=self._phase)
         self._shape: str | None = None  # the nodes' ring layout (JSON), learnt from the first round's replies
         self._trained_at: float | None = None  # when a masked round's training phase ended
+        self._gone: set[int] = set()  # hosting SuperNodes that left the run (said once each)
         self._since = time.perf_counter()
         self._phase_now: str | None = None  # the step under way, and how long each took last time
         self._took: dict[str, float] = {}
@@ -364,6 +365,20 @@ class FlowerRun:
         dropped = {fed.clients[k].site.name: "flower" for k in cohort if k not in aggregate.contributors}
         return Trained(aggregate, client_stats, baseline_stats, dropped, t_train)
 
+    def live_hosts(self, fed: Federation, hosts: Mapping[int, list[int]]) -> dict[int, list[int]]:
+        """``hosts`` without the SuperNodes the SuperLink no longer lists: their sites sit out every later
+        round and scoring (dropped, not waited for), since a restarted SuperNode has a new node id and
+        this server enrols nodes at its start only. Said once per node (found by review: the run went on
+        without them in silence, waiting out each round's timeout, and ended with no scores for their
+        domains)."""
+        live = set(self.grid.get_node_ids())
+        for n in sorted(set(hosts) - live - self._gone):
+            self._gone.add(n)
+            names = ", ".join(fed.clients[k].site.name for k in hosts[n])
+            _say(f"  SuperNode {n} is gone: its sites ({names}) sit out the rest of the run — a SuperNode "
+                 "restarted meanwhile does not rejoin a running deployment (start a new run to have them back)")
+        return {n: sites for n, sites in hosts.items() if n not in self._gone}
+
     @staticmethod
     def _checked(fed: Federation, hosts: Mapping[int, list[int]], drawn: Mapping[int, list[int]],
                  contents: Mapping[int, RecordDict]) -> dict[int, TrainReply]:
@@ -548,10 +563,10 @@ class _Transport:
 
     def train(self, fed: Federation, t: int, cohort: list[int], broadcast: Broadcast,
               reporter: Reporter) -> Trained:
-        return self.run.train(fed, self.hosts, t, cohort, broadcast)
+        return self.run.train(fed, self.run.live_hosts(fed, self.hosts), t, cohort, broadcast)
 
     def evaluate(self, fed: Federation, *, final: bool, cohort: tuple[int, ...]) -> Scores:
-        return self.run.evaluate(fed, self.hosts, final=final, cohort=cohort)
+        return self.run.evaluate(fed, self.run.live_hosts(fed, self.hosts), final=final, cohort=cohort)
 
 
 class _Lines(SilentReporter):
