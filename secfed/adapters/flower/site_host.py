@@ -299,14 +299,20 @@ def _wait_gone(folder: Path, timeout: float = 30.0) -> None:
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (pid 1 too: a SuperNode that is a container's entrypoint)."""
+    """Whether process ``pid`` runs (pid 1 too: a SuperNode that is a container's entrypoint). A zombie
+    does not: it has exited, and only its parent has yet to reap it (found by review: where nothing
+    reaped the killed SuperNode, its host kept the sites' decoded images and models loaded)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, under another user
         pass
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # not Linux, or gone since
+        return True
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")  # the state follows the command's closing ")"
 
 
 def serve(folder: Path, watch: int, idle: float, handle: Handler) -> str:
