@@ -194,7 +194,7 @@ def test_hello_counts_only_enrolled_nodes_and_one_description_of_the_data(tmp_pa
 
     authenticated = RunConfig()
     authenticated.secagg.enabled = True
-    with pytest.raises(RuntimeError, match="no SuperNode hosts clients"):
+    with pytest.raises(RuntimeError, match="no SuperNode hosts any client yet"):  # not "clients [0]" (review 85)
         hello(authenticated, {2001: claims([0, 1], census(4))})
     # an enrolled node of the cohort claiming every site before the others answered (review of the fix):
     # the run starts only once every identity of the cohort has enrolled, so the claim meets the others'

@@ -239,7 +239,9 @@ class FlowerRun:
             unheard = self._unenrolled()
             if census is not None and not missing and not unheard:
                 return {n: s for n, s in hosts.items() if s}, census
-            waiting = f"no SuperNode hosts clients {missing}" if missing else \
+            # before any census the client count is unknown (found by review: "clients [0]" of four unhosted)
+            waiting = "no SuperNode hosts any client yet" if census is None else \
+                f"no SuperNode hosts clients {missing}" if missing else \
                 f"{', '.join(unheard)} of the cohort did not enrol"
             why = "".join(f"; SuperNode {n} refused: {printable(r)[:300]}" for n, r in sorted(refusals.items()))
             now = time.monotonic()
