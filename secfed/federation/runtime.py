@@ -54,7 +54,7 @@ import torch
 from secfed import locking, tracking
 from secfed.algorithms import method_class
 from secfed.algorithms.base import Schedule, TrainingDiverged, step_lr, train_alone
-from secfed.config import ConfigError, RunConfig, from_dict, settings_that_differ
+from secfed.config import MAX_THREADS, ConfigError, RunConfig, from_dict, settings_that_differ
 from secfed.environment import environment
 from secfed.evaluation.communication import communication_cost
 from secfed.federation import checkpoint as ckpt
@@ -280,10 +280,9 @@ def _run_held(cfg: RunConfig, run_dir: Path, *, resume: bool, reporter: Reporter
     path, state = None, None
     if resume and ckpt.list_checkpoints(run_dir):
         path, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
-        if state.get("deployment") == "flower":  # (found by review: resumed in-process with every site's head reset)
-            raise ckpt.CheckpointError(
-                f"{path}: this run trained on a Flower deployment, whose sites' classifiers and local state live on "
-                "the SuperNodes, not in the run directory: it cannot be resumed (here or with --flower); start a new run")
+    if resume:
+        refuse_a_deployment(run_dir, state, path)
+        resume_threads(cfg, run_dir)  # from a checkpoint or afresh: at the run's thread count
         cfg = rates_to_resume(cfg, state, path, rates_given)
     with pretrain.restoring() if state is not None else contextlib.nullcontext():  # the checkpoint's models
         fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root, resumed=resume)
@@ -451,24 +450,40 @@ class ResumedElsewhere(UserWarning):
     """A resume whose thread count, CPU, builds or commit differ from the run's start: not bit-identical."""
 
 
-def resume_where_started(cfg: RunConfig, run_dir: Path, start: int) -> None:
-    """Resume under the conditions the run started with, or say where it does not.
-
-    Without ``--threads`` the resume takes the thread count data.json recorded at the start (found by
-    review: a run started under OMP_NUM_THREADS=1 and resumed in a shell without it trained on at two
-    threads, other bytes, and its files still said one). Where what decides the bytes still differs —
-    a thread count given, another CPU, torch or commit — a :class:`ResumedElsewhere` warning says the
-    rest is not bit-identical to an uninterrupted run; data.json lists every resume's environment."""
+def _data_json(run_dir: Path) -> dict[str, Any] | None:
+    """RUN/data.json as written, or None where it is missing or not a table."""
     try:
         written = json.loads((run_dir / "data.json").read_text())
-    except (OSError, ValueError):
-        written = None
-    if not isinstance(written, dict):  # check_data read it already; a run of before may lack it
-        return
+    except (OSError, ValueError, RecursionError):
+        return None
+    return written if isinstance(written, dict) else None
+
+
+def resume_threads(cfg: RunConfig, run_dir: Path) -> None:
+    """Without ``--threads`` a resume — from a checkpoint or afresh, before any round finished — runs at
+    the thread count data.json recorded at the start (found by review: a run started under
+    OMP_NUM_THREADS=1 and resumed in a shell without it trained on at two threads, other bytes, and its
+    files still said one). A count outside ``--threads``' range is not adopted (review: 10**9 from an
+    edited file asked libgomp for 216 GB)."""
+    written = _data_json(run_dir) or {}
     first = written.get("environment") if isinstance(written.get("environment"), dict) else {}
     threads = first.get("torch_threads")
-    if cfg.run.threads is None and type(threads) is int and threads >= 1:
+    if cfg.run.threads is None and type(threads) is int and 1 <= threads <= MAX_THREADS:
         torch.set_num_threads(threads)
+
+
+def resume_where_started(cfg: RunConfig, run_dir: Path, start: int) -> None:
+    """A resume from a checkpoint says where it does not run under the conditions the run started with:
+    where what decides the bytes differs — a thread count given, another CPU, torch or commit — or
+    data.json keeps no record of them, a :class:`ResumedElsewhere` warning says the rest may not be
+    bit-identical to an uninterrupted run; data.json lists every resume's environment."""
+    written = _data_json(run_dir)
+    first = written.get("environment") if written is not None else None
+    if not isinstance(first, dict):
+        warnings.warn(ResumedElsewhere(
+            f"{run_dir}: data.json keeps no record of the environment the run started in, so this resume cannot "
+            "tell whether it continues bit-identically (it runs at this process's thread count)"), stacklevel=2)
+        return
     now = environment()
     differs = [f"{key} {first[key]!r} (now {now.get(key)!r})" for key in BYTES_DEPEND_ON
                if key in first and first[key] != now.get(key)]
@@ -479,16 +494,30 @@ def resume_where_started(cfg: RunConfig, run_dir: Path, start: int) -> None:
         warnings.warn(ResumedElsewhere(
             f"{run_dir}: resumed at round {start + 1} under other conditions than it started with — "
             f"{'; '.join(differs)}: from here on it is not bit-identical to an uninterrupted run"), stacklevel=2)
-    resumes = written.get("resumes") if isinstance(written.get("resumes"), list) else []
-    written["resumes"] = [*resumes, {"round": start + 1, "environment": now}]
+    resumes = written.get("resumes") if isinstance(written.get("resumes"), list) else []  # type: ignore[union-attr]
+    written["resumes"] = [*resumes, {"round": start + 1, "environment": now}]  # type: ignore[index]
     ckpt.write_run_file(run_dir / "data.json", json.dumps(written, indent=2))
 
 
-def start_run_dir(fed: Federation, run_dir: Path) -> None:
-    """A fresh run's config.json, data.json and empty metrics.jsonl (whatever the transport)."""
+def refuse_a_deployment(run_dir: Path, state: Mapping[str, Any] | None, path: Path | None) -> None:
+    """A Flower run directory is never resumed in-process: its sites' classifiers and local state live on
+    the SuperNodes (found by review: it resumed from every site's initial classifier; and, before its
+    first checkpoint, started afresh in the Flower run's folder). data.json says so from the start."""
+    if (state or {}).get("deployment") == "flower" or (_data_json(run_dir) or {}).get("deployment") == "flower":
+        raise ckpt.CheckpointError(
+            f"{path or run_dir / 'data.json'}: this run trained on a Flower deployment, whose sites' classifiers and "
+            "local state live on the SuperNodes, not in the run directory: it cannot be resumed (here or with "
+            "--flower); start a new run")
+
+
+def start_run_dir(fed: Federation, run_dir: Path, deployment: str | None = None) -> None:
+    """A fresh run's config.json, data.json and empty metrics.jsonl (whatever the transport; ``deployment``:
+    where the sites ran, when not in this process — such a run is never resumed in-process)."""
     ckpt.write_run_file(run_dir / "config.json", fed.config.to_json())
     # the machine and software beside the data: floating-point results depend on both
-    ckpt.write_run_file(run_dir / "data.json", json.dumps({**fed.data_info, "environment": environment()}, indent=2))
+    where = {"deployment": deployment} if deployment else {}
+    ckpt.write_run_file(run_dir / "data.json", json.dumps({**fed.data_info, **where, "environment": environment()},
+                                                          indent=2))
     ckpt.write_jsonl(run_dir / "metrics.jsonl", [])
 
 

@@ -13,7 +13,7 @@ from secfed import atomic_file
 from secfed.config import RunConfig
 from secfed.federation import checkpoint as ckpt
 from secfed.environment import environment
-from secfed.federation.runtime import ResumedElsewhere, resume_where_started, run
+from secfed.federation.runtime import ResumedElsewhere, resume_threads, resume_where_started, run
 
 
 class Crash(Exception):
@@ -97,6 +97,22 @@ def test_a_resume_under_other_conditions_says_it_is_not_bit_identical(tiny_confi
         resume_where_started(tiny_config, run_dir, 3)
     written = json.loads((run_dir / "data.json").read_text())
     assert written["environment"] == first and written["resumes"][0]["environment"]["torch_threads"] != 7
+    (run_dir / "data.json").unlink()  # (review 88: nothing was said)
+    with pytest.warns(ResumedElsewhere, match="keeps no record of the environment"):
+        resume_where_started(tiny_config, run_dir, 3)
+
+
+def test_a_resume_takes_the_recorded_thread_count_within_range_only(tiny_config: RunConfig, tmp_path: Path) -> None:
+    """Afresh (no round had finished) too; an edited count beyond --threads' range is not adopted
+    (review 88: 10**9 asked libgomp for 216 GB)."""
+    before = torch.get_num_threads()
+    try:
+        for recorded, expected in ((3 - before, 3 - before), (10**9, 3 - before), (0, 3 - before)):
+            (tmp_path / "data.json").write_text(json.dumps({"environment": {"torch_threads": recorded}}))
+            resume_threads(tiny_config, tmp_path)
+            assert torch.get_num_threads() == expected
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_flower_run_directory_is_never_resumed_in_process(tiny_config: RunConfig, tmp_path: Path) -> None:
@@ -106,6 +122,13 @@ def test_a_flower_run_directory_is_never_resumed_in_process(tiny_config: RunConf
     ckpt.save_checkpoint(run_dir, 1, {"rounds_done": 1, "config": tiny_config.to_dict(), "deployment": "flower"})
     with pytest.raises(ckpt.CheckpointError, match="Flower deployment.*cannot be resumed"):
         run(tiny_config, run_dir, resume=True)
+    # before its first checkpoint too (review 88: it started afresh in-process in the Flower run's folder)
+    before = tmp_path / "before"
+    before.mkdir()
+    (before / "config.json").write_text(tiny_config.to_json())
+    (before / "data.json").write_text(json.dumps({"deployment": "flower", "environment": {}}))
+    with pytest.raises(ckpt.CheckpointError, match="data.json: this run trained on a Flower deployment"):
+        run(tiny_config, before, resume=True)
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

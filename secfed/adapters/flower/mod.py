@@ -203,8 +203,7 @@ class SecAggMod:
         session, a missing cohort file went unnamed, and each run "finished" having aggregated nothing).
         Checked at enrolment too, so a misconfigured node stops the run before anyone trains."""
         try:
-            minimum = node.whole(self._setting(context, self.min_clients, MIN_CLIENTS_KEY, 2), MIN_CLIENTS_KEY,
-                                 least=1)
+            minimum = node.whole(self._setting(context, self.min_clients, MIN_CLIENTS_KEY, 2), MIN_CLIENTS_KEY)
             fraction = node.number(self._setting(context, self.corrupt_fraction, CORRUPT_FRACTION_KEY, 0.2),
                                    CORRUPT_FRACTION_KEY, below=1.0)
             if self.cohort is not None or node.COHORT_KEY in context.node_config:

@@ -154,7 +154,7 @@ class FlowerRun:
                 poll_interval=settings.poll, on_phase=self._phase)
         self._shape: str | None = None  # the nodes' ring layout (JSON), learnt from the first round's replies
         self._trained_at: float | None = None  # when a masked round's training phase ended
-        self._gone: set[int] = set()  # hosting SuperNodes that left the run (said once each)
+        self._gone: set[int] = set()  # hosting SuperNodes the SuperLink does not list now (said once each)
         self._since = time.perf_counter()
         self._phase_now: str | None = None  # the step under way, and how long each took last time
         self._took: dict[str, float] = {}
@@ -196,7 +196,7 @@ class FlowerRun:
         hosts, census = self.hello()
         fed = build_from_census(cfg, census, public)  # the server's view: what the nodes enrolled, no site data
         fed.server.privacy.plan.check_layout([len(sites) for sites in hosts.values()])  # the sum runs among nodes
-        start_run_dir(fed, run_dir)
+        start_run_dir(fed, run_dir, deployment="flower")
         _say(f"secfed on Flower: {fed.method.describe()} · {len(fed.clients)} clients on {len(hosts)} SuperNodes · "
              f"channel {fed.channel.name}" + (" (authenticated)" if cfg.secagg.enabled and cfg.secagg.authenticated else ""))
         history: list[dict[str, Any]] = []
@@ -368,18 +368,27 @@ class FlowerRun:
         return Trained(aggregate, client_stats, baseline_stats, dropped, t_train)
 
     def live_hosts(self, fed: Federation, hosts: Mapping[int, list[int]]) -> dict[int, list[int]]:
-        """``hosts`` without the SuperNodes the SuperLink no longer lists: their sites sit out every later
-        round and scoring (dropped, not waited for), since a restarted SuperNode has a new node id and
-        this server enrols nodes at its start only. Said once per node (found by review: the run went on
-        without them in silence, waiting out each round's timeout, and ended with no scores for their
-        domains)."""
-        live = set(self.grid.get_node_ids())
+        """``hosts`` the SuperLink lists now: a SuperNode it does not list (its heartbeats lapsed, or it
+        is gone) is not waited for — its sites sit the round out as dropped — and takes part again once
+        listed (a SuperNode restarted under a new node id does not: this server enrols nodes at its start
+        only). Each change is said once (found by review: the run waited out every round's timeout for a
+        killed node, and ended with no scores for its domains in silence). With no hosting SuperNode
+        listed for ``phase_timeout`` the run stops."""
+        live, deadline = set(self.grid.get_node_ids()), time.monotonic() + self.settings.phase_timeout
+        while not live & set(hosts) and time.monotonic() < deadline:
+            time.sleep(self.settings.poll)
+            live = set(self.grid.get_node_ids())
+        if not live & set(hosts):
+            raise DeploymentError(f"no SuperNode hosting a site is left: the SuperLink has listed none of "
+                                  f"{sorted(hosts)} for {self.settings.phase_timeout:.0f} s")
+        names = lambda n: ", ".join(fed.clients[k].site.name for k in hosts[n])  # noqa: E731
         for n in sorted(set(hosts) - live - self._gone):
-            self._gone.add(n)
-            names = ", ".join(fed.clients[k].site.name for k in hosts[n])
-            _say(f"  SuperNode {n} is gone: its sites ({names}) sit out the rest of the run — a SuperNode "
-                 "restarted meanwhile does not rejoin a running deployment (start a new run to have them back)")
-        return {n: sites for n, sites in hosts.items() if n not in self._gone}
+            _say(f"  SuperNode {n} is gone: its sites ({names(n)}) sit out the rounds while the SuperLink does not "
+                 "list it (a SuperNode restarted under a new node id does not rejoin a running deployment)")
+        for n in sorted(self._gone & live):
+            _say(f"  SuperNode {n} is back: its sites ({names(n)}) take part again")
+        self._gone = set(hosts) - live
+        return {n: sites for n, sites in hosts.items() if n in live}
 
     @staticmethod
     def _checked(fed: Federation, hosts: Mapping[int, list[int]], drawn: Mapping[int, list[int]],
