@@ -280,10 +280,10 @@ def _run_held(cfg: RunConfig, run_dir: Path, *, resume: bool, reporter: Reporter
     path, state = None, None
     if resume and ckpt.list_checkpoints(run_dir):
         path, state = ckpt.load_newest(run_dir)  # a damaged newest checkpoint: the one before it, with a warning
+        cfg = rates_to_resume(cfg, state, path, rates_given)
     if resume:
         refuse_a_deployment(run_dir, state, path)
         resume_threads(cfg, run_dir)  # from a checkpoint or afresh: at the run's thread count
-        cfg = rates_to_resume(cfg, state, path, rates_given)
     with pretrain.restoring() if state is not None else contextlib.nullcontext():  # the checkpoint's models
         fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root, resumed=resume)
     history: list[dict[str, Any]] = []
