@@ -29,8 +29,8 @@ victim keeps ≥ 0.76 — so 0.7 lies above every negative and below a blurred c
 (``tests/attacks/test_judge.py::test_image_match_threshold_is_never_crossed_by_negatives``).
 The embedding cosine between each reconstruction and its victim is reported beside them.
 
-Recovered *features* (the analytic probes' output: no pixels) have the same kind of criterion
-("feature-match"): a feature whose cosine to the victim's own picture's feature — the best over the
+Features the neck probe recovers (no pixels; in the space a training step embedded its pictures in:
+the batch's statistics, one view) have the same kind of criterion ("feature-match"): a feature whose cosine to the victim's own picture's feature — the best over the
 training augmentation's shifted and mirrored views, as a step saw one of them — is ≥
 :data:`FEATURE_COSINE`, higher than the cosine of any other person's picture to that view (the
 calibration is the gallery's own: no one else comes that close to the victim), and higher than its
