@@ -451,9 +451,13 @@ class ResumedElsewhere(UserWarning):
 
 
 def _data_json(run_dir: Path) -> dict[str, Any] | None:
-    """RUN/data.json as written, or None where it is missing or not a table."""
+    """RUN/data.json as written, or None where it is missing, not a regular file (a FIFO would hang the
+    resume: review 89) or not a table."""
+    path = run_dir / "data.json"
     try:
-        written = json.loads((run_dir / "data.json").read_text())
+        if not stat.S_ISREG(path.lstat().st_mode):
+            return None
+        written = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):
         return None
     return written if isinstance(written, dict) else None

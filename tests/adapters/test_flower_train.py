@@ -737,6 +737,7 @@ def test_a_supernode_gone_mid_run_is_named_with_the_sites_that_sit_out(small_con
     grid.dead.update({2000, 2001})
     with pytest.raises(DeploymentError, match="no SuperNode hosting a site is left"):
         live(None, {2000: [0], 2001: [1]})
+    assert "no SuperNode hosting a site is listed: waiting up to 0 s" in capsys.readouterr().out  # not silent
 
 
 def test_a_node_with_a_privacy_floor_refuses_a_run_that_would_exceed_it(small_config, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,12 @@ def test_a_resume_takes_the_recorded_thread_count_within_range_only(tiny_config:
             assert torch.get_num_threads() == expected
     finally:
         torch.set_num_threads(before)
+    (tmp_path / "data.json").unlink()
+    os.mkfifo(tmp_path / "data.json")  # (review 89: reading it hung the resume)
+    reader = threading.Thread(target=resume_threads, args=(tiny_config, tmp_path), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive()
 
 
 def test_a_flower_run_directory_is_never_resumed_in_process(tiny_config: RunConfig, tmp_path: Path) -> None:
@@ -129,6 +136,13 @@ def test_a_flower_run_directory_is_never_resumed_in_process(tiny_config: RunConf
     (before / "data.json").write_text(json.dumps({"deployment": "flower", "environment": {}}))
     with pytest.raises(ckpt.CheckpointError, match="data.json: this run trained on a Flower deployment"):
         run(tiny_config, before, resume=True)
+    # ... refused before the command says it starts afresh (review 89)
+    from click.testing import CliRunner
+
+    from secfed.cli.main import cli
+
+    said = CliRunner().invoke(cli, ["train", "--resume", str(before)], env={"COLUMNS": "250"})
+    assert said.exit_code == 1 and "Flower deployment" in said.output and "starting from round 1" not in said.output
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -375,10 +375,12 @@ class FlowerRun:
         killed node, and ended with no scores for its domains in silence). With no hosting SuperNode
         listed for ``phase_timeout`` the run stops."""
         live, deadline = set(self.grid.get_node_ids()), time.monotonic() + self.settings.phase_timeout
-        while not live & set(hosts) and time.monotonic() < deadline:
+        if hosts and not live & set(hosts):  # no silent wait (review 89)
+            _say(f"  no SuperNode hosting a site is listed: waiting up to {self.settings.phase_timeout:.0f} s for one")
+        while hosts and not live & set(hosts) and time.monotonic() < deadline:
             time.sleep(self.settings.poll)
             live = set(self.grid.get_node_ids())
-        if not live & set(hosts):
+        if hosts and not live & set(hosts):
             raise DeploymentError(f"no SuperNode hosting a site is left: the SuperLink has listed none of "
                                   f"{sorted(hosts)} for {self.settings.phase_timeout:.0f} s")
         names = lambda n: ", ".join(fed.clients[k].site.name for k in hosts[n])  # noqa: E731
