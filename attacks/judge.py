@@ -30,17 +30,18 @@ victim keeps ≥ 0.76 — so 0.7 lies above every negative and below a blurred c
 The embedding cosine between each reconstruction and its victim is reported beside them.
 
 Features the neck probe recovers (no pixels; in the space a training step embedded its pictures in:
-the batch's statistics, one view) have the same kind of criterion ("feature-match"): a feature whose cosine to the victim's own picture's feature — the best over the
-training augmentation's shifted and mirrored views, as a step saw one of them — is ≥
-:data:`FEATURE_COSINE`, higher than the cosine of any other person's picture to that view (the
+the batch's statistics, one view) have the same kind of criterion ("feature-match"): a feature whose
+cosine to the victim's own picture's feature — the best over the training augmentation's shifted and
+mirrored views, as a step saw one of them — is ≥ :data:`FEATURE_COSINE`, higher than the cosine of any other person's picture to that view (the
 calibration is the gallery's own: no one else comes that close to the victim), and higher than its
 cosine to any other person's picture. Without it an exactly recovered feature could never be a LEAK:
 on an update the victims are every picture the client trained on, so the gallery holds no other
 picture of them and re-identification has no power (review 82). Negatives — features of flat and
 noise images, the gallery's mean feature, random directions — never cross it, even under an
 untrained model whose features of different photographs reach cosine 0.999 (the best of them
-0.97 over the 18 views at 32×16, hence 0.99); the features of the victims' pictures as a step saw them do
-(the neck probe's exact recovery on one step of two pictures: 0.9999998) (``tests/attacks/test_judge.py::test_feature_match_is_never_crossed_by_negatives``).
+0.97 over the 18 views at 32×16, hence 0.99); the features of the victims' pictures as a step saw
+them do (the neck probe's exact recovery on one step of two pictures: 0.9999998)
+(``tests/attacks/test_judge.py::test_feature_match_is_never_crossed_by_negatives``).
 """
 
 from __future__ import annotations
@@ -273,8 +274,9 @@ class Judge:
     def judge_features(self, embedding: torch.Tensor, victims: Sequence[int], gallery_embedding: torch.Tensor | None = None,
                        embed: Embedder | None = None) -> tuple[list[dict[str, Any]], dict[str, LeakTest]]:
         """Recovered features (no pixels to compare; L2-normalised) against the gallery's eval-mode
-        embedding, or against ``gallery_embedding`` (from :meth:`embed_under_batch_statistics`) with
-        ``embed``, the single-view embedder of the space the features were recovered in: then also the
+        embedding, or against ``gallery_embedding`` with ``embed``, the single-view embedder of the space
+        the features were recovered in, that made it (:meth:`embed_under_batch_statistics` returns both):
+        then also the
         feature-level match to a victim's own picture, over the training augmentation's views of it.
         Without ``embed`` only re-identification judges them — features recovered after a training
         step's dropout and batch-statistics BatchNorm (the classifier's inputs) sit in no space a
@@ -283,7 +285,7 @@ class Judge:
         gallery = self.embedding if gallery_embedding is None else gallery_embedding
         tests: dict[str, LeakTest] = {}
         if embed is not None:
-            rows, tests["feature-match"] = self._feature_match(embedding, victims, embed)
+            rows, tests["feature-match"] = self._feature_match(embedding, victims, gallery, embed)
         else:  # pair each feature with the victim whose embedding it is closest to
             rows = [{"victim": int(v), "victim_identity": str(self.ids[v])}
                     for v in (victims[j] for j in (embedding @ gallery[victims].T).argmax(1).tolist())]
@@ -291,14 +293,15 @@ class Judge:
         tests["reid-embedding"] = self._reid(embedding, gallery, targets, victims, rows, "embedding")
         return rows, tests
 
-    def _feature_match(self, features: torch.Tensor, victims: list[int], embed: Embedder
+    def _feature_match(self, features: torch.Tensor, victims: list[int], gallery: torch.Tensor, embed: Embedder
                        ) -> tuple[list[dict[str, Any]], LeakTest]:
         """The threshold test on the victims' own pictures (module docstring). A training step saw one
         shifted or mirrored view of each picture: each feature is compared with every view of its
-        :data:`FEATURE_CANDIDATES` nearest victims (as the image match undoes the augmentation)."""
-        own = embed(self.gallery.images[victims])
+        :data:`FEATURE_CANDIDATES` nearest victims (as the image match undoes the augmentation).
+        ``gallery``: the gallery as ``embed`` embedded it (not embedded again here)."""
+        own = gallery[victims]
         others = np.flatnonzero(~np.isin(self.ids, list({self.ids[v] for v in victims})))
-        other_features = embed(self.gallery.images[others])
+        other_features = gallery[torch.from_numpy(others)]
         pad, rows, hits = self.pad, [], 0
         views = [(t, l, f) for f in (False, True) for t in range(2 * pad + 1) for l in range(2 * pad + 1)]
         top, left, flip = (torch.tensor([v[i] for v in views]) for i in range(3))
@@ -327,8 +330,8 @@ class Judge:
         ``head`` maps the embedding to identities (a Linear, or a Sequential ending in one after the
         mapping network or neck the embedding stops before — found by review: every FedReID and DFH
         audit of the weights stopped with a traceback here). The gallery is ranked by each row's
-        cosine to the classifier's input (a logit without the image's
-        norm, which would rank the same few large-norm pictures first for every row). Nothing is
+        cosine to the classifier's input (a logit without the image's norm, which would rank the same
+        few large-norm pictures first for every row). Nothing is
         reconstructed, so the identities' own pictures stay in the gallery: ranking them early is the
         leak (the model picks these people out of footage)."""
         front, linear = (head[:-1], head[-1]) if isinstance(head, torch.nn.Sequential) else (torch.nn.Identity(), head)

@@ -247,8 +247,8 @@ def attack_weights(*, model: nn.Module, judge: Judge, client_images: Sequence[in
 
 def _classifier_rows(judge: Judge, head: nn.Module, labels: torch.Tensor, client_images: list[int],
                      assumptions: dict[str, Any]) -> AttackResult:
-    """Each row of a ReID classifier points at its identity's features: the gallery ranked by
-    cosine to the rows of the audited client's classes re-identifies its people with nothing to optimise (review
+    """Each row of a ReID classifier points at its identity's features: the gallery ranked by cosine to
+    the rows of the audited client's classes re-identifies its people with nothing to optimise (review
     82: a FedAvg global model whose inversion found no one put them at ranks 1, 4 and 1 this way)."""
     w = Stopwatch()
     labels = labels.cpu()

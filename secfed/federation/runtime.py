@@ -292,7 +292,7 @@ def _run_held(cfg: RunConfig, run_dir: Path, *, resume: bool, reporter: Reporter
         check_same_run(fed, state, path)
         check_data(fed, state, data_root)
         history, start, wall = restore(fed, state, path)
-        resume_where_started(cfg, run_dir, start)
+        resume_where_started(run_dir, start)
         ckpt.write_jsonl(run_dir / "metrics.jsonl", history)
     else:
         start_run_dir(fed, run_dir)
@@ -433,11 +433,7 @@ def _notes(log: Path) -> list[dict[str, Any]]:
 def restate_privacy(fed: Federation, run_dir: Path) -> None:
     """data.json's privacy section rewritten from the plan a resume widened (the rest kept as written)."""
     fed.data_info["privacy"] = fed.plan.to_dict()
-    try:
-        written = json.loads((run_dir / "data.json").read_text())
-    except (OSError, ValueError):
-        written = {"environment": environment()}
-    written = written if isinstance(written, dict) else {"environment": environment()}
+    written = _data_json(run_dir) or {"environment": environment()}
     ckpt.write_run_file(run_dir / "data.json", json.dumps({**written, "privacy": fed.data_info["privacy"]}, indent=2))
 
 
@@ -476,7 +472,7 @@ def resume_threads(cfg: RunConfig, run_dir: Path) -> None:
         torch.set_num_threads(threads)
 
 
-def resume_where_started(cfg: RunConfig, run_dir: Path, start: int) -> None:
+def resume_where_started(run_dir: Path, start: int) -> None:
     """A resume from a checkpoint says where it does not run under the conditions the run started with:
     where what decides the bytes differs — a thread count given, another CPU, torch or commit — or
     data.json keeps no record of them, a :class:`ResumedElsewhere` warning says the rest may not be

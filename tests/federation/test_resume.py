@@ -86,21 +86,20 @@ def test_resume_ends_bit_identical(two_site_config: RunConfig, tmp_path: Path, a
     assert resumed.summary["domains"] == full.summary["domains"]
 
 
-def test_a_resume_under_other_conditions_says_it_is_not_bit_identical(tiny_config: RunConfig, tmp_path: Path) -> None:
+def test_a_resume_under_other_conditions_says_it_is_not_bit_identical(tmp_path: Path) -> None:
     """--threads given with a resume, another commit: a warning names each, and data.json records the
     resume's environment beside the first (which it keeps)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     first = {**environment(), "torch_threads": 7, "commit": "0" * 40, "cpu": {"model": "Elsewhere CPU"}}
     (run_dir / "data.json").write_text(json.dumps({"environment": first}))
-    tiny_config.run.threads = torch.get_num_threads()
     with pytest.warns(ResumedElsewhere, match=r"round 4 .*torch_threads 7 .*commit '0{40}' .*CPU 'Elsewhere CPU'"):
-        resume_where_started(tiny_config, run_dir, 3)
+        resume_where_started(run_dir, 3)
     written = json.loads((run_dir / "data.json").read_text())
     assert written["environment"] == first and written["resumes"][0]["environment"]["torch_threads"] != 7
     (run_dir / "data.json").unlink()  # (review 88: nothing was said)
     with pytest.warns(ResumedElsewhere, match="keeps no record of the environment"):
-        resume_where_started(tiny_config, run_dir, 3)
+        resume_where_started(run_dir, 3)
 
 
 def test_a_resume_takes_the_recorded_thread_count_within_range_only(tiny_config: RunConfig, tmp_path: Path) -> None:

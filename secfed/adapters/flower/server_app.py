@@ -374,22 +374,23 @@ class FlowerRun:
         only). Each change is said once (found by review: the run waited out every round's timeout for a
         killed node, and ended with no scores for its domains in silence). With no hosting SuperNode
         listed for ``phase_timeout`` the run stops."""
-        live, deadline = set(self.grid.get_node_ids()), time.monotonic() + self.settings.phase_timeout
-        if hosts and not live & set(hosts):  # no silent wait (review 89)
+        hosting, live = set(hosts), set(self.grid.get_node_ids())
+        if hosting and not live & hosting:  # said, not a silent wait (review 89)
             _say(f"  no SuperNode hosting a site is listed: waiting up to {self.settings.phase_timeout:.0f} s for one")
-        while hosts and not live & set(hosts) and time.monotonic() < deadline:
-            time.sleep(self.settings.poll)
-            live = set(self.grid.get_node_ids())
-        if hosts and not live & set(hosts):
-            raise DeploymentError(f"no SuperNode hosting a site is left: the SuperLink has listed none of "
-                                  f"{sorted(hosts)} for {self.settings.phase_timeout:.0f} s")
+            deadline = time.monotonic() + self.settings.phase_timeout
+            while not live & hosting and time.monotonic() < deadline:
+                time.sleep(self.settings.poll)
+                live = set(self.grid.get_node_ids())
+            if not live & hosting:
+                raise DeploymentError(f"no SuperNode hosting a site is left: the SuperLink has listed none of "
+                                      f"{sorted(hosting)} for {self.settings.phase_timeout:.0f} s")
         names = lambda n: ", ".join(fed.clients[k].site.name for k in hosts[n])  # noqa: E731
-        for n in sorted(set(hosts) - live - self._gone):
+        for n in sorted(hosting - live - self._gone):
             _say(f"  SuperNode {n} is gone: its sites ({names(n)}) sit out the rounds while the SuperLink does not "
                  "list it (a SuperNode restarted under a new node id does not rejoin a running deployment)")
         for n in sorted(self._gone & live):
             _say(f"  SuperNode {n} is back: its sites ({names(n)}) take part again")
-        self._gone = set(hosts) - live
+        self._gone = hosting - live
         return {n: sites for n, sites in hosts.items() if n in live}
 
     @staticmethod
