@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 
 from secfed.attacks.budget import BUDGETS, REPORT_RESERVE, Budget, Stopwatch
@@ -136,8 +136,11 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
     attacked = [t for t in targets if t != "protocol"]
     evidence = None
     if any(TARGETS[t].needs_evidence for t in attacked):
-        evidence = _evidence(run, request.round, k, say)
-    elif request.round is not None and request.round != run.rounds_done + 1:
+        evidence = _evidence(run, request.round, k, say, lambda: total.expired)
+    elif request.round is not None and (not attacked or request.round != run.rounds_done + 1):
+        # the global model after round N is what round N + 1 starts from, so the weights target accepts that
+        # round; the protocol checks read every round, so no --round means anything to them (found by review:
+        # `--attack protocol --round N+1` was accepted, `--round N` refused)
         attacks = (f"the weights target is the checkpoint's global model (after round {run.rounds_done})"
                    if attacked else "the protocol checks read every round's log")  # (review: named weights)
         raise AuditError("--round", f"{attacks}; --round applies to the update, sum and dfs targets")
@@ -178,17 +181,29 @@ def run_audit(request: AuditRequest, progress: Callable[[str], None] | None = No
 # ---- evidence ------------------------------------------------------------------------------------
 
 
-def _evidence(run: AuditedRun, requested: int | None, k: int, say: Callable[[str], None]) -> RoundEvidence:
+def _evidence(run: AuditedRun, requested: int | None, k: int, say: Callable[[str], None],
+              expired: Callable[[], bool]) -> RoundEvidence | None:
+    """The round's uploads; None when the time limit came first (found by review: reading 280 MB of
+    recorded uploads ran 4 s past a 14-s --time-limit; re-deriving runs a local epoch per client)."""
     recorded = recording.recorded_rounds(run.run_dir)
     nxt = run.rounds_done + 1
     chosen = requested if requested is not None else (max(recorded) if recorded else nxt)
     if chosen in recorded:
         say(f"round {chosen}: recorded uploads")
-        return read_recorded(run, chosen)
-    if chosen == nxt:
+        evidence = read_recorded(run, chosen, expired)
+    elif chosen == nxt:
         cohort = sorted(set(next_cohort(run)) | {k})
         say(f"round {chosen}: re-deriving the uploads of {len(cohort)} client(s) from the checkpoint")
-        return rederive_next(run, cohort)
+        evidence = rederive_next(run, cohort, expired)
+    else:
+        _no_such_round(run, chosen, recorded)
+    if evidence is None:
+        say(f"round {chosen}: the time limit was reached before its uploads were all in")
+    return evidence
+
+
+def _no_such_round(run: AuditedRun, chosen: int, recorded: list[int]) -> NoReturn:
+    nxt = run.rounds_done + 1
     # (found by review: a checkpoint outside its run, or a run without its config.json, was said to be
     # a run without --record-uploads — a fact about a run directory the audit did not read)
     shown = ", ".join(map(str, recorded)) if recorded else (

@@ -21,6 +21,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -131,9 +132,13 @@ def audit_name(run: AuditedRun) -> str:
     return run.run_dir.resolve().name if run.run_dir else run.checkpoint.resolve().stem
 
 
-def read_recorded(run: AuditedRun, round_number: int) -> RoundEvidence:
+def read_recorded(run: AuditedRun, round_number: int, stop: Callable[[], bool] | None = None
+                  ) -> RoundEvidence | None:
+    """Round ``round_number``'s recorded uploads; None if ``stop()`` said so before every file was read."""
     try:
-        recorded = recording.read_round(run.run_dir, round_number, max_bytes=run.max_message_bytes)
+        recorded = recording.read_round(run.run_dir, round_number, max_bytes=run.max_message_bytes, stop=stop)
+    except recording.Stopped:
+        return None
     except recording.NoBroadcast as exc:
         raise AuditError("--round", f"round {round_number}'s uploads were recorded without the broadcast they "
                          f"answered ({exc}: a run from before secfed kept it), so the weights they started from "
@@ -145,8 +150,10 @@ def read_recorded(run: AuditedRun, round_number: int) -> RoundEvidence:
                          schedule_for(run.config, round_number - 1), recorded.personal)
 
 
-def rederive_next(run: AuditedRun, client_ids: list[int]) -> RoundEvidence:
-    """The uploads of round N + 1 of ``client_ids``: their real client step from the checkpoint.
+def rederive_next(run: AuditedRun, client_ids: list[int], stop: Callable[[], bool] | None = None
+                  ) -> RoundEvidence | None:
+    """The uploads of round N + 1 of ``client_ids``: their real client step from the checkpoint; None
+    if ``stop()`` said so before a client's step (each is a local epoch: a deadline holds to within one).
 
     Trains the clients' models in place (the audit's copies of them)."""
     fed, cfg = run.fed, run.config
@@ -155,6 +162,8 @@ def rederive_next(run: AuditedRun, client_ids: list[int]) -> RoundEvidence:
     schedule = schedule_for(cfg, t)
     uploads, personal = {}, {}
     for k in client_ids:
+        if stop is not None and stop():
+            return None
         received = fed.server.received(broadcast, k)
         if received is not broadcast:
             personal[k] = received

@@ -214,9 +214,9 @@ class DfsTarget(Target):
 
     def attack(self, ctx: AuditContext, watch: Stopwatch) -> list[TargetReport]:
         run, evidence, k = ctx.run, ctx.evidence, ctx.k
-        assert evidence is not None
-        if not ctx.shares_dfs:
+        if not ctx.shares_dfs:  # (before reading the evidence: a time limit may have come before the uploads)
             return [TargetReport("dfs", None, "this run shares no DFS (only --algorithm dfh does)", False, "not shared")]
+        assert evidence is not None
         dfs, source, weights = _latest_dfs(run, evidence, k)
         exposure = "shared in the clear with the server, which keeps every client's latest and redistributes them"
         if dfs is None:  # the server holds it all the same: never "not shared"

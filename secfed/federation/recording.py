@@ -14,7 +14,7 @@ before secfed compressed them holds the plain bytes and reads the same.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,10 @@ class RecordingError(ValueError):
 
 class NoBroadcast(RecordingError):
     """Uploads recorded without the broadcast they answered (a run from before secfed kept it)."""
+
+
+class Stopped(Exception):
+    """A read given up because its caller's ``stop()`` said so (a deadline); nothing was returned."""
 
 
 @dataclass
@@ -101,17 +105,25 @@ def _read(path: Path, max_bytes: int | None = None) -> Broadcast | Upload:
         raise RecordingError(f"{path}: {exc}") from None
 
 
-def read_round(run_dir: Path, round_number: int, *, max_bytes: int | None = None) -> RecordedRound:
+def read_round(run_dir: Path, round_number: int, *, max_bytes: int | None = None,
+               stop: Callable[[], bool] | None = None) -> RecordedRound:
     """Round ``round_number`` as recorded, its files read side by side, none inflated beyond
     ``max_bytes`` (what a message of the run can hold). :class:`NoBroadcast` when its broadcast was
     not kept; :class:`RecordingError` naming the file for anything unreadable, or the folder for a
-    round without uploads."""
+    round without uploads; :class:`Stopped` when ``stop()`` is true before a file is begun (a round
+    of many uploads takes seconds to inflate: a caller's deadline then holds to within one file)."""
     folder = round_folder(run_dir, round_number)
     if not (folder / "broadcast.bin").is_file():
         raise NoBroadcast(f"{folder / 'broadcast.bin'} is missing")
     paths = sorted(p for p in folder.iterdir() if _UPLOAD.search(p.name) or _PERSONAL.search(p.name))
+
+    def read(path: Path) -> Broadcast | Upload:
+        if stop is not None and stop():
+            raise Stopped(f"stopped before {path}")
+        return _read(path, max_bytes)
+
     with ThreadPoolExecutor(max_workers=_workers()) as pool:
-        broadcast, *messages = pool.map(lambda p: _read(p, max_bytes), [folder / "broadcast.bin", *paths])
+        broadcast, *messages = pool.map(read, [folder / "broadcast.bin", *paths])
     uploads = {m.client_id: m for m in messages if isinstance(m, Upload)}
     personal = {int(m.group(1)): b for p, b in zip(paths, messages)
                 if (m := _PERSONAL.search(p.name)) and isinstance(b, Broadcast)}

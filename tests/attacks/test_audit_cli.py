@@ -97,6 +97,7 @@ def test_the_next_round_is_re_derived_from_the_clients_real_step(recorded_run: P
     (["--attack", "membership"], "--attack: this run"),  # (review: exit 0 with "n/a" alone; a gate passed)
     (["--round", "9"], "cannot be audited"),
     (["--round", "9", "--attack", "protocol"], "the protocol checks read every round's log; --round applies"),
+    (["--round", "2", "--attack", "protocol"], "the protocol checks read every round's log"),  # the next round
     (["--client", "nobody"], "no client 'nobody'"),
     (["--client", "²"], "no client '²'"),  # a digit to str.isdigit, not to int(): was a ValueError traceback
     (["--time-limit", "nan"], "'nan' is not a finite number"),  # nan passed click's FloatRange(min=1)
@@ -134,6 +135,32 @@ def test_the_time_limit_holds_from_the_command_s_start_across_every_target(recor
     assert report["seconds"]["wall"] <= limit + SLACK
     skipped = [t for t in report["targets"] if t["reason"].startswith("not attacked")]
     assert all(t["verdict"] == "INCONCLUSIVE" for t in skipped)  # not attacked is never safe
+
+
+def test_the_time_limit_holds_while_the_round_s_uploads_are_read(recorded_run: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """(found by review: inflating 280 MB of recorded uploads ran 4 s past a 14-s --time-limit) Each file
+    here takes the whole limit to read: none is begun after the deadline, and the target is reported
+    not attacked (INCONCLUSIVE, never safe) within the limit."""
+    limit, begun, read = 1.5, [], recording._read
+
+    def slow(path: Path, max_bytes: int | None = None) -> object:
+        begun.append(time.monotonic())
+        time.sleep(limit)
+        return read(path, max_bytes)
+
+    monkeypatch.setattr(recording, "_read", slow)
+    monkeypatch.setattr(recording, "_workers", lambda: 1)  # one file at a time: the next one waits for the first
+    started = time.monotonic()
+    code, _, output = _audit(str(recorded_run), "--attack", "inversion", "--target", "sum", "--budget", "quick",
+                             "--time-limit", str(limit), "--out", str(tmp_path / "slow"))
+    took = time.monotonic() - started
+    assert code == 0, output
+    assert all(t <= started + limit for t in begun), [round(t - started, 2) for t in begun]
+    assert took <= limit + SLACK, f"{took:.1f} s for a {limit} s limit"
+    report = json.loads((tmp_path / "slow" / "audit.json").read_text())
+    assert [(t["target"], t["verdict"]) for t in report["targets"]] == [("sum", "INCONCLUSIVE")]
+    assert report["targets"][0]["reason"].startswith("not attacked")
 
 
 def test_a_checkpoint_kept_outside_its_run_is_audited_without_anyone_elses_recordings(recorded_run: Path,
