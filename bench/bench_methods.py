@@ -47,6 +47,7 @@ METHODS = {
     "fedpav+cdw": {"cdw": True},
     "fedpav+kd+cdw": {"kd": True, "cdw": True},
     "fedreid": {"algorithm": "fedreid"},
+    "fedreid-no-expert": {"algorithm": "fedreid", "expert": False},  # AAAI'21 Fig. 4(d)'s ablation
 }
 
 

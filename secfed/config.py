@@ -145,6 +145,8 @@ class MethodConfig(Section):
     cdw: bool = setting(False, "--cdw", "Cosine distance weights for aggregation (MM'20 Alg. 3).")
     expert_temperature: float = setting(3.0, "--expert-temperature", "FedReID: temperature T of the local "
                                         "expert's KL regularisation.", gt=0)
+    expert: bool = setting(True, "--expert", "FedReID: train with the local expert (CE + T²·KL); "
+                           "--no-expert trains on CE alone (the paper's ablation, AAAI'21 Fig. 4(d)).")
     dfh_alpha: float = setting(1.0, "--dfh-alpha", "DFH: Dirichlet α of domain hallucinating.", gt=0)
     dfh_lambda: float = setting(1.0, "--dfh-lambda", "DFH: weight λ of the hallucinated-feature triplet losses "
                                 "(the paper's §4.1: 5, which bench/bench_dfh.py uses).", ge=0)

@@ -98,7 +98,7 @@ def test_a_started_arm_is_checked_at_the_factor_its_published_claims_are_decided
     compared = check.comparisons(chosen, mine, arms)
     names = [c[0] for c in compared]
     assert "fedreid@synthetic ×0.5: seen rank-1" in names and "fedpav@synthetic: unseen mAP" in names
-    fig4 = next(c for c in compared if c[0].startswith("AAAI'21 Fig. 4"))
+    fig4 = next(c for c in compared if c[0].startswith("AAAI'21 vs FedPav"))
     assert fig4[1] == pytest.approx([2.0] * 10) and fig4[2] == pytest.approx([10.0])  # the ×0.5 runs, paired
 
 

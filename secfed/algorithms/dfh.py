@@ -38,7 +38,13 @@ after local training; here they are computed with the model the client received,
 the feature extractor is then the public broadcast, which the DFS privacy analysis assumes
 (:mod:`secfed.privacy.dfs`), not a model that holds the client's own update. Eq. 3.5 applies FC to the
 pool-5 feature; here FC is FedPav's neck and classifier. The defaults λ = 1 and margin 0.3 are not
-§4.1's 5 and 0.5; ``bench/bench_dfh.py`` runs the paper's.
+§4.1's 5 and 0.5; ``bench/bench_dfh.py`` runs the paper's. The rest of §4.1's training is not the
+paper's either, here or in the bench: a round is E epochs of ⌊n/(P·K)⌋ P×K batches (3–14 iterations
+on the synthetic domains, not 200 iterations of batch 64), at secfed's learning rates and schedule
+(0.02 from scratch, one ×0.1 step at 3/4 of the rounds; the paper's 1e-3, ×0.5 at epochs 20 and 30 of
+40), with pad, crop and flip and no random erasing. Eq. 3.2's BN ("the pooling-5 batch-norm function")
+is a parameter-free standardisation over the batch: the backbone has no BatchNorm at pool-5, and the
+paper's intent is the map of fᵢ to the standard Gaussian.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from secfed import protocols
+from secfed.algorithms.base import Method, flat_state
 from secfed.algorithms.cdw import CosineDistanceWeight, cosine_distance_weight
 from secfed.algorithms.fedpav import FedPav
 from secfed.algorithms.kd import KD, soft_labels
@@ -20,6 +21,7 @@ from secfed.federation.builder import build
 from secfed.federation.messages import MODEL, TrainStats
 from secfed.federation.runtime import run, schedule_for, train_seed
 from secfed.federation.secure_channel import ring_shape
+from secfed.models.sharing import load_shared
 from secfed.protocols.secagg.messages import MaskedInput
 
 
@@ -148,6 +150,25 @@ def test_fedreid_shares_only_the_embedding_and_keeps_expert_and_mapping(tiny_con
         x = torch.randn(2, 3, 32, 16)
         site.model.eval()
         assert torch.equal(site.model.embed(x), site.model.backbone(x))
+
+
+def test_fedreid_without_its_expert_trains_the_client_model_on_cross_entropy_alone(tiny_config: RunConfig) -> None:
+    """(found by review: the paper's ablation, AAAI'21 Fig. 4(d), could not be run — the expert was
+    always on) `--no-expert`: the client's update is exactly a plain CE step of its model."""
+    tiny_config.method.algorithm = "fedreid"
+    tiny_config.method.expert = False
+    tiny_config.secagg.enabled = False
+    tiny_config.run.local_baseline = False
+    fed = build(tiny_config)
+    client, broadcast = fed.clients[0], fed.server.broadcast(0)
+    schedule, seed = schedule_for(tiny_config, 0), train_seed(tiny_config, 0, client.site.id)
+    site = copy.deepcopy(client.site)
+    upload, _ = client.step(broadcast, schedule, seed)
+    assert "expert" not in client.site.extra  # no copy of the model made for an expert that never trains
+    load_shared(site.model, fed.layout, broadcast.weights)
+    Method.local_train(fed.method, site, schedule, seed)
+    expected = flat_state(site.model, fed.layout) - broadcast.weights
+    assert torch.equal(upload.summed[MODEL].vector, expected)
 
 
 @pytest.mark.parametrize("method", ["fedpav", "fedavg", "fedreid", "dfh", "fedpav+kd+cdw"])
