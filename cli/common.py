@@ -33,14 +33,14 @@ def cli_errors() -> Iterator[None]:
     from secfed.cli.options import render
     from secfed.federation.checkpoint import CheckpointError
     from secfed.federation.codec import CodecError
-    from secfed.federation.runtime import RunDiverged
+    from secfed.federation.runtime import RunDiverged, SiteDiverged
     from secfed.models.reid import PretrainedWeightsUnavailable
 
     try:
         yield
     except ConfigError as exc:
         raise click.UsageError(render(exc)) from None
-    except (DataError, CheckpointError, PretrainedWeightsUnavailable, CodecError, RunDiverged) as exc:
+    except (DataError, CheckpointError, PretrainedWeightsUnavailable, CodecError, RunDiverged, SiteDiverged) as exc:
         raise click.ClickException(str(exc)) from None
     except ProtocolError as exc:  # e.g. a model-inconsistency attack detected in authenticated mode
         raise click.ClickException(f"secure aggregation aborted: {type(exc).__name__}: {exc}") from None

@@ -26,6 +26,7 @@ def evaluate_command(run: Path, data_root: Path | None, threads: int | None, jso
     from secfed.cli.train import print_domains
     from secfed.federation import checkpoint as ckpt
     from secfed.federation.evaluate import evaluate_final
+    from secfed.evaluation.report import privacy_cell
     from secfed.federation.runtime import domain_row, open_run, privacy_summary
 
     console = human_console(json_output)
@@ -50,5 +51,8 @@ def evaluate_command(run: Path, data_root: Path | None, threads: int | None, jso
                "privacy": privacy_summary(fed, int(state["rounds_done"]))}
     print_domains(console, seen, unseen)
     console.print(f"checkpoint: {checkpoint} (after round {state['rounds_done']})")
+    # the run's ε, or why there is none, as compare's row says it (found by review: only --json carried
+    # it, so a terminal reader of a --reproducible-noise run never saw NOT PRIVATE here)
+    console.print(f"privacy: {privacy_cell(summary['privacy'])}", soft_wrap=True)
     if json_output:
         emit_json(summary)

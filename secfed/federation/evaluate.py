@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from secfed.evaluation.features import evaluate_model
+from secfed.evaluation.features import FeaturesNotFinite, evaluate_model
 from secfed.evaluation.metrics import RetrievalScores
 from secfed.evaluation.raw_pixels import raw_pixel_scores
 from secfed.federation.builder import DomainInfo, EvalDomain, Federation
@@ -123,7 +123,13 @@ def run_jobs(fed: Federation, jobs: Iterable[Job]) -> dict[Job, dict[str, float]
                 continue
             model = {"global": lambda: global_model(fed, k), "baseline": lambda: fed.baselines[k].model,
                      "local": lambda: fed.clients[k].site.model}[variant]()
-            out[(k, variant, name)] = score(model, domain)
+            try:
+                out[(k, variant, name)] = score(model, domain)
+            except FeaturesNotFinite as exc:
+                from secfed.federation.runtime import SiteDiverged
+
+                where = fed.clients[k].site.name if k < len(fed.clients) else str(k)
+                raise SiteDiverged(where, f"scoring the {VARIANT_WORDS[variant]} on {name}: {exc}") from None
     return out
 
 

@@ -96,12 +96,19 @@ class SilentReporter:
 class RunDiverged(ArithmeticError):
     """Training produced NaN or infinite values; the run stopped before saving the bad round."""
 
-    def __init__(self, round_number: int, client: str, cause: str, run_dir: Path, lr: float) -> None:
+    def __init__(self, round_number: int, client: str, cause: str, run_dir: Path, lr: float,
+                 noise_std: float = 0.0) -> None:
         self.round_number, self.client, self.run_dir = round_number, client, run_dir
         kept = f"the checkpoint of round {round_number - 1} is kept" if round_number > 1 else "no round was saved"
+        # (found by review: noise of std 5 per coordinate overflowed the global model, and the advice was
+        # the learning rate's alone — or, at its evaluation, a bare ValueError)
+        noise = (f" The privacy noise on the mean has std {noise_std:.3g} per coordinate (β, or the noise "
+                 "multiplier × the clip ÷ the cohort's weight): where that swamps the model, only a new run with "
+                 "less of it per coordinate trains (more clients per round, a smaller noise multiplier or clip; "
+                 "a resume keeps the privacy settings).") if noise_std > 0 else ""
         super().__init__(
             f"round {round_number}, client {client}: {cause}. The run stopped; {kept}. Resume with a lower "
-            f"learning rate, e.g. `secfed train --resume {run_dir} --lr {lr / 2:g}`."
+            f"learning rate, e.g. `secfed train --resume {run_dir} --lr {lr / 2:g}`.{noise}"
         )
 
 
@@ -636,7 +643,8 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
         if not dfs_noised(fed):
             note_release(fed, run_dir, round_number, claimed=claimed, withdrawn=True)
         if isinstance(exc, SiteDiverged):
-            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new) from None
+            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new,
+                              fed.plan.aggregate_noise_std) from None
         raise
     aggregate = trained.aggregate
     fed.server.apply(aggregate)
@@ -650,7 +658,12 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
         # claimed: which domains have a score would reveal the last cohort, and each score is one
         # client's un-noised model.
         cohort = () if claimed else aggregate.contributors
-        record.update(eval_record(fed, transport.evaluate(fed, final=final, cohort=cohort), final))
+        try:
+            scores = transport.evaluate(fed, final=final, cohort=cohort)
+        except SiteDiverged as exc:  # the round's release stands (noted above); its model is not saved
+            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new,
+                              fed.plan.aggregate_noise_std) from None
+        record.update(eval_record(fed, scores, final))
     t_end = time.perf_counter()
     wall += t_end - t0
     record["seconds"] = {"train": trained.trained_at - t0, "aggregate": t_agg - trained.trained_at,

@@ -334,6 +334,19 @@ def test_an_interrupt_before_the_first_round_resumes_afresh(synth_root: Path, tm
     assert result.exit_code == 2 and "no config.json" in result.output
 
 
+def test_privacy_noise_that_swamps_the_model_stops_the_run_naming_the_noise(synth_root: Path, tmp_path: Path) -> None:
+    """(found by review: client-level noise of std 5 per coordinate overflowed the global model and its
+    evaluation stopped with a bare ValueError traceback, naming nothing to change)"""
+    result = invoke(["train", "--data-root", str(synth_root), *TINY, "--rounds", "1", "--eval-every", "0",
+                     "--no-local-baseline", "--aggregation", "unweighted", "--bn-stats", "local", "--clip", "1",
+                     "--noise-multiplier", "100", "--out", str(tmp_path), "--name", "noisy"])
+    said = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 1 and not isinstance(result.exception, ValueError), result.output
+    assert "round 1, client" in said and "features are not finite" in said, said
+    assert "privacy noise on the mean has std 33.3 per coordinate" in said  # z·C/W = 100 · 1 / 3 clients
+    assert not (tmp_path / "noisy" / "checkpoints").exists() or not any((tmp_path / "noisy" / "checkpoints").iterdir())
+
+
 def test_divergence_stops_with_the_round_and_client_and_keeps_the_checkpoint(synth_root: Path, tmp_path: Path) -> None:
     result = invoke(["train", "--data-root", str(synth_root), *TINY, "--rounds", "3", "--lr", "1e6",
                      "--no-local-baseline", "--out", str(tmp_path), "--name", "boom"])
@@ -446,6 +459,10 @@ def test_each_epsilon_is_printed_with_whom_it_protects_against(synth_root: Path,
     assert "against the server: none: central DP trusts the server" in text
     assert "Poisson client sampling amplifies the ε only against those who see only the released models" in text
     assert "The unit is one client: a person whose pictures lie at k clients" in text  # (review: said nowhere)
+    # evaluate says it too, not only in its --json (found by review)
+    result = invoke(["evaluate", str(tmp_path / "dp"), "--threads", "2"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0 and "privacy: NOT PRIVATE: (ε = " in text and "vs server: none" in text, text
 
 
 def test_a_distributed_epsilon_is_printed_with_its_collusion_bound() -> None:
