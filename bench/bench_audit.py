@@ -11,7 +11,9 @@ Sections (each prints its table; everything lands in OUT/audit.json, the figure 
     probes      the Linear-with-bias probe: FedPav's neck (BatchNorm after it: the bias gradient
                 vanishes, the BN-aware probe is exact at B = 2) and FedAvg's shared classifier
     dfs         (b) DFS of a client with 1, 2, 5, 20 identities: membership AUC, TPR at 1 % FPR, linkage
-    negative    an untrained model's step on random-noise images (never LEAK); the secure sum of the
+    negative    steps whose victims are not in the batch: noise images (untrained model) and, with --run,
+                photographs (trained model) — never LEAK; and a step on noise images judged against them
+                (the feature-level criterion on an exact recovery of no one's picture); the secure sum of the
                 default run is `secfed audit RUN --target sum` (bench/RESULTS.md quotes it)
     leakage     leakage against batch size, cohort size, β and client-level DP z, plotted
 
@@ -285,20 +287,32 @@ def section_dfs(people: People, run: Path | None, seconds: float) -> dict[str, A
     return out
 
 
-def section_negative(people: People, seconds: float) -> dict[str, Any]:
+def section_negative(people: People, run: Path | None, seconds: float) -> dict[str, Any]:
+    """Steps whose victims are NOT in the batch (noise images under the untrained model; photographs
+    under the trained one): the attacks recover the batch, not the victims, so nothing may say LEAK.
+    And a step on noise images judged against those very images: what the feature-level criterion
+    says of an exact recovery of a picture of no one (it is that picture's feature, so LEAK)."""
     cfg = config()
-    model = model_for(cfg, None)
-    # six "people" of four noise images each; the victims are one image of the first two
     noise = noise_images(24, 64, 32, seed=5)
+    # six "people" of four noise images each; the batch is one image of each of the first two
     groups = [("noise/0", noise[:1]), ("noise/1", noise[4:5]), ("noise/0", noise[1:4]), ("noise/1", noise[5:8])]
     groups += [(f"noise/{k}", noise[4 * k: 4 * k + 4]) for k in range(2, 6)]
     gallery, where = gallery_of(groups, own=[True] * len(groups))
-    summary, _ = audit_update(model, cfg, gallery, where[0] + where[1], torch.cat([noise[:1], noise[4:5]]),
-                              torch.tensor([0, 1]), BUDGETS["standard"], seconds)
-    print(f"negative noise/untrained: {summary['verdict']} "
-          + " ".join(f"{a}={v['verdict']}(res {v['residual']:.3g}, p {v['p']:.2g})" for a, v in summary["attacks"].items()),
-          flush=True)
-    return {"noise_untrained": summary}
+    batch, labels = torch.cat([noise[:1], noise[4:5]]), torch.tensor([0, 1])
+    untrained = model_for(cfg, None)
+    cases = [("noise_absent", untrained, gallery, where[4][:1] + where[5][:1], batch),  # noise/2, noise/3
+             ("noise_own", untrained, gallery, where[0] + where[1], batch)]
+    if run is not None:
+        scene, victims, images, _ = people.scene({"campus": people.people_with("campus", 4)[:4]})
+        cases.insert(1, ("photographs_absent", model_for(cfg, run), scene, victims[:2], images[2:]))
+    out = {}
+    for name, model, judged, victims, step in cases:
+        summary, _ = audit_update(model, cfg, judged, victims, step, labels, BUDGETS["standard"], seconds)
+        print(f"negative {name}: {summary['verdict']} "
+              + " ".join(f"{a}={v['verdict']}(res {v['residual']:.3g}, p {v['p']:.2g})"
+                         for a, v in summary["attacks"].items()), flush=True)
+        out[name] = summary
+    return out
 
 
 def section_leakage(people: People, run: Path | None, seconds: float) -> dict[str, Any]:
@@ -398,7 +412,7 @@ def main() -> None:
     if "dfs" in args.sections:
         results["dfs"] = section_dfs(people, args.run, args.seconds)
     if "negative" in args.sections:
-        results["negative"] = section_negative(people, args.seconds)
+        results["negative"] = section_negative(people, args.run, args.seconds)
     if "leakage" in args.sections:
         results["leakage"] = section_leakage(people, args.run, args.seconds)
         args.out.mkdir(parents=True, exist_ok=True)

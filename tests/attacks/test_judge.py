@@ -155,6 +155,18 @@ def test_feature_match_is_never_crossed_by_negatives(toy_config: RunConfig) -> N
     assert tests["feature-match"].hits == 0 and not tests["feature-match"].significant
     assert not tests["reid-embedding"].measurable  # no other picture of the victims: no power
     assert max(r["feature_cosine"] for r in rows) < FEATURE_COSINE  # above every negative, over all 18 views
+    # an exact recovery of someone else's picture (a batch the victims were not in; bench_audit's "absent"
+    # negatives) is theirs, not the victims' — even a lookalike's: a mirror image of a victim's picture
+    # under another identity matches a view of the victim at cosine ≈ 1, and loses to its own picture
+    photos = photographs(32, 16, per_photo=2)
+    lookalike = photos[victims[0]].flip(2)[None]
+    groups = [(f"photo/{i}", photos[i:i + 1]) for i in range(len(photos))] + [("lookalike", lookalike)]
+    gallery, _ = gallery_of(groups, own=[True] * len(groups))
+    judge = _judge(gallery, toy_config)
+    embed = judge.single_view()
+    g = embed(gallery.images)
+    rows, tests = judge.judge_features(embed(lookalike), victims[:1], g, embed)
+    assert rows[0]["feature_cosine"] >= FEATURE_COSINE and tests["feature-match"].hits == 0, rows
     pad = judge.pad  # a training step saw the pictures shifted by a pixel and mirrored
     shifted = crop_flip(judge.gallery.images[victims], pad, torch.tensor([pad, 0]), torch.tensor([2 * pad, pad]),
                         torch.tensor([True, False]))
