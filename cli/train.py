@@ -195,11 +195,14 @@ def train_command(**params: Any) -> None:
     if params["leave_one_out"] or (resuming and is_sweep(run_dir)):
         sweep(console, cfg, run_dir, resuming, data_root, params["json_output"], given)
         return
-    if resuming:  # a deployment's run is refused before anything says it starts (review 89)
-        from secfed.federation.runtime import refuse_a_deployment
+    if resuming:  # a deployment's run, or one whose checkpoints were removed, is refused before anything
+        # says it starts (review 89, review 90)
+        from secfed.federation.runtime import refuse_a_deployment, refuse_lost_checkpoints
 
         with cli_errors():
             refuse_a_deployment(run_dir, None, None)
+            done = ckpt.list_checkpoints(run_dir)
+            refuse_lost_checkpoints(run_dir, done[-1] if done else None)
     if resuming and not ckpt.list_checkpoints(run_dir):
         console.print(f"[yellow]{run_dir}: no round had finished before the interruption; starting from round 1 "
                       "with its saved configuration.[/]")

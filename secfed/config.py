@@ -488,7 +488,7 @@ def read_toml(path: Path) -> dict[str, Any]:
             data = f.read(MAX_TOML_BYTES + 1)  # it may have grown since
         if len(data) > MAX_TOML_BYTES:
             raise TomlUnreadable(f"larger than any settings file ({MAX_TOML_BYTES:,} bytes at most)")
-        return tomllib.loads(data.decode())
+        return tomllib.loads(data.decode("utf-8-sig"))  # a BOM (as Notepad writes it) is not a setting (review)
     except TomlUnreadable:
         raise
     except FileNotFoundError:

@@ -18,9 +18,11 @@ the resumed round are dropped) and the same MLflow run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +31,10 @@ from secfed.config import ConfigError
 
 TRACKERS = ("tensorboard", "mlflow")
 MLFLOW_RUN_FILE = "mlflow-run-id"
+
+
+class TrackerFailed(UserWarning):
+    """A tracker failed mid-run: it is dropped, the run trains on (metrics.jsonl keeps every round)."""
 
 
 class Tracker(Protocol):
@@ -150,6 +156,7 @@ class MLflowTracker:
         self.run_dir = Path(run_dir)
         self.client: Any = None
         self.run_id: str | None = None
+        self.artifacts = True  # False: the store's artifact folder is not this run directory's
 
     def start(self, config: Mapping[str, Any], start_round: int) -> None:
         import logging
@@ -160,16 +167,26 @@ class MLflowTracker:
         # MLflow's file store is in maintenance mode (refused by default): a SQLite store in the run
         # directory, its artifacts beside it, unless the user points MLflow elsewhere.
         local = self.run_dir.resolve()
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{local / 'mlflow.db'}"
-        self.client = MlflowClient(tracking_uri=uri)
+        remote = os.environ.get("MLFLOW_TRACKING_URI")
+        self.client = MlflowClient(tracking_uri=remote or f"sqlite:///{local / 'mlflow.db'}")
         id_file = self.run_dir / MLFLOW_RUN_FILE
         if start_round and id_file.exists():  # a resumed run continues its MLflow run
             self.run_id = id_file.read_text().strip()
-            self.client.update_run(self.run_id, status="RUNNING")
+            with _quick_http():
+                self.client.update_run(self.run_id, status="RUNNING")
+            stored = self.client.get_run(self.run_id).info.artifact_uri or ""
+            if not remote and not stored.startswith((local / "mlartifacts").as_uri()):
+                # the store keeps the absolute folder the run was created in (found by review: a copied
+                # run wrote its artifacts into the original's folder; a moved one failed at the end)
+                self.artifacts = False
+                warnings.warn(TrackerFailed(f"{self.run_dir}: MLflow's artifacts of this run live in {stored}, "
+                                            "another folder (the run was moved or copied): summary.json and "
+                                            "history.png stay in the run directory only"), stacklevel=2)
             return
-        experiment = self.client.get_experiment_by_name("secfed")
+        with _quick_http():  # an unreachable server is said in seconds, not after MLflow's minutes of retries
+            experiment = self.client.get_experiment_by_name("secfed")
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(
-            "secfed", artifact_location=None if os.environ.get("MLFLOW_TRACKING_URI") else (local / "mlartifacts").as_uri())
+            "secfed", artifact_location=None if remote else (local / "mlartifacts").as_uri())
         run = self.client.create_run(experiment_id, run_name=self.run_dir.name, tags={"secfed.run_dir": str(self.run_dir)})
         self.run_id = run.info.run_id
         id_file.write_text(self.run_id + "\n")
@@ -197,10 +214,26 @@ class MLflowTracker:
         now = _millis()
         step = int(summary.get("rounds", 0))
         self.client.log_batch(self.run_id, metrics=[Metric(_mlflow_name(k), v, now, step) for k, v in final.items()])
-        self.client.log_dict(self.run_id, dict(summary), "summary.json")
-        if history_png is not None and history_png.exists():
-            self.client.log_artifact(self.run_id, str(history_png))
+        if self.artifacts:
+            self.client.log_dict(self.run_id, dict(summary), "summary.json")
+            if history_png is not None and history_png.exists():
+                self.client.log_artifact(self.run_id, str(history_png))
         self.client.set_terminated(self.run_id)
+
+
+@contextlib.contextmanager
+def _quick_http() -> Iterator[None]:
+    """MLflow's HTTP requests inside: one retry, 10-s timeout (its defaults: 7 retries with backoff and
+    120 s, minutes before an unreachable MLFLOW_TRACKING_URI is said — found by review: 4 min 14 s);
+    values the user set are kept."""
+    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    added = [k for k in quick if k not in os.environ]
+    os.environ.update({k: quick[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def _millis() -> int:
@@ -259,24 +292,38 @@ class TrackingReporter:
         for tracker in self.trackers:
             try:
                 tracker.start(fed.config.to_dict(), start_round)
+                # a resume labels again: its plan may count redone rounds (found by review: the DFS ε before them)
+                tracker.label(privacy_labels(fed))
             except Exception as exc:  # noqa: BLE001 - a tracker's own errors (found by review: a bad
                 # MLFLOW_TRACKING_URI stopped the run with MLflow's traceback); nothing trained yet, --resume goes on
+                check = " check MLFLOW_TRACKING_URI or" if isinstance(tracker, MLflowTracker) else ""
                 raise ConfigError("run.log_to", f"{type(tracker).__name__} cannot start ({type(exc).__name__}: "
-                                  f"{str(exc)[:300]}); check MLFLOW_TRACKING_URI or drop it from --log-to") from None
-            # a resume labels again: its plan may count redone rounds (found by review: the DFS ε before them)
-            tracker.label(privacy_labels(fed))
+                                  f"{str(exc)[:300]});{check} drop it from --log-to (a resume may: "
+                                  "--log-to '')") from None
         self.inner.run_started(fed, start_round)
 
     def round_done(self, record: dict[str, Any]) -> None:
         values = scalars(record, self.unseen)
-        for tracker in self.trackers:
-            tracker.log_round(int(record["round"]), values)
+        for tracker in list(self.trackers):
+            self._guarded(tracker, lambda: tracker.log_round(int(record["round"]), values))
         self.inner.round_done(record)
 
     def finish(self, summary: Mapping[str, Any], run_dir: Path) -> None:
         final = final_scalars(summary)
-        for tracker in self.trackers:
-            tracker.finish(final, summary, Path(run_dir) / "history.png")
+        for tracker in list(self.trackers):
+            self._guarded(tracker, lambda: tracker.finish(final, summary, Path(run_dir) / "history.png"))
+
+    def _guarded(self, tracker: Tracker, call: Any) -> None:
+        """``call()``; a tracker that fails mid-run is dropped with a warning and the run trains on (found
+        by review: a failing MLflow store stopped training with its traceback — nothing a tracker does is
+        worth a run, and metrics.jsonl keeps every round)."""
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - the tracker's own library's errors, whatever they are
+            self.trackers.remove(tracker)
+            warnings.warn(TrackerFailed(f"{type(tracker).__name__} failed ({type(exc).__name__}: {str(exc)[:300]}) "
+                                        "and is no longer logged to; the run goes on, metrics.jsonl keeps every round"),
+                          stacklevel=2)
 
     def __getattr__(self, name: str) -> Any:
         # Every other hook goes to the inner reporter as it is: a hook added to Reporter is never

@@ -105,6 +105,8 @@ def test_toml_round_trips_through_the_saved_config(tmp_path: Path) -> None:
     assert (cfg.schedule.rounds, cfg.schedule.lr, cfg.method.algorithm, cfg.data.datasets) == \
         (5, 0.01, "fedreid", ["a", "b:market1501"])
     assert from_dict(cfg.to_dict()) == cfg
+    toml.write_bytes(b"\xef\xbb\xbf" + toml.read_bytes())  # a byte-order mark, as Notepad saves (review)
+    assert load_toml(toml) == cfg
 
 
 def test_a_saved_config_of_another_version_is_refused() -> None:

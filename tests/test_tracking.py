@@ -310,3 +310,46 @@ def test_compare_never_writes_over_a_run_and_shows_names_from_files_as_text(trac
     from secfed.evaluation.compare import labels_for
 
     assert labels_for([Path("p/q/run"), Path("s/q/run"), Path("a/run2")]) == ["p/q/run", "s/q/run", "run2"]
+
+
+def test_a_tracker_failing_mid_run_is_dropped_and_the_run_goes_on() -> None:
+    """(found by review: a failing MLflow store stopped training at round 2 with its traceback)"""
+    from types import SimpleNamespace as NS
+
+    class Broken:
+        def __init__(self) -> None:
+            self.finished = False
+
+        def log_round(self, round_number: int, scalars: dict) -> None:
+            raise RuntimeError("no such table: metrics")
+
+        def finish(self, *args: object) -> None:
+            self.finished = True
+
+    seen: list[dict] = []
+    broken = Broken()
+    reporter = tracking.TrackingReporter(NS(round_done=seen.append), [broken])
+    with pytest.warns(tracking.TrackerFailed, match=r"Broken failed \(RuntimeError: no such table: metrics\)"):
+        reporter.round_done({"round": 1, "loss": 1.0})
+    reporter.round_done({"round": 2, "loss": 0.5})  # no second warning: it is no longer called
+    reporter.finish({}, Path("."))
+    assert [r["round"] for r in seen] == [1, 2] and not broken.finished
+
+
+def test_a_copied_run_never_writes_mlflow_artifacts_into_the_original(tmp_path: Path) -> None:
+    """(found by review: the in-run store keeps the absolute folder a run was created in, so a copy's
+    resume wrote summary.json and history.png into the original's mlartifacts/, and a moved run whose
+    old path was taken by a file failed at its end)"""
+    original, copy = tmp_path / "a", tmp_path / "b"
+    original.mkdir()
+    tracker = tracking.MLflowTracker(original)
+    tracker.start({"run": {"seed": 0}}, 0)
+    shutil.copytree(original, copy)
+    resumed = tracking.MLflowTracker(copy)
+    with pytest.warns(tracking.TrackerFailed, match="another folder"):
+        resumed.start({"run": {"seed": 0}}, 1)
+    (copy / "history.png").write_bytes(b"png")
+    resumed.finish({"final/mean/seen/rank1": 0.5}, {"rounds": 2}, copy / "history.png")
+    assert not (original / "mlartifacts").exists() or not any((original / "mlartifacts").rglob("summary.json"))
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    assert client.get_run(resumed.run_id).info.status == "FINISHED"

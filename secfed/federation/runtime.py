@@ -290,6 +290,8 @@ def _run_held(cfg: RunConfig, run_dir: Path, *, resume: bool, reporter: Reporter
         cfg = rates_to_resume(cfg, state, path, rates_given)
     if resume:
         refuse_a_deployment(run_dir, state, path)
+        present = ckpt.list_checkpoints(run_dir)  # the newest file, damaged or not: what a removal left
+        refuse_lost_checkpoints(run_dir, present[-1] if present else None)
         resume_threads(cfg, run_dir)  # from a checkpoint or afresh: at the run's thread count
     with pretrain.restoring() if state is not None else contextlib.nullcontext():  # the checkpoint's models
         fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root, resumed=resume)
@@ -515,6 +517,25 @@ def refuse_a_deployment(run_dir: Path, state: Mapping[str, Any] | None, path: Pa
             f"{path or run_dir / 'data.json'}: this run trained on a Flower deployment, whose sites' classifiers and "
             "local state live on the SuperNodes, not in the run directory: it cannot be resumed (here or with "
             "--flower); start a new run")
+
+
+def refuse_lost_checkpoints(run_dir: Path, path: Path | None) -> None:
+    """A resume whose newest checkpoint file is ``path`` (None: none left) while metrics.jsonl records rounds beyond the
+    one written after it (each round's line follows its checkpoint's start, so one round ahead is an
+    interruption): the checkpoints were removed, and a resume would start over and rewrite metrics.jsonl
+    (found by review: "no round had finished before the interruption" of a run with eleven)."""
+    newest = int(path.stem.split("-")[1]) if path is not None else 0
+    log = run_dir / "metrics.jsonl"
+    recorded = 0
+    if log.is_file():  # a regular file only: a FIFO would hang the read
+        for line in log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                recorded = max(recorded, int(json.loads(line).get("round", 0)))
+    if recorded >= newest + 2:
+        has = f"the newest checkpoint left is of round {newest}" if path is not None else "checkpoints/ holds none"
+        raise ckpt.CheckpointError(f"{log} records {recorded} finished rounds but {has}: checkpoints were removed. "
+                                   "Put them back to resume, or start a new run (a resume from here would redo "
+                                   "those rounds and rewrite metrics.jsonl)")
 
 
 def start_run_dir(fed: Federation, run_dir: Path, deployment: str | None = None) -> None:

@@ -328,6 +328,15 @@ def test_an_interrupt_before_the_first_round_resumes_afresh(synth_root: Path, tm
     assert result.exit_code == 0, result.output
     assert "starting from round 1" in result.output
     assert (tmp_path / "cut" / "checkpoints" / "round-0001.pt").is_file()
+    # but checkpoints removed from a run that recorded rounds are not "no round had finished": a resume
+    # would start over and rewrite metrics.jsonl (found by review)
+    shutil.rmtree(tmp_path / "cut" / "checkpoints")
+    log = tmp_path / "cut" / "metrics.jsonl"
+    log.write_text("".join(json.dumps({"round": r}) + "\n" for r in range(1, 12)))
+    result = invoke(["train", "--resume", str(tmp_path / "cut"), "--threads", "2"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "records 11 finished rounds but checkpoints/ holds none" in said, said
+    assert "starting from round 1" not in said and len(log.read_text().splitlines()) == 11
     # a folder without a configuration is explained, not looped on
     (tmp_path / "empty").mkdir()
     result = invoke(["train", "--resume", str(tmp_path / "empty")])
