@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from secfed.algorithms.base import Schedule
+from secfed.algorithms.base import Schedule, TrainingDiverged
 from secfed.attacks.judge import Gallery
 from secfed.config import RunConfig
 from secfed.federation import checkpoint as ckpt
@@ -168,7 +168,12 @@ def rederive_next(run: AuditedRun, client_ids: list[int], stop: Callable[[], boo
         if received is not broadcast:
             personal[k] = received
         wire = codec.encode_broadcast(received)  # as the client would decode it
-        upload, _ = fed.clients[k].step(codec.decode_broadcast(wire), schedule, train_seed(cfg, t, k))
+        try:
+            upload, _ = fed.clients[k].step(codec.decode_broadcast(wire), schedule, train_seed(cfg, t, k))
+        except TrainingDiverged as exc:  # (found by review: a checkpoint kept after a divergence — a traceback)
+            raise AuditError("--round", f"round {t + 1} cannot be re-derived: client {fed.clients[k].site.name}'s "
+                             f"step from the checkpoint diverged ({exc}); audit a recorded round, or the global "
+                             "model alone (--target weights)") from None
         uploads[k] = upload
     return RoundEvidence(t + 1, "re-derived", broadcast, uploads, schedule, personal)
 

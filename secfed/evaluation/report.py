@@ -226,12 +226,15 @@ def _pick(scores: Scores | None, key: str, domain: str, which: str) -> float | N
 def privacy_cell(privacy: Mapping[str, Any]) -> str:
     """A run summary's privacy in one cell: the client-level ε against the released models and against
     the server (NOT PRIVATE first under reproducible noise), or why there is none; and DFH's DFS ε
-    (found by review: a DFH run with one read "no client-level DP" alone)."""
-    return _model_cell(privacy) + "".join(
+    (found by review: a DFH run with one read "no client-level DP" alone). NOT PRIVATE leads whatever ε
+    the cell gives (found by review: a DFS or DP-SGD ε of a --reproducible-noise run was shown without it)."""
+    guarantees = [g for g in privacy.get("epsilon_against", ()) if isinstance(g, Mapping)]
+    cell = _model_cell(privacy) + "".join(
         f"; DFS: identity-level ε = {g['released_models']:.3g} (δ = {g['delta']:.2g}) vs whoever sees the DFS"
-        for g in privacy.get("epsilon_against", ()) if isinstance(g, Mapping)
-        and g.get("guarantee") == DFS_GUARANTEE and is_finite_number(g.get("released_models"))
+        for g in guarantees if g.get("guarantee") == DFS_GUARANTEE and is_finite_number(g.get("released_models"))
         and is_finite_number(g.get("delta")))
+    reproducible = "NOT PRIVATE" in str(privacy.get("noise", "")) or any(g.get("not_private") for g in guarantees)
+    return ("NOT PRIVATE: " + cell) if reproducible else cell
 
 
 def is_finite_number(value: object) -> bool:
@@ -242,8 +245,7 @@ def is_finite_number(value: object) -> bool:
 def _model_cell(privacy: Mapping[str, Any]) -> str:
     if "epsilon" in privacy:
         server = privacy.get("epsilon_server")
-        return (("NOT PRIVATE: " if "NOT PRIVATE" in privacy.get("noise", "") else "")
-                + f"(ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:.2g}) client-level, {privacy['mechanism']}, "
+        return (f"(ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:.2g}) client-level, {privacy['mechanism']}, "
                 f"vs released models; vs server: " + (f"ε = {server:.3g}" if server is not None else "none")
                 + (f" with ≤ {privacy['colluders']} colluding clients" if "colluders" in privacy else ""))
     if privacy["mechanism"] == "beta":

@@ -97,19 +97,31 @@ class RunDiverged(ArithmeticError):
     """Training produced NaN or infinite values; the run stopped before saving the bad round."""
 
     def __init__(self, round_number: int, client: str, cause: str, run_dir: Path, lr: float,
-                 noise_std: float = 0.0) -> None:
+                 plan: PrivacyPlan | None = None) -> None:
         self.round_number, self.client, self.run_dir = round_number, client, run_dir
         kept = f"the checkpoint of round {round_number - 1} is kept" if round_number > 1 else "no round was saved"
-        # (found by review: noise of std 5 per coordinate overflowed the global model, and the advice was
-        # the learning rate's alone — or, at its evaluation, a bare ValueError)
-        noise = (f" The privacy noise on the mean has std {noise_std:.3g} per coordinate (β, or the noise "
-                 "multiplier × the clip ÷ the cohort's weight): where that swamps the model, only a new run with "
-                 "less of it per coordinate trains (more clients per round, a smaller noise multiplier or clip; "
-                 "a resume keeps the privacy settings).") if noise_std > 0 else ""
-        super().__init__(
-            f"round {round_number}, client {client}: {cause}. The run stopped; {kept}. Resume with a lower "
-            f"learning rate, e.g. `secfed train --resume {run_dir} --lr {lr / 2:g}`.{noise}"
-        )
+        resume = f"`secfed train --resume {run_dir} --lr {lr / 2:g}`"
+        if plan is None or plan.mechanism == "none":
+            advice = f"Resume with a lower learning rate, e.g. {resume}."
+        else:  # (found by review: noise of std 25 per coordinate overflowed the global model; the advice was the
+            # learning rate's alone, which cannot help, and each retry of the round was charged to ε)
+            std = noise_per_coordinate(plan)
+            advice = ("The run adds privacy noise to every aggregate" + (f" (std {std:.3g} per coordinate of the "
+                      "mean: the noise multiplier × the clip ÷ the cohort's weight, or β)" if std else "")
+                      + ": where it swamps the model, only a new run with less of it per coordinate trains (more "
+                      "clients per round, a smaller noise multiplier or clip). A resume redoes the round with fresh "
+                      f"noise, each try charged to ε; a lower learning rate ({resume}) helps only where the "
+                      "learning rate, not the noise, threw the model off.")
+        super().__init__(f"round {round_number}, client {client}: {cause}. The run stopped; {kept}. {advice}")
+
+
+def noise_per_coordinate(plan: PrivacyPlan) -> float:
+    """The std of the privacy noise on each coordinate of the new mean (0: unknown or none)."""
+    if plan.aggregate_noise_std > 0:
+        return plan.aggregate_noise_std
+    if plan.mechanism == "skellam" and plan.noise_multiplier and plan.clip and plan.denominator:
+        return plan.noise_multiplier * plan.clip / plan.denominator  # the shares' sum, decoded
+    return 0.0
 
 
 @dataclass
@@ -664,8 +676,7 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
         if not dfs_noised(fed):
             note_release(fed, run_dir, round_number, claimed=claimed, withdrawn=True)
         if isinstance(exc, SiteDiverged):
-            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new,
-                              fed.plan.aggregate_noise_std) from None
+            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new, fed.plan) from None
         raise
     aggregate = trained.aggregate
     fed.server.apply(aggregate)
@@ -682,8 +693,7 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
         try:
             scores = transport.evaluate(fed, final=final, cohort=cohort)
         except SiteDiverged as exc:  # the round's release stands (noted above); its model is not saved
-            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new,
-                              fed.plan.aggregate_noise_std) from None
+            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new, fed.plan) from None
         record.update(eval_record(fed, scores, final))
     t_end = time.perf_counter()
     wall += t_end - t0

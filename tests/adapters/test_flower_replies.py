@@ -151,6 +151,10 @@ def test_hello_and_scores_replies_are_checked_too() -> None:
     for rows in ("[[0, 1]]", json.dumps([[0, "global", "campus", {"rank1": 0.5}]])):  # the second: no mAP
         with pytest.raises(MalformedReply, match="malformed evaluate reply"):
             scores_reply(2, RecordDict({STEP: ConfigRecord({"scores": rows})}), hosted=[0])
+    diverged = RecordDict({STEP: ConfigRecord({"diverged": json.dumps(["campus", "features are not finite"])})})
+    assert scores_reply(2, diverged, hosted=[0], names=["campus"]) == ("campus", "features are not finite")
+    with pytest.raises(MalformedReply, match="'plaza' diverged, a site it does not host"):  # one node's word
+        scores_reply(2, RecordDict({STEP: ConfigRecord({"diverged": json.dumps(["plaza", "x"])})}), [0], ["campus"])
 
 
 def test_the_server_leaves_a_malformed_node_out_of_the_round_and_reads_the_others() -> None:

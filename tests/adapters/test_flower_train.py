@@ -876,6 +876,31 @@ def test_a_site_diverging_in_a_masked_round_takes_its_node_out_and_stops_the_run
     assert any("a site diverged" in reason for reason in grid.errors[2001])
 
 
+def test_a_model_whose_features_are_not_finite_at_a_site_stops_the_run(small_config, tmp_path, monkeypatch):
+    """(found by review: a node's evaluation of a model privacy noise had overflowed raised, its error reply
+    was logged and dropped, and the run trained on from that model to a bare ValueError at the end)"""
+    from secfed.evaluation.features import FeaturesNotFinite
+    from secfed.federation import evaluate as evaluation
+    from secfed.federation.runtime import RunDiverged
+
+    cfg = small_config
+    cfg.secagg.enabled = False
+    cfg.run.local_baseline = False
+    cfg.run.eval_every = 1
+    cfg.data.datasets = ["corridor", "plaza"]
+    grid, cohort = flower_nodes(tmp_path, 2, cfg)
+
+    def overflowed(*args, **kwargs):
+        raise FeaturesNotFinite("the model's features are not finite (NaN or an overflow)")
+
+    monkeypatch.setattr(evaluation, "evaluate_model", overflowed)
+    flower = FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
+                                      poll=0.01))
+    with pytest.raises(RunDiverged, match=r"round 1, client (corridor|plaza): scoring the federated model"):
+        flower.run()
+    assert not list((tmp_path / "flower").rglob("round-*.pt"))  # the round's model is not saved
+
+
 def test_two_flower_local_commands_of_one_run_never_share_its_folders(tmp_path):
     """(found by review) A second `secfed flower local` of the same --name, started before the first wrote
     its run folder, shared its SuperNodes' folders, then stopped the first one's processes and deleted

@@ -109,6 +109,21 @@ def test_requests_the_run_cannot_answer_are_usage_errors(recorded_run: Path, tmp
     assert "Traceback" not in output and not (tmp_path / "x").exists()  # no empty report folder left
 
 
+def test_a_round_whose_re_derivation_diverges_is_a_usage_error(recorded_run: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """(found by review: the audit of a checkpoint kept after a divergence re-derived the next round, and
+    the client step's TrainingDiverged ended in a traceback)"""
+    from secfed.algorithms.base import Method, TrainingDiverged
+
+    def diverges(*args: object, **kwargs: object) -> None:
+        raise TrainingDiverged(4, float("nan"))
+
+    monkeypatch.setattr(Method, "local_train", diverges)
+    code, _, output = _audit(str(recorded_run), "--round", "2", "--attack", "inversion", "--target", "update",
+                             "--out", str(tmp_path / "x"))
+    assert code == 2 and "round 2 cannot be re-derived" in output and "Traceback" not in output, output
+
+
 def test_a_report_folder_that_cannot_be_written_is_refused_before_the_attacks(recorded_run: Path) -> None:
     """(found by review: `--out /proc/nope` spent the whole audit, then stopped with a traceback)"""
     code, _, output = _audit(str(recorded_run), "--out", "/proc/nope", "--time-limit", "30")

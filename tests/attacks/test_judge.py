@@ -157,7 +157,8 @@ def test_feature_match_is_never_crossed_by_negatives(toy_config: RunConfig) -> N
     assert max(r["feature_cosine"] for r in rows) < FEATURE_COSINE  # above every negative, over all 18 views
     # an exact recovery of someone else's picture (a batch the victims were not in; bench_audit's "absent"
     # negatives) is theirs, not the victims' — even a lookalike's: a mirror image of a victim's picture
-    # under another identity matches a view of the victim at cosine ≈ 1, and loses to its own picture
+    # under another identity matches a view of the victim at cosine ≈ 1, and ties with its own picture (a
+    # shifted copy of the lookalike would be one of the victim's own views: no feature tells them apart)
     photos = photographs(32, 16, per_photo=2)
     lookalike = photos[victims[0]].flip(2)[None]
     groups = [(f"photo/{i}", photos[i:i + 1]) for i in range(len(photos))] + [("lookalike", lookalike)]

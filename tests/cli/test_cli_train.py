@@ -352,7 +352,8 @@ def test_privacy_noise_that_swamps_the_model_stops_the_run_naming_the_noise(synt
     said = " ".join(result.output.replace("│", " ").split())
     assert result.exit_code == 1 and not isinstance(result.exception, ValueError), result.output
     assert "round 1, client" in said and "features are not finite" in said, said
-    assert "privacy noise on the mean has std 33.3 per coordinate" in said  # z·C/W = 100 · 1 / 3 clients
+    assert "privacy noise to every aggregate (std 33.3 per coordinate" in said  # z·C/W = 100 · 1 / 3 clients
+    assert "each try charged to ε" in said
     assert not (tmp_path / "noisy" / "checkpoints").exists() or not any((tmp_path / "noisy" / "checkpoints").iterdir())
 
 
@@ -481,6 +482,15 @@ def test_a_distributed_epsilon_is_printed_with_its_collusion_bound() -> None:
     cell = privacy_cell({"epsilon": 2.0, "delta": 1e-5, "mechanism": "skellam", "colluders": 1, "epsilon_server": 2.0})
     assert "≤ 1 colluding clients" in cell
     assert "colluding" not in privacy_cell({"epsilon": 2.0, "delta": 1e-5, "mechanism": "gaussian"})
+    # NOT PRIVATE leads every ε the cell gives, not only the client-level one (found by review: a DFS or
+    # DP-SGD ε of a --reproducible-noise run was printed without it)
+    from secfed.evaluation.report import DFS_GUARANTEE
+
+    dfs = {"guarantee": DFS_GUARANTEE, "released_models": 4.7, "delta": 1e-5, "not_private": True}
+    assert privacy_cell({"mechanism": "none", "epsilon_against": [dfs]}).startswith("NOT PRIVATE: no client-level DP")
+    dp_sgd = {"mechanism": "none", "noise": "NOT PRIVATE (reproducible noise)",
+              "dp_sgd": {"campus": {"epsilon": 5.5, "delta": 1e-5}}}
+    assert privacy_cell(dp_sgd).startswith("NOT PRIVATE: ") and "DP-SGD" in privacy_cell(dp_sgd)
 
 
 def test_a_repeated_termination_signal_does_not_cut_the_cleanup_short() -> None:

@@ -120,11 +120,16 @@ def handle(op: str, content: RecordDict, context: Context) -> RecordDict:
 def _evaluate(step: ConfigRecord, content: RecordDict, context: Context) -> RecordDict:
     from secfed.federation import codec
     from secfed.federation.evaluate import run_jobs
+    from secfed.federation.runtime import SiteDiverged
 
     sites = _open(step, context, train=False)
     jobs = _allowed_jobs(sites, json.loads(str(step["jobs"])))
     sites.fed.server.weights = codec.decode_broadcast(array_bytes(content[BROADCAST]["common"], BROADCAST)).weights
-    scores = run_jobs(sites.fed, jobs)  # the node's own query/gallery: only the scores leave
+    try:
+        scores = run_jobs(sites.fed, jobs)  # the node's own query/gallery: only the scores leave
+    except SiteDiverged as exc:  # a model whose features are not finite: the server stops the run, as in-process
+        # (found by review: the error reply was logged and dropped, and the run trained on from that model)
+        return RecordDict({STEP: ConfigRecord({"step": "evaluate", "diverged": json.dumps([exc.where, exc.cause])})})
     return RecordDict({STEP: ConfigRecord({"step": "evaluate", "scores": json.dumps(
         [[*job, value] for job, value in scores.items()])})})
 

@@ -210,9 +210,16 @@ def _check_counts(census: Census) -> None:
                          f"{CENSUS_MAX_CLASSES:,} are sized for)")
 
 
-def scores_reply(node: int, content: RecordDict, hosted: Iterable[int]) -> dict[tuple[int, str, str], Any]:
-    """The scores ``node`` computed, for the sites it hosts only."""
+def scores_reply(node: int, content: RecordDict, hosted: Iterable[int],
+                 names: Iterable[str] = ()) -> dict[tuple[int, str, str], Any] | tuple[str, str]:
+    """The scores ``node`` computed, for the sites it hosts only; or (where, why) when a site it hosts
+    (named in ``names``) found the model's features not finite."""
     with _reading(node, "evaluate"):
+        if "diverged" in content.config_records[STEP]:
+            where, cause = _json(content.config_records[STEP], "diverged", list)
+            if str(where) not in set(names):
+                raise MalformedReply(f"SuperNode {node}: says {str(where)[:80]!r} diverged, a site it does not host")
+            return str(where), printable(str(cause))[:200]  # a node's text, shown to the user
         rows = _json(content.config_records[STEP], "scores", list)
         scores = {(int(k), str(variant), str(name)): value for k, variant, name, value in rows}
         if not all(value is None or (isinstance(value, dict) and all(

@@ -562,9 +562,14 @@ class FlowerRun:
         scores = {}
         for n, reply in replies.items():
             try:
-                scores.update(scores_reply(n, reply.content, hosts.get(n, ())))
+                hosted = hosts.get(n, ())
+                got = scores_reply(n, reply.content, hosted, [fed.clients[k].site.name for k in hosted])
             except MalformedReply as exc:  # its jobs go unscored, as a node that did not answer
                 _refused(exc)
+                continue
+            if isinstance(got, tuple):
+                raise SiteDiverged(*got)  # the round driver stops the run, as in-process
+            scores.update(got)
         return scores
 
 
