@@ -202,7 +202,14 @@ def test_compare_names_a_run_that_is_missing_or_unfinished(tracked: Path, tmp_pa
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     result = invoke(["compare", str(tracked), str(unfinished)])
+    assert result.exit_code == 2 and "not a run directory" in result.output and "--resume" not in result.output
+    (unfinished / "config.json").write_text("{}")
+    result = invoke(["compare", str(tracked), str(unfinished)])
     assert result.exit_code == 2 and str(unfinished) in result.output and "--resume" in result.output
+    (tmp_path / "sweep" / "leave-out-campus").mkdir(parents=True)  # a leave-one-out sweep (found by review)
+    result = invoke(["compare", str(tmp_path / "sweep")])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "a leave-one-out sweep; compare its runs:" in said and "--resume" not in said
     broken = tmp_path / "broken"
     shutil.copytree(tracked, broken)
     (broken / "summary.json").write_text("{not json")

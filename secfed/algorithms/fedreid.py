@@ -22,15 +22,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from secfed.algorithms.base import AUGMENT, Method, Schedule, Site, make_optimizer, shuffled_batches, train_loop
+from secfed.errors import ConfigIssue
 from secfed.federation.messages import Broadcast, TrainStats
 from secfed.models.reid import MappedReIDModel
 from secfed.models.sharing import SharedLayout, load_shared
+
+if TYPE_CHECKING:
+    from secfed.config import RunConfig
 
 EXPERT = "expert"
 
@@ -50,6 +55,15 @@ class FedReID(Method):
     own_settings = ("expert_temperature", "expert")
     dp_sgd_unsupported = ("its expert distillation trains two models jointly and calls them outside the model's "
                           "forward pass, so Opacus gets no per-example gradients of it")
+
+    @classmethod
+    def config_issues(cls, cfg: RunConfig) -> list[ConfigIssue]:
+        """A temperature for an expert --no-expert turns off would be silently unused (found by review)."""
+        default = type(cfg.method).model_fields["expert_temperature"].default
+        if not cfg.method.expert and cfg.method.expert_temperature != default:
+            return [ConfigIssue("method.expert_temperature", "applies to the local expert, which `method.expert` "
+                                "false turns off", unused=True)]
+        return []
 
     def build_model(self, num_classes: int) -> nn.Module:
         m = self.cfg.model

@@ -124,7 +124,13 @@ def load_run(path: Path) -> ComparedRun:
     summary_file, metrics_file = path / "summary.json", path / "metrics.jsonl"
     if not path.is_dir():
         raise RunUnreadable(f"{path}: not a run directory")
-    if not summary_file.exists():
+    if not summary_file.exists():  # (found by review: a sweep's folder, and a folder that is no run at all,
+        # were told to resume)
+        runs = sorted(p for p in path.glob("leave-out-*") if p.is_dir())
+        if runs:
+            raise RunUnreadable(f"{path}: a leave-one-out sweep; compare its runs: " + ", ".join(map(str, runs)))
+        if not (path / "config.json").is_file():
+            raise RunUnreadable(f"{path}: not a run directory (no summary.json, no config.json)")
         raise RunUnreadable(f"{path}: no summary.json — the run has not finished (continue it with "
                             f"secfed train --resume {path})")
     for file, limit in ((summary_file, MAX_SUMMARY_BYTES), (metrics_file, MAX_METRICS_BYTES)):
