@@ -211,7 +211,7 @@ def train_command(**params: Any) -> None:
             result = run(cfg, run_dir, resume=resuming, reporter=reporter, data_root=data_root, rates_given=given)
         except KeyboardInterrupt:
             done = ckpt.list_checkpoints(run_dir)
-            where = f"after round {int(done[-1].stem.split('-')[1])}" if done else "before the first round finished"
+            where = f"after round {ckpt.round_of(done[-1])}" if done else "before the first round finished"
             # before the run wrote its configuration nothing is left to continue (found by review: the advice
             # to resume was refused, "no config.json")
             then = f"continue with: secfed train --resume {run_dir}" if (run_dir / "config.json").is_file() else \

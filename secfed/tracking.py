@@ -163,7 +163,9 @@ class MLflowTracker:
 
         from mlflow.tracking import MlflowClient
 
-        logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines (database set-up) are not ours
+        # its INFO lines (database set-up) are not ours, nor its ERROR tracebacks: a failure is said once, by
+        # TrackingReporter (found by review: ~90 lines of SQLAlchemy traceback before secfed's one warning)
+        logging.getLogger("mlflow").setLevel(logging.CRITICAL)
         # MLflow's file store is in maintenance mode (refused by default): a SQLite store in the run
         # directory, its artifacts beside it, unless the user points MLflow elsewhere.
         local = self.run_dir.resolve()
@@ -174,19 +176,15 @@ class MLflowTracker:
             self.run_id = id_file.read_text().strip()
             with _quick_http():
                 self.client.update_run(self.run_id, status="RUNNING")
-            stored = self.client.get_run(self.run_id).info.artifact_uri or ""
-            if not remote and not stored.startswith((local / "mlartifacts").as_uri()):
-                # the store keeps the absolute folder the run was created in (found by review: a copied
-                # run wrote its artifacts into the original's folder; a moved one failed at the end)
-                self.artifacts = False
-                warnings.warn(TrackerFailed(f"{self.run_dir}: MLflow's artifacts of this run live in {stored}, "
-                                            "another folder (the run was moved or copied): summary.json and "
-                                            "history.png stay in the run directory only"), stacklevel=2)
+            if not remote:
+                self._keep_artifacts_home(self.client.get_run(self.run_id).info.artifact_uri or "", local)
             return
         with _quick_http():  # an unreachable server is said in seconds, not after MLflow's minutes of retries
             experiment = self.client.get_experiment_by_name("secfed")
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(
             "secfed", artifact_location=None if remote else (local / "mlartifacts").as_uri())
+        if experiment and not remote:  # a run killed before its first round, then moved (review 94)
+            self._keep_artifacts_home(experiment.artifact_location or "", local)
         run = self.client.create_run(experiment_id, run_name=self.run_dir.name, tags={"secfed.run_dir": str(self.run_dir)})
         self.run_id = run.info.run_id
         id_file.write_text(self.run_id + "\n")
@@ -195,6 +193,16 @@ class MLflowTracker:
         params = [Param(k, str(v)) for k, v in flat_config(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters per batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])
+
+    def _keep_artifacts_home(self, stored: str, local: Path) -> None:
+        """The in-run store keeps the absolute folder the run was created in (found by review: a copied
+        run wrote its artifacts into the original's folder; a moved one failed at its end): where that is
+        not this run directory, no artifact is written."""
+        if not stored.startswith((local / "mlartifacts").as_uri()):
+            self.artifacts = False
+            warnings.warn(TrackerFailed(f"{self.run_dir}: MLflow's artifacts of this run live in {stored}, "
+                                        "another folder (the run was moved or copied): summary.json and "
+                                        "history.png stay in the run directory only"), stacklevel=3)
 
     def label(self, labels: Mapping[str, str]) -> None:
         for key, value in labels.items():
@@ -296,9 +304,11 @@ class TrackingReporter:
                 tracker.label(privacy_labels(fed))
             except Exception as exc:  # noqa: BLE001 - a tracker's own errors (found by review: a bad
                 # MLFLOW_TRACKING_URI stopped the run with MLflow's traceback); nothing trained yet, --resume goes on
-                check = " check MLFLOW_TRACKING_URI or" if isinstance(tracker, MLflowTracker) else ""
+                check = (" check MLFLOW_TRACKING_URI (or, if unset, delete RUN/mlflow.db — a kill while MLflow "
+                         "set it up leaves it half made — to start the run's MLflow record afresh), or"
+                         if isinstance(tracker, MLflowTracker) else "")
                 raise ConfigError("run.log_to", f"{type(tracker).__name__} cannot start ({type(exc).__name__}: "
-                                  f"{str(exc)[:300]});{check} drop it from --log-to (a resume may: "
+                                  f"{_first_line(exc)});{check} drop it from --log-to (a resume may: "
                                   "--log-to '')") from None
         self.inner.run_started(fed, start_round)
 
@@ -321,7 +331,7 @@ class TrackingReporter:
             call()
         except Exception as exc:  # noqa: BLE001 - the tracker's own library's errors, whatever they are
             self.trackers.remove(tracker)
-            warnings.warn(TrackerFailed(f"{type(tracker).__name__} failed ({type(exc).__name__}: {str(exc)[:300]}) "
+            warnings.warn(TrackerFailed(f"{type(tracker).__name__} failed ({type(exc).__name__}: {_first_line(exc)}) "
                                         "and is no longer logged to; the run goes on, metrics.jsonl keeps every round"),
                           stacklevel=2)
 
@@ -329,3 +339,8 @@ class TrackingReporter:
         # Every other hook goes to the inner reporter as it is: a hook added to Reporter is never
         # swallowed here (the wrapper only listens to run_started and round_done).
         return getattr(self.inner, name)
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line, bounded (SQLAlchemy's run to pages of SQL and parameters: review 94)."""
+    return (str(exc).splitlines() or [""])[0][:300]

@@ -360,3 +360,11 @@ def test_a_copied_run_never_writes_mlflow_artifacts_into_the_original(tmp_path: 
     assert not (original / "mlartifacts").exists() or not any((original / "mlartifacts").rglob("summary.json"))
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
     assert client.get_run(resumed.run_id).info.status == "FINISHED"
+    # a run killed before its first round and moved starts afresh in the moved store (review 94: its new
+    # MLflow run took the experiment's old artifact folder)
+    moved = tmp_path / "c"
+    shutil.copytree(original, moved)
+    afresh = tracking.MLflowTracker(moved)
+    with pytest.warns(tracking.TrackerFailed, match="another folder"):
+        afresh.start({"run": {"seed": 0}}, 0)
+    assert not afresh.artifacts

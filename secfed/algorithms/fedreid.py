@@ -61,8 +61,8 @@ class FedReID(Method):
         """A temperature for an expert --no-expert turns off would be silently unused (found by review)."""
         default = type(cfg.method).model_fields["expert_temperature"].default
         if not cfg.method.expert and cfg.method.expert_temperature != default:
-            return [ConfigIssue("method.expert_temperature", "applies to the local expert, which `method.expert` "
-                                "false turns off", unused=True)]
+            return [ConfigIssue("method.expert_temperature", "applies to the local expert, which --no-expert "
+                                "(`method.expert` = false) turns off", unused=True)]
         return []
 
     def build_model(self, num_classes: int) -> nn.Module:

@@ -169,12 +169,13 @@ def prune_checkpoints(run_dir: Path, keep: int, *, newest: int) -> None:
     verified) — a finished run keeps one: nothing resumes it. A file named for a later round is not the
     run's: it is left, and never counted among those kept (found by review: a stray round-9999.pt made
     the finished run delete its verified last checkpoint)."""
-    found = [p for p in list_checkpoints(run_dir) if _round_of(p) <= newest]
+    found = [p for p in list_checkpoints(run_dir) if round_of(p) <= newest]
     for old in found[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
 
 
-def _round_of(path: Path) -> int:
+def round_of(path: Path) -> int:
+    """The round a checkpoint's file name says (``round-0007.pt``, whatever precedes it)."""
     named = _NAME.search(path.name)
     assert named is not None  # list_checkpoints lists only such names
     return int(named.group(1))

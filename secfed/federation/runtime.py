@@ -97,22 +97,40 @@ class RunDiverged(ArithmeticError):
     """Training produced NaN or infinite values; the run stopped before saving the bad round."""
 
     def __init__(self, round_number: int, client: str, cause: str, run_dir: Path, lr: float,
-                 plan: PrivacyPlan | None = None) -> None:
+                 plan: PrivacyPlan | None = None, resumable: bool = True) -> None:
         self.round_number, self.client, self.run_dir = round_number, client, run_dir
         kept = f"the checkpoint of round {round_number - 1} is kept" if round_number > 1 else "no round was saved"
-        resume = f"`secfed train --resume {run_dir} --lr {lr / 2:g}`"
-        if plan is None or plan.mechanism == "none":
+        resume = f"`secfed train --resume {run_dir} --lr {lr / 2:g}`" if resumable else ""
+        if not resumable:  # (found by review: a Flower run was told to resume, which --resume refuses)
+            noised = plan is not None and plan.mechanism != "none"
+            advice = ("A Flower run cannot be resumed: start a new one with a lower --lr"
+                      + (f", or with {_less_noise(plan)} ({_noise_said(plan)})" if noised else "") + ".")
+        elif plan is None or plan.mechanism == "none":
             advice = f"Resume with a lower learning rate, e.g. {resume}."
         else:  # (found by review: noise of std 25 per coordinate overflowed the global model; the advice was the
             # learning rate's alone, which cannot help, and each retry of the round was charged to ε)
-            std = noise_per_coordinate(plan)
-            advice = ("The run adds privacy noise to every aggregate" + (f" (std {std:.3g} per coordinate of the "
-                      "mean: the noise multiplier × the clip ÷ the cohort's weight, or β)" if std else "")
-                      + ": where it swamps the model, only a new run with less of it per coordinate trains (more "
-                      "clients per round, a smaller noise multiplier or clip). A resume redoes the round with fresh "
-                      f"noise, each try charged to ε; a lower learning rate ({resume}) helps only where the "
-                      "learning rate, not the noise, threw the model off.")
+            charged = ", each try charged to ε" if plan.claims_epsilon else ""
+            advice = (f"The run adds privacy noise to every aggregate ({_noise_said(plan)}): where it swamps the "
+                      f"model, only a new run with {_less_noise(plan)} trains. A resume redoes the round with fresh "
+                      f"noise{charged}; a lower learning rate ({resume}) helps only where the learning rate, not "
+                      "the noise, threw the model off.")
         super().__init__(f"round {round_number}, client {client}: {cause}. The run stopped; {kept}. {advice}")
+
+
+def _noise_said(plan: PrivacyPlan) -> str:
+    if plan.mechanism == "beta":
+        return f"β = {plan.beta:g}, the std on each coordinate"
+    std = noise_per_coordinate(plan)
+    return (f"std {std:.3g} per coordinate of the mean: the noise multiplier × the clip ÷ the cohort's weight"
+            if std else "its noise multiplier × the clip on the sum")
+
+
+def _less_noise(plan: PrivacyPlan | None) -> str:
+    """What a new run changes to put less privacy noise on each coordinate (found by review: β runs were
+    told of noise multipliers and clips they do not have)."""
+    if plan is not None and plan.mechanism == "beta":
+        return "a smaller --dp-beta"
+    return "less noise per coordinate: more clients per round, a smaller noise multiplier or clip"
 
 
 def noise_per_coordinate(plan: PrivacyPlan) -> float:
@@ -536,13 +554,17 @@ def refuse_lost_checkpoints(run_dir: Path, path: Path | None) -> None:
     one written after it (each round's line follows its checkpoint's start, so one round ahead is an
     interruption): the checkpoints were removed, and a resume would start over and rewrite metrics.jsonl
     (found by review: "no round had finished before the interruption" of a run with eleven)."""
-    newest = int(path.stem.split("-")[1]) if path is not None else 0
+    newest = ckpt.round_of(path) if path is not None else 0
     log = run_dir / "metrics.jsonl"
     recorded = 0
-    if log.is_file():  # a regular file only: a FIFO would hang the read
-        for line in log.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                recorded = max(recorded, int(json.loads(line).get("round", 0)))
+    with contextlib.suppress(OSError):  # unreadable: nothing to say it is ahead (the resume rewrites it)
+        if log.is_file():  # a regular file only: a FIFO would hang the read
+            with open(log, "rb") as f:  # the newest rounds are the last lines: the tail is enough
+                f.seek(max(0, f.seek(0, 2) - 65536))
+                tail = f.read().decode(errors="replace")
+            for line in tail.splitlines():
+                with contextlib.suppress(ValueError, TypeError, AttributeError, OverflowError, RecursionError):
+                    recorded = max(recorded, int(json.loads(line).get("round", 0)))
     if recorded >= newest + 2:
         has = f"the newest checkpoint left is of round {newest}" if path is not None else "checkpoints/ holds none"
         raise ckpt.CheckpointError(f"{log} records {recorded} finished rounds but {has}: checkpoints were removed. "
@@ -622,6 +644,8 @@ class Transport(Protocol):
     """How the driver's messages reach the sites: in this process (:class:`InProcess`), or on Flower
     SuperNodes (``secfed.adapters.flower.server_app``). Everything else in a round is the driver's."""
 
+    resumable: bool  # whether `secfed train --resume` continues a run over it (a Flower run's is not)
+
     def train(self, fed: Federation, t: int, cohort: list[int], broadcast: Broadcast,
               reporter: Reporter) -> Trained: ...
     def evaluate(self, fed: Federation, *, final: bool, cohort: tuple[int, ...]) -> Scores: ...
@@ -632,6 +656,7 @@ class InProcess:
     """The in-process transport: every site steps here and the channel aggregates in memory."""
 
     run_dir: Path
+    resumable = True
 
     def train(self, fed: Federation, t: int, cohort: list[int], broadcast: Broadcast,
               reporter: Reporter) -> Trained:
@@ -676,7 +701,8 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
         if not dfs_noised(fed):
             note_release(fed, run_dir, round_number, claimed=claimed, withdrawn=True)
         if isinstance(exc, SiteDiverged):
-            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new, fed.plan) from None
+            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new, fed.plan,
+                              transport.resumable) from None
         raise
     aggregate = trained.aggregate
     fed.server.apply(aggregate)
@@ -693,7 +719,8 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
         try:
             scores = transport.evaluate(fed, final=final, cohort=cohort)
         except SiteDiverged as exc:  # the round's release stands (noted above); its model is not saved
-            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new, fed.plan) from None
+            raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new, fed.plan,
+                              transport.resumable) from None
         record.update(eval_record(fed, scores, final))
     t_end = time.perf_counter()
     wall += t_end - t0

@@ -896,7 +896,8 @@ def test_a_model_whose_features_are_not_finite_at_a_site_stops_the_run(small_con
     monkeypatch.setattr(evaluation, "evaluate_model", overflowed)
     flower = FlowerRun(grid, Settings(cfg, tmp_path / "flower", secrets.token_hex(16), cohort, phase_timeout=60,
                                       poll=0.01))
-    with pytest.raises(RunDiverged, match=r"round 1, client (corridor|plaza): scoring the federated model"):
+    with pytest.raises(RunDiverged, match=r"round 1, client (corridor|plaza): scoring the federated model.*"
+                       r"A Flower run cannot be resumed"):
         flower.run()
     assert not list((tmp_path / "flower").rglob("round-*.pt"))  # the round's model is not saved
 

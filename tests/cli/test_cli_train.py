@@ -332,11 +332,12 @@ def test_an_interrupt_before_the_first_round_resumes_afresh(synth_root: Path, tm
     # would start over and rewrite metrics.jsonl (found by review)
     shutil.rmtree(tmp_path / "cut" / "checkpoints")
     log = tmp_path / "cut" / "metrics.jsonl"
-    log.write_text("".join(json.dumps({"round": r}) + "\n" for r in range(1, 12)))
+    odd = '{"round": Infinity}\n' + "[" * 5000 + "]" * 5000 + "\n"  # read past, not a traceback (review 94)
+    log.write_text("".join(json.dumps({"round": r}) + "\n" for r in range(1, 12)) + odd)
     result = invoke(["train", "--resume", str(tmp_path / "cut"), "--threads", "2"])
     said = " ".join(result.output.split())
     assert result.exit_code == 1 and "records 11 finished rounds but checkpoints/ holds none" in said, said
-    assert "starting from round 1" not in said and len(log.read_text().splitlines()) == 11
+    assert "starting from round 1" not in said and len(log.read_text().splitlines()) == 13
     # a folder without a configuration is explained, not looped on
     (tmp_path / "empty").mkdir()
     result = invoke(["train", "--resume", str(tmp_path / "empty")])
@@ -355,6 +356,21 @@ def test_privacy_noise_that_swamps_the_model_stops_the_run_naming_the_noise(synt
     assert "privacy noise to every aggregate (std 33.3 per coordinate" in said  # z·C/W = 100 · 1 / 3 clients
     assert "each try charged to ε" in said
     assert not (tmp_path / "noisy" / "checkpoints").exists() or not any((tmp_path / "noisy" / "checkpoints").iterdir())
+
+
+def test_divergence_advice_fits_the_noise_and_the_transport(tmp_path: Path) -> None:
+    """(found by review: β runs, which claim no ε, were told each retry is charged to ε and to lower a
+    noise multiplier they do not have; a Flower run was told to --resume, which refuses it)"""
+    from types import SimpleNamespace as NS
+
+    from secfed.federation.runtime import RunDiverged
+
+    beta = NS(mechanism="beta", beta=1e30, claims_epsilon=False)
+    said = str(RunDiverged(2, "campus", "features are not finite", tmp_path, 0.02, beta))
+    assert "β = 1e+30" in said and "a smaller --dp-beta" in said and "charged to ε" not in said
+    assert "--resume" in said
+    flower = str(RunDiverged(2, "campus", "features are not finite", tmp_path, 0.02, beta, resumable=False))
+    assert "A Flower run cannot be resumed" in flower and "--resume" not in flower
 
 
 def test_divergence_stops_with_the_round_and_client_and_keeps_the_checkpoint(synth_root: Path, tmp_path: Path) -> None:

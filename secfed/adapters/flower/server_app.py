@@ -579,6 +579,7 @@ class _Transport:
 
     run: FlowerRun
     hosts: dict[int, list[int]]
+    resumable = False  # a Flower run directory is never resumed (runtime.refuse_a_deployment)
 
     def train(self, fed: Federation, t: int, cohort: list[int], broadcast: Broadcast,
               reporter: Reporter) -> Trained:
