@@ -32,12 +32,13 @@ The embedding cosine between each reconstruction and its victim is reported besi
 Features the neck probe recovers (no pixels; in the space a training step embedded its pictures in:
 the batch's statistics, one view) have the same kind of criterion ("feature-match"): a feature whose
 cosine to the victim's own picture's feature — the best over the training augmentation's shifted and
-mirrored views, as a step saw one of them — is ≥ :data:`FEATURE_COSINE`, higher than the cosine of any other person's picture to that view (the
-calibration is the gallery's own: no one else comes that close to the victim), and higher than its
-cosine to any other person's picture — each by more than :data:`FEATURE_MARGIN`, float noise (a
-lookalike, another identity's mirror image of a victim's picture, tied with it to 6e-8). Without it an exactly recovered feature could never be a LEAK:
-on an update the victims are every picture the client trained on, so the gallery holds no other
-picture of them and re-identification has no power (review 82). Negatives — features of flat and
+mirrored views, as a step saw one of them — is ≥ :data:`FEATURE_COSINE`, higher than the cosine of
+any other person's picture to that view (the calibration is the gallery's own: no one else comes
+that close to the victim), and higher than its cosine to any other person's picture — each by more
+than :data:`FEATURE_MARGIN`, float noise (a lookalike, another identity's mirror image of a victim's
+picture, tied with it to 6e-8). Without it an exactly recovered feature could never be a LEAK: on an
+update the victims are every picture the client trained on, so the gallery holds no other picture
+of them and re-identification has no power (review 82). Negatives — features of flat and
 noise images, the gallery's mean feature, random directions — never cross it, even under an
 untrained model whose features of different photographs reach cosine 0.999 (the best of them
 0.97 over the 18 views at 32×16, hence 0.99); the features of the victims' pictures as a step saw

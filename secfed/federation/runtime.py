@@ -550,10 +550,10 @@ def refuse_a_deployment(run_dir: Path, state: Mapping[str, Any] | None, path: Pa
 
 
 def refuse_lost_checkpoints(run_dir: Path, path: Path | None) -> None:
-    """A resume whose newest checkpoint file is ``path`` (None: none left) while metrics.jsonl records rounds beyond the
-    one written after it (each round's line follows its checkpoint's start, so one round ahead is an
-    interruption): the checkpoints were removed, and a resume would start over and rewrite metrics.jsonl
-    (found by review: "no round had finished before the interruption" of a run with eleven)."""
+    """A resume whose newest checkpoint file is ``path`` (None: none left) while metrics.jsonl records
+    rounds beyond the one written after it (each round's line follows its checkpoint's start, so one round
+    ahead is an interruption): the checkpoints were removed, and a resume would start over and rewrite
+    metrics.jsonl (found by review: "no round had finished before the interruption" of a run with eleven)."""
     newest = ckpt.round_of(path) if path is not None else 0
     log = run_dir / "metrics.jsonl"
     recorded = 0
