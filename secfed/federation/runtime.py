@@ -657,6 +657,7 @@ class InProcess:
 
     run_dir: Path
     resumable = True
+    unmasking: int | None = None  # the round whose sum the channel began to compute (drive_round reads it)
 
     def train(self, fed: Federation, t: int, cohort: list[int], broadcast: Broadcast,
               reporter: Reporter) -> Trained:
@@ -674,6 +675,7 @@ class InProcess:
             recording.write_round(self.run_dir, t + 1, work.uploads, broadcast, personal)
         trained_at = time.perf_counter()
         dropouts = dropout_schedule(fed.config, t, cohort, fed.channel.phases)
+        self.unmasking = t  # from here the server may hold the round's sum: an interrupt no longer withdraws it
         aggregate = fed.channel.aggregate(broadcast, work.uploads, dropouts,
                                           broadcast_bytes=codec.broadcast_size(broadcast))
         dropped = {fed.clients[k].site.name: phase for k, phase in sorted(dropouts.items())}
@@ -696,9 +698,12 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
     note_release(fed, run_dir, round_number, claimed=claimed)  # before anything noised can leave
     try:
         trained = transport.train(fed, t, cohort, fed.server.broadcast(t), reporter)
-    except BaseException as exc:  # no aggregate exists: nothing noised left; the note is withdrawn — but not
-        # DFH's noised statistics, which leave each client with its upload, before any aggregate (review)
-        if not dfs_noised(fed):
+    except BaseException as exc:  # before the sum: nothing noised left; the note is withdrawn — but not DFH's
+        # noised statistics, which leave each client with its upload, before any aggregate (review), nor a
+        # round whose sum the channel began to compute: Skellam shares or DP-SGD updates the server may hold
+        # (found by review: a Ctrl-C after the unmask left four noised sums charged as three). A transport
+        # that cannot say (Flower's) never withdraws.
+        if not dfs_noised(fed) and getattr(transport, "unmasking", t) != t:
             note_release(fed, run_dir, round_number, claimed=claimed, withdrawn=True)
         if isinstance(exc, SiteDiverged):
             raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new, fed.plan,

@@ -164,6 +164,36 @@ def test_a_round_stopped_before_its_aggregate_existed_is_withdrawn_not_charged(
                                                                   {"release": 1, "round": 2}]
 
 
+def test_a_round_interrupted_once_its_sum_was_computed_stays_charged(
+        two_site_config: RunConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(found by review: a Ctrl-C right after the secure sum was unmasked withdrew the round, so under
+    distributed DP the server held four noised sums and the ε counted three) Past the start of the
+    aggregate the note stands, and the resume charges the redone round again."""
+    from secfed.federation import channel, runtime
+
+    cfg = _dp_fedavg(two_site_config)
+    cfg.schedule.rounds = 2
+    cfg.run.local_baseline = False
+    cfg.run.eval_every = 0
+    aggregate = channel.PlainChannel.aggregate
+
+    def interrupted_after(self, *args, **kwargs):
+        result = aggregate(self, *args, **kwargs)
+        if result.round == 1:
+            raise KeyboardInterrupt
+        return result
+
+    run_dir = tmp_path / "dp"
+    monkeypatch.setattr(channel.PlainChannel, "aggregate", interrupted_after)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, run_dir)
+    monkeypatch.setattr(channel.PlainChannel, "aggregate", aggregate)
+    assert not any(n.get("retracted") for n in _release_notes(run_dir))
+    with pytest.warns(UserWarning, match=r"round\(s\) 2 had begun"):
+        result = run(cfg, run_dir, resume=True)
+    assert result.summary["privacy"]["accounted_rounds"] == 3
+
+
 def test_a_dp_sgd_run_that_lost_a_released_round_is_refused_not_resumed(two_site_config: RunConfig,
                                                                         tmp_path: Path) -> None:
     """Example-level DP-SGD: a round lost with its checkpoint took local steps nobody can account any
