@@ -1071,5 +1071,9 @@ def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | 
     run_dir = ckpt.run_dir_of(checkpoint)
     if run_dir is not None:  # the DFS ε the run's summary states, redone rounds counted (found by review: 9.01
         # against the summary's 10.73 after a kill and a resume)
-        _charge_lost_dfs_releases(fed, _notes(run_dir / RELEASES), int(state["rounds_done"]), say=False)
+        notes = _notes(run_dir / RELEASES)
+        _charge_lost_dfs_releases(fed, notes, int(state["rounds_done"]), say=False)
+        if checkpoint == ckpt.latest_checkpoint(run_dir):  # an interrupted run: what began after it may have
+            # been released (found by review: the server had unmasked a third noised sum, evaluate said two)
+            fed.server.privacy.charge_lost_releases(notes)
     return fed, state, checkpoint

@@ -96,6 +96,9 @@ def test_a_round_lost_with_its_checkpoint_is_accounted_again_when_redone(two_sit
     run_dir = tmp_path / "dp"
     _interrupted(cfg, run_dir, after=2)
     (run_dir / "checkpoints" / "round-0002.pt").unlink()  # killed before round 2's checkpoint was written
+    from secfed.federation.runtime import open_run, privacy_summary
+    fed, state, _ = open_run(run_dir)  # `secfed evaluate` of the interrupted run counts round 2 too (review 95)
+    assert privacy_summary(fed, int(state["rounds_done"]))["accounted_rounds"] == 2
     with pytest.warns(UserWarning, match=r"round\(s\) 2 had begun before the interruption.*above --target-epsilon 8"):
         result = run(cfg, run_dir, resume=True)
     assert result.summary["privacy"]["accounted_rounds"] == 4  # rounds 1, 2 (lost), 2 and 3
@@ -104,7 +107,6 @@ def test_a_round_lost_with_its_checkpoint_is_accounted_again_when_redone(two_sit
     assert any("is above --target-epsilon 8: z was derived for 3 releases, and the ledger accounts 4" in s
                for s in result.summary["privacy"]["statements"])
     # ... wherever the figure is read again: `secfed evaluate` (review of the fix: said once, then lost)
-    from secfed.federation.runtime import open_run, privacy_summary
     fed, state, _ = open_run(run_dir)
     assert any("is above --target-epsilon 8" in s for s in privacy_summary(fed, int(state["rounds_done"]))["statements"])
     assert result.summary["privacy"]["epsilon"] == pytest.approx(_uninterrupted_epsilon(result.federation.plan, 4),
