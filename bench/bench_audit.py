@@ -192,7 +192,8 @@ def section_positive(people: People, run: Path | None, pairs: int, seconds: floa
                             lower_bound=False)
             summary, _ = audit_update(model, cfg, gallery, victims, images, torch.tensor([0, 1]), budget, 10 * seconds)
             gi = summary["attacks"]["inversion:gradient"]
-            sweep.append({"resolution": f"{h}x{w}", "iterations": iterations, **gi})
+            # the budget's iterations apart from the attack's own count (review: `**gi` overwrote them)
+            sweep.append({"resolution": f"{h}x{w}", **gi, "budget_iterations": iterations})
             print(f"inversion {h}x{w} {iterations} it: {gi['verdict']} residual {gi['residual']:.3g} p {gi['p']:.2g} "
                   f"PSNR {gi['psnr']:.1f} SSIM {gi['ssim']:.3f} ({gi['cpu_seconds']} s CPU)", flush=True)
     out["inversion_sweep"] = sweep

@@ -216,6 +216,11 @@ def train_command(**params: Any) -> None:
             # to resume was refused, "no config.json")
             then = f"continue with: secfed train --resume {run_dir}" if (run_dir / "config.json").is_file() else \
                 "nothing was kept; start it again"
+            from secfed.federation.runtime import unresumable_dp_sgd_rounds
+
+            if lost := unresumable_dp_sgd_rounds(cfg, run_dir):  # (review: the advice was to resume, refused)
+                then = (f"round(s) {', '.join(map(str, lost))} may have released a model trained with DP-SGD whose "
+                        "local steps are lost, so a resume is refused: start a new run")
             reporter.console.print(f"[yellow]interrupted {where}; {then}[/]")
             sys.exit(130)
     show_summary(console, result.summary)

@@ -70,10 +70,12 @@ class PlainChannel:
     name = "plain"
     phases = ("upload",)  # one step: a client that vanishes never uploads
     needs_model_hash = False
+    summed_round: int | None = None  # the newest round whose uploads reached the server (runtime.drive_round)
 
     def aggregate(self, broadcast: Broadcast, uploads: Sequence[Upload], dropouts: Mapping[int, str],
                   *, broadcast_bytes: int) -> Aggregate:
         check_uploads(uploads)
+        self.summed_round = broadcast.round  # in the clear, the server holds every upload from here
         arrived = [upload for upload in uploads if upload.client_id not in dropouts]
         bytes_up = sum(codec.upload_size(upload) for upload in arrived)
         sums, weights = weighted_sums(arrived)

@@ -97,7 +97,7 @@ class RunDiverged(ArithmeticError):
     """Training produced NaN or infinite values; the run stopped before saving the bad round."""
 
     def __init__(self, round_number: int, client: str, cause: str, run_dir: Path, lr: float,
-                 plan: PrivacyPlan | None = None, resumable: bool = True) -> None:
+                 plan: PrivacyPlan | None = None, resumable: bool = True, released: bool = False) -> None:
         self.round_number, self.client, self.run_dir = round_number, client, run_dir
         kept = f"the checkpoint of round {round_number - 1} is kept" if round_number > 1 else "no round was saved"
         resume = f"`secfed train --resume {run_dir} --lr {lr / 2:g}`" if resumable else ""
@@ -109,11 +109,13 @@ class RunDiverged(ArithmeticError):
             advice = f"Resume with a lower learning rate, e.g. {resume}."
         else:  # (found by review: noise of std 25 per coordinate overflowed the global model; the advice was the
             # learning rate's alone, which cannot help, and each retry of the round was charged to ε)
-            charged = ", each try charged to ε" if plan.claims_epsilon else ""
+            # a round released before it diverged (found at its evaluation) is charged, and its resume draws
+            # fresh noise; one that diverged in training released nothing (review of the fix: it said both)
+            redo = (f"A resume redoes the round with fresh noise{', each try charged to ε' if plan.claims_epsilon else ''}"
+                    if released else "The round released nothing and is not charged; a resume redoes it")
             advice = (f"The run adds privacy noise to every aggregate ({_noise_said(plan)}): where it swamps the "
-                      f"model, only a new run with {_less_noise(plan)} trains. A resume redoes the round with fresh "
-                      f"noise{charged}; a lower learning rate ({resume}) helps only where the learning rate, not "
-                      "the noise, threw the model off.")
+                      f"model, only a new run with {_less_noise(plan)} trains. {redo}; a lower learning rate "
+                      f"({resume}) helps only where the learning rate, not the noise, threw the model off.")
         super().__init__(f"round {round_number}, client {client}: {cause}. The run stopped; {kept}. {advice}")
 
 
@@ -378,7 +380,7 @@ def charge_lost_releases(fed: Federation, run_dir: Path, rounds_done: int) -> No
     run is refused, naming the rounds, rather than continued under an ε that would leave them out."""
     notes = _notes(run_dir / RELEASES)
     if any(c.dp_sgd is not None for c in fed.clients):
-        begun = sorted({int(n["round"]) for n in notes if int(n["round"]) > rounds_done})
+        begun = begun_after(notes, rounds_done)
         if begun:
             raise ckpt.CheckpointError(
                 f"{run_dir}: round(s) {', '.join(map(str, begun))} had begun before the interruption and may have "
@@ -395,6 +397,24 @@ def charge_lost_releases(fed: Federation, run_dir: Path, rounds_done: int) -> No
             + (f"; the ε ends above --target-epsilon {target:g}, for which z was derived over "
                f"{fed.config.schedule.rounds} releases" if target is not None else "")), stacklevel=2)
     _charge_lost_dfs_releases(fed, notes, rounds_done)
+
+
+def begun_after(notes: list[dict[str, Any]], rounds_done: int) -> list[int]:
+    """The rounds after ``rounds_done`` whose release notes stand (begun, not withdrawn)."""
+    return sorted({int(n["round"]) for n in notes if int(n["round"]) > rounds_done})
+
+
+def unresumable_dp_sgd_rounds(cfg: RunConfig, run_dir: Path) -> list[int]:
+    """The rounds that would make a resume of this DP-SGD run refused (:func:`charge_lost_releases`):
+    begun after its newest checkpoint file, not withdrawn (none for a run without DP-SGD, or whose notes
+    cannot be read — the resume says why)."""
+    if not cfg.privacy.dp_sgd:
+        return []
+    done = ckpt.list_checkpoints(run_dir)
+    try:
+        return begun_after(_notes(run_dir / RELEASES), ckpt.round_of(done[-1]) if done else 0)
+    except ckpt.CheckpointError:
+        return []
 
 
 def _charge_lost_dfs_releases(fed: Federation, notes: list[dict[str, Any]], rounds_done: int, *,
@@ -559,12 +579,16 @@ def refuse_lost_checkpoints(run_dir: Path, path: Path | None) -> None:
     recorded = 0
     with contextlib.suppress(OSError):  # unreadable: nothing to say it is ahead (the resume rewrites it)
         if log.is_file():  # a regular file only: a FIFO would hang the read
-            with open(log, "rb") as f:  # the newest rounds are the last lines: the tail is enough
-                f.seek(max(0, f.seek(0, 2) - 65536))
-                tail = f.read().decode(errors="replace")
-            for line in tail.splitlines():
-                with contextlib.suppress(ValueError, TypeError, AttributeError, OverflowError, RecursionError):
-                    recorded = max(recorded, int(json.loads(line).get("round", 0)))
+            with open(log, "rb") as f:  # the newest rounds are the last lines: a tail holding a whole one
+                size = f.seek(0, 2)
+                for span in (1 << 16, 1 << 26):  # (review: lines of a few hundred clients exceed 64 KiB)
+                    f.seek(max(0, size - span))
+                    for line in f.read().decode(errors="replace").splitlines():
+                        with contextlib.suppress(ValueError, TypeError, AttributeError, OverflowError,
+                                                 RecursionError):
+                            recorded = max(recorded, int(json.loads(line).get("round", 0)))
+                    if recorded or span >= size:
+                        break
     if recorded >= newest + 2:
         has = f"the newest checkpoint left is of round {newest}" if path is not None else "checkpoints/ holds none"
         raise ckpt.CheckpointError(f"{log} records {recorded} finished rounds but {has}: checkpoints were removed. "
@@ -657,7 +681,6 @@ class InProcess:
 
     run_dir: Path
     resumable = True
-    unmasking: int | None = None  # the round whose sum the channel began to compute (drive_round reads it)
 
     def train(self, fed: Federation, t: int, cohort: list[int], broadcast: Broadcast,
               reporter: Reporter) -> Trained:
@@ -675,7 +698,6 @@ class InProcess:
             recording.write_round(self.run_dir, t + 1, work.uploads, broadcast, personal)
         trained_at = time.perf_counter()
         dropouts = dropout_schedule(fed.config, t, cohort, fed.channel.phases)
-        self.unmasking = t  # from here the server may hold the round's sum: an interrupt no longer withdraws it
         aggregate = fed.channel.aggregate(broadcast, work.uploads, dropouts,
                                           broadcast_bytes=codec.broadcast_size(broadcast))
         dropped = {fed.clients[k].site.name: phase for k, phase in sorted(dropouts.items())}
@@ -700,14 +722,14 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
         trained = transport.train(fed, t, cohort, fed.server.broadcast(t), reporter)
     except BaseException as exc:  # before the sum: nothing noised left; the note is withdrawn — but not DFH's
         # noised statistics, which leave each client with its upload, before any aggregate (review), nor a
-        # round whose sum the channel began to compute: Skellam shares or DP-SGD updates the server may hold
-        # (found by review: a Ctrl-C after the unmask left four noised sums charged as three). A transport
-        # that cannot say (Flower's) never withdraws.
-        if not dfs_noised(fed) and getattr(transport, "unmasking", t) != t:
+        # round whose sum exists (unmasked; in the clear, the uploads at the server): Skellam shares or DP-SGD
+        # updates the server holds (found by review: a Ctrl-C after the unmask left four noised sums charged
+        # as three). A Flower run, which is never resumed, never withdraws.
+        if not dfs_noised(fed) and transport.resumable and getattr(fed.channel, "summed_round", None) != t:
             note_release(fed, run_dir, round_number, claimed=claimed, withdrawn=True)
         if isinstance(exc, SiteDiverged):
             raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new, fed.plan,
-                              transport.resumable) from None
+                              transport.resumable, released=False) from None
         raise
     aggregate = trained.aggregate
     fed.server.apply(aggregate)
@@ -725,7 +747,7 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
             scores = transport.evaluate(fed, final=final, cohort=cohort)
         except SiteDiverged as exc:  # the round's release stands (noted above); its model is not saved
             raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new, fed.plan,
-                              transport.resumable) from None
+                              transport.resumable, released=True) from None
         record.update(eval_record(fed, scores, final))
     t_end = time.perf_counter()
     wall += t_end - t0
@@ -1073,7 +1095,9 @@ def open_run(path: Path, reporter: Reporter | None = None, *, data_root: Path | 
         # against the summary's 10.73 after a kill and a resume)
         notes = _notes(run_dir / RELEASES)
         _charge_lost_dfs_releases(fed, notes, int(state["rounds_done"]), say=False)
-        if checkpoint == ckpt.latest_checkpoint(run_dir):  # an interrupted run: what began after it may have
-            # been released (found by review: the server had unmasked a third noised sum, evaluate said two)
+        if Path(path).is_dir() or checkpoint.resolve() == ckpt.latest_checkpoint(run_dir).resolve():
+            # the run's newest intact checkpoint: what began after it may have been released (found by review:
+            # the server had unmasked a third noised sum, evaluate said two; a relative path or a damaged newest
+            # file missed it)
             fed.server.privacy.charge_lost_releases(notes)
     return fed, state, checkpoint

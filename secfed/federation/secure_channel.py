@@ -77,6 +77,7 @@ class SecureChannel:
     design_dropout: float
     stats_clip: float = 4096.0  # bound of BatchNorm running statistics inside a float summand
     name: str = "secagg"
+    summed_round: int | None = None  # the newest round whose sum was unmasked (runtime.drive_round reads it)
 
     @classmethod
     def for_run(cls, cfg: RunConfig, num_clients: int) -> SecureChannel:
@@ -176,6 +177,7 @@ class SecureChannel:
                 online = [k for k in online if k not in pending]
                 pending = {}
                 continue
+            self.summed_round = t  # the sum is unmasked: an interrupt from here may follow its release
             up += sum(result.bytes_sent)
             received += sum(result.bytes_received)
             contributors = tuple(online[i] for i in result.survivors)

@@ -366,9 +366,12 @@ def test_divergence_advice_fits_the_noise_and_the_transport(tmp_path: Path) -> N
     from secfed.federation.runtime import RunDiverged
 
     beta = NS(mechanism="beta", beta=1e30, claims_epsilon=False)
-    said = str(RunDiverged(2, "campus", "features are not finite", tmp_path, 0.02, beta))
+    said = str(RunDiverged(2, "campus", "features are not finite", tmp_path, 0.02, beta, released=True))
     assert "β = 1e+30" in said and "a smaller --dp-beta" in said and "charged to ε" not in said
-    assert "--resume" in said
+    assert "--resume" in said and "fresh noise" in said
+    gaussian = NS(mechanism="gaussian", aggregate_noise_std=5.0, claims_epsilon=True)
+    said = str(RunDiverged(2, "campus", "loss is nan", tmp_path, 0.02, gaussian))  # in training: not released
+    assert "released nothing and is not charged" in said and "charged to ε" not in said
     flower = str(RunDiverged(2, "campus", "features are not finite", tmp_path, 0.02, beta, resumable=False))
     assert "A Flower run cannot be resumed" in flower and "--resume" not in flower
 
@@ -613,3 +616,19 @@ def test_evaluate_refuses_a_run_whose_config_json_is_not_a_file(trained: tuple[d
     (run_dir / "config.json").mkdir()
     result = invoke(["evaluate", str(run_dir)])
     assert result.exit_code != 0 and "config.json: not a regular file" in " ".join(result.output.split()), result.output
+
+
+def test_removed_checkpoints_are_found_behind_long_metrics_lines(tmp_path: Path) -> None:
+    """(review of the fix: lines longer than the 64-KiB tail — a few hundred clients per round — hid the
+    removal, and the resume started over)"""
+    from secfed.federation import checkpoint as ckpt
+    from secfed.federation.runtime import refuse_lost_checkpoints
+
+    (tmp_path / "checkpoints").mkdir()
+    newest = tmp_path / "checkpoints" / "round-0001.pt"
+    newest.write_bytes(b"")
+    clients = {f"c{i}": {"loss": 0.1} for i in range(3500)}  # ≈ 70 kB a line
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "clients": clients}) + "\n"
+                                                    for r in range(1, 12)))
+    with pytest.raises(ckpt.CheckpointError, match="records 11 finished rounds"):
+        refuse_lost_checkpoints(tmp_path, newest)

@@ -99,6 +99,15 @@ def test_a_round_lost_with_its_checkpoint_is_accounted_again_when_redone(two_sit
     from secfed.federation.runtime import open_run, privacy_summary
     fed, state, _ = open_run(run_dir)  # `secfed evaluate` of the interrupted run counts round 2 too (review 95)
     assert privacy_summary(fed, int(state["rounds_done"]))["accounted_rounds"] == 2
+    import os  # ... however its path is typed (review of the fix: a relative one missed it)
+
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        fed, state, _ = open_run(Path("dp") / "checkpoints" / "round-0001.pt")
+    finally:
+        os.chdir(here)
+    assert privacy_summary(fed, int(state["rounds_done"]))["accounted_rounds"] == 2
     with pytest.warns(UserWarning, match=r"round\(s\) 2 had begun before the interruption.*above --target-epsilon 8"):
         result = run(cfg, run_dir, resume=True)
     assert result.summary["privacy"]["accounted_rounds"] == 4  # rounds 1, 2 (lost), 2 and 3
@@ -194,6 +203,22 @@ def test_a_round_interrupted_once_its_sum_was_computed_stays_charged(
     with pytest.warns(UserWarning, match=r"round\(s\) 2 had begun"):
         result = run(cfg, run_dir, resume=True)
     assert result.summary["privacy"]["accounted_rounds"] == 3
+    # under secure aggregation the server holds nothing before the unmask: stopped inside the protocol, the
+    # round is withdrawn (review of the fix: charged, so a DP-SGD run could never resume)
+    from secfed.federation import secure_channel
+
+    cfg.secagg.enabled = True
+    simulate = secure_channel.protocols.simulate
+
+    def stopped_inside(*args, **kwargs):
+        if kwargs["round"] == 1:
+            raise KeyboardInterrupt
+        return simulate(*args, **kwargs)
+
+    monkeypatch.setattr(secure_channel.protocols, "simulate", stopped_inside)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "masked")
+    assert _release_notes(tmp_path / "masked")[-1] == {"release": 1, "round": 2, "retracted": True}
 
 
 def test_a_dp_sgd_run_that_lost_a_released_round_is_refused_not_resumed(two_site_config: RunConfig,
