@@ -165,3 +165,6 @@ def test_a_dfs_round_stopped_midway_stays_charged(dfh_config: RunConfig, tmp_pat
     assert written["dfs"]["rounds"] == 2 and "after 2 rounds" in " ".join(written["statements"])
     fed, _, _ = runtime.open_run(tmp_path / "run")
     assert fed.plan.dfs.rounds == 2 and fed.plan.dfs.epsilon == pytest.approx(stated["released_models"])
+    # and, as under any ε, its log carries no per-site figure (review 97: the sentence cited no test of it)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lines and all(not {"clients", "cohort", "loss", "dropped"} & set(r) and "outside_epsilon" in r for r in lines)
