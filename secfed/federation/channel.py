@@ -23,6 +23,9 @@ class Channel(Protocol):
     name: str
     phases: tuple[str, ...]  # where a client can vanish; a dropout schedule draws from these
     needs_model_hash: bool  # uploads must carry the hash of the model they were trained from
+    # the newest round whose sum exists (unmasked, or in the clear at the server): an interrupt after it does
+    # not withdraw the round's privacy note (runtime.drive_round; a channel without it never withdraws)
+    summed_round: int | None
 
     def aggregate(self, broadcast: Broadcast, uploads: Sequence[Upload], dropouts: Mapping[int, str],
                   *, broadcast_bytes: int) -> Aggregate:

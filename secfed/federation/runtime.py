@@ -101,7 +101,11 @@ class RunDiverged(ArithmeticError):
         self.round_number, self.client, self.run_dir = round_number, client, run_dir
         kept = f"the checkpoint of round {round_number - 1} is kept" if round_number > 1 else "no round was saved"
         resume = f"`secfed train --resume {run_dir} --lr {lr / 2:g}`" if resumable else ""
-        if not resumable:  # (found by review: a Flower run was told to resume, which --resume refuses)
+        if released and plan is not None and getattr(plan, "dp_sgd", None) is not None:  # (review: told to
+            # resume, which charge_lost_releases refuses — the round's DP-SGD steps are lost with it)
+            advice = (f"Round {round_number} was released with DP-SGD local steps that are lost with it, so a "
+                      "resume is refused: start a new run (a lower --lr, or less noise).")
+        elif not resumable:  # (found by review: a Flower run was told to resume, which --resume refuses)
             noised = plan is not None and plan.mechanism != "none"
             advice = ("A Flower run cannot be resumed: start a new one with a lower --lr"
                       + (f", or with {_less_noise(plan)} ({_noise_said(plan)})" if noised else "") + ".")
@@ -725,7 +729,7 @@ def drive_round(fed: Federation, transport: Transport, t: int, reporter: Reporte
         # round whose sum exists (unmasked; in the clear, the uploads at the server): Skellam shares or DP-SGD
         # updates the server holds (found by review: a Ctrl-C after the unmask left four noised sums charged
         # as three). A Flower run, which is never resumed, never withdraws.
-        if not dfs_noised(fed) and transport.resumable and getattr(fed.channel, "summed_round", None) != t:
+        if not dfs_noised(fed) and transport.resumable and getattr(fed.channel, "summed_round", t) != t:
             note_release(fed, run_dir, round_number, claimed=claimed, withdrawn=True)
         if isinstance(exc, SiteDiverged):
             raise RunDiverged(round_number, exc.where, exc.cause, run_dir, schedule.lr_new, fed.plan,

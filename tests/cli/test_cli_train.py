@@ -372,6 +372,9 @@ def test_divergence_advice_fits_the_noise_and_the_transport(tmp_path: Path) -> N
     gaussian = NS(mechanism="gaussian", aggregate_noise_std=5.0, claims_epsilon=True)
     said = str(RunDiverged(2, "campus", "loss is nan", tmp_path, 0.02, gaussian))  # in training: not released
     assert "released nothing and is not charged" in said and "charged to ε" not in said
+    dp_sgd = NS(mechanism="none", dp_sgd=object(), claims_epsilon=False)  # released: its resume is refused
+    said = str(RunDiverged(2, "campus", "features are not finite", tmp_path, 0.02, dp_sgd, released=True))
+    assert "a resume is refused: start a new run" in said and "--resume" not in said
     flower = str(RunDiverged(2, "campus", "features are not finite", tmp_path, 0.02, beta, resumable=False))
     assert "A Flower run cannot be resumed" in flower and "--resume" not in flower
 
