@@ -201,8 +201,7 @@ def train_command(**params: Any) -> None:
 
         with cli_errors():
             refuse_a_deployment(run_dir, None, None)
-            done = ckpt.list_checkpoints(run_dir)
-            refuse_lost_checkpoints(run_dir, done[-1] if done else None)
+            refuse_lost_checkpoints(run_dir)
     if resuming and not ckpt.list_checkpoints(run_dir):
         console.print(f"[yellow]{run_dir}: no round had finished before the interruption; starting from round 1 "
                       "with its saved configuration.[/]")

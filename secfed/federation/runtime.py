@@ -101,7 +101,7 @@ class RunDiverged(ArithmeticError):
         self.round_number, self.client, self.run_dir = round_number, client, run_dir
         kept = f"the checkpoint of round {round_number - 1} is kept" if round_number > 1 else "no round was saved"
         resume = f"`secfed train --resume {run_dir} --lr {lr / 2:g}`" if resumable else ""
-        if released and plan is not None and getattr(plan, "dp_sgd", None) is not None:  # (review: told to
+        if released and plan is not None and plan.dp_sgd is not None:  # (review: told to
             # resume, which charge_lost_releases refuses — the round's DP-SGD steps are lost with it)
             advice = (f"Round {round_number} was released with DP-SGD local steps that are lost with it, so a "
                       "resume is refused: start a new run (a lower --lr, or less noise).")
@@ -326,8 +326,7 @@ def _run_held(cfg: RunConfig, run_dir: Path, *, resume: bool, reporter: Reporter
         cfg = rates_to_resume(cfg, state, path, rates_given)
     if resume:
         refuse_a_deployment(run_dir, state, path)
-        present = ckpt.list_checkpoints(run_dir)  # the newest file, damaged or not: what a removal left
-        refuse_lost_checkpoints(run_dir, present[-1] if present else None)
+        refuse_lost_checkpoints(run_dir)
         resume_threads(cfg, run_dir)  # from a checkpoint or afresh: at the run's thread count
     with pretrain.restoring() if state is not None else contextlib.nullcontext():  # the checkpoint's models
         fed = build(cfg, progress=reporter.data_progress, run_dir=run_dir, data_root=data_root, resumed=resume)
@@ -414,11 +413,16 @@ def unresumable_dp_sgd_rounds(cfg: RunConfig, run_dir: Path) -> list[int]:
     cannot be read — the resume says why)."""
     if not cfg.privacy.dp_sgd:
         return []
-    done = ckpt.list_checkpoints(run_dir)
     try:
-        return begun_after(_notes(run_dir / RELEASES), ckpt.round_of(done[-1]) if done else 0)
+        return begun_after(_notes(run_dir / RELEASES), _newest_file_round(run_dir))
     except ckpt.CheckpointError:
         return []
+
+
+def _newest_file_round(run_dir: Path) -> int:
+    """The round of ``run_dir``'s newest checkpoint file, damaged or not (0: none)."""
+    present = ckpt.list_checkpoints(run_dir)
+    return ckpt.round_of(present[-1]) if present else 0
 
 
 def _charge_lost_dfs_releases(fed: Federation, notes: list[dict[str, Any]], rounds_done: int, *,
@@ -573,12 +577,12 @@ def refuse_a_deployment(run_dir: Path, state: Mapping[str, Any] | None, path: Pa
             "--flower); start a new run")
 
 
-def refuse_lost_checkpoints(run_dir: Path, path: Path | None) -> None:
-    """A resume whose newest checkpoint file is ``path`` (None: none left) while metrics.jsonl records
-    rounds beyond the one written after it (each round's line follows its checkpoint's start, so one round
-    ahead is an interruption): the checkpoints were removed, and a resume would start over and rewrite
-    metrics.jsonl (found by review: "no round had finished before the interruption" of a run with eleven)."""
-    newest = ckpt.round_of(path) if path is not None else 0
+def refuse_lost_checkpoints(run_dir: Path) -> None:
+    """A resume while metrics.jsonl records rounds beyond the one written after the newest checkpoint
+    file, damaged or not (each round's line follows its checkpoint's start, so one round ahead is an
+    interruption): the checkpoints were removed, and a resume would start over and rewrite metrics.jsonl
+    (found by review: "no round had finished before the interruption" of a run with eleven)."""
+    newest = _newest_file_round(run_dir)
     log = run_dir / "metrics.jsonl"
     recorded = 0
     with contextlib.suppress(OSError):  # unreadable: nothing to say it is ahead (the resume rewrites it)
@@ -594,7 +598,7 @@ def refuse_lost_checkpoints(run_dir: Path, path: Path | None) -> None:
                     if recorded or span >= size:
                         break
     if recorded >= newest + 2:
-        has = f"the newest checkpoint left is of round {newest}" if path is not None else "checkpoints/ holds none"
+        has = f"the newest checkpoint left is of round {newest}" if newest else "checkpoints/ holds none"
         raise ckpt.CheckpointError(f"{log} records {recorded} finished rounds but {has}: checkpoints were removed. "
                                    "Put them back to resume, or start a new run (a resume from here would redo "
                                    "those rounds and rewrite metrics.jsonl)")

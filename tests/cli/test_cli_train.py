@@ -365,11 +365,11 @@ def test_divergence_advice_fits_the_noise_and_the_transport(tmp_path: Path) -> N
 
     from secfed.federation.runtime import RunDiverged
 
-    beta = NS(mechanism="beta", beta=1e30, claims_epsilon=False)
+    beta = NS(mechanism="beta", beta=1e30, claims_epsilon=False, dp_sgd=None)
     said = str(RunDiverged(2, "campus", "features are not finite", tmp_path, 0.02, beta, released=True))
     assert "β = 1e+30" in said and "a smaller --dp-beta" in said and "charged to ε" not in said
     assert "--resume" in said and "fresh noise" in said
-    gaussian = NS(mechanism="gaussian", aggregate_noise_std=5.0, claims_epsilon=True)
+    gaussian = NS(mechanism="gaussian", aggregate_noise_std=5.0, claims_epsilon=True, dp_sgd=None)
     said = str(RunDiverged(2, "campus", "loss is nan", tmp_path, 0.02, gaussian))  # in training: not released
     assert "released nothing and is not charged" in said and "charged to ε" not in said
     dp_sgd = NS(mechanism="none", dp_sgd=object(), claims_epsilon=False)  # released: its resume is refused
@@ -634,4 +634,4 @@ def test_removed_checkpoints_are_found_behind_long_metrics_lines(tmp_path: Path)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "clients": clients}) + "\n"
                                                     for r in range(1, 12)))
     with pytest.raises(ckpt.CheckpointError, match="records 11 finished rounds"):
-        refuse_lost_checkpoints(tmp_path, newest)
+        refuse_lost_checkpoints(tmp_path)
